@@ -1,0 +1,74 @@
+"""Attention over ragged batches with chain (causal) or tree masks.
+
+`reference_attention` is the specification: one sequence at a time, explicit math.
+`ragged_attention` is the fast path (one fused SDPA call over the whole batch with a block mask
+built once per step); tests hold it to the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specray.kernels.batch import RaggedBatch
+
+
+def ancestor_matrix(parents: list[int] | None, n: int) -> torch.Tensor:
+    """[n, n] bool: entry (i, j) is True when new token j is token i or one of its ancestors."""
+    if parents is None:
+        return torch.ones(n, n, dtype=torch.bool).tril()
+    anc = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            anc[i] |= anc[p]
+    return anc
+
+
+def sequence_mask(context_len: int, parents: list[int] | None, n: int) -> torch.Tensor:
+    """[n, context_len + n] bool: each new token sees the whole context and its own ancestry."""
+    context = torch.ones(n, context_len, dtype=torch.bool)
+    return torch.cat([context, ancestor_matrix(parents, n)], dim=1)
+
+
+def build_attention_mask(batch: RaggedBatch) -> torch.Tensor | None:
+    """[num_tokens, num_keys] bool block mask for the whole step; None when no mask is needed."""
+    if batch.is_single_chain() and batch.num_tokens == 1:
+        return None
+    mask = torch.zeros(batch.num_tokens, batch.cu_keylens[-1], dtype=torch.bool)
+    for b in range(batch.batch_size):
+        q0, q1 = batch.cu_seqlens[b], batch.cu_seqlens[b + 1]
+        k0, k1 = batch.cu_keylens[b], batch.cu_keylens[b + 1]
+        mask[q0:q1, k0:k1] = sequence_mask(batch.context_lens[b], batch.parents[b], q1 - q0)
+    return mask.to(batch.input_ids.device)
+
+
+def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Fast path.
+
+    q [num_tokens, num_heads, head_dim]; k, v [num_keys, num_kv_heads, head_dim];
+    mask [num_tokens, num_keys] or None -> [num_tokens, num_heads * head_dim].
+    """
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
+        attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
+    )  # [1, num_heads, num_tokens, head_dim]
+    return out[0].transpose(0, 1).reshape(q.shape[0], -1)
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        batch: RaggedBatch, scale: float) -> torch.Tensor:
+    """Specification: softmax(q k^T * scale + mask) v per sequence, computed in float64."""
+    group = q.shape[1] // k.shape[1]
+    outs = []
+    for b in range(batch.batch_size):
+        q0, q1 = batch.cu_seqlens[b], batch.cu_seqlens[b + 1]
+        k0, k1 = batch.cu_keylens[b], batch.cu_keylens[b + 1]
+        qs = q[q0:q1].double().transpose(0, 1)  # [num_heads, n, head_dim]
+        ks = k[k0:k1].double().repeat_interleave(group, dim=1).transpose(0, 1)  # [num_heads, keys, head_dim]
+        vs = v[k0:k1].double().repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = qs @ ks.transpose(1, 2) * scale  # [num_heads, n, keys]
+        allowed = sequence_mask(batch.context_lens[b], batch.parents[b], q1 - q0)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        outs.append((scores.softmax(-1) @ vs).transpose(0, 1).reshape(q1 - q0, -1))
+    return torch.cat(outs).to(q.dtype)

@@ -1,0 +1,94 @@
+"""Ragged, unpadded step inputs (EMS-SD): flat tokens plus per-sequence offsets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specray.kernels.kv_cache import PagedKVCache
+
+
+@dataclass
+class SeqChunk:
+    """New tokens one sequence brings to a step."""
+
+    seq_id: object
+    token_ids: list[int]
+    context_len: int  # tokens already in the KV cache before this step
+    parents: list[int] | None = None  # local parent index per token (-1: root); None = chain
+    num_logits: int = 1  # logits wanted for the last `num_logits` tokens (all of them for a tree)
+
+    def __post_init__(self) -> None:
+        assert len(self.token_ids) >= 1, "a sequence brings at least one token to a step"
+        assert self.context_len >= 0 and 0 <= self.num_logits <= len(self.token_ids)
+        if self.parents is not None:
+            assert len(self.parents) == len(self.token_ids)
+            assert all(-1 <= p < i for i, p in enumerate(self.parents)), "parents precede children"
+
+    def depths(self) -> list[int]:
+        if self.parents is None:
+            return list(range(len(self.token_ids)))
+        depths: list[int] = []
+        for p in self.parents:
+            depths.append(0 if p < 0 else depths[p] + 1)
+        return depths
+
+
+@dataclass
+class RaggedBatch:
+    """One forward step over several sequences, never padded."""
+
+    input_ids: torch.Tensor  # [num_tokens]
+    positions: torch.Tensor  # [num_tokens] RoPE positions: context_len + depth
+    cu_seqlens: list[int]  # [batch + 1] offsets of each sequence's new tokens
+    context_lens: list[int]  # [batch]
+    parents: list[list[int] | None]  # [batch] per-sequence tree parents (None = chain)
+    slot_mapping: torch.Tensor  # [num_tokens] cache slot that receives each new token's KV
+    key_slots: torch.Tensor  # [num_keys] slots of every key, context then new tokens, seq after seq
+    cu_keylens: list[int]  # [batch + 1]
+    logits_indices: torch.Tensor  # [num_logits] rows of num_tokens whose logits are returned
+    cu_logits: list[int]  # [batch + 1]
+
+    def __post_init__(self) -> None:
+        assert len(self.cu_seqlens) == len(self.context_lens) + 1 == len(self.cu_keylens)
+        assert self.input_ids.shape == self.positions.shape == self.slot_mapping.shape
+        assert self.cu_seqlens[-1] == self.input_ids.shape[0]
+        assert self.cu_keylens[-1] == self.key_slots.shape[0]
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.context_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.cu_seqlens[-1]
+
+    def is_single_chain(self) -> bool:
+        return self.batch_size == 1 and self.parents[0] is None
+
+    @classmethod
+    def build(cls, chunks: list[SeqChunk], cache: PagedKVCache, device="cpu") -> "RaggedBatch":
+        """Reserve cache slots for the chunks' new tokens and lay out the flat step inputs."""
+        ids, pos, slots, keys, logit_rows = [], [], [], [], []
+        cu_seq, cu_key, cu_log = [0], [0], [0]
+        for chunk in chunks:
+            n, ctx = len(chunk.token_ids), chunk.context_len
+            assert cache.num_cached(chunk.seq_id) == ctx, "context_len must equal the cached length"
+            cache.reserve(chunk.seq_id, ctx + n)
+            ids.extend(chunk.token_ids)
+            pos.extend(ctx + d for d in chunk.depths())
+            seq_slots = cache.slots(chunk.seq_id, 0, ctx + n)
+            slots.append(seq_slots[ctx:])
+            keys.append(seq_slots)
+            logit_rows.extend(range(cu_seq[-1] + n - chunk.num_logits, cu_seq[-1] + n))
+            cu_seq.append(cu_seq[-1] + n)
+            cu_key.append(cu_key[-1] + ctx + n)
+            cu_log.append(cu_log[-1] + chunk.num_logits)
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+        return cls(
+            input_ids=as_long(ids), positions=as_long(pos), cu_seqlens=cu_seq,
+            context_lens=[c.context_len for c in chunks], parents=[c.parents for c in chunks],
+            slot_mapping=torch.cat(slots).to(device), key_slots=torch.cat(keys).to(device),
+            cu_keylens=cu_key, logits_indices=as_long(logit_rows), cu_logits=cu_log,
+        )

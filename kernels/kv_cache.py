@@ -1,0 +1,91 @@
+"""Paged KV cache: fixed-size blocks, a block table per sequence, a free list.
+
+Rolling back rejected tokens is a length update (`truncate`), never a copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specray.kernels.config import ModelConfig
+
+
+class OutOfBlocksError(RuntimeError):
+    """The cache has no free block left; the scheduler should preempt or wait."""
+
+
+@dataclass
+class BlockTable:
+    """The blocks one sequence owns and how many of its tokens hold valid KV."""
+
+    blocks: list[int] = field(default_factory=list)
+    num_cached: int = 0  # tokens whose KV is valid, a prefix of the sequence
+
+    def __post_init__(self) -> None:
+        assert self.num_cached >= 0
+
+
+class PagedKVCache:
+    """KV storage for all layers: k/v [num_layers, num_slots, num_kv_heads, head_dim].
+
+    A slot is one token position; block b owns slots [b * block_size, (b + 1) * block_size).
+    """
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        assert num_blocks >= 1 and block_size >= 1
+        shape = (config.num_layers, num_blocks * block_size, config.num_kv_heads, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
+        self.tables: dict[object, BlockTable] = {}
+
+    # -- allocation -------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def blocks_needed(self, seq_id: object, num_tokens: int) -> int:
+        """Extra blocks `seq_id` needs so that its first `num_tokens` slots exist."""
+        have = len(self.tables[seq_id].blocks) if seq_id in self.tables else 0
+        return max(0, -(-num_tokens // self.block_size) - have)
+
+    def reserve(self, seq_id: object, num_tokens: int) -> None:
+        """Make sure slots for tokens [0, num_tokens) exist for `seq_id`."""
+        table = self.tables.setdefault(seq_id, BlockTable())
+        need = self.blocks_needed(seq_id, num_tokens)
+        if need > len(self._free):
+            raise OutOfBlocksError(f"need {need} blocks, {len(self._free)} free")
+        table.blocks.extend(self._free.pop() for _ in range(need))
+
+    def free(self, seq_id: object) -> None:
+        table = self.tables.pop(seq_id, None)
+        if table is not None:
+            self._free.extend(reversed(table.blocks))
+
+    # -- lengths ----------------------------------------------------------------------------
+    def num_cached(self, seq_id: object) -> int:
+        table = self.tables.get(seq_id)
+        return 0 if table is None else table.num_cached
+
+    def set_cached(self, seq_id: object, num_cached: int) -> None:
+        """Declare the first `num_cached` tokens valid (grow after a write, shrink to roll back)."""
+        table = self.tables[seq_id]
+        assert 0 <= num_cached <= len(table.blocks) * self.block_size
+        table.num_cached = num_cached
+
+    def slots(self, seq_id: object, start: int, end: int) -> torch.Tensor:
+        """[end - start] slot indices of the sequence's token positions start..end-1."""
+        blocks = self.tables[seq_id].blocks
+        idx = torch.arange(start, end)
+        table = torch.tensor(blocks, dtype=torch.long)
+        return table[idx // self.block_size] * self.block_size + idx % self.block_size
+
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Move KV between slots in every layer (used to compact an accepted tree path)."""
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]

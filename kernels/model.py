@@ -1,0 +1,107 @@
+"""Llama-family decoder over ragged batches with a paged KV cache.
+
+RMSNorm, RoPE (with scaling), GQA, SwiGLU, tied or untied LM head. Projections are fused
+(qkv, gate_up) so that a decode step is few large GEMVs, which is what bounds CPU speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specray.kernels.attention import build_attention_mask, ragged_attention, reference_attention
+from specray.kernels.batch import RaggedBatch
+from specray.kernels.config import ModelConfig
+from specray.kernels.kv_cache import PagedKVCache
+from specray.kernels.rope import RotaryTable, apply_rotary
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = config
+        self.input_norm = nn.Parameter(torch.ones(c.hidden_size))  # [hidden_size]
+        self.post_attention_norm = nn.Parameter(torch.ones(c.hidden_size))  # [hidden_size]
+        self.qkv_proj = nn.Parameter(torch.empty(c.q_size + 2 * c.kv_size, c.hidden_size))
+        self.o_proj = nn.Parameter(torch.empty(c.hidden_size, c.q_size))
+        self.gate_up_proj = nn.Parameter(torch.empty(2 * c.intermediate_size, c.hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(c.hidden_size, c.intermediate_size))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu"):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size))
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = nn.Parameter(torch.ones(config.hidden_size))
+        self.lm_head = (self.embed_tokens if config.tie_word_embeddings
+                        else nn.Parameter(torch.empty(config.vocab_size, config.hidden_size)))
+        self.to(dtype=dtype, device=device)
+        self.rotary = RotaryTable(config, dtype, device)
+        self.scale = config.head_dim ** -0.5
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.dtype
+
+    def weight_bytes(self) -> int:
+        """Bytes read per decode step: every parameter once (the embedding is a gather, not a read)."""
+        params = {id(p): p for p in self.parameters()}
+        total = sum(p.numel() * p.element_size() for p in params.values())
+        if not self.config.tie_word_embeddings:
+            total -= self.embed_tokens.numel() * self.embed_tokens.element_size()
+        return total
+
+    def make_cache(self, num_blocks: int, block_size: int = 16) -> PagedKVCache:
+        return PagedKVCache(self.config, num_blocks, block_size, dtype=self.dtype,
+                            device=self.embed_tokens.device)
+
+    @torch.inference_mode()
+    def forward(self, batch: RaggedBatch, cache: PagedKVCache, reference: bool = False) -> torch.Tensor:
+        """Run one step; writes the new tokens' KV into `cache`. -> logits [num_logits, vocab_size] (fp32)."""
+        c = self.config
+        cos, sin = self.rotary.lookup(batch.positions)  # [num_tokens, 1, head_dim]
+        mask = None if reference else build_attention_mask(batch)
+        h = self.embed_tokens[batch.input_ids]  # [num_tokens, hidden_size]
+        for i, layer in enumerate(self.layers):
+            x = F.rms_norm(h, (c.hidden_size,), layer.input_norm, c.rms_norm_eps)
+            q, k, v = F.linear(x, layer.qkv_proj).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+            q = apply_rotary(q.view(-1, c.num_heads, c.head_dim), cos, sin)
+            k = apply_rotary(k.view(-1, c.num_kv_heads, c.head_dim), cos, sin)
+            cache.k[i].index_copy_(0, batch.slot_mapping, k)
+            cache.v[i].index_copy_(0, batch.slot_mapping, v.view(-1, c.num_kv_heads, c.head_dim))
+            keys = cache.k[i].index_select(0, batch.key_slots)  # [num_keys, num_kv_heads, head_dim]
+            values = cache.v[i].index_select(0, batch.key_slots)
+            if reference:
+                attn = reference_attention(q, keys, values, batch, self.scale)
+            else:
+                attn = ragged_attention(q, keys, values, mask, self.scale)
+            h = h + F.linear(attn, layer.o_proj)
+            x = F.rms_norm(h, (c.hidden_size,), layer.post_attention_norm, c.rms_norm_eps)
+            gate, up = F.linear(x, layer.gate_up_proj).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, layer.down_proj)
+        h = F.rms_norm(h[batch.logits_indices], (c.hidden_size,), self.norm, c.rms_norm_eps)
+        return F.linear(h, self.lm_head).float()
+
+    # -- weights ----------------------------------------------------------------------------
+    def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Copy Hugging Face Llama weights (fusing q/k/v and gate/up); layers past num_layers are ignored."""
+        get = lambda name: state[name] if name in state else state[f"model.{name}"]  # noqa: E731
+        with torch.no_grad():
+            self.embed_tokens.copy_(get("embed_tokens.weight"))
+            self.norm.copy_(get("norm.weight"))
+            if not self.config.tie_word_embeddings:
+                self.lm_head.copy_(state["lm_head.weight"])
+            for i, layer in enumerate(self.layers):
+                p = f"layers.{i}."
+                layer.input_norm.copy_(get(p + "input_layernorm.weight"))
+                layer.post_attention_norm.copy_(get(p + "post_attention_layernorm.weight"))
+                layer.qkv_proj.copy_(torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
+                layer.o_proj.copy_(get(p + "self_attn.o_proj.weight"))
+                layer.gate_up_proj.copy_(torch.cat([get(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]))
+                layer.down_proj.copy_(get(p + "mlp.down_proj.weight"))
