@@ -1,0 +1,92 @@
+"""Logit processing and sampling shared by draft and target, so that p and q are comparable.
+
+Randomness comes from `Generators`: either one generator for the whole batch (draws vectorised) or
+one per sequence (per-request seeds, reproducible whatever else is in the batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+Generators = torch.Generator | list[torch.Generator | None] | None
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Per-sequence processing of target and draft logits."""
+
+    temperature: float = 1.0  # 0 means greedy
+    top_k: int = 0  # 0 disables
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        assert self.temperature >= 0.0 and self.top_k >= 0 and 0.0 < self.top_p <= 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def processed_probs(logits: torch.Tensor, configs: list[SamplingConfig]) -> torch.Tensor:
+    """logits [rows, vocab_size] (row i uses configs[i]) -> probs [rows, vocab_size] in fp32.
+
+    Greedy rows become one-hot at the argmax, so greedy verification is the same rule on point masses.
+    """
+    assert logits.shape[0] == len(configs)
+    logits = logits.float()
+    temps = torch.tensor([c.temperature if c.temperature > 0 else 1.0 for c in configs])
+    logits = logits / temps.to(logits.device).unsqueeze(1)
+    if any(c.top_k > 0 for c in configs):
+        logits = _top_k(logits, [c.top_k for c in configs])
+    if any(c.top_p < 1.0 for c in configs):
+        logits = _top_p(logits, [c.top_p for c in configs])
+    probs = logits.softmax(-1)
+    greedy = [i for i, c in enumerate(configs) if c.greedy]
+    if greedy:
+        rows = torch.tensor(greedy, device=logits.device)
+        probs[rows] = torch.nn.functional.one_hot(logits[rows].argmax(-1), logits.shape[1]).float()
+    return probs
+
+
+def _top_k(logits: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    vocab = logits.shape[1]
+    k = torch.tensor([kk if 0 < kk < vocab else vocab for kk in ks], device=logits.device)
+    kth = logits.topk(int(k.max()), dim=-1).values.gather(1, (k - 1).unsqueeze(1))  # [rows, 1]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def _top_p(logits: torch.Tensor, ps: list[float]) -> torch.Tensor:
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    cum = sorted_logits.softmax(-1).cumsum(-1)
+    top_p = torch.tensor(ps, device=logits.device).unsqueeze(1)
+    # Drop a token when the mass before it already reaches top_p; the first token always stays.
+    drop_sorted = (cum - sorted_logits.softmax(-1)) >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def make_generator(seed: int | None, device: str | torch.device = "cpu") -> torch.Generator | None:
+    if seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def uniforms(counts: list[int], generators: Generators, device="cpu") -> torch.Tensor:
+    """[sum(counts)] U(0, 1) draws; sequence i's `counts[i]` draws come from its own generator."""
+    total = sum(counts)
+    if not isinstance(generators, list):
+        return torch.rand(total, generator=generators, device=device)
+    parts = [torch.rand(n, generator=g, device=device) for n, g in zip(counts, generators, strict=True)]
+    return torch.cat(parts) if parts else torch.empty(0, device=device)
+
+
+def sample_rows(probs: torch.Tensor, generators: Generators) -> torch.Tensor:
+    """probs [rows, vocab_size] (unnormalised is fine) -> one token per row [rows]."""
+    if probs.shape[0] == 0:
+        return torch.empty(0, dtype=torch.long, device=probs.device)
+    if not isinstance(generators, list):
+        return torch.multinomial(probs, 1, generator=generators).squeeze(1)
+    return torch.cat([torch.multinomial(row.unsqueeze(0), 1, generator=g).view(1)
+                      for row, g in zip(probs, generators, strict=True)])
