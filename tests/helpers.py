@@ -37,4 +37,19 @@ def save_tiny_llama(folder: Path, seed: int = 0, perturb_from: Path | None = Non
                 if "norm" not in name:
                     p.mul_(4.0)
     model.save_pretrained(folder, safe_serialization=True)
+    save_word_tokenizer(folder, model.config.vocab_size)
     return folder
+
+
+def save_word_tokenizer(folder: Path, vocab_size: int) -> None:
+    """A real (word-level) tokenizer over words w3..w{vocab-1}, with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    core.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    tok.chat_template = "{% for m in messages %}w3 {{ m['content'] }} w4 {% endfor %}w5"
+    tok.save_pretrained(folder)

@@ -1,0 +1,65 @@
+"""DraftWorker: owns a drafter and each sequence's committed history; proposes draft tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specray.actors.messages import DraftItem, SeqSpec
+from specray.kernels.drafters.base import DraftRequest, Drafter
+from specray.kernels.drafters.draft_model import DraftModelDrafter
+from specray.kernels.drafters.ngram import NgramDrafter
+from specray.kernels.loader import load_model, resolve
+from specray.kernels.proposal import Proposal
+from specray.kernels.sampling import make_generator
+
+DRAFT_SEED_SALT = 0x5D5EED  # draft draws use their own stream so target draws stay independent
+
+
+@dataclass
+class _DraftSeq:
+    spec: SeqSpec
+    generator: torch.Generator | None
+    token_ids: list[int] = field(default_factory=list)
+
+
+def build_drafter(method: str, model: str | None = None, num_layers: int | None = None,
+                  prompt_lookup_min: int = 1, prompt_lookup_max: int = 4,
+                  dtype: torch.dtype = torch.float32, device: str = "cpu", num_blocks: int = 2048) -> Drafter:
+    if method == "ngram":
+        return NgramDrafter(prompt_lookup_min, prompt_lookup_max)
+    if method == "draft_model":
+        if model is None:
+            raise ValueError("method 'draft_model' needs speculative_config['model']")
+        return DraftModelDrafter(load_model(resolve(model), dtype, device, num_layers), num_blocks)
+    raise ValueError(f"unknown speculative method {method!r}; choose 'ngram' or 'draft_model'")
+
+
+class DraftWorker:
+    """Plain class; Ray places it in cluster/. Usable in-process."""
+
+    def __init__(self, drafter: Drafter):
+        self.drafter = drafter
+        self.seqs: dict[object, _DraftSeq] = {}
+
+    def _absorb(self, item: DraftItem) -> _DraftSeq:
+        if item.spec is not None:
+            seed = None if item.spec.seed is None else item.spec.seed ^ DRAFT_SEED_SALT
+            self.seqs[item.seq_id] = _DraftSeq(item.spec, make_generator(seed))
+        seq = self.seqs[item.seq_id]
+        seq.token_ids.extend(item.committed_delta)
+        return seq
+
+    def propose(self, items: list[DraftItem]) -> list[Proposal]:
+        """Apply each item's calibration delta, then draft up to `num_draft_tokens` per sequence."""
+        requests = []
+        for item in items:
+            seq = self._absorb(item)
+            requests.append(DraftRequest(item.seq_id, seq.token_ids, item.num_draft_tokens,
+                                         seq.spec.sampling, seq.generator))
+        return self.drafter.propose(requests)
+
+    def release(self, seq_id: object) -> None:
+        self.seqs.pop(seq_id, None)
+        self.drafter.release(seq_id)

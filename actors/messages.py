@@ -1,0 +1,52 @@
+"""Messages between the router and the worker pools. Plain data: they cross Ray, gRPC or
+torch.distributed unchanged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specray.kernels.proposal import Proposal
+from specray.kernels.sampling import SamplingConfig
+
+
+@dataclass
+class SeqSpec:
+    """What a worker needs to know about a sequence once, when it first sees it."""
+
+    sampling: SamplingConfig
+    seed: int | None = None
+    logprobs: int | None = None  # top-n logprobs to return per emitted token; None for none
+
+
+@dataclass
+class TargetItem:
+    """One sequence's share of a target step.
+
+    `new_token_ids` are committed tokens the target has not cached yet: the prompt at prefill, the
+    pending (last emitted) token in decode. The proposal's draft tokens follow them.
+    """
+
+    seq_id: object
+    new_token_ids: list[int]
+    proposal: Proposal
+    spec: SeqSpec | None = None  # set on the first step of a sequence
+
+    def __post_init__(self) -> None:
+        assert len(self.new_token_ids) >= 1
+
+
+@dataclass
+class DraftItem:
+    """One sequence's share of a propose call; the calibration delta rides on it.
+
+    `committed_delta` holds the tokens committed since the last message for this sequence (the
+    prompt and first token on the first call).
+    """
+
+    seq_id: object
+    committed_delta: list[int]
+    num_draft_tokens: int
+    spec: SeqSpec | None = None
+
+    def __post_init__(self) -> None:
+        assert self.num_draft_tokens >= 0

@@ -1,0 +1,104 @@
+"""TargetWorker: owns the target model and its paged KV cache; verifies proposals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specray.actors.messages import SeqSpec, TargetItem
+from specray.kernels.batch import RaggedBatch, SeqChunk
+from specray.kernels.loader import load_model, resolve
+from specray.kernels.model import LlamaModel
+from specray.kernels.proposal import VerifyResult
+from specray.kernels.sampling import make_generator, processed_probs
+from specray.kernels.verify import verify_greedy, verify_speculative
+
+
+@dataclass
+class _TargetSeq:
+    spec: SeqSpec
+    generator: torch.Generator | None
+
+
+class TargetWorker:
+    """Plain class; Ray places it in cluster/. Usable in-process."""
+
+    def __init__(self, model: LlamaModel, num_blocks: int = 2048, block_size: int = 16):
+        self.model = model
+        self.cache = model.make_cache(num_blocks, block_size)
+        self.seqs: dict[object, _TargetSeq] = {}
+
+    @classmethod
+    def load(cls, model: str, dtype: torch.dtype = torch.float32, device: str = "cpu", **kw) -> "TargetWorker":
+        return cls(load_model(resolve(model), dtype=dtype, device=device), **kw)
+
+    def capacity_tokens(self) -> int:
+        return self.cache.num_blocks * self.cache.block_size
+
+    def step(self, items: list[TargetItem]) -> list[VerifyResult]:
+        """Run prefill and verification for every item in one ragged forward pass."""
+        for item in items:
+            if item.spec is not None:
+                self.seqs[item.seq_id] = _TargetSeq(item.spec, make_generator(item.spec.seed))
+        chunks = [SeqChunk(i.seq_id, i.new_token_ids + i.proposal.draft_token_ids,
+                           self.cache.num_cached(i.seq_id), num_logits=i.proposal.num_draft_tokens + 1)
+                  for i in items]
+        logits = self.model(RaggedBatch.build(chunks, self.cache, self.model.embed_tokens.device), self.cache)
+        results = self._verify(items, logits)  # logits [sum(k + 1), vocab_size]
+        for item, chunk, res in zip(items, chunks, results, strict=True):
+            self.cache.set_cached(item.seq_id, chunk.context_len + len(item.new_token_ids) + res.num_accepted)
+        self._attach_logprobs(items, logits, results)
+        return results
+
+    def _verify(self, items: list[TargetItem], logits: torch.Tensor) -> list[VerifyResult]:
+        """Dispatch each sequence to its rule: greedy, or speculative sampling (with or without p)."""
+        row0, rows = 0, []
+        for item in items:
+            rows.append(torch.arange(row0, row0 + item.proposal.num_draft_tokens + 1))
+            row0 += item.proposal.num_draft_tokens + 1
+        groups: dict[str, list[int]] = {}
+        for b, item in enumerate(items):
+            spec = self.seqs[item.seq_id].spec
+            kind = "greedy" if spec.sampling.greedy else ("dense" if item.proposal.draft_probs is not None else "point")
+            groups.setdefault(kind, []).append(b)
+        results: list[VerifyResult | None] = [None] * len(items)
+        for kind, members in groups.items():
+            sub_logits = logits[torch.cat([rows[b] for b in members])]
+            drafts = [items[b].proposal for b in members]
+            cu = [0]
+            for d in drafts:
+                cu.append(cu[-1] + d.num_draft_tokens)
+            draft_ids = torch.tensor([t for d in drafts for t in d.draft_token_ids], dtype=torch.long)
+            if kind == "greedy":
+                out = verify_greedy(sub_logits, draft_ids, cu)
+            else:
+                configs = [self.seqs[items[b].seq_id].spec.sampling for b in members
+                           for _ in range(items[b].proposal.num_draft_tokens + 1)]
+                q = processed_probs(sub_logits, configs)
+                p = torch.cat([d.draft_probs for d in drafts]) if kind == "dense" else None
+                gens = [self.seqs[items[b].seq_id].generator for b in members]
+                out = verify_speculative(q, draft_ids, cu, p, gens)
+            for b, res in zip(members, out, strict=True):
+                results[b] = res
+        return results  # type: ignore[return-value]
+
+    def _attach_logprobs(self, items, logits, results) -> None:
+        row0 = 0
+        for item, res in zip(items, results, strict=True):
+            n = self.seqs[item.seq_id].spec.logprobs
+            if n is not None:
+                emitted = res.emitted_token_ids
+                logp = logits[row0:row0 + len(emitted)].log_softmax(-1)  # [emitted, vocab_size]
+                top = logp.topk(n, dim=-1) if n > 0 else None
+                res.logprobs = []
+                for j, tok in enumerate(emitted):
+                    entry = {tok: float(logp[j, tok])}
+                    if top is not None:
+                        entry.update(zip(top.indices[j].tolist(), top.values[j].tolist()))
+                    res.logprobs.append(entry)
+            row0 += item.proposal.num_draft_tokens + 1
+
+    def release(self, seq_id: object) -> None:
+        self.seqs.pop(seq_id, None)
+        self.cache.free(seq_id)

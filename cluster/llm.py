@@ -1,0 +1,125 @@
+"""The offline Python API, shaped like vLLM's: `LLM(...).generate(prompts, params)`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from typing import Any
+
+import torch
+
+from specray.actors.draft_worker import DraftWorker, build_drafter
+from specray.actors.target_worker import TargetWorker
+from specray.cluster.engine import Engine, EngineConfig
+from specray.cluster.outputs import CompletionOutput, RequestOutput
+from specray.cluster.params import SamplingParams
+from specray.cluster.spec_config import SpeculativeConfig
+from specray.kernels.loader import load_model, resolve
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+PromptLike = str | dict[str, Any] | list[int]
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+class LLM:
+    """An in-process specray engine: target and draft workers run in this process."""
+
+    def __init__(self, model: str = "smollm2-135m", speculative_config: dict[str, Any] | None = None,
+                 dtype: str | torch.dtype = "float32", device: str = "cpu", max_model_len: int | None = None,
+                 max_num_seqs: int = 32, kv_cache_tokens: int = 16384, block_size: int = 16, seed: int = 0):
+        spec = SpeculativeConfig.from_dict(speculative_config)
+        torch_dtype = parse_dtype(dtype)
+        torch.manual_seed(seed)
+        checkpoint = resolve(model)
+        self.model_name = model
+        self.tokenizer = checkpoint.tokenizer()
+        target_model = load_model(checkpoint, torch_dtype, device)
+        num_blocks = -(-kv_cache_tokens // block_size)
+        self.target = TargetWorker(target_model, num_blocks, block_size)
+        self.draft = None
+        if spec is not None:
+            drafter = build_drafter(spec.method, spec.model, spec.draft_num_layers, spec.prompt_lookup_min,
+                                    spec.prompt_lookup_max, torch_dtype, device, num_blocks)
+            self.draft = DraftWorker(drafter)
+        cfg = target_model.config
+        limit = cfg.max_position_embeddings
+        if max_model_len is not None and not 2 <= max_model_len <= limit:
+            raise ValueError(f"max_model_len must be in [2, {limit}], got {max_model_len}")
+        eos = set(cfg.eos_token_ids) or {self.tokenizer.eos_token_id}
+        self.engine = Engine(self.target, self.draft, self.tokenizer, eos, EngineConfig(
+            max_model_len=max_model_len or limit, vocab_size=cfg.vocab_size, kv_capacity_tokens=num_blocks * block_size,
+            block_size=block_size, max_num_seqs=max_num_seqs,
+            num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+            disable_by_batch_size=spec.disable_by_batch_size if spec else None))
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def encode(self, prompt: PromptLike) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer(prompt).input_ids
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        if isinstance(prompt, dict) and "prompt" in prompt:
+            return self.encode(prompt["prompt"])
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return None, list(prompt)
+        raise ValueError(f"a prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
+
+    def generate(self, prompts: PromptLike | Seq[PromptLike],
+                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in prompt order.
+
+        Every prompt is validated before any runs: a bad one raises ValueError naming its index.
+        """
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
+                                               and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params or SamplingParams()
+        params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(params_list) != len(prompts):
+            raise ValueError("sampling_params must be one SamplingParams or one per prompt")
+        encoded = [self.encode(p) for p in prompts]
+        for i, (_, ids) in enumerate(encoded):
+            try:
+                self.engine.check_prompt(ids, params_list[i])
+            except ValueError as e:
+                raise ValueError(f"prompt {i}: {e}") from None
+        ids = [self.engine.add_request(tok, sp, text) for (text, tok), sp in zip(encoded, params_list)]
+        return self._run(ids, use_tqdm)
+
+    def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
+             sampling_params: SamplingParams | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
+        """Apply the tokenizer's chat template, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [{"prompt_token_ids": self.apply_chat_template(c)} for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"model {self.model_name!r} has no chat template")
+        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        from tqdm import tqdm
+
+        done: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="generate", disable=not use_tqdm)
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                if out.finished:
+                    done[out.request_id] = out
+                    bar.update(1)
+        bar.close()
+        return [done[i] for i in request_ids if i in done]

@@ -1,0 +1,45 @@
+"""Result objects of the offline API, shaped like vLLM's `RequestOutput`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpecMetrics:
+    """Per-request speculative counters."""
+
+    num_rounds: int = 0  # decode rounds (each emits >= 1 token)
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_emitted_tokens: int = 0  # tokens emitted by decode rounds (the prefill's first token excluded)
+
+    @property
+    def acceptance_length(self) -> float:
+        """tau: tokens emitted per round."""
+        return self.num_emitted_tokens / self.num_rounds if self.num_rounds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None  # "stop" | "length" | None while running
+    stop_reason: int | str | None = None
+    logprobs: list[dict[int, float]] | None = None
+    cumulative_logprob: float | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: SpecMetrics = field(default_factory=SpecMetrics)

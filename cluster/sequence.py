@@ -1,0 +1,87 @@
+"""Router-side state of one sequence: committed tokens, stop checks, detokenisation, metrics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from specray.actors.messages import SeqSpec
+from specray.cluster.outputs import CompletionOutput, SpecMetrics
+from specray.cluster.params import SamplingParams
+
+
+@dataclass
+class Sequence:
+    seq_id: str
+    request_id: str
+    index: int  # which of the request's n samples
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_ids: frozenset[int]
+    max_model_len: int
+    output_token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    draft_sent: int = 0  # committed tokens already sent to the draft worker
+    logprobs: list[dict[int, float]] | None = None
+    metrics: SpecMetrics = field(default_factory=SpecMetrics)
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+
+    def __post_init__(self) -> None:
+        assert len(self.prompt_token_ids) >= 1
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def spec(self) -> SeqSpec:
+        seed = None if self.params.seed is None else self.params.seed + self.index
+        return SeqSpec(self.params.sampling_config(), seed, self.params.logprobs)
+
+    def max_draft_tokens(self) -> int:
+        """Draft no more than the round could emit: budget and context length both bound it."""
+        remaining = self.params.max_tokens - len(self.output_token_ids)
+        return max(0, min(remaining - 1, self.max_model_len - self.num_tokens - 1))
+
+    def append(self, token_ids: list[int], logprobs: list[dict[int, float]] | None) -> None:
+        """Commit emitted tokens one by one, stopping at EOS, stop tokens or the length limits."""
+        if self.first_token_time is None:
+            self.first_token_time = time.monotonic()
+        for j, tok in enumerate(token_ids):
+            self.output_token_ids.append(tok)
+            if logprobs is not None:
+                self.logprobs = (self.logprobs or []) + [logprobs[j]]
+            if tok in self.params.stop_token_ids or (tok in self.eos_token_ids and not self.params.ignore_eos):
+                self.finish_reason, self.stop_reason = "stop", tok
+            elif len(self.output_token_ids) >= self.params.max_tokens or self.num_tokens >= self.max_model_len:
+                self.finish_reason = "length"
+            if self.finished:
+                return
+
+    def detokenize(self, tokenizer) -> None:
+        """Refresh `text`; apply stop strings (the text is cut before the stop string)."""
+        text = tokenizer.decode(self.output_token_ids, skip_special_tokens=self.params.skip_special_tokens)
+        for stop in self.params.stop:
+            at = text.find(stop)
+            if at >= 0:
+                text = text[: at + (len(stop) if self.params.include_stop_str_in_output else 0)]
+                self.finish_reason, self.stop_reason = "stop", stop
+                break
+        self.text = text
+
+    def completion(self) -> CompletionOutput:
+        cum = None
+        if self.logprobs is not None:
+            cum = sum(lp[t] for lp, t in zip(self.logprobs, self.output_token_ids))
+        return CompletionOutput(self.index, self.text, list(self.output_token_ids), self.finish_reason,
+                                self.stop_reason, self.logprobs, cum)

@@ -1,0 +1,46 @@
+"""`speculative_config`: vLLM's keys plus specray's own; unknown keys are rejected."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+METHODS = ("ngram", "draft_model")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str = "ngram"
+    model: str | None = None  # draft checkpoint (draft_model)
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+    draft_num_layers: int | None = None  # keep only the draft's first layers (specray)
+    disable_by_batch_size: int | None = None  # speculation off once this many sequences run
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown speculative method {self.method!r}; choose one of {METHODS}")
+        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {self.num_speculative_tokens}")
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("speculative method 'draft_model' needs a draft 'model'")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
+        if self.draft_num_layers is not None and self.draft_num_layers < 1:
+            raise ValueError(f"draft_num_layers must be >= 1, got {self.draft_num_layers}")
+        if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
+            raise ValueError(f"disable_by_batch_size must be >= 1, got {self.disable_by_batch_size}")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> "SpeculativeConfig | None":
+        if not raw:
+            return None
+        raw = dict(raw)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"unknown speculative_config keys {unknown}; known keys: {sorted(known)}")
+        if "method" not in raw:  # vLLM: a draft model without a method means draft_model
+            raw["method"] = "draft_model" if raw.get("model") else "ngram"
+        return cls(**raw)

@@ -1,0 +1,91 @@
+"""A smaller Llama-family model drafting chains, with its own paged KV cache.
+
+Calibration: at each propose the drafter compares the tokens whose KV it holds with the committed
+tokens, drops the KV of rejected drafts (a length update) and feeds the committed tokens it lacks
+(accepted drafts it never fed, plus the recovered or bonus token). That feed is the first draft
+step of the round, so calibration costs no extra forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specray.kernels.batch import RaggedBatch, SeqChunk
+from specray.kernels.drafters.base import DraftRequest
+from specray.kernels.model import LlamaModel
+from specray.kernels.proposal import Proposal
+from specray.kernels.sampling import processed_probs, sample_rows
+
+
+@dataclass
+class _DraftState:
+    fed: list[int] = field(default_factory=list)  # tokens whose KV the draft cache holds
+
+
+def common_prefix(a: list[int], b: list[int], start: int = 0) -> int:
+    n = min(len(a), len(b))
+    i = start
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class DraftModelDrafter:
+    name = "draft_model"
+
+    def __init__(self, model: LlamaModel, num_blocks: int = 2048, block_size: int = 16):
+        self.model = model
+        self.cache = model.make_cache(num_blocks, block_size)
+        self.states: dict[object, _DraftState] = {}
+
+    def _calibrate(self, r: DraftRequest) -> SeqChunk:
+        """Drop rejected KV and return the committed tokens the draft cache lacks."""
+        state = self.states.setdefault(r.seq_id, _DraftState())
+        keep = min(common_prefix(state.fed, r.token_ids), len(r.token_ids) - 1)
+        del state.fed[keep:]
+        if r.seq_id in self.cache.tables:
+            self.cache.set_cached(r.seq_id, keep)
+        return SeqChunk(r.seq_id, r.token_ids[keep:], keep, num_logits=1 if r.num_draft_tokens else 0)
+
+    def _step(self, chunks: list[SeqChunk]) -> torch.Tensor:
+        logits = self.model(RaggedBatch.build(chunks, self.cache, self.model.embed_tokens.device), self.cache)
+        for c in chunks:
+            self.cache.set_cached(c.seq_id, c.context_len + len(c.token_ids))
+            self.states[c.seq_id].fed.extend(c.token_ids)
+        return logits  # [num_logits, vocab_size]
+
+    def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
+        chunks = [self._calibrate(r) for r in requests]
+        drafts: list[list[int]] = [[] for _ in requests]
+        probs: list[list[torch.Tensor]] = [[] for _ in requests]
+        active = list(range(len(requests)))
+        logits = self._step(chunks)
+        active = [i for i in active if requests[i].num_draft_tokens > 0]
+        while active:
+            self._sample(requests, active, logits, drafts, probs)
+            active = [i for i in active if len(drafts[i]) < requests[i].num_draft_tokens]
+            if not active:
+                break
+            step = [SeqChunk(requests[i].seq_id, drafts[i][-1:], len(self.states[requests[i].seq_id].fed))
+                    for i in active]
+            logits = self._step(step)
+        return [Proposal(d, None if r.sampling.greedy or not p else torch.stack(p))
+                for d, p, r in zip(drafts, probs, requests, strict=True)]
+
+    def _sample(self, requests, active, logits, drafts, probs) -> None:
+        configs = [requests[i].sampling for i in active]
+        if all(c.greedy for c in configs):
+            tokens = logits.argmax(-1).tolist()
+        else:
+            p = processed_probs(logits, configs)  # [len(active), vocab_size]
+            tokens = sample_rows(p, [requests[i].generator for i in active]).tolist()
+            for row, i in enumerate(active):
+                probs[i].append(p[row])
+        for row, i in enumerate(active):
+            drafts[i].append(tokens[row])
+
+    def release(self, seq_id: object) -> None:
+        self.states.pop(seq_id, None)
+        self.cache.free(seq_id)
