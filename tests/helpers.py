@@ -19,7 +19,7 @@ def tiny_llama_config(**overrides):
 
 
 def save_tiny_llama(folder: Path, seed: int = 0, perturb_from: Path | None = None,
-                    noise: float = 0.0, **overrides) -> Path:
+                    noise: float = 0.0, head_scale: float = 1.0, **overrides) -> Path:
     """Save a random fp32 Llama to `folder` (HF layout). With `perturb_from`, copy that model's
     weights and add seeded Gaussian noise, so a draft agrees with its target only partly."""
     from transformers import LlamaForCausalLM
@@ -35,7 +35,7 @@ def save_tiny_llama(folder: Path, seed: int = 0, perturb_from: Path | None = Non
         with torch.no_grad():  # larger weights give peaky, less uniform distributions
             for name, p in model.named_parameters():
                 if "norm" not in name:
-                    p.mul_(4.0)
+                    p.mul_(4.0 * (head_scale if name == "lm_head.weight" else 1.0))
     model.save_pretrained(folder, safe_serialization=True)
     save_word_tokenizer(folder, model.config.vocab_size)
     return folder

@@ -1,0 +1,92 @@
+"""Sampling through the engine: seeded determinism and statistical losslessness at temperature 1
+with a negative control (DESIGN §8 tiers 2-3, end to end through draft and target workers)."""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specray import LLM, SamplingParams
+from specray.kernels import verify
+
+PROMPT = {"prompt_token_ids": [1, 17, 40, 23]}
+
+
+def make_llm(tiny_target, tiny_draft, k=3, **kw):
+    return LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), "num_speculative_tokens": k},
+               kv_cache_tokens=65536, max_num_seqs=512, **kw)
+
+
+def test_seeded_requests_reproduce_alone_or_in_a_batch(tiny_target, tiny_draft):
+    llm = make_llm(tiny_target, tiny_draft)
+    sp = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=20, seed=1234, ignore_eos=True)
+    alone = llm.generate(PROMPT, sp)[0].outputs[0].token_ids
+    others = [{"prompt_token_ids": [1, 5 + i, 9]} for i in range(5)]
+    batch = llm.generate([*others[:2], PROMPT, *others[2:]], [SamplingParams(temperature=1.0, max_tokens=15)] * 2
+                         + [sp] + [SamplingParams(temperature=1.0, max_tokens=15)] * 3)
+    assert batch[2].outputs[0].token_ids == alone
+    other_seed = llm.generate(PROMPT, SamplingParams(temperature=0.9, top_p=0.95, max_tokens=20, seed=99,
+                                                     ignore_eos=True))[0].outputs[0].token_ids
+    assert other_seed != alone
+
+
+def exact_second_token_distribution(llm):
+    """P(token 2) = sum_t1 q(t1 | prompt) q(t2 | prompt, t1), from the target's own logits."""
+    from transformers import AutoModelForCausalLM
+
+    ids = PROMPT["prompt_token_ids"]
+    model = AutoModelForCausalLM.from_pretrained(llm.model_name, dtype=torch.float32).eval()
+    with torch.no_grad():
+        q1 = model(torch.tensor([ids])).logits[0, -1].softmax(-1)  # [vocab]
+        vocab = q1.shape[0]
+        batch = torch.tensor([ids + [t] for t in range(vocab)])
+        q2 = model(batch).logits[:, -1].softmax(-1)  # [vocab, vocab]
+    return (q1.unsqueeze(1) * q2).sum(0).double().numpy()
+
+
+def second_tokens(llm, n):
+    """Token 2 is the first one a speculative round emits (accepted or recovered); max_tokens=4
+    leaves that round room for 2 draft tokens."""
+    sp = SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True)
+    outs = llm.generate([PROMPT] * n, sp)
+    drafted = sum(o.metrics.num_draft_tokens for o in outs)
+    accepted = sum(o.metrics.num_accepted_tokens for o in outs)
+    assert 0.1 * drafted < accepted < 0.9 * drafted, "the test needs frequent acceptance and rejection"
+    return np.array([o.outputs[0].token_ids[1] for o in outs])
+
+
+def chi2(tokens, want):
+    expected = want * len(tokens)
+    observed = np.bincount(tokens, minlength=len(want))
+    big = expected >= 5  # pool small cells so the chi-square approximation holds
+    obs, exp = observed[big], expected[big]
+    if (~big).any():
+        obs, exp = np.append(obs, observed[~big].sum()), np.append(exp, expected[~big].sum())
+    return chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+
+
+N = 12_000
+
+
+@pytest.fixture(scope="module")
+def sampling_llm(tmp_path_factory):
+    """A peakier target than the shared one, so that a biased rule moves the distribution a lot."""
+    from helpers import save_tiny_llama
+
+    target = save_tiny_llama(tmp_path_factory.mktemp("peaky_target"), seed=0, head_scale=3.0)
+    draft = save_tiny_llama(tmp_path_factory.mktemp("peaky_draft"), seed=1, perturb_from=target, noise=0.35)
+    return make_llm(target, draft, k=3)
+
+
+def test_engine_sampling_is_lossless(sampling_llm):
+    torch.manual_seed(0)
+    want = exact_second_token_distribution(sampling_llm)
+    assert chi2(second_tokens(sampling_llm, N), want) > 1e-3
+    assert sampling_llm.draft is not None
+
+
+def test_engine_negative_control_detected(sampling_llm, monkeypatch):
+    torch.manual_seed(1)
+    want = exact_second_token_distribution(sampling_llm)
+    monkeypatch.setattr(verify, "residual_distribution", lambda q, p: q)
+    assert chi2(second_tokens(sampling_llm, N), want) < 1e-6
