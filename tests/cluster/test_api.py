@@ -1,0 +1,127 @@
+"""Offline API behaviour: bad input, stops, logprobs, chat templates, n, abort."""
+
+import pytest
+
+from specray import LLM, SamplingParams
+from specray.kernels.loader import ModelNotFoundError
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_target, tiny_draft):
+    return LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 3},
+               max_model_len=64, kv_cache_tokens=4096)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_tokens=0), "max_tokens"),
+    (dict(temperature=-0.5), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(top_k=-3), "top_k"),
+    (dict(n=0), "n must"),
+    (dict(num_speculative_tokens=-1), "num_speculative_tokens"),
+])
+def test_bad_sampling_params(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"method": "eagle9"}, "unknown speculative method"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+    ({"method": "draft_model"}, "needs a draft"),
+    ({"method": "ngram", "bogus": 1}, "unknown speculative_config keys"),
+    ({"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2}, "prompt_lookup"),
+])
+def test_bad_speculative_config(tiny_target, config, message):
+    with pytest.raises(ValueError, match=message):
+        LLM(str(tiny_target), speculative_config=config)
+
+
+def test_unknown_model():
+    with pytest.raises(ModelNotFoundError, match="unknown model"):
+        LLM("no-such-model-anywhere")
+
+
+def test_bad_prompts_raise_before_anything_runs(llm):
+    with pytest.raises(ValueError, match="prompt 1: prompt is empty"):
+        llm.generate([{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": []}], SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="context"):
+        llm.generate({"prompt_token_ids": [3] * 64}, SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match=r"token ids must be integers in \[0, 97\)"):
+        llm.generate({"prompt_token_ids": [3, 500]}, SamplingParams(max_tokens=2))
+    assert not llm.engine.has_unfinished()
+
+
+def test_bad_request_does_not_disturb_running_ones(llm):
+    sp = SamplingParams(max_tokens=20, **GREEDY)
+    want = llm.generate({"prompt_token_ids": [1, 8, 9, 10]}, sp)[0].outputs[0].token_ids
+    rid = llm.engine.add_request([1, 8, 9, 10], sp)
+    llm.engine.step()
+    llm.engine.step()
+    with pytest.raises(ValueError):
+        llm.engine.add_request([], sp)
+    with pytest.raises(ValueError):
+        llm.engine.add_request([1] * 100, sp)
+    final = None
+    while llm.engine.has_unfinished():
+        for out in llm.engine.step():
+            final = out if out.request_id == rid else final
+    assert final.finished and final.outputs[0].token_ids == want
+
+
+def test_length_is_capped_by_the_context(llm):
+    out = llm.generate({"prompt_token_ids": [1] * 60}, SamplingParams(max_tokens=50, **GREEDY))[0]
+    assert len(out.outputs[0].token_ids) == 4 and out.outputs[0].finish_reason == "length"
+
+
+def test_stop_token_and_stop_string(llm):
+    base = llm.generate({"prompt_token_ids": [1, 8, 9, 10]}, SamplingParams(max_tokens=20, **GREEDY))[0]
+    ids, text = base.outputs[0].token_ids, base.outputs[0].text
+    stop_tok = ids[5]
+    out = llm.generate({"prompt_token_ids": [1, 8, 9, 10]},
+                       SamplingParams(max_tokens=20, stop_token_ids=[stop_tok], **GREEDY))[0].outputs[0]
+    assert out.token_ids == ids[: ids.index(stop_tok) + 1] and out.finish_reason == "stop"
+    assert out.stop_reason == stop_tok
+    word = text.split()[3]
+    out = llm.generate({"prompt_token_ids": [1, 8, 9, 10]},
+                       SamplingParams(max_tokens=20, stop=[word], **GREEDY))[0].outputs[0]
+    assert out.text == text[: text.index(word)] and out.finish_reason == "stop" and out.stop_reason == word
+
+
+def test_eos_stops_unless_ignored(tiny_target):
+    llm = LLM(str(tiny_target))
+    free_run = llm.generate({"prompt_token_ids": [1, 8, 9]}, SamplingParams(max_tokens=12, **GREEDY))[0]
+    eos = free_run.outputs[0].token_ids[3]
+    llm.engine.eos_token_ids = frozenset({eos})
+    out = llm.generate({"prompt_token_ids": [1, 8, 9]}, SamplingParams(max_tokens=12, temperature=0.0))[0]
+    assert out.outputs[0].token_ids[-1] == eos and out.outputs[0].finish_reason == "stop"
+
+
+def test_logprobs_and_n(llm):
+    sp = SamplingParams(max_tokens=6, logprobs=2, n=3, temperature=1.0, seed=7, ignore_eos=True)
+    out = llm.generate({"prompt_token_ids": [1, 8, 9, 10]}, sp)[0]
+    assert len(out.outputs) == 3 and [c.index for c in out.outputs] == [0, 1, 2]
+    for c in out.outputs:
+        assert len(c.logprobs) == len(c.token_ids) == 6
+        for tok, lp in zip(c.token_ids, c.logprobs):
+            assert tok in lp and len(lp) <= 3 and all(v <= 0 for v in lp.values())
+        assert c.cumulative_logprob == pytest.approx(sum(lp[t] for lp, t in zip(c.logprobs, c.token_ids)))
+
+
+def test_chat_template(llm):
+    ids = llm.apply_chat_template([{"role": "user", "content": "w10 w11"}])
+    assert llm.get_tokenizer().decode(ids) == "w3 w10 w11 w4 w5"
+    out = llm.chat([{"role": "user", "content": "w10 w11"}], SamplingParams(max_tokens=5, **GREEDY))[0]
+    assert out.prompt_token_ids == ids and len(out.outputs[0].token_ids) == 5
+
+
+def test_abort_frees_the_sequence(llm):
+    rid = llm.engine.add_request([1, 8, 9, 10], SamplingParams(max_tokens=30, **GREEDY))
+    llm.engine.step()
+    llm.engine.step()
+    llm.engine.abort(rid)
+    assert not llm.engine.has_unfinished() and llm.engine.reserved_tokens == 0
+    assert llm.target.cache.num_free_blocks == llm.target.cache.num_blocks
