@@ -16,7 +16,7 @@ from specray.kernels.attention import build_attention_mask, ragged_attention, re
 from specray.kernels.batch import RaggedBatch
 from specray.kernels.config import ModelConfig
 from specray.kernels.kv_cache import PagedKVCache
-from specray.kernels.rope import RotaryTable, apply_rotary
+from specray.kernels.rope import RotaryTable
 
 
 class DecoderLayer(nn.Module):
@@ -65,16 +65,16 @@ class LlamaModel(nn.Module):
     def forward(self, batch: RaggedBatch, cache: PagedKVCache, reference: bool = False) -> torch.Tensor:
         """Run one step; writes the new tokens' KV into `cache`. -> logits [num_logits, vocab_size] (fp32)."""
         c = self.config
-        cos, sin = self.rotary.lookup(batch.positions)  # [num_tokens, 1, head_dim]
+        rot = self.rotary.rotation(batch.positions)  # [num_tokens, head_dim, head_dim]
         mask = None if reference else build_attention_mask(batch)
         h = self.embed_tokens[batch.input_ids]  # [num_tokens, hidden_size]
         for i, layer in enumerate(self.layers):
             x = F.rms_norm(h, (c.hidden_size,), layer.input_norm, c.rms_norm_eps)
-            q, k, v = F.linear(x, layer.qkv_proj).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-            q = apply_rotary(q.view(-1, c.num_heads, c.head_dim), cos, sin)
-            k = apply_rotary(k.view(-1, c.num_kv_heads, c.head_dim), cos, sin)
+            qkv = F.linear(x, layer.qkv_proj).view(-1, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+            qk = torch.bmm(qkv[:, : c.num_heads + c.num_kv_heads], rot)  # RoPE on q and k at once
+            q, k, v = qk[:, : c.num_heads], qk[:, c.num_heads:], qkv[:, c.num_heads + c.num_kv_heads:]
             cache.k[i].index_copy_(0, batch.slot_mapping, k)
-            cache.v[i].index_copy_(0, batch.slot_mapping, v.view(-1, c.num_kv_heads, c.head_dim))
+            cache.v[i].index_copy_(0, batch.slot_mapping, v)
             keys = cache.k[i].index_select(0, batch.key_slots)  # [num_keys, num_kv_heads, head_dim]
             values = cache.v[i].index_select(0, batch.key_slots)
             if reference:

@@ -48,6 +48,18 @@ class RotaryTable:
         """positions [num_tokens] -> cos, sin [num_tokens, 1, head_dim] (broadcast over heads)."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
+    def rotation(self, positions: torch.Tensor) -> torch.Tensor:
+        """positions [num_tokens] -> [num_tokens, head_dim, head_dim] matrices R with
+        x @ R == apply_rotary(x, cos, sin): one batched matmul per layer instead of seven ops."""
+        cos, sin = self.cos[positions], self.sin[positions]  # [num_tokens, head_dim]
+        half = cos.shape[-1] // 2
+        rot = torch.diag_embed(cos)
+        idx = torch.arange(half, device=cos.device)
+        # rotate_half(x)[i] = -x[i + half] for i < half, x[i - half] otherwise
+        rot[:, idx + half, idx] = -sin[:, :half]
+        rot[:, idx, idx + half] = sin[:, half:]
+        return rot
+
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [num_tokens, heads, head_dim]; cos/sin [num_tokens, 1, head_dim]."""

@@ -91,3 +91,16 @@ def test_unsupported_architecture_is_a_clear_error():
 
     with pytest.raises(UnsupportedModelError, match="gpt2"):
         ModelConfig.from_hf(Cfg())
+
+
+def test_rotation_matrix_matches_reference_rope():
+    from specray.kernels.rope import RotaryTable, apply_rotary
+
+    cfg = ModelConfig(vocab_size=10, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4,
+                      num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0,
+                      max_position_embeddings=64, tie_word_embeddings=True)
+    table = RotaryTable(cfg, torch.float32)
+    pos = torch.tensor([0, 3, 17, 63])
+    x = torch.randn(4, 6, 8)
+    cos, sin = table.lookup(pos)
+    torch.testing.assert_close(torch.bmm(x, table.rotation(pos)), apply_rotary(x, cos, sin))

