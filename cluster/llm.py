@@ -90,14 +90,23 @@ class LLM:
         params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(params_list) != len(prompts):
             raise ValueError("sampling_params must be one SamplingParams or one per prompt")
+        ids = self._add_all(prompts, params_list)
+        return self._run(ids, use_tqdm)
+
+    def stream(self, prompts: Seq[PromptLike], sampling_params: SamplingParams):
+        """Yield every `RequestOutput` as its request advances (one per request per round)."""
+        self._add_all(prompts, [sampling_params] * len(prompts))
+        while self.engine.has_unfinished():
+            yield from self.engine.step()
+
+    def _add_all(self, prompts: Seq[PromptLike], params_list: list[SamplingParams]) -> list[str]:
         encoded = [self.encode(p) for p in prompts]
         for i, (_, ids) in enumerate(encoded):
             try:
                 self.engine.check_prompt(ids, params_list[i])
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from None
-        ids = [self.engine.add_request(tok, sp, text) for (text, tok), sp in zip(encoded, params_list)]
-        return self._run(ids, use_tqdm)
+        return [self.engine.add_request(tok, sp, text) for (text, tok), sp in zip(encoded, params_list)]
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
              sampling_params: SamplingParams | None = None, use_tqdm: bool = False) -> list[RequestOutput]:

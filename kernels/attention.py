@@ -42,31 +42,35 @@ def build_attention_mask(batch: RaggedBatch) -> torch.Tensor | None:
     return mask.to(batch.input_ids.device)
 
 
-def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+def ragged_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
     """Fast path.
 
-    q [num_tokens, num_heads, head_dim]; k, v [num_keys, num_kv_heads, head_dim];
+    q [num_tokens, num_heads, head_dim]; kv [2 * num_kv_heads, num_keys, head_dim] (keys, then values);
     mask [num_tokens, num_keys] or None -> [num_tokens, num_heads * head_dim].
     """
+    num_kv_heads = kv.shape[0] // 2
+    kv = kv.unsqueeze(0)  # 4-D inputs take the fused CPU kernel; 3-D ones fall back to the math path
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
-        attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
+        q.transpose(0, 1).unsqueeze(0), kv[:, :num_kv_heads], kv[:, num_kv_heads:],
+        attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != num_kv_heads,
     )  # [1, num_heads, num_tokens, head_dim]
     return out[0].transpose(0, 1).reshape(q.shape[0], -1)
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        batch: RaggedBatch, scale: float) -> torch.Tensor:
-    """Specification: softmax(q k^T * scale + mask) v per sequence, computed in float64."""
-    group = q.shape[1] // k.shape[1]
+def reference_attention(q: torch.Tensor, kv: torch.Tensor, batch: RaggedBatch, scale: float) -> torch.Tensor:
+    """Specification: softmax(q k^T * scale + mask) v per sequence, computed in float64.
+
+    q [num_tokens, num_heads, head_dim]; kv [2 * num_kv_heads, num_keys, head_dim].
+    """
+    num_kv_heads = kv.shape[0] // 2
+    group = q.shape[1] // num_kv_heads
     outs = []
     for b in range(batch.batch_size):
         q0, q1 = batch.cu_seqlens[b], batch.cu_seqlens[b + 1]
         k0, k1 = batch.cu_keylens[b], batch.cu_keylens[b + 1]
         qs = q[q0:q1].double().transpose(0, 1)  # [num_heads, n, head_dim]
-        ks = k[k0:k1].double().repeat_interleave(group, dim=1).transpose(0, 1)  # [num_heads, keys, head_dim]
-        vs = v[k0:k1].double().repeat_interleave(group, dim=1).transpose(0, 1)
+        ks = kv[:num_kv_heads, k0:k1].double().repeat_interleave(group, dim=0)  # [num_heads, keys, head_dim]
+        vs = kv[num_kv_heads:, k0:k1].double().repeat_interleave(group, dim=0)
         scores = qs @ ks.transpose(1, 2) * scale  # [num_heads, n, keys]
         allowed = sequence_mask(batch.context_lens[b], batch.parents[b], q1 - q0)
         scores = scores.masked_fill(~allowed, float("-inf"))

@@ -28,7 +28,9 @@ class BlockTable:
 
 
 class PagedKVCache:
-    """KV storage for all layers: k/v [num_layers, num_slots, num_kv_heads, head_dim].
+    """KV storage for all layers: kv [num_layers, 2 * num_kv_heads, num_slots, head_dim], keys in
+    the first num_kv_heads rows, values in the rest, so one gather per layer fetches both in the
+    [heads, keys, head_dim] layout attention consumes.
 
     A slot is one token position; block b owns slots [b * block_size, (b + 1) * block_size).
     """
@@ -36,9 +38,9 @@ class PagedKVCache:
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         assert num_blocks >= 1 and block_size >= 1
-        shape = (config.num_layers, num_blocks * block_size, config.num_kv_heads, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (config.num_layers, 2 * config.num_kv_heads, num_blocks * block_size, config.head_dim)
+        self.kv = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_kv_heads = config.num_kv_heads
         self.block_size = block_size
         self.num_blocks = num_blocks
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
@@ -87,5 +89,4 @@ class PagedKVCache:
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move KV between slots in every layer (used to compact an accepted tree path)."""
-        self.k[:, dst] = self.k[:, src]
-        self.v[:, dst] = self.v[:, src]
+        self.kv[:, :, dst] = self.kv[:, :, src]

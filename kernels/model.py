@@ -72,15 +72,15 @@ class LlamaModel(nn.Module):
             x = F.rms_norm(h, (c.hidden_size,), layer.input_norm, c.rms_norm_eps)
             qkv = F.linear(x, layer.qkv_proj).view(-1, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
             qk = torch.bmm(qkv[:, : c.num_heads + c.num_kv_heads], rot)  # RoPE on q and k at once
-            q, k, v = qk[:, : c.num_heads], qk[:, c.num_heads:], qkv[:, c.num_heads + c.num_kv_heads:]
-            cache.k[i].index_copy_(0, batch.slot_mapping, k)
-            cache.v[i].index_copy_(0, batch.slot_mapping, v)
-            keys = cache.k[i].index_select(0, batch.key_slots)  # [num_keys, num_kv_heads, head_dim]
-            values = cache.v[i].index_select(0, batch.key_slots)
+            new_kv = torch.cat([qk[:, c.num_heads:], qkv[:, c.num_heads + c.num_kv_heads:]], dim=1)
+            layer_kv = cache.kv[i]  # [2 * num_kv_heads, num_slots, head_dim]
+            layer_kv.index_copy_(1, batch.slot_mapping, new_kv.transpose(0, 1))
+            kv = layer_kv.index_select(1, batch.key_slots)  # [2 * num_kv_heads, num_keys, head_dim]
+            q = qk[:, : c.num_heads]
             if reference:
-                attn = reference_attention(q, keys, values, batch, self.scale)
+                attn = reference_attention(q, kv, batch, self.scale)
             else:
-                attn = ragged_attention(q, keys, values, mask, self.scale)
+                attn = ragged_attention(q, kv, mask, self.scale)
             h = h + F.linear(attn, layer.o_proj)
             x = F.rms_norm(h, (c.hidden_size,), layer.post_attention_norm, c.rms_norm_eps)
             gate, up = F.linear(x, layer.gate_up_proj).chunk(2, dim=-1)

