@@ -101,12 +101,19 @@ class Runner:
             return out.outputs[0].token_ids, (m.num_rounds, m.num_emitted_tokens, m.num_draft_tokens,
                                               m.num_accepted_tokens)
         kw = {"prompt_lookup_num_tokens": self.args.hf_prompt_lookup_tokens} if method == "hf_prompt_lookup" else {}
-        with torch.no_grad():
-            input_ids = torch.tensor([ids])
-            gen = self.hf.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                                   max_new_tokens=max_tokens,
-                                   min_new_tokens=max_tokens, pad_token_id=self.hf.config.eos_token_id, **kw)
-        return gen[0, len(ids):].tolist(), (0, 0, 0, 0)
+        return hf_greedy(self.hf, ids, max_tokens, **kw), (0, 0, 0, 0)
+
+
+def hf_greedy(model, ids: list[int], max_tokens: int, **kw) -> list[int]:
+    """transformers' greedy `generate` for exactly `max_tokens` tokens, EOS ignored like specray's
+    `ignore_eos` (min_new_tokens would instead mask EOS out and change the argmax; an impossible
+    eos_token_id just never stops, transformers warns about it once)."""
+    input_ids = torch.tensor([ids])
+    with torch.no_grad():
+        gen = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                             max_new_tokens=max_tokens, eos_token_id=-1,
+                             pad_token_id=model.config.eos_token_id, **kw)
+    return gen[0, len(ids):].tolist()
 
 
 def run_offline(args) -> dict:

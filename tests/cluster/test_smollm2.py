@@ -34,14 +34,10 @@ def prompt_ids():
 def transformers_greedy(prompt_ids):
     from transformers import AutoModelForCausalLM
 
+    from specray.cluster.bench_offline import hf_greedy
+
     model = AutoModelForCausalLM.from_pretrained(resolve("smollm2-135m").path, dtype=torch.float32).eval()
-    outs = []
-    with torch.no_grad():
-        for ids in prompt_ids:
-            gen = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=NEW_TOKENS,
-                                 min_new_tokens=NEW_TOKENS, pad_token_id=model.config.eos_token_id)
-            outs.append(gen[0, len(ids):].tolist())
-    return outs
+    return [hf_greedy(model, ids, NEW_TOKENS) for ids in prompt_ids]
 
 
 CONFIGS = {
