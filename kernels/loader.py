@@ -124,9 +124,16 @@ def _fix_eos(tokenizer, config: dict) -> None:
         tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
 
 
+GEMV_COPY_LIMIT_BYTES = 2 << 30
+
+
 def load_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, device: str = "cpu",
-               num_layers: int | None = None) -> LlamaModel:
-    """Load weights into the runtime; `num_layers` keeps only the first layers (a truncated draft)."""
+               num_layers: int | None = None, gemv_weights: bool | None = None) -> LlamaModel:
+    """Load weights into the runtime; `num_layers` keeps only the first layers (a truncated draft).
+
+    `gemv_weights` keeps transposed copies for one-row steps (see `LlamaModel.add_gemv_weights`);
+    None means: on CPU when the weights take at most 2 GiB.
+    """
     config = ModelConfig.from_hf(checkpoint.hf_config())
     if num_layers is not None:
         if not 1 <= num_layers <= config.num_layers:
@@ -134,6 +141,10 @@ def load_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, devic
         config = dataclasses.replace(config, num_layers=num_layers)
     model = LlamaModel(config, dtype=dtype, device=device)
     model.load_hf_state_dict(_read_safetensors(checkpoint.path))
+    if gemv_weights is None:
+        gemv_weights = str(device) == "cpu" and model.weight_bytes() <= GEMV_COPY_LIMIT_BYTES
+    if gemv_weights:
+        model.add_gemv_weights()
     return model.eval()
 
 

@@ -104,3 +104,17 @@ def test_rotation_matrix_matches_reference_rope():
     x = torch.randn(4, 6, 8)
     cos, sin = table.lookup(pos)
     torch.testing.assert_close(torch.bmm(x, table.rotation(pos)), apply_rotary(x, cos, sin))
+
+
+def test_gemv_weights_match_the_plain_projection(tiny_target):
+    """The one-row fast path (transposed weight copies) equals F.linear on the original layout."""
+    plain = load_model(Checkpoint(tiny_target, "t"), gemv_weights=False)
+    fast = load_model(Checkpoint(tiny_target, "t"), gemv_weights=True)
+    assert not plain.gemv_weights and fast.gemv_weights
+    outs = []
+    for model in (plain, fast):
+        cache = model.make_cache(8, block_size=4)
+        run(model, cache, [SeqChunk("a", [4, 5, 6], 0)])
+        cache.set_cached("a", 3)
+        outs.append(run(model, cache, [SeqChunk("a", [7], 3)]))  # one row: the GEMV path
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
