@@ -24,6 +24,8 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     draft_sent: int = 0  # committed tokens already sent to the draft worker
+    prefix_offset: int = 0  # incremental detokenisation window over output_token_ids
+    read_offset: int = 0
     logprobs: list[dict[int, float]] | None = None
     metrics: SpecMetrics = field(default_factory=SpecMetrics)
     arrival_time: float = field(default_factory=time.monotonic)
@@ -69,15 +71,28 @@ class Sequence:
                 return
 
     def detokenize(self, tokenizer) -> None:
-        """Refresh `text`; apply stop strings (the text is cut before the stop string)."""
-        text = tokenizer.decode(self.output_token_ids, skip_special_tokens=self.params.skip_special_tokens)
+        """Extend `text` with the newly committed tokens; apply stop strings (cut before the stop
+        string unless include_stop_str_in_output)."""
+        start = len(self.text)
+        self.text += self._new_text(tokenizer)
         for stop in self.params.stop:
-            at = text.find(stop)
+            # a stop string may straddle the old and new text
+            at = self.text.find(stop, max(0, start - len(stop) + 1))
             if at >= 0:
-                text = text[: at + (len(stop) if self.params.include_stop_str_in_output else 0)]
+                self.text = self.text[: at + (len(stop) if self.params.include_stop_str_in_output else 0)]
                 self.finish_reason, self.stop_reason = "stop", stop
                 break
-        self.text = text
+
+    def _new_text(self, tokenizer) -> str:
+        """Decode only a short window: text of [prefix_offset:] minus text of [prefix_offset:read_offset].
+        Holds back text ending in an incomplete UTF-8 sequence until the next token completes it."""
+        ids, skip = self.output_token_ids, self.params.skip_special_tokens
+        prefix = tokenizer.decode(ids[self.prefix_offset:self.read_offset], skip_special_tokens=skip)
+        full = tokenizer.decode(ids[self.prefix_offset:], skip_special_tokens=skip)
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return ""
+        self.prefix_offset, self.read_offset = max(self.read_offset - 4, 0), len(ids)
+        return full[len(prefix):]
 
     def completion(self) -> CompletionOutput:
         cum = None

@@ -42,8 +42,37 @@ def build_attention_mask(batch: RaggedBatch) -> torch.Tensor | None:
     return mask.to(batch.input_ids.device)
 
 
+SMALL_QUERY_ROWS = 16  # up to this many query rows (decode, verify), grouped bmm beats the fused kernel
+
+
 def ragged_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """Fast path.
+    """Fast path: grouped bmm for few query rows, the fused SDPA kernel for prefill.
+
+    q [num_tokens, num_heads, head_dim]; kv [2 * num_kv_heads, num_keys, head_dim] (keys, then values);
+    mask [num_tokens, num_keys] or None -> [num_tokens, num_heads * head_dim].
+    """
+    if q.shape[0] <= SMALL_QUERY_ROWS:
+        return grouped_attention(q, kv, mask, scale)
+    return fused_attention(q, kv, mask, scale)
+
+
+def grouped_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """GQA as two bmm calls: the query heads that share a KV head are stacked as extra rows."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = kv.shape[0] // 2
+    group = num_heads // num_kv_heads
+    rows = q.view(num_tokens, num_kv_heads, group, head_dim).permute(1, 0, 2, 3)
+    rows = rows.reshape(num_kv_heads, num_tokens * group, head_dim)  # [num_kv_heads, num_tokens * group, head_dim]
+    scores = torch.bmm(rows, kv[:num_kv_heads].transpose(1, 2)) * scale  # [num_kv_heads, num_tokens * group, num_keys]
+    if mask is not None:
+        scores = scores.view(num_kv_heads, num_tokens, group, -1).masked_fill(
+            ~mask.view(1, num_tokens, 1, -1), float("-inf")).view(num_kv_heads, num_tokens * group, -1)
+    out = torch.bmm(scores.softmax(-1), kv[num_kv_heads:])  # [num_kv_heads, num_tokens * group, head_dim]
+    return out.view(num_kv_heads, num_tokens, group, head_dim).permute(1, 0, 2, 3).reshape(num_tokens, -1)
+
+
+def fused_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """One fused SDPA call (flash kernel on CPU).
 
     q [num_tokens, num_heads, head_dim]; kv [2 * num_kv_heads, num_keys, head_dim] (keys, then values);
     mask [num_tokens, num_keys] or None -> [num_tokens, num_heads * head_dim].

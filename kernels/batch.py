@@ -49,6 +49,7 @@ class RaggedBatch:
     cu_keylens: list[int]  # [batch + 1]
     logits_indices: torch.Tensor  # [num_logits] rows of num_tokens whose logits are returned
     cu_logits: list[int]  # [batch + 1]
+    key_range: tuple[int, int] | None = None  # set when key_slots is one ascending run: slice, don't gather
 
     def __post_init__(self) -> None:
         assert len(self.cu_seqlens) == len(self.context_lens) + 1 == len(self.cu_keylens)
@@ -86,9 +87,13 @@ class RaggedBatch:
             cu_key.append(cu_key[-1] + ctx + n)
             cu_log.append(cu_log[-1] + chunk.num_logits)
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+        key_slots = torch.cat(keys)
+        first, count = int(key_slots[0]), key_slots.shape[0]
+        is_run = bool((key_slots == torch.arange(first, first + count)).all())
         return cls(
             input_ids=as_long(ids), positions=as_long(pos), cu_seqlens=cu_seq,
             context_lens=[c.context_len for c in chunks], parents=[c.parents for c in chunks],
-            slot_mapping=torch.cat(slots).to(device), key_slots=torch.cat(keys).to(device),
+            slot_mapping=torch.cat(slots).to(device), key_slots=key_slots.to(device),
             cu_keylens=cu_key, logits_indices=as_long(logit_rows), cu_logits=cu_log,
+            key_range=(first, first + count) if is_run else None,
         )

@@ -92,7 +92,10 @@ class LlamaModel(nn.Module):
             new_kv = torch.cat([qk[:, c.num_heads:], qkv[:, c.num_heads + c.num_kv_heads:]], dim=1)
             layer_kv = cache.kv[i]  # [2 * num_kv_heads, num_slots, head_dim]
             layer_kv.index_copy_(1, batch.slot_mapping, new_kv.transpose(0, 1))
-            kv = layer_kv.index_select(1, batch.key_slots)  # [2 * num_kv_heads, num_keys, head_dim]
+            if batch.key_range is not None:
+                kv = layer_kv[:, batch.key_range[0]:batch.key_range[1]]  # [2 * num_kv_heads, num_keys, head_dim]
+            else:
+                kv = layer_kv.index_select(1, batch.key_slots)
             q = qk[:, : c.num_heads]
             if reference:
                 attn = reference_attention(q, kv, batch, self.scale)

@@ -125,3 +125,8 @@ def test_abort_frees_the_sequence(llm):
     llm.engine.abort(rid)
     assert not llm.engine.has_unfinished() and llm.engine.reserved_tokens == 0
     assert llm.target.cache.num_free_blocks == llm.target.cache.num_blocks
+
+
+def test_incremental_text_equals_full_decode(llm):
+    out = llm.generate({"prompt_token_ids": [1, 8, 9, 10]}, SamplingParams(max_tokens=30, **GREEDY))[0].outputs[0]
+    assert out.text == llm.get_tokenizer().decode(out.token_ids, skip_special_tokens=True)

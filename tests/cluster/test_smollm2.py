@@ -54,8 +54,10 @@ def test_speculative_greedy_equals_transformers(name, prompt_ids, transformers_g
     prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
     batch8 = llm.generate(prompts, sp)
     batch1 = [llm.generate(p, sp)[0] for p in prompts]
+    tok = llm.get_tokenizer()
     for out, want in zip(batch8, transformers_greedy):
         assert out.outputs[0].token_ids == want
+        assert out.outputs[0].text == tok.decode(want, skip_special_tokens=True)  # incremental detokenisation
     for out, want in zip(batch1, transformers_greedy):
         assert out.outputs[0].token_ids == want
     accepted = [o.metrics.num_accepted_tokens for o in batch8]

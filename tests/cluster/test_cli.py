@@ -1,0 +1,33 @@
+"""The `specray generate` CLI: streams text, prints a summary, rejects bad input with exit code 2."""
+
+import json
+
+from specray.cluster.cli import main
+
+
+def test_generate_streams_and_summarises(tiny_target, capsys):
+    code = main(["generate", "w10 w11 w12", "--model", str(tiny_target), "--max-tokens", "6", "--ignore-eos",
+                 "--no-chat-template", "--num-speculative-tokens", "2"])
+    out = capsys.readouterr()
+    assert code == 0
+    assert 1 <= len(out.out.split()) <= 6  # word tokens streamed (special tokens print nothing)
+    assert "1 request(s), 6 tokens" in out.err and "acceptance length" in out.err
+
+
+def test_generate_file_with_chat_template_and_draft(tiny_target, tiny_draft, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"turns": [f"w{i} w{i + 1}"]}) for i in (10, 20)))
+    code = main(["generate", "--file", str(prompts), "--model", str(tiny_target), "--max-tokens", "5",
+                 "--speculative-method", "draft_model", "--draft-model", str(tiny_draft), "--ignore-eos"])
+    out = capsys.readouterr()
+    assert code == 0 and out.out.count("--- prompt") == 2 and "2 request(s), 10 tokens" in out.err
+
+
+def test_bad_input_is_a_clear_error(tiny_target, capsys):
+    for argv, message in ([["--max-tokens", "0"], "max_tokens"], [["--top-p", "2"], "top_p"],
+                          [["--num-speculative-tokens", "0"], "num_speculative_tokens"],
+                          [["--file", "/no/such/file"], "does not exist"]):
+        code = main(["generate", "w3", "--model", str(tiny_target), *argv])
+        assert code == 2 and message in capsys.readouterr().err
+    assert main(["generate", "w3", "--model", "no-such-model"]) == 2
+    assert "unknown model" in capsys.readouterr().err
