@@ -107,12 +107,19 @@ class Runner:
 def hf_greedy(model, ids: list[int], max_tokens: int, **kw) -> list[int]:
     """transformers' greedy `generate` for exactly `max_tokens` tokens, EOS ignored like specray's
     `ignore_eos` (min_new_tokens would instead mask EOS out and change the argmax; an impossible
-    eos_token_id just never stops, transformers warns about it once)."""
+    eos_token_id just never stops; its warning is silenced)."""
+    from transformers.utils import logging as hf_logging
+
     input_ids = torch.tensor([ids])
-    with torch.no_grad():
-        gen = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                             max_new_tokens=max_tokens, eos_token_id=-1,
-                             pad_token_id=model.config.eos_token_id, **kw)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the impossible eos_token_id is deliberate
+    try:
+        with torch.no_grad():
+            gen = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                                 max_new_tokens=max_tokens, eos_token_id=-1,
+                                 pad_token_id=model.config.eos_token_id, **kw)
+    finally:
+        hf_logging.set_verbosity(verbosity)
     return gen[0, len(ids):].tolist()
 
 
@@ -213,7 +220,7 @@ def add_bench_parser(sub) -> None:
     off.add_argument("--num-prompts", type=int, default=12)
     off.add_argument("--max-tokens", type=int, default=128)
     off.add_argument("--methods", default=",".join(METHODS[:4]), help=f"comma-separated from {METHODS}")
-    off.add_argument("--num-speculative-tokens", type=int, default=4)
+    off.add_argument("--num-speculative-tokens", type=int, default=2)
     off.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
     off.add_argument("--draft-model", default=None)
     off.add_argument("--draft-num-layers", type=int, default=4)

@@ -22,7 +22,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--speculative-method", default="ngram", choices=["ngram", "draft_model", "none"])
     s.add_argument("--draft-model", default=None, help="draft checkpoint for draft_model")
     s.add_argument("--draft-num-layers", type=int, default=None, help="keep only the draft's first layers")
-    s.add_argument("--num-speculative-tokens", type=int, default=4)
+    s.add_argument("--num-speculative-tokens", type=int, default=2,
+                   help="draft tokens per round (2 suits CPUs, where verifying 4+ rows costs about 2x one)")
     s.add_argument("--prompt-lookup-min", type=int, default=1)
     s.add_argument("--prompt-lookup-max", type=int, default=4)
 

@@ -30,9 +30,14 @@ def sequence_mask(context_len: int, parents: list[int] | None, n: int) -> torch.
     return torch.cat([context, ancestor_matrix(parents, n)], dim=1)
 
 
+def is_causal_prefill(batch: RaggedBatch) -> bool:
+    """One chain with no context: the mask is plain causal and the fused kernel can skip it."""
+    return batch.is_single_chain() and batch.context_lens[0] == 0 and batch.num_tokens > SMALL_QUERY_ROWS
+
+
 def build_attention_mask(batch: RaggedBatch) -> torch.Tensor | None:
     """[num_tokens, num_keys] bool block mask for the whole step; None when no mask is needed."""
-    if batch.is_single_chain() and batch.num_tokens == 1:
+    if (batch.is_single_chain() and batch.num_tokens == 1) or is_causal_prefill(batch):
         return None
     mask = torch.zeros(batch.num_tokens, batch.cu_keylens[-1], dtype=torch.bool)
     for b in range(batch.batch_size):
@@ -45,7 +50,8 @@ def build_attention_mask(batch: RaggedBatch) -> torch.Tensor | None:
 SMALL_QUERY_ROWS = 16  # up to this many query rows (decode, verify), grouped bmm beats the fused kernel
 
 
-def ragged_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+def ragged_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                     causal: bool = False) -> torch.Tensor:
     """Fast path: grouped bmm for few query rows, the fused SDPA kernel for prefill.
 
     q [num_tokens, num_heads, head_dim]; kv [2 * num_kv_heads, num_keys, head_dim] (keys, then values);
@@ -53,7 +59,7 @@ def ragged_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | Non
     """
     if q.shape[0] <= SMALL_QUERY_ROWS:
         return grouped_attention(q, kv, mask, scale)
-    return fused_attention(q, kv, mask, scale)
+    return fused_attention(q, kv, mask, scale, causal)
 
 
 def grouped_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
@@ -71,7 +77,8 @@ def grouped_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | No
     return out.view(num_kv_heads, num_tokens, group, head_dim).permute(1, 0, 2, 3).reshape(num_tokens, -1)
 
 
-def fused_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+def fused_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                    causal: bool = False) -> torch.Tensor:
     """One fused SDPA call (flash kernel on CPU).
 
     q [num_tokens, num_heads, head_dim]; kv [2 * num_kv_heads, num_keys, head_dim] (keys, then values);
@@ -81,7 +88,7 @@ def fused_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None
     kv = kv.unsqueeze(0)  # 4-D inputs take the fused CPU kernel; 3-D ones fall back to the math path
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0), kv[:, :num_kv_heads], kv[:, num_kv_heads:],
-        attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != num_kv_heads,
+        attn_mask=mask, scale=scale, is_causal=causal, enable_gqa=q.shape[1] != num_kv_heads,
     )  # [1, num_heads, num_tokens, head_dim]
     return out[0].transpose(0, 1).reshape(q.shape[0], -1)
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specray.kernels.attention import build_attention_mask, ragged_attention, reference_attention
+from specray.kernels.attention import build_attention_mask, is_causal_prefill, ragged_attention, reference_attention
 from specray.kernels.batch import RaggedBatch
 from specray.kernels.config import ModelConfig
 from specray.kernels.kv_cache import PagedKVCache
@@ -84,6 +84,7 @@ class LlamaModel(nn.Module):
         c = self.config
         rot = self.rotary.rotation(batch.positions)  # [num_tokens, head_dim, head_dim]
         mask = None if reference else build_attention_mask(batch)
+        causal = is_causal_prefill(batch)
         h = self.embed_tokens[batch.input_ids]  # [num_tokens, hidden_size]
         for i, layer in enumerate(self.layers):
             x = F.rms_norm(h, (c.hidden_size,), layer.input_norm, c.rms_norm_eps)
@@ -100,7 +101,7 @@ class LlamaModel(nn.Module):
             if reference:
                 attn = reference_attention(q, kv, batch, self.scale)
             else:
-                attn = ragged_attention(q, kv, mask, self.scale)
+                attn = ragged_attention(q, kv, mask, self.scale, causal)
             h = h + self.linear(attn, layer.o_proj)
             x = F.rms_norm(h, (c.hidden_size,), layer.post_attention_norm, c.rms_norm_eps)
             gate, up = self.linear(x, layer.gate_up_proj).chunk(2, dim=-1)

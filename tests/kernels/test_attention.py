@@ -47,3 +47,16 @@ def test_single_decode_row_needs_no_mask():
     batch = RaggedBatch.build([SeqChunk("a", [1], 6)], cache)
     assert build_attention_mask(batch) is None
     assert batch.key_range == (0, 7)  # one run of slots: attention slices the cache, no gather
+
+
+def test_causal_prefill_skips_the_mask_and_matches_reference():
+    from specray.kernels.attention import is_causal_prefill, ragged_attention
+
+    torch.manual_seed(1)
+    cache = PagedKVCache(CFG, num_blocks=16, block_size=4)
+    batch = RaggedBatch.build([SeqChunk("p", list(range(1, 40)), 0)], cache)
+    assert is_causal_prefill(batch) and build_attention_mask(batch) is None
+    q = torch.randn(batch.num_tokens, CFG.num_heads, CFG.head_dim)
+    kv = torch.randn(2 * CFG.num_kv_heads, batch.num_tokens, CFG.head_dim)
+    torch.testing.assert_close(ragged_attention(q, kv, None, 0.3, causal=True),
+                               reference_attention(q, kv, batch, 0.3), atol=1e-5, rtol=1e-5)
