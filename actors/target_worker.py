@@ -8,7 +8,6 @@ import torch
 
 from specray.actors.messages import SeqSpec, TargetItem
 from specray.kernels.batch import RaggedBatch, SeqChunk
-from specray.kernels.loader import load_model, resolve
 from specray.kernels.model import LlamaModel
 from specray.kernels.proposal import VerifyResult
 from specray.kernels.sampling import make_generator, processed_probs
@@ -28,13 +27,6 @@ class TargetWorker:
         self.model = model
         self.cache = model.make_cache(num_blocks, block_size)
         self.seqs: dict[object, _TargetSeq] = {}
-
-    @classmethod
-    def load(cls, model: str, dtype: torch.dtype = torch.float32, device: str = "cpu", **kw) -> "TargetWorker":
-        return cls(load_model(resolve(model), dtype=dtype, device=device), **kw)
-
-    def capacity_tokens(self) -> int:
-        return self.cache.num_blocks * self.cache.block_size
 
     def step(self, items: list[TargetItem]) -> list[VerifyResult]:
         """Run prefill and verification for every item in one ragged forward pass."""

@@ -86,7 +86,3 @@ class PagedKVCache:
         idx = torch.arange(start, end)
         table = torch.tensor(blocks, dtype=torch.long)
         return table[idx // self.block_size] * self.block_size + idx % self.block_size
-
-    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Move KV between slots in every layer (used to compact an accepted tree path)."""
-        self.kv[:, :, dst] = self.kv[:, :, src]

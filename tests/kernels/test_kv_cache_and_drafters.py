@@ -1,0 +1,72 @@
+"""Paged KV cache bookkeeping and the drafters' exact behaviour."""
+
+import numpy as np
+import pytest
+import torch
+
+from specray.kernels.config import ModelConfig
+from specray.kernels.drafters.base import DraftRequest
+from specray.kernels.drafters.draft_model import DraftModelDrafter
+from specray.kernels.drafters.ngram import NgramDrafter, lookup
+from specray.kernels.kv_cache import OutOfBlocksError, PagedKVCache
+from specray.kernels.loader import Checkpoint, load_model
+from specray.kernels.sampling import SamplingConfig
+
+CFG = ModelConfig(vocab_size=10, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
+                  num_kv_heads=1, head_dim=8, rms_norm_eps=1e-6, rope_theta=1e4,
+                  max_position_embeddings=64, tie_word_embeddings=True)
+
+
+def test_blocks_free_list_and_rollback():
+    cache = PagedKVCache(CFG, num_blocks=4, block_size=3)
+    cache.reserve("a", 7)  # 3 blocks
+    assert cache.num_free_blocks == 1 and cache.slots("a", 5, 7).tolist() == [5, 6]
+    cache.set_cached("a", 7)
+    cache.set_cached("a", 4)  # rollback: a length update, blocks stay reserved
+    assert cache.num_cached("a") == 4 and cache.num_free_blocks == 1
+    with pytest.raises(OutOfBlocksError):
+        cache.reserve("b", 4)
+    cache.free("a")
+    assert cache.num_free_blocks == 4 and cache.num_cached("a") == 0
+    cache.reserve("b", 4)
+    assert cache.slots("b", 0, 4).tolist() == [0, 1, 2, 3]
+
+
+def test_ngram_lookup_exact():
+    toks = np.array([5, 6, 7, 8, 9, 5, 6, 7])
+    assert lookup(toks, 3, 1, 3) == [8, 9, 5]  # trailing [5 6 7] matched at 0
+    assert lookup(toks, 9, 1, 3) == [8, 9, 5, 6, 7]  # continuation stops at the end
+    assert lookup(np.array([1, 2, 3, 4]), 3, 1, 2) == []  # no earlier occurrence
+    assert lookup(np.array([4, 1, 2, 9, 2]), 2, 1, 2) == [9, 2]  # falls back to n=1, earliest match
+    with pytest.raises(ValueError):
+        NgramDrafter(3, 2)
+    prop = NgramDrafter(1, 3).propose([DraftRequest("s", [5, 6, 7, 8, 5, 6], 2, SamplingConfig(0.0))])[0]
+    assert prop.draft_token_ids == [7, 8] and prop.draft_probs is None
+
+
+def test_draft_model_calibration_drops_rejected_kv(tiny_target):
+    """After a partial acceptance the drafter keeps exactly the accepted prefix's KV and its next
+    proposal equals a fresh drafter's proposal for the same committed tokens."""
+    model = load_model(Checkpoint(tiny_target, "t"))
+    greedy = SamplingConfig(0.0)
+    drafter = DraftModelDrafter(model, num_blocks=32, block_size=4)
+    history = [1, 9, 17, 33, 4]
+    first = drafter.propose([DraftRequest("s", history, 4, greedy)])[0].draft_token_ids
+    assert drafter.cache.num_cached("s") == len(history) + 3  # d1..d3 fed, d4 not
+    committed = history + first[:2] + [(first[2] + 1) % 97]  # two accepted, then a recovered token
+    again = drafter.propose([DraftRequest("s", committed, 3, greedy)])[0].draft_token_ids
+    assert drafter.states["s"].fed[: len(committed)] == committed
+    fresh = DraftModelDrafter(model, num_blocks=32, block_size=4)
+    assert again == fresh.propose([DraftRequest("s", committed, 3, greedy)])[0].draft_token_ids
+    drafter.release("s")
+    assert drafter.cache.num_free_blocks == 32
+
+
+def test_draft_model_sampled_proposals_carry_their_distribution(tiny_target):
+    model = load_model(Checkpoint(tiny_target, "t"))
+    drafter = DraftModelDrafter(model, num_blocks=16, block_size=4)
+    req = DraftRequest("s", [1, 5, 9], 3, SamplingConfig(1.0, top_k=5), torch.Generator().manual_seed(0))
+    prop = drafter.propose([req])[0]
+    assert prop.draft_probs.shape == (3, 97)
+    for tok, p in zip(prop.draft_token_ids, prop.draft_probs):
+        assert p[tok] > 0 and int((p > 0).sum()) <= 5 and abs(float(p.sum()) - 1) < 1e-5
