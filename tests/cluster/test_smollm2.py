@@ -31,13 +31,30 @@ def prompt_ids():
 
 
 @pytest.fixture(scope="module")
-def transformers_greedy(prompt_ids):
+def hf_model():
     from transformers import AutoModelForCausalLM
 
+    return AutoModelForCausalLM.from_pretrained(resolve("smollm2-135m").path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def transformers_greedy(prompt_ids, hf_model):
     from specray.cluster.bench_offline import hf_greedy
 
-    model = AutoModelForCausalLM.from_pretrained(resolve("smollm2-135m").path, dtype=torch.float32).eval()
-    return [hf_greedy(model, ids, NEW_TOKENS) for ids in prompt_ids]
+    return [hf_greedy(hf_model, ids, NEW_TOKENS) for ids in prompt_ids]
+
+
+def test_prefill_logits_match_transformers(prompt_ids, hf_model):
+    from specray.kernels.batch import RaggedBatch, SeqChunk
+    from specray.kernels.loader import load_model
+
+    model = load_model(resolve("smollm2-135m"))
+    ids = prompt_ids[0]
+    cache = model.make_cache(64)
+    ours = model(RaggedBatch.build([SeqChunk("p", ids, 0, num_logits=len(ids))], cache), cache)
+    with torch.no_grad():
+        want = hf_model(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(ours, want, atol=1e-4, rtol=0)
 
 
 CONFIGS = {
