@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from specray.actors.messages import SeqSpec, TargetItem
-from specray.kernels.batch import RaggedBatch, SeqChunk
+from specray.kernels.batch import RaggedBatch, SeqChunk, pad_uniform
 from specray.kernels.model import LlamaModel
 from specray.kernels.proposal import VerifyResult
 from specray.kernels.sampling import make_generator, processed_probs
@@ -27,6 +27,7 @@ class TargetWorker:
         self.model = model
         self.cache = model.make_cache(num_blocks, block_size)
         self.seqs: dict[object, _TargetSeq] = {}
+        self.pad_batches = False  # benchmark baseline: pad inputs and keys to the batch's longest
 
     def step(self, items: list[TargetItem]) -> list[VerifyResult]:
         """Run prefill and verification for every item in one ragged forward pass."""
@@ -36,7 +37,8 @@ class TargetWorker:
         chunks = [SeqChunk(i.seq_id, i.new_token_ids + i.proposal.draft_token_ids,
                            self.cache.num_cached(i.seq_id), num_logits=i.proposal.num_draft_tokens + 1)
                   for i in items]
-        logits = self.model(RaggedBatch.build(chunks, self.cache, self.model.embed_tokens.device), self.cache)
+        laid_out = pad_uniform(chunks) if self.pad_batches and len(chunks) > 1 else chunks
+        logits = self.model(RaggedBatch.build(laid_out, self.cache, self.model.embed_tokens.device), self.cache)
         results = self._verify(items, logits)  # logits [sum(k + 1), vocab_size]
         for item, chunk, res in zip(items, chunks, results, strict=True):
             self.cache.set_cached(item.seq_id, chunk.context_len + len(item.new_token_ids) + res.num_accepted)

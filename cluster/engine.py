@@ -9,6 +9,7 @@ classes on Ray; this engine runs them in-process.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
@@ -45,6 +46,15 @@ class EngineConfig:
 
 
 @dataclass
+class EngineStats:
+    """Wall time the engine spent waiting on each pool (benchmarks read it)."""
+
+    steps: int = 0
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+
+
+@dataclass
 class _Request:
     request_id: str
     prompt: str | None
@@ -61,6 +71,7 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.reserved_tokens = 0
+        self.stats = EngineStats()
         self._ids = itertools.count()
 
     # -- requests ---------------------------------------------------------------------------
@@ -136,7 +147,9 @@ class Engine:
         if not self.running:
             return []
         decoding = [s for s in self.running if s.output_token_ids]
+        start = time.perf_counter()
         proposals = self._propose(decoding)
+        drafted = time.perf_counter()
         items = []
         for seq in self.running:
             if seq.output_token_ids:
@@ -144,6 +157,9 @@ class Engine:
             else:
                 items.append(TargetItem(seq.seq_id, list(seq.prompt_token_ids), Proposal([]), seq.spec()))
         results = self.target.step(items)
+        self.stats.steps += 1
+        self.stats.draft_seconds += drafted - start
+        self.stats.target_seconds += time.perf_counter() - drafted
         touched = []
         for seq, res in zip(list(self.running), results, strict=True):
             self._commit(seq, res)

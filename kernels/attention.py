@@ -43,7 +43,8 @@ def build_attention_mask(batch: RaggedBatch) -> torch.Tensor | None:
     for b in range(batch.batch_size):
         q0, q1 = batch.cu_seqlens[b], batch.cu_seqlens[b + 1]
         k0, k1 = batch.cu_keylens[b], batch.cu_keylens[b + 1]
-        mask[q0:q1, k0:k1] = sequence_mask(batch.context_lens[b], batch.parents[b], q1 - q0)
+        pad = batch.key_pads[b] if batch.key_pads else 0
+        mask[q0:q1, k0:k1 - pad] = sequence_mask(batch.context_lens[b], batch.parents[b], q1 - q0)
     return mask.to(batch.input_ids.device)
 
 
@@ -98,6 +99,7 @@ def reference_attention(q: torch.Tensor, kv: torch.Tensor, batch: RaggedBatch, s
 
     q [num_tokens, num_heads, head_dim]; kv [2 * num_kv_heads, num_keys, head_dim].
     """
+    assert batch.key_pads is None, "the reference does not model the padded baseline"
     num_kv_heads = kv.shape[0] // 2
     group = q.shape[1] // num_kv_heads
     outs = []

@@ -18,9 +18,13 @@ class SeqChunk:
     context_len: int  # tokens already in the KV cache before this step
     parents: list[int] | None = None  # local parent index per token (-1: root); None = chain
     num_logits: int = 1  # logits wanted for the last `num_logits` tokens (all of them for a tree)
+    num_pad: int = 0  # padded baseline only: dummy tokens after the real ones (no logits, KV discarded)
+    key_pad: int = 0  # padded baseline only: masked dummy keys after the real ones
 
     def __post_init__(self) -> None:
         assert len(self.token_ids) >= 1, "a sequence brings at least one token to a step"
+        assert self.num_pad >= 0 and self.key_pad >= 0
+        assert self.parents is None or self.num_pad == 0, "only chains are padded"
         assert self.context_len >= 0 and 0 <= self.num_logits <= len(self.token_ids)
         if self.parents is not None:
             assert len(self.parents) == len(self.token_ids)
@@ -50,6 +54,7 @@ class RaggedBatch:
     logits_indices: torch.Tensor  # [num_logits] rows of num_tokens whose logits are returned
     cu_logits: list[int]  # [batch + 1]
     key_range: tuple[int, int] | None = None  # set when key_slots is one ascending run: slice, don't gather
+    key_pads: list[int] | None = None  # [batch] masked dummy keys closing each sequence's keys (padded baseline)
 
     def __post_init__(self) -> None:
         assert len(self.cu_seqlens) == len(self.context_lens) + 1 == len(self.cu_keylens)
@@ -74,17 +79,18 @@ class RaggedBatch:
         ids, pos, slots, keys, logit_rows = [], [], [], [], []
         cu_seq, cu_key, cu_log = [0], [0], [0]
         for chunk in chunks:
-            n, ctx = len(chunk.token_ids), chunk.context_len
+            real, ctx = len(chunk.token_ids), chunk.context_len
+            n = real + chunk.num_pad
             assert cache.num_cached(chunk.seq_id) == ctx, "context_len must equal the cached length"
             cache.reserve(chunk.seq_id, ctx + n)
-            ids.extend(chunk.token_ids)
-            pos.extend(ctx + d for d in chunk.depths())
+            ids.extend(chunk.token_ids + [0] * chunk.num_pad)
+            pos.extend(ctx + d for d in chunk.depths() + list(range(real, n)))
             seq_slots = cache.slots(chunk.seq_id, 0, ctx + n)
             slots.append(seq_slots[ctx:])
-            keys.append(seq_slots)
-            logit_rows.extend(range(cu_seq[-1] + n - chunk.num_logits, cu_seq[-1] + n))
+            keys.append(torch.cat([seq_slots, seq_slots[:1].repeat(chunk.key_pad)]))
+            logit_rows.extend(range(cu_seq[-1] + real - chunk.num_logits, cu_seq[-1] + real))
             cu_seq.append(cu_seq[-1] + n)
-            cu_key.append(cu_key[-1] + ctx + n)
+            cu_key.append(cu_key[-1] + ctx + n + chunk.key_pad)
             cu_log.append(cu_log[-1] + chunk.num_logits)
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
         key_slots = torch.cat(keys)
@@ -96,4 +102,14 @@ class RaggedBatch:
             slot_mapping=torch.cat(slots).to(device), key_slots=key_slots.to(device),
             cu_keylens=cu_key, logits_indices=as_long(logit_rows), cu_logits=cu_log,
             key_range=(first, first + count) if is_run else None,
+            key_pads=[c.key_pad for c in chunks] if any(c.key_pad for c in chunks) else None,
         )
+
+
+def pad_uniform(chunks: list[SeqChunk]) -> list[SeqChunk]:
+    """The padded baseline (EMS-SD's "vanilla"): every sequence brings as many tokens as the
+    longest and attends over as many keys as the longest context, the excess masked out."""
+    max_new = max(len(c.token_ids) for c in chunks)
+    max_ctx = max(c.context_len for c in chunks)
+    return [SeqChunk(c.seq_id, c.token_ids, c.context_len, c.parents, c.num_logits,
+                     num_pad=max_new - len(c.token_ids), key_pad=max_ctx - c.context_len) for c in chunks]

@@ -57,3 +57,12 @@ def test_per_request_speculation_override(tiny_target, tiny_draft, reference):
     outs = llm.generate(prompts(3), params)
     assert [o.outputs[0].token_ids for o in outs] == reference[3]
     assert outs[0].metrics.num_draft_tokens == 0 and outs[1].metrics.num_draft_tokens > 0
+
+
+def test_padded_baseline_gives_the_same_tokens(tiny_target, tiny_draft, reference):
+    """The benchmark's padded mode wastes compute on pad tokens and keys but changes no output."""
+    llm = LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 3},
+              kv_cache_tokens=8192)
+    llm.target.pad_batches = True
+    outs = llm.generate(prompts(16), GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == reference[16]

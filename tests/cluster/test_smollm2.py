@@ -39,7 +39,7 @@ def hf_model():
 
 @pytest.fixture(scope="module")
 def transformers_greedy(prompt_ids, hf_model):
-    from specray.cluster.bench_offline import hf_greedy
+    from specray.cluster.hf_baselines import hf_greedy
 
     return [hf_greedy(hf_model, ids, NEW_TOKENS) for ids in prompt_ids]
 

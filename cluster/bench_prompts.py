@@ -1,0 +1,31 @@
+"""Benchmark prompts: Spec-Bench first turns (or any JSONL of prompts), a fixed documented subset."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PACKAGED_PROMPTS = Path(__file__).parent / "data" / "spec_bench_subset.jsonl"
+SHARED_PROMPTS = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+
+
+def load_prompts(path: Path | None, num: int) -> list[dict]:
+    """First turns taken round-robin across categories in file order: the first prompt of every
+    category, then the second of every category, and so on, until `num`."""
+    path = path or PACKAGED_PROMPTS
+    if not path.exists():
+        raise ValueError(f"prompt file {path} does not exist")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not rows:
+        raise ValueError(f"prompt file {path} holds no prompts")
+    by_cat: dict[str, list[dict]] = {}
+    for r in rows:
+        by_cat.setdefault(r.get("category", "all"), []).append(r)
+    picked, i = [], 0
+    while len(picked) < min(num, len(rows)):
+        for cat_rows in by_cat.values():
+            if i < len(cat_rows) and len(picked) < num:
+                row = cat_rows[i]
+                picked.append({"category": row.get("category", "all"), "prompt": row.get("prompt") or row["turns"][0]})
+        i += 1
+    return picked

@@ -1,0 +1,136 @@
+"""Benchmark output: JSON (schema below), a Markdown table and PNG plots.
+
+JSON schema `specray.bench.offline/2`:
+- `config`: model, max_tokens, num_speculative_tokens, batch_sizes, temperatures, methods;
+- `machine`: platform, torch version, threads; `prompts`: [{category, prompt (first 80 chars)}];
+- `bandwidth`: weight_bytes, gemv_seconds_per_step, gb_per_s (one-row GEMVs over every weight);
+- `cells`: one per (method, batch_size, temperature): `skipped` (reason or null), requests, tokens,
+  seconds, tokens_per_s, acceptance_length (emitted per round), acceptance_rate (accepted/drafted),
+  draft_ms_per_round, verify_ms_per_round, speedup_vs_hf (vs transformers plain, same batch size and
+  temperature), bound_tokens_per_s and fraction_of_bound (batch 1: acceptance length / GEMV time),
+  greedy_matches_hf (batch 1, temperature 0), per_category {category: tokens_per_s} (batch 1);
+- `summary`: the headline ratios (each null when its cells are missing).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+import torch
+
+SCHEMA = "specray.bench.offline/2"
+
+
+def cell_json(cell, hf_cell, step_s: float | None) -> dict:
+    out = {"method": cell.method, "batch_size": cell.batch_size, "temperature": cell.temperature,
+           "skipped": cell.skipped}
+    if cell.skipped:
+        return out
+    tps = cell.tokens / cell.seconds if cell.seconds else 0.0
+    tau = cell.emitted / cell.rounds if cell.rounds else None
+    bound = (tau or 1.0) / step_s if step_s and cell.batch_size == 1 else None
+    out.update(
+        requests=cell.requests, tokens=cell.tokens, seconds=round(cell.seconds, 6), tokens_per_s=round(tps, 2),
+        acceptance_length=round(tau, 3) if tau else None,
+        acceptance_rate=round(cell.accepted / cell.drafted, 3) if cell.drafted else None,
+        draft_ms_per_round=round(1e3 * cell.draft_seconds / cell.steps, 2) if cell.steps else None,
+        verify_ms_per_round=round(1e3 * cell.target_seconds / cell.steps, 2) if cell.steps else None,
+        speedup_vs_hf=round(tps * hf_cell.seconds / hf_cell.tokens, 3) if hf_cell and hf_cell.tokens else None,
+        bound_tokens_per_s=round(bound, 2) if bound else None,
+        fraction_of_bound=round(tps / bound, 3) if bound else None,
+        greedy_matches_hf=(cell.outputs == hf_cell.outputs) if hf_cell and cell.batch_size == 1
+        and cell.temperature == 0 and cell.method != "hf" else None,
+        per_category={c: round(t / s, 2) for c, (t, s) in cell.per_category.items() if s} or None,
+    )
+    return out
+
+
+def summary(rows: list[dict]) -> dict:
+    def tps(method, batch, temp=0.0):
+        return next((r["tokens_per_s"] for r in rows if r["method"] == method and r["batch_size"] == batch
+                     and r["temperature"] == temp and not r["skipped"]), None)
+
+    def ratio(a, b):
+        return round(a / b, 3) if a and b else None
+
+    at1 = [r for r in rows if r["batch_size"] == 1 and r["temperature"] == 0 and not r["skipped"]]
+    best_specray = max((r for r in at1 if r["method"].startswith("specray")), key=lambda r: r["tokens_per_s"], default=None)
+    best_hf = max((r for r in at1 if r["method"].startswith("hf")), key=lambda r: r["tokens_per_s"], default=None)
+    return {
+        "specray_plain_vs_hf_plain_batch1": ratio(tps("specray", 1), tps("hf", 1)),
+        "best_specray_method_batch1": best_specray["method"] if best_specray else None,
+        "best_specray_vs_best_hf_batch1": ratio(best_specray and best_specray["tokens_per_s"],
+                                                best_hf and best_hf["tokens_per_s"]),
+        "best_specray_fraction_of_bound_batch1": best_specray and best_specray["fraction_of_bound"],
+        "ragged_vs_padded_draft_batch16": ratio(tps("specray_draft", 16), tps("specray_draft_padded", 16)),
+        "ragged_vs_padded_ngram_batch16": ratio(tps("specray_ngram", 16), tps("specray_ngram_padded", 16)),
+    }
+
+
+def build_report(args, cells, prompts, target, step_s: float | None) -> dict:
+    hf = {(c.batch_size, c.temperature): c for c in cells if c.method == "hf" and not c.skipped}
+    rows = [cell_json(c, hf.get((c.batch_size, c.temperature)), step_s) for c in cells]
+    weight_bytes = target.weight_bytes() if target is not None else None
+    return {
+        "schema": SCHEMA,
+        "config": {"model": args.model, "max_tokens": args.max_tokens, "methods": args.methods.split(","),
+                   "batch_sizes": args.batch_sizes, "temperatures": args.temperatures,
+                   "num_speculative_tokens": args.num_speculative_tokens, "draft_num_layers": args.draft_num_layers},
+        "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "prompts": [{"category": p["category"], "prompt": p["prompt"][:80]} for p in prompts],
+        "bandwidth": {"weight_bytes": weight_bytes, "gemv_seconds_per_step": step_s,
+                      "gb_per_s": round(weight_bytes / step_s / 1e9, 2) if step_s else None},
+        "cells": rows,
+        "summary": summary(rows),
+    }
+
+
+COLUMNS = ("temperature", "batch_size", "method", "tokens_per_s", "acceptance_length", "acceptance_rate",
+           "draft_ms_per_round", "verify_ms_per_round", "speedup_vs_hf", "fraction_of_bound", "greedy_matches_hf")
+
+
+def markdown(report: dict) -> str:
+    cfg, bw = report["config"], report["bandwidth"]
+    lines = [f"model {cfg['model']}, {cfg['max_tokens']} new tokens, {len(report['prompts'])} prompts, "
+             f"k = {cfg['num_speculative_tokens']}; GEMV bandwidth {bw['gb_per_s']} GB/s", "",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in report["cells"]:
+        if not r["skipped"]:
+            lines.append("| " + " | ".join("-" if r.get(c) is None else str(r[c]) for c in COLUMNS) + " |")
+    lines += ["", "| summary | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in report["summary"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    temps = report["config"]["temperatures"]
+    fig, axes = plt.subplots(1, len(temps), figsize=(6 * len(temps), 4), squeeze=False)
+    for ax, temp in zip(axes[0], temps):
+        for method in report["config"]["methods"]:
+            pts = sorted((r["batch_size"], r["tokens_per_s"]) for r in report["cells"]
+                         if r["method"] == method and r["temperature"] == temp and not r["skipped"])
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=method)
+        ax.set(title=f"temperature {temp}", xlabel="batch size", ylabel="tokens/s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_outputs(report: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "offline.json", out / "offline.md", out / "offline.png"]
+    paths[0].write_text(json.dumps(report, indent=2))
+    paths[1].write_text(markdown(report))
+    plot(report, paths[2])
+    print(markdown(report))
+    return paths
