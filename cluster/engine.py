@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from specray.actors.messages import DraftItem, TargetItem
@@ -52,6 +52,20 @@ class EngineStats:
     steps: int = 0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
+    num_drafts: int = 0  # rounds in which a sequence had draft tokens verified
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)  # [max k] acceptances at draft position i
+
+    def record_round(self, res: VerifyResult) -> None:
+        if res.num_draft_tokens == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += res.num_draft_tokens
+        self.num_accepted_tokens += res.num_accepted
+        self.accepted_per_pos.extend([0] * (res.num_draft_tokens - len(self.accepted_per_pos)))
+        for pos in range(res.num_accepted):
+            self.accepted_per_pos[pos] += 1
 
 
 @dataclass
@@ -182,6 +196,7 @@ class Engine:
 
     def _commit(self, seq: Sequence, res: VerifyResult) -> None:
         if seq.output_token_ids:  # a decode round (the prefill's first token is not one)
+            self.stats.record_round(res)
             m = seq.metrics
             m.num_rounds += 1
             m.num_draft_tokens += res.num_draft_tokens
