@@ -128,7 +128,7 @@ class OpenAIServer:
         inputs = [(p, self.tokenizer(p).input_ids) if isinstance(p, str) else (None, p) for p in body.prompts()]
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
-            return self._sse(self._completion_chunks(rid, created, inputs, params, body.n))
+            return self._sse(self._completion_chunks(rid, created, inputs, params, body.n, body.include_usage))
         outs = await asyncio.gather(*(self._final(request, ids, params, text) for text, ids in inputs))
         choices = [{"index": i * body.n + c.index, "text": c.text, "finish_reason": c.finish_reason,
                     "logprobs": None if c.logprobs is None else {
@@ -147,7 +147,7 @@ class OpenAIServer:
         ids = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
-            return self._sse(self._chat_chunks(rid, created, ids, params))
+            return self._sse(self._chat_chunks(rid, created, ids, params, body.include_usage))
         out = await self._final(request, ids, params, None)
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                     "finish_reason": c.finish_reason, "logprobs": _chat_logprobs(self.tokenizer, c)}
@@ -167,10 +167,13 @@ class OpenAIServer:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    async def _completion_chunks(self, rid, created, inputs, params, n):
+    async def _completion_chunks(self, rid, created, inputs, params, n, include_usage):
+        finals = []
         for i, (text, ids) in enumerate(inputs):  # prompts stream one after another
             sent: dict[int, int] = {}
             async for out in self._run(ids, params, text):
+                if out.finished:
+                    finals.append(out)
                 for c in out.outputs:
                     delta = c.text[sent.get(c.index, 0):]
                     if delta or c.finish_reason:
@@ -178,8 +181,11 @@ class OpenAIServer:
                         yield {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
                                "choices": [{"index": i * n + c.index, "text": delta, "logprobs": None,
                                             "finish_reason": c.finish_reason}]}
+        if include_usage and finals:
+            yield {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
+                   "choices": [], "usage": _usage(finals)}
 
-    async def _chat_chunks(self, rid, created, ids, params):
+    async def _chat_chunks(self, rid, created, ids, params, include_usage):
         head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
         for j in range(params.n):
             yield {**head, "choices": [{"index": j, "delta": {"role": "assistant", "content": ""},
@@ -194,5 +200,5 @@ class OpenAIServer:
                     sent[c.index] = len(c.text)
                     yield {**head, "choices": [{"index": c.index, "delta": {"content": delta} if delta else {},
                                                 "finish_reason": c.finish_reason}]}
-        if last is not None:
+        if include_usage and last is not None:
             yield {**head, "choices": [], "usage": _usage([last])}

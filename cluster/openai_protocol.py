@@ -36,10 +36,15 @@ class _Common(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
+    stream_options: dict[str, Any] | None = None  # {"include_usage": true} adds a final usage chunk
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     ignore_eos: bool = False  # vLLM extension
     num_speculative_tokens: int | None = None  # specray extension: per-request speculation (0 = off)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.get("include_usage"))
 
     def sampling_params(self, default_max_tokens: int, logprobs: int | None) -> SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):

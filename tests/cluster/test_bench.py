@@ -31,3 +31,32 @@ def test_bench_offline_end_to_end(tiny_target, tmp_path):
     assert cells[("specray_draft", 2, 0.0)]["acceptance_length"] >= 1.0
     assert set(cells[("specray", 1, 0.0)]["per_category"]) == {"writing", "math", "coding"}
     assert report["summary"]["specray_plain_vs_hf_plain_batch1"] is not None
+
+
+def test_bench_serve_against_a_live_server(tiny_target, tmp_path):
+    from specray import LLM
+    from specray.cluster.async_engine import AsyncEngine
+    from specray.cluster.http_server import BackgroundServer
+    from specray.cluster.openai_api import OpenAIServer
+
+    llm = LLM(str(tiny_target), speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    engine = AsyncEngine(llm.engine)
+    out = tmp_path / "serve"
+    data = tmp_path / "words.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"w{i} w{i + 1} w{i + 2}"}) for i in range(10, 16)))
+    with BackgroundServer(OpenAIServer(engine, llm.get_tokenizer(), "tiny", api_key="k").app) as http:
+        for extra in ([], ["--request-rate", "50", "--endpoint", "completions"]):
+            code = main(["bench", "serve", "--url", http.url, "--api-key", "k", "--concurrency", "1,4",
+                         "--num-requests", "6", "--max-tokens", "5", "--dataset", str(data), "--out", str(out),
+                         "--temperature", "1.0", *extra])
+            assert code == 0
+            report = json.loads((out / "serve.json").read_text())
+            for level in report["levels"]:
+                assert level["completed"] == 6 and level["errors"] == 0
+                assert 0 < level["output_tokens"] <= 6 * 5 and level["e2e_s"]["p50"] > 0  # EOS may end early
+                assert level["ttft_s"]["p50"] <= level["e2e_s"]["p99"]
+        wrong_key = main(["bench", "serve", "--url", http.url, "--model", "tiny", "--concurrency", "2",
+                          "--num-requests", "3", "--out", str(out)])
+        assert wrong_key == 0 and json.loads((out / "serve.json").read_text())["levels"][0]["errors"] == 3
+    engine.shutdown()
+    assert (out / "serve.png").read_bytes()[:4] == b"\x89PNG" and (out / "serve.md").exists()
