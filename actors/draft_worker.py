@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 import torch
 
 from specray.actors.messages import DraftItem, SeqSpec
+from specray.actors.specs import DraftSpec
 from specray.kernels.drafters.base import DraftRequest, Drafter
 from specray.kernels.drafters.draft_model import DraftModelDrafter
 from specray.kernels.drafters.ngram import NgramDrafter
-from specray.kernels.loader import load_model, resolve
+from specray.kernels.loader import DTYPES, load_model, resolve
 from specray.kernels.proposal import Proposal
 from specray.kernels.sampling import make_generator
 
@@ -42,6 +43,16 @@ class DraftWorker:
     def __init__(self, drafter: Drafter):
         self.drafter = drafter
         self.seqs: dict[object, _DraftSeq] = {}
+
+    @classmethod
+    def from_spec(cls, spec: DraftSpec) -> "DraftWorker":
+        if spec.threads:
+            torch.set_num_threads(spec.threads)
+        return cls(build_drafter(spec.method, spec.model, spec.num_layers, spec.prompt_lookup_min,
+                                 spec.prompt_lookup_max, DTYPES[spec.dtype], spec.device, spec.num_blocks))
+
+    def ping(self) -> bool:
+        return True
 
     def _absorb(self, item: DraftItem) -> _DraftSeq:
         if item.spec is not None:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from specray.actors.messages import SeqSpec, TargetItem
+from specray.actors.specs import TargetSpec
+from specray.kernels.loader import DTYPES, load_model, resolve
 from specray.kernels.batch import RaggedBatch, SeqChunk, pad_uniform
 from specray.kernels.model import LlamaModel
 from specray.kernels.proposal import VerifyResult
@@ -28,6 +30,16 @@ class TargetWorker:
         self.cache = model.make_cache(num_blocks, block_size)
         self.seqs: dict[object, _TargetSeq] = {}
         self.pad_batches = False  # benchmark baseline: pad inputs and keys to the batch's longest
+
+    @classmethod
+    def from_spec(cls, spec: TargetSpec) -> "TargetWorker":
+        if spec.threads:
+            torch.set_num_threads(spec.threads)
+        model = load_model(resolve(spec.model), DTYPES[spec.dtype], spec.device)
+        return cls(model, spec.num_blocks, spec.block_size)
+
+    def ping(self) -> bool:
+        return True
 
     def step(self, items: list[TargetItem]) -> list[VerifyResult]:
         """Run prefill and verification for every item in one ragged forward pass."""

@@ -45,6 +45,24 @@ class EngineConfig:
         assert self.max_model_len >= 2 and self.max_num_seqs >= 1 and self.num_speculative_tokens >= 0
 
 
+def engine_config(model_config, tokenizer, spec, max_model_len: int | None, max_num_seqs: int,
+                  num_blocks: int, block_size: int) -> tuple[EngineConfig, set[int]]:
+    """The engine's limits from the target's ModelConfig and the SpeculativeConfig (or None)."""
+    limit = model_config.max_position_embeddings
+    if max_model_len is not None and not 2 <= max_model_len <= limit:
+        raise ValueError(f"max_model_len must be in [2, {limit}], got {max_model_len}")
+    eos = set(model_config.eos_token_ids) or {tokenizer.eos_token_id}
+    return EngineConfig(
+        max_model_len=max_model_len or limit, vocab_size=model_config.vocab_size,
+        kv_capacity_tokens=num_blocks * block_size, block_size=block_size, max_num_seqs=max_num_seqs,
+        num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+        disable_by_batch_size=spec.disable_by_batch_size if spec else None), eos
+
+
+class DraftUnavailable(RuntimeError):
+    """The draft pool cannot propose right now (a worker died or is restarting)."""
+
+
 @dataclass
 class EngineStats:
     """Wall time the engine spent waiting on each pool (benchmarks read it)."""
@@ -190,7 +208,15 @@ class Engine:
             items.append(DraftItem(seq.seq_id, delta, self._num_draft_tokens(seq),
                                    seq.spec() if seq.draft_sent == 0 else None))
             seq.draft_sent = seq.num_tokens
-        for seq, proposal in zip(decoding, self.draft.propose(items), strict=True):
+        try:
+            drafted = self.draft.propose(items)
+        except DraftUnavailable:
+            # Target-only decoding this round; the draft side is rebuilt from the full history
+            # (prompt, committed tokens, sampling spec) once it answers again.
+            for seq in self.running:
+                seq.draft_sent = 0
+            return proposals
+        for seq, proposal in zip(decoding, drafted, strict=True):
             proposals[seq.seq_id] = proposal
         return proposals
 

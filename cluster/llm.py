@@ -9,16 +9,14 @@ import torch
 
 from specray.actors.draft_worker import DraftWorker, build_drafter
 from specray.actors.target_worker import TargetWorker
-from specray.cluster.engine import Engine, EngineConfig
+from specray.cluster.engine import Engine, engine_config
 from specray.cluster.outputs import CompletionOutput, RequestOutput
 from specray.cluster.params import SamplingParams
 from specray.cluster.spec_config import SpeculativeConfig
-from specray.kernels.loader import load_model, resolve
+from specray.kernels.loader import DTYPES, load_model, resolve
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 PromptLike = str | dict[str, Any] | list[int]
 
@@ -51,16 +49,9 @@ class LLM:
             drafter = build_drafter(spec.method, spec.model, spec.draft_num_layers, spec.prompt_lookup_min,
                                     spec.prompt_lookup_max, torch_dtype, device, num_blocks)
             self.draft = DraftWorker(drafter)
-        cfg = target_model.config
-        limit = cfg.max_position_embeddings
-        if max_model_len is not None and not 2 <= max_model_len <= limit:
-            raise ValueError(f"max_model_len must be in [2, {limit}], got {max_model_len}")
-        eos = set(cfg.eos_token_ids) or {self.tokenizer.eos_token_id}
-        self.engine = Engine(self.target, self.draft, self.tokenizer, eos, EngineConfig(
-            max_model_len=max_model_len or limit, vocab_size=cfg.vocab_size, kv_capacity_tokens=num_blocks * block_size,
-            block_size=block_size, max_num_seqs=max_num_seqs,
-            num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
-            disable_by_batch_size=spec.disable_by_batch_size if spec else None))
+        config, eos = engine_config(target_model.config, self.tokenizer, spec, max_model_len, max_num_seqs,
+                                    num_blocks, block_size)
+        self.engine = Engine(self.target, self.draft, self.tokenizer, eos, config)
 
     def get_tokenizer(self):
         return self.tokenizer
