@@ -53,7 +53,7 @@ def skip_reason(method: str, batch_size: int) -> str | None:
 class Runner:
     """Loads every model once; `run(method, group, temperature)` generates for a group of prompts."""
 
-    def __init__(self, args, methods: list[str]):
+    def __init__(self, args, methods: list[str], longest_prompt: int):
         from specray import LLM
         from specray.cluster.hf_baselines import load_hf, truncated_assistant
         from specray.kernels.loader import resolve
@@ -65,8 +65,9 @@ class Runner:
         configs = {"specray": None, "specray_ngram": {"method": "ngram", "num_speculative_tokens": k},
                    "specray_draft": draft}
         wanted = {m.replace("_padded", "") for m in methods}  # a padded method reuses its engine
+        kv_tokens = max_seqs * (longest_prompt + args.max_tokens + k + 32)  # every group fits at once
         self.llms = {m: LLM(args.model, speculative_config=configs[m], max_num_seqs=max_seqs,
-                            kv_cache_tokens=max_seqs * 4096) for m in configs if m in wanted}
+                            kv_cache_tokens=kv_tokens) for m in configs if m in wanted}
         self.hf = load_hf(self.ckpt.path) if any(m in HF_METHODS for m in methods) else None
         self.assistant = None
         if "hf_assisted" in methods:  # the very draft specray_draft uses
@@ -139,11 +140,13 @@ def run_matrix(args) -> tuple[list[Cell], list[dict], Runner]:
         raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
     if not args.batch_sizes or min(args.batch_sizes) < 1:
         raise ValueError("batch sizes must be positive integers")
+    from specray.kernels.loader import resolve
+
     prompts = load_prompts(Path(args.dataset) if args.dataset else None, args.num_prompts)
-    runner = Runner(args, methods)
-    tok = runner.ckpt.tokenizer()
+    tok = resolve(args.model).tokenizer()
     encoded = [list(tok.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True))
                for p in prompts]
+    runner = Runner(args, methods, max(len(ids) for ids in encoded))
     cells = []
     for m in methods:  # warm-up: first calls pay one-off allocation costs
         if skip_reason(m, 1) is None:
