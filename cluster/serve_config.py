@@ -1,0 +1,155 @@
+"""The one user-facing serving config: YAML file, CLI flags, the Helm chart's serveConfigV2 args.
+
+Pydantic models with unknown keys rejected; `ServeConfig.from_yaml` / `from_dict` raise ValueError
+with every problem listed. The pools read their Ray resources from `pools.draft.resources` and
+`pools.target.resources`; the Helm chart writes the same keys, and a test checks they agree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from specray.cluster.spec_config import SpeculativeConfig
+
+TRANSPORTS = ("ray", "torch_distributed", "grpc")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PoolConfig(_Strict):
+    """Where and how one pool's workers run."""
+
+    num_workers: int = Field(1, ge=1, description="target: tensor-parallel degree; draft: 1")
+    num_cpus: float = Field(1.0, ge=0, description="CPUs each worker reserves")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs each worker reserves")
+    resources: dict[str, float] = Field(default_factory=dict,
+                                        description="custom Ray resources the worker's node must advertise")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads per worker")
+    dtype: str = "float32"
+    device: str = "cpu"
+
+    @field_validator("resources")
+    @classmethod
+    def _positive(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: x for k, x in v.items() if x <= 0}
+        if bad:
+            raise ValueError(f"resource amounts must be > 0, got {bad}")
+        return v
+
+
+class PoolsConfig(_Strict):
+    target: PoolConfig = PoolConfig(resources={"target": 1})
+    draft: PoolConfig = PoolConfig(resources={"draft": 1})
+
+
+class RouterConfig(_Strict):
+    pipelined: bool = Field(True, description="two groups in flight: draft B while verifying A")
+    max_num_seqs: int = Field(32, ge=1, description="running sequences at most")
+    max_waiting: int = Field(256, ge=1, description="queued requests before 429 / RESOURCE_EXHAUSTED")
+    kv_cache_tokens: int = Field(16384, ge=16, description="target KV cache size in tokens")
+    block_size: int = Field(16, ge=1)
+    max_model_len: int | None = Field(None, ge=2)
+    draft_timeout_s: float = Field(60.0, gt=0, description="a slower draft pool counts as lost")
+
+
+class TransportConfig(_Strict):
+    kind: Literal["ray", "torch_distributed", "grpc"] = "ray"
+    drafter_address: str | None = Field(None, description="grpc: host:port of an external Drafter service")
+    master_port: int | None = Field(None, ge=1, le=65535, description="torch_distributed rendezvous port")
+
+
+class HttpConfig(_Strict):
+    host: str = "0.0.0.0"
+    port: int = Field(8000, ge=1, le=65535)
+    api_key: str | None = Field(None, description="require 'Authorization: Bearer <key>' on /v1/*")
+    api_key_env: str | None = Field("SPECRAY_API_KEY", description="read the API key from this variable")
+    default_max_tokens: int = Field(256, ge=1)
+
+
+class GrpcConfig(_Strict):
+    port: int = Field(9000, ge=1, le=65535)
+    enabled: bool = True
+
+
+class ServeConfig(_Strict):
+    model: str = Field("smollm2-135m", description="target: alias, HF folder or .gguf file")
+    served_model_name: str | None = None
+    speculative_config: dict[str, Any] | None = Field(
+        default_factory=lambda: {"method": "ngram", "num_speculative_tokens": 2},
+        description="vLLM-style keys; null serves without speculation")
+    router: RouterConfig = RouterConfig()
+    pools: PoolsConfig = PoolsConfig()
+    transport: TransportConfig = TransportConfig()
+    http: HttpConfig = HttpConfig()
+    grpc: GrpcConfig = GrpcConfig()
+    ray_address: str | None = Field(None, description="join this Ray cluster; None starts a local one")
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _spec(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        SpeculativeConfig.from_dict(v)  # raises ValueError with the reason
+        return v
+
+    @model_validator(mode="after")
+    def _transport(self) -> "ServeConfig":
+        if self.transport.kind == "grpc" and self.speculative_config and not self.transport.drafter_address:
+            raise ValueError("transport.kind 'grpc' needs transport.drafter_address (host:port)")
+        return self
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        return SpeculativeConfig.from_dict(self.speculative_config)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+    def with_overrides(self, **overrides: Any) -> "ServeConfig":
+        """A copy with dotted keys replaced, e.g. {"http.port": 8080}; None values are skipped."""
+        raw = self.model_dump()
+        for dotted, value in overrides.items():
+            if value is None:
+                continue
+            node = raw
+            *parents, leaf = dotted.split(".")
+            for p in parents:
+                node = node[p]
+            node[leaf] = value
+        return ServeConfig.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> "ServeConfig":
+        try:
+            return cls.model_validate(raw or {})
+        except ValidationError as e:
+            raise ValueError(_explain(e)) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "ServeConfig":
+        path = Path(path)
+        if not path.exists():
+            raise ValueError(f"config file {path} does not exist")
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ValueError(f"config file {path} is not valid YAML: {e}") from None
+        if raw is not None and not isinstance(raw, dict):
+            raise ValueError(f"config file {path} must hold a mapping at the top level")
+        return cls.from_dict(raw)
+
+
+def _explain(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        where = ".".join(str(x) for x in err["loc"]) or "config"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{where}: {msg}")
+    return "invalid config: " + "; ".join(lines)
