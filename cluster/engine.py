@@ -1,9 +1,10 @@
-"""In-process engine: continuous batching over a TargetWorker and an optional DraftWorker.
+"""The router: continuous batching over a target pool and an optional draft pool.
 
-Each `step` is one round for every running sequence: the draft worker proposes (calibration for
-the last round rides on the same call), then one ragged target pass prefills newly admitted
-sequences and verifies everyone else's proposals. The distributed router places the same worker
-classes on Ray; this engine runs them in-process.
+A round for a group of sequences is propose -> verify -> commit: the draft pool proposes (the
+calibration delta of the last round rides on the same call), then one ragged target pass
+prefills newly admitted sequences and verifies everyone else's proposals. `step` runs one round
+for every running sequence, or, pipelined, one slot of the two-group pipeline (cluster/pipeline.py).
+The pools may be in-process workers or Ray actors; the engine only sees `pool_api`.
 """
 
 from __future__ import annotations
@@ -11,79 +12,17 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
 from specray.actors.messages import DraftItem, TargetItem
+from specray.cluster.engine_config import EngineConfig, EngineStats, engine_config  # noqa: F401 (re-export)
 from specray.cluster.outputs import RequestOutput, SpecMetrics
 from specray.cluster.params import SamplingParams
+from specray.cluster.pipeline import Pipeline
+from specray.cluster.pool_api import (DraftPool, DraftUnavailable, Pending, TargetPool,  # noqa: F401
+                                      TargetUnavailable)
 from specray.cluster.sequence import Sequence
 from specray.kernels.proposal import Proposal, VerifyResult
-
-
-class TargetPool(Protocol):
-    def step(self, items: list[TargetItem]) -> list[VerifyResult]: ...
-    def release(self, seq_id: object) -> None: ...
-
-
-class DraftPool(Protocol):
-    def propose(self, items: list[DraftItem]) -> list[Proposal]: ...
-    def release(self, seq_id: object) -> None: ...
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    max_model_len: int
-    vocab_size: int
-    kv_capacity_tokens: int  # target KV slots; admission reserves a request's worst case
-    block_size: int = 16
-    max_num_seqs: int = 32
-    num_speculative_tokens: int = 0  # 0 without a drafter
-    disable_by_batch_size: int | None = None
-
-    def __post_init__(self) -> None:
-        assert self.max_model_len >= 2 and self.max_num_seqs >= 1 and self.num_speculative_tokens >= 0
-
-
-def engine_config(model_config, tokenizer, spec, max_model_len: int | None, max_num_seqs: int,
-                  num_blocks: int, block_size: int) -> tuple[EngineConfig, set[int]]:
-    """The engine's limits from the target's ModelConfig and the SpeculativeConfig (or None)."""
-    limit = model_config.max_position_embeddings
-    if max_model_len is not None and not 2 <= max_model_len <= limit:
-        raise ValueError(f"max_model_len must be in [2, {limit}], got {max_model_len}")
-    eos = set(model_config.eos_token_ids) or {tokenizer.eos_token_id}
-    return EngineConfig(
-        max_model_len=max_model_len or limit, vocab_size=model_config.vocab_size,
-        kv_capacity_tokens=num_blocks * block_size, block_size=block_size, max_num_seqs=max_num_seqs,
-        num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
-        disable_by_batch_size=spec.disable_by_batch_size if spec else None), eos
-
-
-class DraftUnavailable(RuntimeError):
-    """The draft pool cannot propose right now (a worker died or is restarting)."""
-
-
-@dataclass
-class EngineStats:
-    """Wall time the engine spent waiting on each pool (benchmarks read it)."""
-
-    steps: int = 0
-    draft_seconds: float = 0.0
-    target_seconds: float = 0.0
-    num_drafts: int = 0  # rounds in which a sequence had draft tokens verified
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)  # [max k] acceptances at draft position i
-
-    def record_round(self, res: VerifyResult) -> None:
-        if res.num_draft_tokens == 0:
-            return
-        self.num_drafts += 1
-        self.num_draft_tokens += res.num_draft_tokens
-        self.num_accepted_tokens += res.num_accepted
-        self.accepted_per_pos.extend([0] * (res.num_draft_tokens - len(self.accepted_per_pos)))
-        for pos in range(res.num_accepted):
-            self.accepted_per_pos[pos] += 1
 
 
 @dataclass
@@ -105,6 +44,7 @@ class Engine:
         self.reserved_tokens = 0
         self.stats = EngineStats()
         self._ids = itertools.count()
+        self.pipeline = Pipeline(self) if config.pipelined and draft is not None else None
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None,
@@ -146,14 +86,30 @@ class Engine:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def fail_all(self) -> list[str]:
+        """After a target failure: forget every request (their KV is gone); returns their ids."""
+        lost = list(self.requests)
+        for seq in list(self.running):
+            self._retire(seq, target_alive=False)
+        self.waiting.clear()
+        self.requests.clear()
+        if self.pipeline is not None:
+            self.pipeline.reset()
+        self.stats.target_failures += 1
+        return lost
+
     # -- scheduling -------------------------------------------------------------------------
     def _reservation(self, prompt_len: int, params: SamplingParams) -> int:
         tokens = min(prompt_len + params.max_tokens, self.config.max_model_len) + self.config.num_speculative_tokens + 1
         bs = self.config.block_size
         return -(-tokens // bs) * bs
 
-    def _admit(self) -> None:
+    def admit(self, limit: int | None = None) -> list[Sequence]:
+        """Move waiting sequences to running while KV and `max_num_seqs` allow (at most `limit`)."""
+        admitted: list[Sequence] = []
         while self.waiting and len(self.running) < self.config.max_num_seqs:
+            if limit is not None and len(admitted) >= limit:
+                break
             seq = self.waiting[0]
             need = self._reservation(len(seq.prompt_token_ids), seq.params)
             if self.reserved_tokens + need > self.config.kv_capacity_tokens:
@@ -161,64 +117,93 @@ class Engine:
             self.waiting.popleft()
             self.reserved_tokens += need
             self.running.append(seq)
+            admitted.append(seq)
+        return admitted
 
-    def _num_draft_tokens(self, seq: Sequence) -> int:
+    def num_draft_tokens(self, seq: Sequence) -> int:
+        """This round's speculation length: the request's own or the default, capped by load."""
         if self.draft is None:
             return 0
         k = seq.params.num_speculative_tokens
         k = self.config.num_speculative_tokens if k is None else k
-        limit = self.config.disable_by_batch_size
-        if limit is not None and len(self.running) >= limit:
-            k = 0
-        return min(k, seq.max_draft_tokens())
+        return min(k, self.config.draft_cap(len(self.running)), seq.max_draft_tokens())
 
-    # -- the round --------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
-        """Run one round for every running sequence; returns the requests that changed."""
-        self._admit()
-        if not self.running:
-            return []
-        decoding = [s for s in self.running if s.output_token_ids]
-        start = time.perf_counter()
-        proposals = self._propose(decoding)
-        drafted = time.perf_counter()
+    # -- the round's parts (shared by the sync round and the pipeline) ----------------------
+    def submit_propose(self, seqs: list[Sequence]) -> Pending[list[Proposal]] | None:
+        """Ask the draft pool for proposals; sequences with 0 draft tokens only calibrate."""
+        if self.draft is None or not seqs:
+            return None
         items = []
-        for seq in self.running:
-            if seq.output_token_ids:
-                items.append(TargetItem(seq.seq_id, seq.output_token_ids[-1:], proposals[seq.seq_id]))
-            else:
-                items.append(TargetItem(seq.seq_id, list(seq.prompt_token_ids), Proposal([]), seq.spec()))
-        results = self.target.step(items)
-        self.stats.steps += 1
-        self.stats.draft_seconds += drafted - start
-        self.stats.target_seconds += time.perf_counter() - drafted
-        touched = []
-        for seq, res in zip(list(self.running), results, strict=True):
-            self._commit(seq, res)
-            touched.append(seq)
-        return self._outputs(touched)
-
-    def _propose(self, decoding: list[Sequence]) -> dict[str, Proposal]:
-        proposals = {s.seq_id: Proposal([]) for s in decoding}
-        if self.draft is None or not decoding:
-            return proposals
-        items = []
-        for seq in decoding:
+        for seq in seqs:
             delta = seq.token_ids[seq.draft_sent:]
-            items.append(DraftItem(seq.seq_id, delta, self._num_draft_tokens(seq),
+            items.append(DraftItem(seq.seq_id, delta, self.num_draft_tokens(seq),
                                    seq.spec() if seq.draft_sent == 0 else None))
             seq.draft_sent = seq.num_tokens
         try:
-            drafted = self.draft.propose(items)
+            return self.draft.submit_propose(items)
         except DraftUnavailable:
-            # Target-only decoding this round; the draft side is rebuilt from the full history
-            # (prompt, committed tokens, sampling spec) once it answers again.
-            for seq in self.running:
-                seq.draft_sent = 0
+            self._lose_draft_state()
+            return None
+
+    def collect_proposals(self, seqs: list[Sequence], pending: Pending | None) -> dict[str, Proposal]:
+        proposals = {s.seq_id: Proposal([]) for s in seqs}
+        if pending is None:
             return proposals
-        for seq, proposal in zip(decoding, drafted, strict=True):
+        start = time.perf_counter()
+        try:
+            drafted = pending.result()
+        except DraftUnavailable:
+            self._lose_draft_state()
+            return proposals
+        finally:
+            self.stats.draft_seconds += time.perf_counter() - start
+        for seq, proposal in zip(seqs, drafted, strict=True):
             proposals[seq.seq_id] = proposal
         return proposals
+
+    def _lose_draft_state(self) -> None:
+        """Target-only decoding this round; the draft side is rebuilt from the full history
+        (prompt, committed tokens, sampling spec) once it answers again."""
+        self.stats.draft_fallbacks += 1
+        for seq in self.running:
+            seq.draft_sent = 0
+
+    def submit_verify(self, seqs: list[Sequence], proposals: dict[str, Proposal]) -> Pending[list[VerifyResult]]:
+        items = []
+        for seq in seqs:
+            if seq.output_token_ids:
+                items.append(TargetItem(seq.seq_id, seq.output_token_ids[-1:], proposals.get(seq.seq_id, Proposal([]))))
+            else:  # prefill: the first token comes from the prompt's last position
+                items.append(TargetItem(seq.seq_id, list(seq.prompt_token_ids), Proposal([]), seq.spec()))
+        return self.target.submit_step(items)
+
+    def collect_verify(self, seqs: list[Sequence], pending: Pending[list[VerifyResult]]) -> list[Sequence]:
+        """Commit the results of still-running sequences; returns the ones committed."""
+        start = time.perf_counter()
+        try:
+            results = pending.result()
+        finally:
+            self.stats.target_seconds += time.perf_counter() - start
+        committed = []
+        for seq, res in zip(seqs, results, strict=True):
+            if seq in self.running:  # aborted while in flight: nothing to commit
+                self._commit(seq, res)
+                committed.append(seq)
+        return committed
+
+    # -- the round --------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One round for every running sequence (or one pipeline slot); returns changed requests."""
+        self.stats.steps += 1
+        if self.pipeline is not None:
+            return self.pipeline.slot()
+        self.admit()
+        if not self.running:
+            return []
+        group = list(self.running)
+        decoding = [s for s in group if s.output_token_ids]
+        proposals = self.collect_proposals(decoding, self.submit_propose(decoding))
+        return self.outputs(self.collect_verify(group, self.submit_verify(group, proposals)))
 
     def _commit(self, seq: Sequence, res: VerifyResult) -> None:
         if seq.output_token_ids:  # a decode round (the prefill's first token is not one)
@@ -233,17 +218,20 @@ class Engine:
         if seq.finished:
             self._retire(seq)
 
-    def _retire(self, seq: Sequence) -> None:
+    def _retire(self, seq: Sequence, target_alive: bool = True) -> None:
         self.running.remove(seq)
         self.reserved_tokens -= self._reservation(len(seq.prompt_token_ids), seq.params)
-        self.target.release(seq.seq_id)
+        if target_alive:
+            self.target.release(seq.seq_id)
         if self.draft is not None and seq.draft_sent:
             self.draft.release(seq.seq_id)
 
-    def _outputs(self, seqs: list[Sequence]) -> list[RequestOutput]:
+    def outputs(self, seqs: list[Sequence]) -> list[RequestOutput]:
         out = []
         for request_id in dict.fromkeys(s.request_id for s in seqs):
-            req = self.requests[request_id]
+            req = self.requests.get(request_id)
+            if req is None:  # aborted meanwhile
+                continue
             finished = all(s.finished for s in req.seqs)
             out.append(RequestOutput(request_id, req.prompt, req.prompt_token_ids,
                                      [s.completion() for s in req.seqs], finished, _merged_metrics(req.seqs)))

@@ -10,6 +10,7 @@ import torch
 from specray.actors.draft_worker import DraftWorker, build_drafter
 from specray.actors.target_worker import TargetWorker
 from specray.cluster.engine import Engine, engine_config
+from specray.cluster.pool_api import InProcessDraftPool, InProcessTargetPool
 from specray.cluster.outputs import CompletionOutput, RequestOutput
 from specray.cluster.params import SamplingParams
 from specray.cluster.spec_config import SpeculativeConfig
@@ -34,7 +35,8 @@ class LLM:
 
     def __init__(self, model: str = "smollm2-135m", speculative_config: dict[str, Any] | None = None,
                  dtype: str | torch.dtype = "float32", device: str = "cpu", max_model_len: int | None = None,
-                 max_num_seqs: int = 32, kv_cache_tokens: int = 16384, block_size: int = 16, seed: int = 0):
+                 max_num_seqs: int = 32, kv_cache_tokens: int = 16384, block_size: int = 16, seed: int = 0,
+                 pipelined: bool = False):
         spec = SpeculativeConfig.from_dict(speculative_config)
         torch_dtype = parse_dtype(dtype)
         torch.manual_seed(seed)
@@ -50,8 +52,9 @@ class LLM:
                                     spec.prompt_lookup_max, torch_dtype, device, num_blocks)
             self.draft = DraftWorker(drafter)
         config, eos = engine_config(target_model.config, self.tokenizer, spec, max_model_len, max_num_seqs,
-                                    num_blocks, block_size)
-        self.engine = Engine(self.target, self.draft, self.tokenizer, eos, config)
+                                    num_blocks, block_size, pipelined)
+        draft_pool = None if self.draft is None else InProcessDraftPool(self.draft)
+        self.engine = Engine(InProcessTargetPool(self.target), draft_pool, self.tokenizer, eos, config)
 
     def get_tokenizer(self):
         return self.tokenizer

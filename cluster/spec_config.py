@@ -17,6 +17,8 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     draft_num_layers: int | None = None  # keep only the draft's first layers (specray)
     disable_by_batch_size: int | None = None  # speculation off once this many sequences run
+    # [[min running sequences, draft tokens at most], ...]: shorter, then off, as the batch grows
+    batch_size_schedule: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -31,6 +33,27 @@ class SpeculativeConfig:
             raise ValueError(f"draft_num_layers must be >= 1, got {self.draft_num_layers}")
         if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
             raise ValueError(f"disable_by_batch_size must be >= 1, got {self.disable_by_batch_size}")
+        self._check_schedule()
+
+    def _check_schedule(self) -> None:
+        rows = self.batch_size_schedule or []
+        ok = all(isinstance(r, (list, tuple)) and len(r) == 2 and all(isinstance(x, int) for x in r)
+                 and r[0] >= 1 and 0 <= r[1] <= self.num_speculative_tokens for r in rows)
+        thresholds = [r[0] for r in rows] if ok else []
+        if not ok or thresholds != sorted(set(thresholds)):
+            raise ValueError("batch_size_schedule must be [[min_running_seqs, num_draft_tokens], ...] with "
+                             "ascending thresholds >= 1 and 0 <= num_draft_tokens <= num_speculative_tokens, "
+                             f"got {self.batch_size_schedule}")
+
+    def schedule(self) -> tuple[tuple[int, int], ...]:
+        """The load schedule, with disable_by_batch_size folded in as a final (N, 0) step."""
+        rows = [(int(t), int(k)) for t, k in self.batch_size_schedule or []]
+        if self.disable_by_batch_size is not None:
+            rows.append((self.disable_by_batch_size, 0))
+        merged: dict[int, int] = {}
+        for t, k in rows:
+            merged[t] = min(k, merged.get(t, k))
+        return tuple(sorted(merged.items()))
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> "SpeculativeConfig | None":

@@ -69,16 +69,23 @@ N = 12_000
 
 
 @pytest.fixture(scope="module")
-def sampling_llm(tmp_path_factory):
+def peaky_models(tmp_path_factory):
     """A peakier target than the shared one, so that a biased rule moves the distribution a lot."""
     from helpers import save_tiny_llama
 
     target = save_tiny_llama(tmp_path_factory.mktemp("peaky_target"), seed=0, head_scale=3.0)
     draft = save_tiny_llama(tmp_path_factory.mktemp("peaky_draft"), seed=1, perturb_from=target, noise=0.35)
-    return make_llm(target, draft, k=3)
+    return target, draft
 
 
-def test_engine_sampling_is_lossless(sampling_llm):
+@pytest.fixture(scope="module")
+def sampling_llm(peaky_models):
+    return make_llm(*peaky_models, k=3)
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_engine_sampling_is_lossless(peaky_models, pipelined):
+    sampling_llm = make_llm(*peaky_models, k=3, pipelined=pipelined)
     torch.manual_seed(0)
     want = exact_second_token_distribution(sampling_llm)
     assert chi2(second_tokens(sampling_llm, N), want) > 1e-3
