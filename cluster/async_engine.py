@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from specray.cluster.engine import Engine
 from specray.cluster.outputs import RequestOutput
 from specray.cluster.params import SamplingParams
+from specray.cluster.pool_api import TargetUnavailable
 
 
 class QueueFullError(RuntimeError):
@@ -59,6 +60,10 @@ class AsyncEngine:
             if not finished:  # the client went away or the consumer was cancelled: free the sequence
                 self._submit(("abort", request_id))
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def shutdown(self) -> None:
         self._stopped = True
         self._wake.set()
@@ -93,6 +98,10 @@ class AsyncEngine:
                 continue
             try:
                 outputs = self.engine.step()
+            except TargetUnavailable as e:  # KV lost: fail (retryably) what ran; the pool restarts
+                for request_id in self.engine.fail_all():
+                    self._deliver(request_id, e)
+                continue
             except Exception as e:  # a failed round fails its requests, never the server
                 self._fail_running(e)
                 continue

@@ -1,6 +1,9 @@
-"""The one module that applies Ray decorators: worker classes become actors here."""
+"""The one module that applies Ray decorators: worker classes become actors and the serving
+class becomes a Ray Serve deployment here."""
 
 from __future__ import annotations
+
+import socket
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group
@@ -23,19 +26,55 @@ class WorkerHost:
 RemoteWorkerHost = ray.remote(WorkerHost)
 
 
-def reserve(resources: dict[str, float], num_cpus: float, timeout_s: float = 120.0) -> PlacementGroup:
-    """A one-bundle placement group on a node that advertises `resources` (e.g. {"draft": 1})."""
-    group = placement_group([{"CPU": num_cpus, **resources}], strategy="STRICT_PACK")
+def _free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return f"tcp://{ray.util.get_node_ip_address()}:{s.getsockname()[1]}"
+
+
+def reserve(bundles: list[dict[str, float]], timeout_s: float = 120.0) -> PlacementGroup:
+    """A placement group with one bundle per worker, e.g. [{"CPU": 1, "draft": 1}]."""
+    group = placement_group(bundles, strategy="PACK")
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
         ray.util.remove_placement_group(group)
-        raise RuntimeError(f"no node offers {resources} with {num_cpus} CPU within {timeout_s:.0f}s")
+        raise RuntimeError(f"no node offers {bundles} within {timeout_s:.0f}s: check the nodes' Ray "
+                           "resources (e.g. --resources='{\"target\": 1}')")
     return group
 
 
-def start_worker(build, spec, group: PlacementGroup, num_cpus: float, max_restarts: int):
-    """An actor hosting `build(spec)` inside `group`; Ray restarts it up to `max_restarts` times."""
+def _strategy(group: PlacementGroup, bundle_index: int) -> PlacementGroupSchedulingStrategy:
+    return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=bundle_index)
+
+
+def rendezvous_address(group: PlacementGroup, bundle_index: int = 0) -> str:
+    """tcp://ip:port free on the node that holds `bundle_index` (torch.distributed rendezvous)."""
+    probe = ray.remote(_free_address).options(num_cpus=0, scheduling_strategy=_strategy(group, bundle_index))
+    return ray.get(probe.remote())
+
+
+def start_worker(build, spec, group: PlacementGroup, placement, bundle_index: int = 0, max_restarts: int = 0):
+    """An actor hosting `build(spec)` in one bundle of `group`; Ray restarts it up to `max_restarts`."""
     return RemoteWorkerHost.options(
-        num_cpus=num_cpus, max_restarts=max_restarts, max_task_retries=0,
-        scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group),
+        num_cpus=placement.num_cpus, num_gpus=placement.num_gpus, resources=dict(placement.resources),
+        max_restarts=max_restarts, max_task_retries=0, scheduling_strategy=_strategy(group, bundle_index),
     ).remote(build, spec)
+
+
+def kill_worker(actor) -> None:
+    ray.kill(actor, no_restart=True)
+
+
+def serve_deployment(server_cls, cfg):
+    """The Serve deployment around `server_cls` (an ASGI ingress built at replica start).
+
+    One replica: the router owns the running batch. It reserves no CPU so it fits beside the
+    pools on small clusters, and admits as many requests as the router may queue.
+    """
+    from ray import serve
+
+    return serve.deployment(
+        serve.ingress()(server_cls), name="specray", num_replicas=1,
+        max_ongoing_requests=cfg.router.max_waiting + cfg.router.max_num_seqs,
+        ray_actor_options={"num_cpus": 0}, health_check_period_s=10, health_check_timeout_s=30,
+    )

@@ -1,4 +1,4 @@
-"""`specray` command line: generate (and more subcommands as they land)."""
+"""`specray` command line: serve, generate, bench."""
 
 from __future__ import annotations
 
@@ -114,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(gen)
     gen.set_defaults(func=cmd_generate)
     from specray.cluster.bench_offline import add_bench_parser
+    from specray.cluster.serve_cli import add_serve_parser
 
+    add_serve_parser(sub)
     add_bench_parser(sub)
     return parser
 

@@ -18,6 +18,7 @@ from specray.cluster.async_engine import AsyncEngine, QueueFullError
 from specray.cluster.metrics import ServingMetrics
 from specray.cluster.openai_protocol import ApiError, ChatRequest, CompletionRequest
 from specray.cluster.outputs import RequestOutput
+from specray.cluster.pool_api import TargetUnavailable
 
 
 def _usage(outs: list[RequestOutput]) -> dict:
@@ -79,7 +80,8 @@ class OpenAIServer:
 
     def _error(self, exc: ApiError) -> JSONResponse:
         self.metrics.failures.labels(str(exc.status)).inc()
-        return JSONResponse(exc.body(), status_code=exc.status)
+        headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     def _check_model(self, model: str | None) -> None:
         if model not in (None, self.model_name):
@@ -96,6 +98,8 @@ class OpenAIServer:
                 yield out
         except QueueFullError as e:
             raise ApiError(429, str(e), "rate_limit_error") from None
+        except TargetUnavailable as e:
+            raise ApiError(503, str(e), "service_unavailable_error") from None
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         if last is not None:

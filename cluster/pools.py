@@ -1,54 +1,97 @@
 """Draft and target pools on Ray: workers in placement groups on nodes that advertise the `draft`
-or `target` resource. They implement the engine's TargetPool / DraftPool protocols, so the
-in-process engine drives them unchanged.
+or `target` resource (or GPUs). They implement `pool_api`'s TargetPool / DraftPool, so the router
+drives them exactly as it drives in-process workers.
 
-A draft worker that dies costs nothing but speed: `propose` raises DraftUnavailable, the engine
-decodes target-only and resynchronises the draft from the full history once the restarted worker
-answers a ping.
+A draft worker that dies costs nothing but speed: the pending proposal raises DraftUnavailable,
+the router decodes target-only and resynchronises the draft from the full history once Ray has
+restarted the worker. A target worker that dies loses its KV cache: the pending step raises
+TargetUnavailable (the router fails those requests with a retryable error) and the pool starts
+fresh workers at once, so the service recovers without a restart.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from specray.actors.draft_worker import DraftWorker
 from specray.actors.specs import DraftSpec, TargetSpec
 from specray.actors.target_worker import TargetWorker
-from specray.cluster.builder import reserve, start_worker
-from specray.cluster.engine import DraftUnavailable
+from specray.cluster.builder import kill_worker, rendezvous_address, reserve, start_worker
+from specray.cluster.pool_api import DraftUnavailable, TargetUnavailable
 
 ActorFailure = (RayActorError, GetTimeoutError)
 
 
 @dataclass(frozen=True)
 class Placement:
-    resources: dict  # custom resources the node must advertise, e.g. {"target": 1}
+    resources: dict  # custom resources each worker's node must advertise, e.g. {"target": 1}
     num_cpus: float = 1.0
+    num_gpus: float = 0.0
+
+    def bundle(self) -> dict:
+        gpus = {"GPU": self.num_gpus} if self.num_gpus else {}
+        return {"CPU": self.num_cpus, **gpus, **self.resources}
+
+
+class _RayPending:
+    """An ObjectRef (or several, one per tensor-parallel rank) and what a failure means."""
+
+    def __init__(self, refs: list, on_failure, timeout_s: float | None = None):
+        self.refs, self.on_failure, self.timeout_s = refs, on_failure, timeout_s
+
+    def result(self):
+        try:
+            return ray.get(self.refs, timeout=self.timeout_s)[0]  # every rank agrees; rank 0 speaks
+        except ActorFailure as e:
+            raise self.on_failure(e) from None
 
 
 class RayTargetPool:
-    def __init__(self, spec: TargetSpec, placement: Placement = Placement({"target": 1})):
-        self.group = reserve(placement.resources, placement.num_cpus)
-        self.actor = start_worker(TargetWorker.from_spec, spec, self.group, placement.num_cpus, max_restarts=-1)
+    """The target: one worker, or `spec.tp_size` tensor-parallel ranks that all run every step."""
 
-    def step(self, items):
-        return ray.get(self.actor.call.remote("step", items))
+    def __init__(self, spec: TargetSpec, placement: Placement = Placement({"target": 1}), tp_size: int = 1):
+        self.spec, self.placement, self.tp_size = spec, placement, tp_size
+        self.group = reserve([placement.bundle()] * tp_size)
+        self.actors = self._start()
+
+    def _start(self) -> list:
+        specs = [self.spec]
+        if self.tp_size > 1:  # a fresh rendezvous each start, so restarted ranks never meet stale ones
+            address = rendezvous_address(self.group)
+            specs = [replace(self.spec, tp_rank=r, tp_size=self.tp_size, dist_init_method=address)
+                     for r in range(self.tp_size)]
+        return [start_worker(TargetWorker.from_spec, s, self.group, self.placement, bundle_index=r)
+                for r, s in enumerate(specs)]
+
+    def submit_step(self, items) -> _RayPending:
+        ref = ray.put(items) if self.tp_size > 1 else items
+        return _RayPending([a.call.remote("step", ref) for a in self.actors], self._failed)
+
+    def _failed(self, error: Exception) -> TargetUnavailable:
+        for actor in self.actors:  # a lost rank strands the others mid-collective: restart all
+            kill_worker(actor)
+        self.actors = self._start()
+        return TargetUnavailable(f"a target worker failed; its requests were lost, retry them ({error})")
 
     def release(self, seq_id) -> None:
-        self.actor.call.remote("release", seq_id)  # fire and forget
+        for actor in self.actors:
+            actor.call.remote("release", seq_id)  # fire and forget; ordered after in-flight steps
 
-    def node_id(self) -> str:
-        return ray.get(self.actor.node_id.remote())
+    def node_ids(self) -> list[str]:
+        return ray.get([a.node_id.remote() for a in self.actors])
+
+    def ready(self, timeout_s: float = 300.0) -> None:
+        ray.get([a.call.remote("ping") for a in self.actors], timeout=timeout_s)
 
 
 class RayDraftPool:
     def __init__(self, spec: DraftSpec, placement: Placement = Placement({"draft": 1}),
                  propose_timeout_s: float = 60.0):
-        self.group = reserve(placement.resources, placement.num_cpus)
-        self.actor = start_worker(DraftWorker.from_spec, spec, self.group, placement.num_cpus, max_restarts=-1)
+        self.group = reserve([placement.bundle()])
+        self.actor = start_worker(DraftWorker.from_spec, spec, self.group, placement, max_restarts=-1)
         self.propose_timeout_s = propose_timeout_s
         self._revival = None  # a pending ping while the worker is down
 
@@ -63,18 +106,18 @@ class RayDraftPool:
             ray.get(self._revival)
             self._revival = None
             return True
-        except ActorFailure:
+        except (RayTaskError, *ActorFailure):
             self._revival = self.actor.node_id.remote()
             return False
 
-    def propose(self, items):
+    def submit_propose(self, items) -> _RayPending:
         if not self.healthy:
             raise DraftUnavailable("draft worker is restarting")
-        try:
-            return ray.get(self.actor.call.remote("propose", items), timeout=self.propose_timeout_s)
-        except ActorFailure as e:
-            self._revival = self.actor.node_id.remote()  # answers once Ray has restarted the worker
-            raise DraftUnavailable(str(e)) from None
+        return _RayPending([self.actor.call.remote("propose", items)], self._failed, self.propose_timeout_s)
+
+    def _failed(self, error: Exception) -> DraftUnavailable:
+        self._revival = self.actor.node_id.remote()  # answers once Ray has restarted the worker
+        return DraftUnavailable(str(error))
 
     def release(self, seq_id) -> None:
         if self._revival is None:
@@ -82,3 +125,6 @@ class RayDraftPool:
 
     def node_id(self) -> str:
         return ray.get(self.actor.node_id.remote())
+
+    def ready(self, timeout_s: float = 300.0) -> None:
+        ray.get(self.actor.call.remote("ping"), timeout=timeout_s)

@@ -7,6 +7,7 @@ GGUF files are dequantised through transformers once and cached as a plain fp32 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -86,8 +87,13 @@ def _convert_cached(gguf: Path) -> Path:
     stat = gguf.stat()
     key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:12]
     out = cache_root() / "converted" / f"{gguf.stem}-{key}"
-    if not (out / "model.safetensors").exists():
-        convert_gguf(gguf, out)
+    if (out / "model.safetensors").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:  # one conversion per node, others wait
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "model.safetensors").exists():
+            convert_gguf(gguf, out)
     return out
 
 

@@ -1,0 +1,147 @@
+"""`specray serve`: the main job. Starts (or joins) a Ray cluster, deploys the Serve application
+and prints its endpoints."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+# flag -> dotted ServeConfig key; flags left unset keep the config file's (or the default) value
+FLAG_KEYS = {
+    "model": "model", "served_model_name": "served_model_name", "host": "http.host", "port": "http.port",
+    "api_key": "http.api_key", "grpc_port": "grpc.port", "max_num_seqs": "router.max_num_seqs",
+    "max_waiting": "router.max_waiting", "kv_cache_tokens": "router.kv_cache_tokens",
+    "max_model_len": "router.max_model_len", "transport": "transport.kind",
+    "drafter_address": "transport.drafter_address", "tensor_parallel_size": "pools.target.num_workers",
+    "address": "ray_address",
+}
+
+
+def add_serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP and gRPC APIs on Ray",
+                       description="With no flags: a local Ray cluster, SmolLM2-135M as the target, n-gram "
+                                   "drafting. Flags override the --config file, which overrides defaults.")
+    p.add_argument("--config", help="YAML file with ServeConfig keys (see README)")
+    p.add_argument("--address", help="join this Ray cluster (e.g. auto or ray://host:10001) instead of starting one")
+    p.add_argument("--model", help="target: alias, HF folder or .gguf file (default smollm2-135m)")
+    p.add_argument("--served-model-name")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int, help="HTTP port (default 8000)")
+    p.add_argument("--grpc-port", type=int, help="gRPC port (default 9000)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer <key>' (or set SPECRAY_API_KEY)")
+    p.add_argument("--speculative-method", choices=["ngram", "draft_model", "none"])
+    p.add_argument("--draft-model")
+    p.add_argument("--num-speculative-tokens", type=int)
+    p.add_argument("--no-pipeline", dest="pipelined", action="store_false", default=None,
+                   help="one group in flight instead of two")
+    p.add_argument("--transport", choices=["ray", "torch_distributed", "grpc"])
+    p.add_argument("--drafter-address", help="host:port of a `specray drafter` (grpc transport)")
+    p.add_argument("--tensor-parallel-size", type=int, help="target workers sharing the model")
+    p.add_argument("--max-num-seqs", type=int)
+    p.add_argument("--max-waiting", type=int)
+    p.add_argument("--kv-cache-tokens", type=int)
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config as YAML and exit")
+    p.set_defaults(func=cmd_serve)
+
+
+def resolve_config(args):
+    from specray.cluster.serve_config import ServeConfig
+
+    cfg = ServeConfig.from_yaml(args.config) if args.config else ServeConfig()
+    overrides = {key: getattr(args, flag) for flag, key in FLAG_KEYS.items()}
+    overrides["router.pipelined"] = args.pipelined
+    spec = _speculative_override(args, cfg.speculative_config)
+    if spec is not False:
+        overrides["speculative_config"] = spec
+    cfg = cfg.with_overrides(**{k: v for k, v in overrides.items() if k != "speculative_config"})
+    if "speculative_config" in overrides:
+        raw = cfg.model_dump()
+        raw["speculative_config"] = overrides["speculative_config"]
+        cfg = ServeConfig.from_dict(raw)
+    return cfg
+
+
+def _speculative_override(args, current: dict | None):
+    """The speculative_config the flags ask for, or False when they ask for nothing."""
+    if args.speculative_method == "none":
+        return None
+    if args.speculative_method is None and args.draft_model is None and args.num_speculative_tokens is None:
+        return False
+    spec = dict(current or {})
+    if args.speculative_method:
+        if args.speculative_method != spec.get("method"):
+            spec = {k: v for k, v in spec.items() if k == "num_speculative_tokens"}
+        spec["method"] = args.speculative_method
+    if args.draft_model:
+        spec.update(model=args.draft_model, method=spec.get("method") or "draft_model")
+    if args.num_speculative_tokens is not None:
+        spec["num_speculative_tokens"] = args.num_speculative_tokens
+    return spec
+
+
+def local_resources(cfg) -> dict[str, float]:
+    """Custom resources a one-machine cluster must advertise for the pools to place."""
+    need: dict[str, float] = {}
+    pools = [(cfg.pools.target, cfg.pools.target.num_workers)]
+    if cfg.speculative_config and cfg.transport.kind != "grpc":
+        pools.append((cfg.pools.draft, 1))
+    for pool, count in pools:
+        for name, amount in pool.resources.items():
+            need[name] = need.get(name, 0) + amount * count
+    return need
+
+
+def start_ray(cfg) -> None:
+    import ray
+
+    if cfg.ray_address:
+        ray.init(address=cfg.ray_address)
+        return
+    pools = [cfg.pools.target] * cfg.pools.target.num_workers + [cfg.pools.draft]
+    cpus = max(os.cpu_count() or 1, int(sum(p.num_cpus for p in pools) + 0.999))
+    ray.init(num_cpus=cpus, resources=local_resources(cfg), include_dashboard=False)
+
+
+def cmd_serve(args) -> int:
+    import yaml
+
+    cfg = resolve_config(args)
+    if args.dry_run:
+        print(yaml.safe_dump(cfg.model_dump(), sort_keys=False), end="")
+        return 0
+    from specray.cluster.serve_run import run_serve
+
+    start_ray(cfg)
+    handle = run_serve(cfg)
+    print(endpoint_banner(cfg, handle), flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("specray serve: shutting down", file=sys.stderr)
+        from ray import serve
+
+        serve.shutdown()
+        return 0
+
+
+def endpoint_banner(cfg, handle) -> str:
+    host = "127.0.0.1" if cfg.http.host in ("0.0.0.0", "::") else cfg.http.host
+    url = f"http://{host}:{cfg.http.port}"
+    auth = ' -H "Authorization: Bearer $SPECRAY_API_KEY"' if handle.get("api_key") else ""
+    lines = [
+        f"specray is serving {cfg.model_name!r} "
+        f"(speculation: {(cfg.speculative_config or {}).get('method', 'off')}, transport: {cfg.transport.kind})",
+        f"  HTTP (OpenAI-compatible): {url}/v1   health: {url}/health   metrics: {url}/metrics",
+    ]
+    if handle.get("grpc"):
+        lines.append(f"  gRPC (specray.v1.Generation): {host}:{cfg.grpc.port}")
+    lines += ["  try:",
+              f"    curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\",
+              f"      -d '{{\"model\": \"{cfg.model_name}\", \"messages\": [{{\"role\": \"user\", "
+              f"\"content\": \"What is speculative decoding?\"}}], \"max_tokens\": 64}}'",
+              "  Ctrl-C stops the server."]
+    return "\n".join(lines)
