@@ -1,0 +1,85 @@
+{{/* Names: Kubernetes names are DNS labels (63 characters at most). */}}
+
+{{- define "specray.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "specray.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+"<fullname>-<suffix>" within 63 characters. The prefix is cut, never the suffix, so that
+two suffixed names cannot collapse into one. Call with (list . "suffix").
+*/}}
+{{- define "specray.suffixed" -}}
+{{- $ctx := index . 0 }}
+{{- $suffix := index . 1 }}
+{{- $prefix := include "specray.fullname" $ctx | trunc (int (sub 62 (len $suffix))) | trimSuffix "-" }}
+{{- printf "%s-%s" $prefix $suffix }}
+{{- end }}
+
+{{/*
+RayService name: KubeRay refuses names over 47 characters, because it derives
+"<name>-<5 random>" RayCluster names and "<cluster>-head-svc" Services from it.
+*/}}
+{{- define "specray.rayServiceName" -}}
+{{- include "specray.fullname" . | trunc 47 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "specray.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "specray.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "specray.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "specray.labels" -}}
+helm.sh/chart: {{ include "specray.chart" . }}
+{{ include "specray.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Image "repo:tag" for a group: (list . .Values.draft.image). Empty fields fall back to image.*. */}}
+{{- define "specray.image" -}}
+{{- $ctx := index . 0 }}
+{{- $over := index . 1 | default dict }}
+{{- $repo := $over.repository | default $ctx.Values.image.repository }}
+{{- $tag := $over.tag | default $ctx.Values.image.tag | default $ctx.Chart.AppVersion }}
+{{- printf "%s:%s" $repo $tag }}
+{{- end }}
+
+{{/* Secret holding the API key: an existing one, or the chart's. */}}
+{{- define "specray.apiKeySecretName" -}}
+{{- .Values.apiKey.existingSecret | default (include "specray.suffixed" (list . "api-key")) }}
+{{- end }}
+
+{{/* Is the draft worker group rendered? Returns "true" or "". */}}
+{{- define "specray.draftGroupEnabled" -}}
+{{- if and (ne .Values.speculation.method "none") .Values.draft.enabled }}true{{ end }}
+{{- end }}
+
+{{/*
+KubeRay passes rayStartParams.resources to `ray start --resources=<value>` through a shell,
+so the JSON goes in as a double-quoted string with escaped quotes: "{\"draft\":1}".
+*/}}
+{{- define "specray.rayResourcesParam" -}}
+{{- printf "%q" (toJson .) }}
+{{- end }}
+
+{{/* Torch device of a pool: explicit, else cuda with GPUs, else cpu. */}}
+{{- define "specray.device" -}}
+{{- if .device }}{{ .device }}{{ else if gt (int .gpus) 0 }}cuda{{ else }}cpu{{ end }}
+{{- end }}

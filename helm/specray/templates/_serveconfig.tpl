@@ -1,0 +1,60 @@
+{{/*
+The ServeConfig dict (cluster/serve_config.py) handed to specray.cluster.serve_app:build_app.
+Pool resources come from the same values keys as the worker groups' rayStartParams.resources,
+so the two cannot drift.
+*/}}
+
+{{- define "specray.speculativeConfig" -}}
+{{- $s := .Values.speculation }}
+{{- $c := dict "method" $s.method "num_speculative_tokens" (int $s.numSpeculativeTokens) }}
+{{- if eq $s.method "draft_model" }}
+{{- $_ := set $c "model" $s.draftModel }}
+{{- if $s.draftNumLayers }}{{ $_ := set $c "draft_num_layers" (int $s.draftNumLayers) }}{{ end }}
+{{- else }}
+{{- $_ := set $c "prompt_lookup_min" (int $s.promptLookupMin) }}
+{{- $_ := set $c "prompt_lookup_max" (int $s.promptLookupMax) }}
+{{- end }}
+{{- if $s.disableByBatchSize }}{{ $_ := set $c "disable_by_batch_size" (int $s.disableByBatchSize) }}{{ end }}
+{{- toYaml $c }}
+{{- end }}
+
+{{/* One pool: (list <group values> <num_workers>). */}}
+{{- define "specray.poolConfig" -}}
+{{- $g := index . 0 }}
+{{- $p := dict "num_workers" (int (index . 1)) "num_cpus" $g.numCpus "num_gpus" (int $g.gpus) "resources" $g.rayResources "dtype" $g.dtype "device" (include "specray.device" $g) }}
+{{- if $g.threads }}{{ $_ := set $p "threads" (int $g.threads) }}{{ end }}
+{{- toYaml $p }}
+{{- end }}
+
+{{- define "specray.serveConfig" -}}
+{{- $v := .Values }}
+{{- $router := dict "pipelined" $v.router.pipelined "max_num_seqs" (int $v.router.maxNumSeqs) "max_waiting" (int $v.router.maxWaiting) "kv_cache_tokens" (int $v.router.kvCacheTokens) "block_size" (int $v.router.blockSize) "draft_timeout_s" $v.router.draftTimeoutS }}
+{{- if $v.router.maxModelLen }}{{ $_ := set $router "max_model_len" (int $v.router.maxModelLen) }}{{ end }}
+{{- $transport := dict "kind" $v.transport.kind }}
+{{- if $v.transport.drafterAddress }}{{ $_ := set $transport "drafter_address" $v.transport.drafterAddress }}{{ end }}
+{{- if $v.transport.masterPort }}{{ $_ := set $transport "master_port" (int $v.transport.masterPort) }}{{ end }}
+{{- $http := dict "host" "0.0.0.0" "port" (int $v.http.port) "default_max_tokens" (int $v.http.defaultMaxTokens) "api_key_env" nil }}
+{{- if $v.apiKey.enabled }}{{ $_ := set $http "api_key_env" $v.apiKey.envName }}{{ end }}
+{{- $pools := dict "target" (include "specray.poolConfig" (list $v.target $v.target.tensorParallel) | fromYaml) "draft" (include "specray.poolConfig" (list $v.draft 1) | fromYaml) }}
+{{- $c := dict "model" $v.model.target "router" $router "pools" $pools "transport" $transport "http" $http }}
+{{- $_ := set $c "grpc" (dict "enabled" $v.grpc.enabled "port" (int $v.grpc.port)) }}
+{{- if $v.model.servedModelName }}{{ $_ := set $c "served_model_name" $v.model.servedModelName }}{{ end }}
+{{- if eq $v.speculation.method "none" }}
+{{- $_ := set $c "speculative_config" nil }}
+{{- else }}
+{{- $_ := set $c "speculative_config" (include "specray.speculativeConfig" . | fromYaml) }}
+{{- end }}
+{{- toYaml (mustMergeOverwrite $c (deepCopy $v.serve.configOverrides)) }}
+{{- end }}
+
+{{/* serveConfigV2: Ray Serve's multi-application config (ray.serve.schema.ServeDeploySchema). */}}
+{{- define "specray.serveConfigV2" -}}
+{{- $v := .Values }}
+{{- $app := dict "name" $v.serve.appName "route_prefix" $v.serve.routePrefix "import_path" $v.serve.importPath }}
+{{- $_ := set $app "args" (dict "config" (include "specray.serveConfig" . | fromYaml)) }}
+{{- $cfg := dict "proxy_location" $v.serve.proxyLocation "http_options" (dict "host" "0.0.0.0" "port" (int $v.http.port)) "applications" (list $app) }}
+{{- if $v.grpc.enabled }}
+{{- $_ := set $cfg "grpc_options" (dict "port" (int $v.grpc.port) "grpc_servicer_functions" $v.grpc.servicerFunctions) }}
+{{- end }}
+{{- toYaml $cfg }}
+{{- end }}

@@ -1,0 +1,37 @@
+{{/*
+Cross-field checks that values.schema.json cannot express; each fails the render with the fix.
+*/}}
+{{- define "specray.validate" -}}
+{{- $v := .Values }}
+{{- if and (eq $v.speculation.method "draft_model") (not $v.speculation.draftModel) }}
+{{- fail "speculation.method draft_model needs speculation.draftModel (alias, HF folder or .gguf path)" }}
+{{- end }}
+{{- $speculating := ne $v.speculation.method "none" }}
+{{- if and $speculating (eq $v.transport.kind "grpc") (not $v.transport.drafterAddress) }}
+{{- fail "transport.kind grpc needs transport.drafterAddress (host:port of the Drafter service)" }}
+{{- end }}
+{{- if and $speculating (not $v.draft.enabled) (ne $v.transport.kind "grpc") }}
+{{- fail "draft.enabled=false leaves the draft pool nowhere to run; use speculation.method none or transport.kind grpc" }}
+{{- end }}
+{{- range $name := list "draft" "target" }}
+{{- $g := index $v $name }}
+{{- if or (gt (int $g.minReplicas) (int $g.replicas)) (gt (int $g.replicas) (int $g.maxReplicas)) }}
+{{- fail (printf "%s: need minReplicas <= replicas <= maxReplicas, got %d, %d, %d" $name (int $g.minReplicas) (int $g.replicas) (int $g.maxReplicas)) }}
+{{- end }}
+{{- end }}
+{{- if lt (int $v.target.replicas) (int $v.target.tensorParallel) }}
+{{- fail (printf "target.replicas (%d) must be at least target.tensorParallel (%d): one target worker per pod" (int $v.target.replicas) (int $v.target.tensorParallel)) }}
+{{- end }}
+{{- if and $v.autoscaling.enabled (lt (int $v.target.minReplicas) (int $v.target.tensorParallel)) }}
+{{- fail (printf "target.minReplicas (%d) must be at least target.tensorParallel (%d) when autoscaling" (int $v.target.minReplicas) (int $v.target.tensorParallel)) }}
+{{- end }}
+{{- if and $v.apiKey.enabled (not $v.apiKey.existingSecret) (not $v.apiKey.value) }}
+{{- fail "apiKey.enabled needs apiKey.value or apiKey.existingSecret" }}
+{{- end }}
+{{- if and (eq $v.modelStorage.type "initContainer") (not $v.modelStorage.initContainer.command) }}
+{{- fail "modelStorage.type initContainer needs modelStorage.initContainer.command (it fills $MODEL_DIR)" }}
+{{- end }}
+{{- if and (eq $v.modelStorage.type "pvc") (not $v.modelStorage.pvc.claimName) (not $v.modelStorage.pvc.create) }}
+{{- fail "modelStorage.type pvc needs modelStorage.pvc.claimName or modelStorage.pvc.create=true" }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,69 @@
+"""The worker groups advertise exactly the Ray resources the Serve config's pools request."""
+
+import copy
+
+import pytest
+from helm_scenarios import SCENARIOS
+from helm_checks import app_config, pool_resource_problems, ray_resources_param, with_app_config
+
+
+def _group(rayservice, name):
+    (g,) = [g for g in rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == name]
+    return g
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_groups_and_pools_agree(rendered, scenario):
+    assert pool_resource_problems(rendered[scenario].rayservice) == []
+
+
+def test_kuberay_quoting_of_resources(rendered):
+    rayservice = rendered["default"].rayservice
+    value = _group(rayservice, "draft")["rayStartParams"]["resources"]
+    assert value == '"{\\"draft\\":1}"'  # YAML '"{\"draft\":1}"', as in KubeRay's samples
+    assert ray_resources_param(value) == {"draft": 1} == app_config(rayservice)["pools"]["draft"]["resources"]
+    assert ray_resources_param(_group(rayservice, "target")["rayStartParams"]["resources"]) == {"target": 1}
+
+
+def test_drifted_group_resources_are_caught(rendered):
+    rayservice = copy.deepcopy(rendered["default"].rayservice)
+    _group(rayservice, "draft")["rayStartParams"]["resources"] = '"{\\"drafter\\": 1}"'
+    problems = pool_resource_problems(rayservice)
+    assert problems == ["pool draft: group advertises {'drafter': 1}, config requests {'draft': 1.0}"]
+
+
+def test_drifted_config_resources_are_caught(rendered):
+    def drift(cfg):
+        cfg["pools"]["target"]["resources"] = {"target": 2}
+    problems = pool_resource_problems(with_app_config(rendered["default"].rayservice, drift))
+    assert problems == ["pool target: group advertises {'target': 1}, config requests {'target': 2.0}"]
+
+
+def test_too_few_target_pods_for_tensor_parallel_are_caught(rendered):
+    def drift(cfg):
+        cfg["pools"]["target"]["num_workers"] = 2
+    problems = pool_resource_problems(with_app_config(rendered["default"].rayservice, drift))
+    assert problems == ["pool target: 2 workers need 2 pods, group has replicas=1"]
+
+
+def test_missing_gpu_and_shared_resources_are_caught(rendered):
+    rayservice = copy.deepcopy(rendered["default"].rayservice)
+    del _group(rayservice, "target")["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+    _group(rayservice, "draft")["rayStartParams"]["resources"] = '"{\\"draft\\": 1, \\"target\\": 1}"'
+    problems = pool_resource_problems(rayservice)
+    assert "pool target: a worker reserves 1.0 GPU, a pod has 0.0" in problems
+    assert "pool target: draft also advertises ['target']" in problems
+
+
+def test_missing_draft_group_is_caught(rendered):
+    rayservice = copy.deepcopy(rendered["default"].rayservice)
+    groups = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    groups[:] = [g for g in groups if g["groupName"] != "draft"]
+    assert pool_resource_problems(rayservice) == ["pool draft: no worker group named 'draft'"]
+
+
+def test_draft_group_without_speculation_is_caught(rendered):
+    def drift(cfg):
+        cfg["speculative_config"] = None
+    problems = pool_resource_problems(with_app_config(rendered["default"].rayservice, drift))
+    assert problems == ["a draft worker group is rendered but speculative_config is null"]

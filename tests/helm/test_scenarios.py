@@ -1,0 +1,133 @@
+"""What each configuration renders: groups, GPUs, API key wiring, storage, Services, NOTES."""
+
+from helm_checks import app_config, serve_deploy_config
+
+RAY_CONTAINERS = ("ray-head", "ray-draft", "ray-target")
+
+
+def _groups(r):
+    return {g["groupName"]: g for g in r.rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+
+
+def _containers(r):
+    cluster = r.rayservice["spec"]["rayClusterConfig"]
+    pods = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
+    return [c for p in pods for c in p["spec"]["containers"]]
+
+
+def test_default_is_gpu_target_with_ngram(rendered):
+    r = rendered["default"]
+    assert set(_groups(r)) == {"draft", "target"}
+    target = _groups(r)["target"]["template"]["spec"]["containers"][0]
+    assert target["resources"]["limits"]["nvidia.com/gpu"] == 1
+    cfg = app_config(r.rayservice)
+    assert cfg["pools"]["target"]["device"] == "cuda" and cfg["pools"]["target"]["num_gpus"] == 1
+    assert cfg["speculative_config"]["method"] == "ngram"
+    assert cfg["http"]["api_key_env"] is None  # no key: a stray variable must not turn auth on
+    assert r.of_kind("Secret") == [] and r.of_kind("ServiceMonitor") == []
+
+
+def test_cpu_profile_has_no_gpus(rendered):
+    r = rendered["cpu"]
+    assert all("nvidia.com/gpu" not in (c.get("resources", {}).get("limits") or {}) for c in _containers(r))
+    cfg = app_config(r.rayservice)
+    assert cfg["model"] == "smollm2-135m"
+    assert {p["device"] for p in cfg["pools"].values()} == {"cpu"}
+    assert {p["num_gpus"] for p in cfg["pools"].values()} == {0}
+    assert "tolerations" not in _groups(r)["target"]["template"]["spec"]
+
+
+def test_tensor_parallel_target(rendered):
+    r = rendered["tp2"]
+    assert app_config(r.rayservice)["pools"]["target"]["num_workers"] == 2
+    assert _groups(r)["target"]["replicas"] == 2
+
+
+def test_no_draft_group_when_speculation_is_off(rendered):
+    r = rendered["no-draft"]
+    assert set(_groups(r)) == {"target"}
+    assert app_config(r.rayservice)["speculative_config"] is None
+
+
+def test_api_key_from_chart_secret_on_every_ray_container(rendered):
+    r = rendered["api-key"]
+    secret = r.one("Secret")
+    assert secret["data"] == {"api-key": "czNjcmV0"}  # base64("s3cret")
+    for c in _containers(r):
+        (env,) = [e for e in c["env"] if e["name"] == "SPECRAY_API_KEY"]
+        assert env["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"], "key": "api-key"}
+    assert app_config(r.rayservice)["http"]["api_key_env"] == "SPECRAY_API_KEY"
+    assert "s3cret" not in r.rayservice["spec"]["serveConfigV2"]
+    assert 'Authorization: Bearer $SPECRAY_API_KEY' in r.notes
+
+
+def test_existing_secret_monitoring_and_init_container(rendered):
+    r = rendered["everything"]
+    assert r.of_kind("Secret") == []
+    assert {c["env"][0]["valueFrom"]["secretKeyRef"]["name"] for c in _containers(r)} == {"my-key"}
+    monitor = r.one("ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    http = [s for s in r.of_kind("Service") if s["spec"]["ports"][0]["name"] == "http"][0]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= http["metadata"]["labels"].items()
+    head = r.rayservice["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
+    assert head["initContainers"][0]["volumeMounts"] == [{"name": "models", "mountPath": "/models"}]
+    assert {"name": "models", "emptyDir": {"sizeLimit": "50Gi"}} in head["volumes"]
+    assert head["containers"][0]["readinessProbe"] == {"exec": {"command": ["true"]}}
+    assert r.rayservice["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is True
+    cfg = app_config(r.rayservice)
+    assert cfg["transport"] == {"kind": "torch_distributed", "master_port": 29500}
+    assert cfg["router"]["max_num_seqs"] == 4 and cfg["router"]["max_waiting"] == 256  # deep merge
+    assert cfg["served_model_name"] == "m"
+
+
+def test_draft_model_from_a_created_claim(rendered):
+    r = rendered["draft-model"]
+    claim = r.one("PersistentVolumeClaim")
+    spec = app_config(r.rayservice)["speculative_config"]
+    assert spec["method"] == "draft_model" and spec["model"] == "/models/draft"
+    for g in _groups(r).values():
+        vols = {v["name"]: v for v in g["template"]["spec"]["volumes"]}
+        assert vols["models"]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+
+
+def test_external_grpc_drafter_without_draft_group_or_grpc_api(rendered):
+    r = rendered["grpc-drafter"]
+    assert set(_groups(r)) == {"target"}
+    assert app_config(r.rayservice)["transport"] == {"kind": "grpc", "drafter_address": "drafter:50051"}
+    assert "grpc_options" not in serve_deploy_config(r.rayservice)
+    assert [s["spec"]["ports"][0]["name"] for s in r.of_kind("Service")] == ["http"]
+
+
+def test_serve_ports_and_services(rendered):
+    r = rendered["default"]
+    deploy = serve_deploy_config(r.rayservice)
+    assert deploy["http_options"]["port"] == 8000
+    assert deploy["grpc_options"] == {
+        "port": 9000,
+        "grpc_servicer_functions": ["specray.protos.specray.v1.generate_pb2_grpc.add_GenerationServicer_to_server"]}
+    (app,) = deploy["applications"]
+    assert app["import_path"] == "specray.cluster.serve_app:build_app"
+    ports = {s["spec"]["ports"][0]["name"]: s for s in r.of_kind("Service")}
+    assert ports["http"]["spec"]["ports"][0]["targetPort"] == "serve"
+    assert ports["grpc"]["spec"]["ports"][0]["targetPort"] == "serve-grpc"
+    head = r.rayservice["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]
+    named = {p["name"]: p["containerPort"] for p in head["spec"]["containers"][0]["ports"]}
+    assert named["serve"] == 8000 and named["serve-grpc"] == 9000
+    for s in ports.values():  # the head, once KubeRay has seen its proxy healthy
+        assert s["spec"]["selector"]["ray.io/serve"] == "true"
+        assert s["spec"]["selector"].items() <= head["metadata"]["labels"].items() | {("ray.io/serve", "true")}
+
+
+def test_head_keeps_kuberay_probes_and_helm_test_checks_health(rendered):
+    r = rendered["default"]
+    head = r.rayservice["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert "readinessProbe" not in head and "livenessProbe" not in head
+    # a chart upgrade alone must not change the pod templates (KubeRay would roll a new cluster)
+    template = r.rayservice["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]
+    assert "helm.sh/chart" not in template["metadata"]["labels"]
+    pod = r.one("Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["spec"]["containers"][0]["command"][-1] == "http://demo-specray-http:8000/health"
+    assert "port-forward svc/demo-specray-http 8000:8000" in r.notes
+    assert "curl -s localhost:8000/health" in r.notes

@@ -1,0 +1,39 @@
+"""Bad values fail the render with a message that names the key (schema) or the fix (templates)."""
+
+import helm_python
+import pytest
+from helm_render import render
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"target": {"replicas": -1}}, "at '/target/replicas': minimum: got -1, want 0"),
+    ({"draft": {"minReplicas": -2}}, "at '/draft/minReplicas': minimum: got -2, want 0"),
+    ({"speculation": {"method": "medusa"}},
+     "at '/speculation/method': value must be one of 'ngram', 'draft_model', 'none'"),
+    ({"transport": {"kind": "nccl"}},
+     "at '/transport/kind': value must be one of 'ray', 'torch_distributed', 'grpc'"),
+    ({"target": {"tensorParalel": 2}}, "additional properties 'tensorParalel' not allowed"),
+    ({"draft": {"rayStartParams": {"num-cpus": 2}}}, "at '/draft/rayStartParams/num-cpus': got number, want string"),
+    ({"target": {"rayResources": {"target": 0}}}, "at '/target/rayResources/target'"),
+])
+def test_schema_rejects(values, message):
+    with pytest.raises(helm_python.HelmValuesError) as e:
+        render(values)
+    assert message in str(e.value)
+    assert "values don't meet the specifications of the schema" in str(e.value)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"speculation": {"method": "draft_model"}}, "speculation.method draft_model needs speculation.draftModel"),
+    ({"target": {"tensorParallel": 2}}, "target.replicas (1) must be at least target.tensorParallel (2)"),
+    ({"draft": {"replicas": 3}}, "draft: need minReplicas <= replicas <= maxReplicas, got 1, 3, 1"),
+    ({"transport": {"kind": "grpc"}}, "transport.kind grpc needs transport.drafterAddress"),
+    ({"draft": {"enabled": False}}, "draft.enabled=false leaves the draft pool nowhere to run"),
+    ({"apiKey": {"enabled": True}}, "apiKey.enabled needs apiKey.value or apiKey.existingSecret"),
+    ({"modelStorage": {"type": "pvc"}}, "modelStorage.type pvc needs modelStorage.pvc.claimName"),
+    ({"modelStorage": {"type": "initContainer"}}, "modelStorage.type initContainer needs modelStorage.initContainer.command"),
+])
+def test_templates_reject(values, message):
+    with pytest.raises(helm_python.HelmRenderError) as e:
+        render(values)
+    assert message in str(e.value)
