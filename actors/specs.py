@@ -13,9 +13,20 @@ class TargetSpec:
     num_blocks: int = 1024
     block_size: int = 16
     threads: int | None = None  # torch intra-op threads inside the worker process
+    # Tensor parallelism: this worker is rank tp_rank of tp_size workers sharing one target. Every
+    # rank must receive every step/release call, in the same order; all return the same results.
+    tp_rank: int = 0
+    tp_size: int = 1
+    dist_init_method: str | None = None  # e.g. "tcp://10.0.0.5:29500" (rank 0's host); None: "env://"
+    dist_backend: str | None = None  # None: "nccl" on a cuda device, else "gloo"
 
     def __post_init__(self) -> None:
         assert self.num_blocks >= 1 and self.block_size >= 1
+        if not (self.tp_size >= 1 and 0 <= self.tp_rank < self.tp_size):
+            raise ValueError(f"need tp_size >= 1 and 0 <= tp_rank < tp_size, got rank {self.tp_rank} "
+                             f"of {self.tp_size}")
+        if self.dist_backend not in (None, "gloo", "nccl"):
+            raise ValueError(f"dist_backend must be 'gloo', 'nccl' or None, got {self.dist_backend!r}")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from specray.kernels.batch import RaggedBatch, SeqChunk, pad_uniform
 from specray.kernels.model import LlamaModel
 from specray.kernels.proposal import VerifyResult
 from specray.kernels.sampling import make_generator, processed_probs
+from specray.kernels.tensor_parallel import check_shardable, init_distributed, shard_model
 from specray.kernels.verify import verify_greedy, verify_speculative
 
 
@@ -33,16 +34,34 @@ class TargetWorker:
 
     @classmethod
     def from_spec(cls, spec: TargetSpec) -> "TargetWorker":
+        """Build inside the worker's process. With tp_size > 1 this joins the process group and
+        blocks until every rank has: create all ranks before waiting on any."""
         if spec.threads:
             torch.set_num_threads(spec.threads)
         model = load_model(resolve(spec.model), DTYPES[spec.dtype], spec.device)
+        if spec.tp_size > 1:
+            check_shardable(model.config, spec.tp_size)  # fail on every rank before the rendezvous
+            device = torch.device(spec.device)
+            if device.type == "cuda" and device.index is not None:
+                torch.cuda.set_device(device)  # NCCL talks from the current device
+            group = init_distributed(spec.tp_rank, spec.tp_size, spec.dist_init_method, spec.dist_backend,
+                                     spec.device)
+            shard_model(model, group)
         return cls(model, spec.num_blocks, spec.block_size)
 
     def ping(self) -> bool:
         return True
 
+    def tp_info(self) -> tuple[int, int]:
+        """(tensor-parallel rank, size) of this worker; (0, 1) without TP."""
+        return self.model.tp_group.rank, self.model.tp_group.size
+
     def step(self, items: list[TargetItem]) -> list[VerifyResult]:
-        """Run prefill and verification for every item in one ragged forward pass."""
+        """Run prefill and verification for every item in one ragged forward pass.
+
+        Tensor-parallel ranks all get the same call: their gathered logits and seeded generators are
+        the same, so each returns the same results and keeps its KV shard in step.
+        """
         for item in items:
             if item.spec is not None:
                 self.seqs[item.seq_id] = _TargetSeq(item.spec, make_generator(item.spec.seed))

@@ -19,6 +19,24 @@ from specray.kernels.kv_cache import PagedKVCache
 from specray.kernels.rope import RotaryTable
 
 
+class TPGroup:
+    """The collectives a tensor-parallel forward calls. This base is a single rank: both are identity.
+
+    `kernels/tensor_parallel.py` holds the torch.distributed and in-process (threads) groups.
+    """
+
+    rank: int = 0
+    size: int = 1
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum of `x` over the ranks (may reuse x); every rank must get the same bits back."""
+        return x
+
+    def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., n] on each rank -> [..., size * n], rank 0's slice first."""
+        return x
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -35,7 +53,12 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu"):
         super().__init__()
-        self.config = config
+        self.config = config  # the whole model, whatever this process holds
+        # Shapes this process holds: heads, KV heads and intermediate size of its tensor-parallel
+        # shard (vocab_size stays the full logits width). Equal to `config` without TP.
+        self.shard_config = config
+        self.tp_group = TPGroup()
+        self.vocab_parallel = False  # lm_head holds this rank's vocab rows; logits are all-gathered
         self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = nn.Parameter(torch.ones(config.hidden_size))
@@ -70,18 +93,18 @@ class LlamaModel(nn.Module):
         """Bytes read per decode step: every parameter once (the embedding is a gather, not a read)."""
         params = {id(p): p for p in self.parameters()}
         total = sum(p.numel() * p.element_size() for p in params.values())
-        if not self.config.tie_word_embeddings:
+        if self.lm_head is not self.embed_tokens:
             total -= self.embed_tokens.numel() * self.embed_tokens.element_size()
         return total
 
     def make_cache(self, num_blocks: int, block_size: int = 16) -> PagedKVCache:
-        return PagedKVCache(self.config, num_blocks, block_size, dtype=self.dtype,
+        return PagedKVCache(self.shard_config, num_blocks, block_size, dtype=self.dtype,
                             device=self.embed_tokens.device)
 
     @torch.inference_mode()
     def forward(self, batch: RaggedBatch, cache: PagedKVCache, reference: bool = False) -> torch.Tensor:
         """Run one step; writes the new tokens' KV into `cache`. -> logits [num_logits, vocab_size] (fp32)."""
-        c = self.config
+        c, tp = self.shard_config, self.tp_group
         rot = self.rotary.rotation(batch.positions)  # [num_tokens, head_dim, head_dim]
         mask = None if reference else build_attention_mask(batch)
         causal = is_causal_prefill(batch)
@@ -102,12 +125,15 @@ class LlamaModel(nn.Module):
                 attn = reference_attention(q, kv, batch, self.scale)
             else:
                 attn = ragged_attention(q, kv, mask, self.scale, causal)
-            h = h + self.linear(attn, layer.o_proj)
+            h = h + tp.all_reduce(self.linear(attn, layer.o_proj))  # partial sums over head groups
             x = F.rms_norm(h, (c.hidden_size,), layer.post_attention_norm, c.rms_norm_eps)
             gate, up = self.linear(x, layer.gate_up_proj).chunk(2, dim=-1)
-            h = h + self.linear(F.silu(gate) * up, layer.down_proj)
+            h = h + tp.all_reduce(self.linear(F.silu(gate) * up, layer.down_proj))
         h = F.rms_norm(h[batch.logits_indices], (c.hidden_size,), self.norm, c.rms_norm_eps)
-        return self.linear(h, self.lm_head).float()
+        logits = self.linear(h, self.lm_head)  # [num_logits, vocab_size / tp_size if vocab_parallel]
+        if self.vocab_parallel:
+            logits = tp.all_gather_last_dim(logits)
+        return logits.float()
 
     # -- weights ----------------------------------------------------------------------------
     def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
