@@ -1,0 +1,146 @@
+"""The blocking client."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import grpc
+
+from specray.client import _health
+from specray.client._common import (DEFAULT_TARGET, Deadline, RetryPolicy, call_metadata, channel_options,
+                                    credentials, should_retry)
+from specray.client.errors import from_rpc_error
+from specray.client.types import (Completion, Delta, Message, Model, Prompt, Sampling, StreamSummary, assemble,
+                                  build_request, completion_from_proto, delta_from_proto, model_from_proto,
+                                  summary_from_proto)
+from specray.protos.specray.v1 import generate_pb2 as pb
+from specray.protos.specray.v1.generate_pb2_grpc import GenerationStub
+
+
+class Stream:
+    """Iterates a request's `Delta`s as the server decodes them; `summary` is set once the
+    stream ended. Leaving the loop early (or `cancel()`) cancels the call, and the server frees
+    the request."""
+
+    def __init__(self, start, policy: RetryPolicy, deadline: Deadline, model: str):
+        self._start, self._policy, self._deadline, self._model = start, policy, deadline, model
+        self._call, self._cancelled = None, False
+        self.request_id = ""
+        self.summary: StreamSummary | None = None
+
+    def __iter__(self) -> Iterator[Delta]:
+        for attempt in itertools.count():
+            self._call = self._start(self._deadline.remaining())
+            received = False
+            try:
+                for msg in self._call:
+                    received, self.request_id = True, msg.request_id
+                    if msg.HasField("summary"):
+                        self.summary = summary_from_proto(msg.request_id, msg.summary)
+                    else:
+                        yield delta_from_proto(msg.delta)
+                return
+            except grpc.RpcError as e:
+                if self._cancelled:
+                    return  # cancel() ends the iteration quietly
+                wait = self._policy.backoff(attempt)
+                if received or not should_retry(e.code(), attempt, self._policy, self._deadline, wait):
+                    raise from_rpc_error(e) from None
+            finally:
+                self._call.cancel()  # a no-op once the call ended
+            time.sleep(wait)
+
+    def collect(self) -> Completion:
+        """Drain the stream into the full result."""
+        return assemble(list(self), self.summary, self._model)
+
+    def cancel(self) -> None:
+        """Cancel the call; an iteration in progress ends without error."""
+        self._cancelled = True
+        if self._call is not None:
+            self._call.cancel()
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cancel()
+
+
+class Client:
+    """Blocking client of a specray gRPC server.
+
+    `timeout` is each call's default deadline in seconds (None: none); `retry` retries calls
+    that fail UNAVAILABLE; `api_key` is sent as `authorization: Bearer <key>`; `tls` or
+    `root_certificates` (PEM bytes or path) make the channel secure.
+    """
+
+    def __init__(self, target: str = DEFAULT_TARGET, *, api_key: str | None = None, tls: bool = False,
+                 root_certificates: bytes | str | Path | None = None, server_name: str | None = None,
+                 timeout: float | None = None, retry: RetryPolicy = RetryPolicy(), model: str = "",
+                 options: list[tuple[str, object]] | None = None):
+        creds, opts = credentials(tls, root_certificates), channel_options(server_name, options)
+        self._channel = grpc.secure_channel(target, creds, opts) if creds else grpc.insecure_channel(target, opts)
+        self._stub = GenerationStub(self._channel)
+        self._check = self._channel.unary_unary(_health.CHECK_METHOD,
+                                                request_serializer=_health.HealthCheckRequest.SerializeToString,
+                                                response_deserializer=_health.HealthCheckResponse.FromString)
+        self._metadata, self.timeout, self.retry, self.model = call_metadata(api_key), timeout, retry, model
+
+    # -- the API ----------------------------------------------------------------------------
+    def generate(self, prompt: Prompt, *, sampling: Sampling | None = None, model: str | None = None,
+                 timeout: float | None = None, **sampling_kwargs) -> Completion:
+        """Complete a text or token-id prompt; sampling options as a `Sampling` or keywords."""
+        request = build_request(prompt, None, self._model(model), sampling, **sampling_kwargs)
+        return completion_from_proto(self._unary(self._stub.Complete, request, timeout))
+
+    def chat(self, messages: Sequence[Message], *, sampling: Sampling | None = None, model: str | None = None,
+             timeout: float | None = None, **sampling_kwargs) -> Completion:
+        """Answer a conversation ([{"role": ..., "content": ...}, ...]) with the chat template."""
+        request = build_request(None, messages, self._model(model), sampling, **sampling_kwargs)
+        return completion_from_proto(self._unary(self._stub.Complete, request, timeout))
+
+    def stream(self, prompt: Prompt | None = None, *, messages: Sequence[Message] | None = None,
+               sampling: Sampling | None = None, model: str | None = None, timeout: float | None = None,
+               **sampling_kwargs) -> Stream:
+        """Stream a prompt's (or a conversation's) output as `Delta`s."""
+        request = build_request(prompt, messages, self._model(model), sampling, **sampling_kwargs)
+        deadline = Deadline(self.timeout if timeout is None else timeout)
+        start = lambda left: self._stub.Generate(request, timeout=left, metadata=self._metadata)  # noqa: E731
+        return Stream(start, self.retry, deadline, request.model)
+
+    def models(self, timeout: float | None = None) -> list[Model]:
+        reply = self._unary(self._stub.ListModels, pb.ListModelsRequest(), timeout)
+        return [model_from_proto(m) for m in reply.models]
+
+    def health(self, service: str = "", timeout: float | None = None) -> str:
+        """The standard health check: "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN" or "UNKNOWN"."""
+        reply = self._unary(self._check, _health.HealthCheckRequest(service=service), timeout)
+        return _health.status_name(reply)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _model(self, model: str | None) -> str:
+        return self.model if model is None else model
+
+    def _unary(self, method, request, timeout: float | None):
+        deadline = Deadline(self.timeout if timeout is None else timeout)
+        for attempt in itertools.count():
+            try:
+                return method(request, timeout=deadline.remaining(), metadata=self._metadata)
+            except grpc.RpcError as e:
+                wait = self.retry.backoff(attempt)
+                if not should_retry(e.code(), attempt, self.retry, deadline, wait):
+                    raise from_rpc_error(e) from None
+            time.sleep(wait)

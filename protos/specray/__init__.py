@@ -1,0 +1,1 @@
+"""Namespace of the `specray.*` proto packages (generated stubs)."""
