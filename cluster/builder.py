@@ -53,16 +53,26 @@ def rendezvous_address(group: PlacementGroup, bundle_index: int = 0) -> str:
     return ray.get(probe.remote())
 
 
-def start_worker(build, spec, group: PlacementGroup, placement, bundle_index: int = 0, max_restarts: int = 0):
-    """An actor hosting `build(spec)` in one bundle of `group`; Ray restarts it up to `max_restarts`."""
+def start_worker(build, spec, group: PlacementGroup, placement, bundle_index: int = 0, max_restarts: int = 0,
+                 name: str | None = None):
+    """An actor hosting `build(spec)` in one bundle of `group`; Ray restarts it up to `max_restarts`.
+    Named, so that operators find it with `ray list actors` and `ray.get_actor`."""
     return RemoteWorkerHost.options(
-        num_cpus=placement.num_cpus, num_gpus=placement.num_gpus, resources=dict(placement.resources),
+        name=name, num_cpus=placement.num_cpus, num_gpus=placement.num_gpus, resources=dict(placement.resources),
         max_restarts=max_restarts, max_task_retries=0, scheduling_strategy=_strategy(group, bundle_index),
     ).remote(build, spec)
 
 
 def kill_worker(actor) -> None:
     ray.kill(actor, no_restart=True)
+
+
+def release_group(group: PlacementGroup) -> None:
+    ray.util.remove_placement_group(group)
+
+
+def namespace() -> str:
+    return ray.get_runtime_context().namespace
 
 
 def serve_deployment(server_cls, cfg):

@@ -114,9 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(gen)
     gen.set_defaults(func=cmd_generate)
     from specray.cluster.bench_offline import add_bench_parser
-    from specray.cluster.serve_cli import add_serve_parser
+    from specray.cluster.serve_cli import add_drafter_parser, add_serve_parser
 
     add_serve_parser(sub)
+    add_drafter_parser(sub)
     add_bench_parser(sub)
     return parser
 

@@ -28,6 +28,16 @@ class SpecrayServer:
     def __serve_build_asgi_app__(self):
         return self.http.app
 
+    def placement(self) -> dict:
+        """Where the pools' workers run: names (for `ray.get_actor`), namespace and node ids."""
+        from specray.cluster.builder import namespace
+
+        rt = self.runtime
+        out = {"namespace": namespace(), "target": list(zip(rt.target_pool.worker_names(), rt.target_pool.node_ids()))}
+        if rt.draft_pool is not None and hasattr(rt.draft_pool, "node_id"):
+            out["draft"] = list(zip(rt.draft_pool.worker_names(), [rt.draft_pool.node_id()]))
+        return out
+
     def check_health(self) -> None:
         """Serve's health probe: the engine thread must be alive."""
         if not self.runtime.async_engine.alive:

@@ -145,3 +145,39 @@ def endpoint_banner(cfg, handle) -> str:
               f"\"content\": \"What is speculative decoding?\"}}], \"max_tokens\": 64}}'",
               "  Ctrl-C stops the server."]
     return "\n".join(lines)
+
+
+def add_drafter_parser(sub) -> None:
+    p = sub.add_parser("drafter", help="serve a draft pool over gRPC (the router's grpc transport)",
+                       description="Runs a Drafter service outside the Ray cluster; point `specray serve "
+                                   "--transport grpc --drafter-address host:port` at it.")
+    p.add_argument("--method", default="ngram", choices=["ngram", "draft_model"])
+    p.add_argument("--model", help="draft checkpoint (draft_model)")
+    p.add_argument("--num-layers", type=int, help="keep only the draft's first layers")
+    p.add_argument("--prompt-lookup-min", type=int, default=1)
+    p.add_argument("--prompt-lookup-max", type=int, default=4)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--kv-cache-tokens", type=int, default=16384)
+    p.add_argument("--host", default="[::]")
+    p.add_argument("--port", type=int, default=50061)
+    p.set_defaults(func=cmd_drafter)
+
+
+def cmd_drafter(args) -> int:
+    from specray.actors.specs import DraftSpec
+    from specray.cluster.draft_endpoint import DraftEndpoint
+    from specray.cluster.grpc_drafter import serve_drafter
+    from specray.cluster.spec_config import SpeculativeConfig
+
+    SpeculativeConfig(method=args.method, model=args.model, prompt_lookup_min=args.prompt_lookup_min,
+                      prompt_lookup_max=args.prompt_lookup_max)  # same validation as the router's
+    spec = DraftSpec(args.method, args.model, args.num_layers, args.prompt_lookup_min, args.prompt_lookup_max,
+                     args.dtype, args.device, -(-args.kv_cache_tokens // 16))
+    server, port = serve_drafter(DraftEndpoint.from_spec(spec), f"{args.host}:{args.port}")
+    print(f"specray drafter ({args.method}) listening on {args.host}:{port}", flush=True)
+    try:
+        server.wait_for_termination()
+    except KeyboardInterrupt:
+        server.stop(grace=2)
+    return 0

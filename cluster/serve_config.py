@@ -43,9 +43,20 @@ class PoolConfig(_Strict):
         return v
 
 
+class TargetPoolConfig(PoolConfig):
+    resources: dict[str, float] = Field(default_factory=lambda: {"target": 1.0},
+                                        description="custom Ray resources the worker's node must advertise")
+
+
+class DraftPoolConfig(PoolConfig):
+    resources: dict[str, float] = Field(default_factory=lambda: {"draft": 1.0},
+                                        description="custom Ray resources the worker's node must advertise")
+
+
 class PoolsConfig(_Strict):
-    target: PoolConfig = PoolConfig(resources={"target": 1})
-    draft: PoolConfig = PoolConfig(resources={"draft": 1})
+    # each pool's default resources apply whether or not the pool's block is given
+    target: TargetPoolConfig = TargetPoolConfig()
+    draft: DraftPoolConfig = DraftPoolConfig()
 
 
 class RouterConfig(_Strict):

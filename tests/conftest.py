@@ -19,3 +19,20 @@ def tiny_target(tmp_path_factory) -> Path:
 def tiny_draft(tmp_path_factory, tiny_target) -> Path:
     return save_tiny_llama(tmp_path_factory.mktemp("tiny_draft"), seed=1, perturb_from=tiny_target,
                            noise=0.35)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One multi-node Ray cluster on this machine for the whole session (start-up is the slow part):
+    a head, a node advertising `draft` and a node advertising `target`. Logical CPUs, so several
+    pools can coexist."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    nodes = {"draft": cluster.add_node(num_cpus=3, resources={"draft": 3}),
+             "target": cluster.add_node(num_cpus=4, resources={"target": 4})}
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield nodes
+    ray.shutdown()
+    cluster.shutdown()

@@ -102,3 +102,11 @@ def test_speculation_off_under_load_keeps_the_draft_in_step(tiny_target, tiny_dr
     assert drafted_while_loaded == 0
     assert outs["0"].outputs[0].token_ids == reference[0][:20]
     assert outs["0"].metrics.num_draft_tokens > 0 and outs["0"].metrics.num_accepted_tokens > 0
+
+
+def test_pool_resources_default_per_pool():
+    """A pool block that sets only other keys keeps its pool's resource (else workers land anywhere)."""
+    from specray.cluster.serve_config import ServeConfig
+
+    cfg = ServeConfig.from_dict({"pools": {"draft": {"threads": 1}, "target": {"num_cpus": 2}}})
+    assert cfg.pools.draft.resources == {"draft": 1} and cfg.pools.target.resources == {"target": 1}

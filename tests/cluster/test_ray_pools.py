@@ -1,53 +1,64 @@
 """Draft and target pools on a multi-node Ray cluster on one machine: placement on the right nodes,
-outputs equal to the in-process engine, and a draft worker killed mid-generation costs nothing."""
+outputs equal to the in-process engine for every draft transport, a draft worker killed
+mid-generation costs nothing, a target worker killed mid-generation fails its requests retryably
+and the pool recovers."""
+
+import time
 
 import pytest
 
 ray = pytest.importorskip("ray")
 
-from ray.cluster_utils import Cluster  # noqa: E402
-
 from specray import LLM, SamplingParams  # noqa: E402
-from specray.actors.specs import DraftSpec, TargetSpec  # noqa: E402
 from specray.cluster.engine import Engine, engine_config  # noqa: E402
-from specray.cluster.spec_config import SpeculativeConfig  # noqa: E402
+from specray.cluster.pool_api import TargetUnavailable  # noqa: E402
+from specray.cluster.runtime import build_draft_pool, placement, target_spec  # noqa: E402
+from specray.cluster.serve_config import ServeConfig  # noqa: E402
 from specray.kernels.config import ModelConfig  # noqa: E402
 from specray.kernels.loader import Checkpoint  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+SAMPLED = [SamplingParams(temperature=1.0, top_p=0.9, seed=7 + i, max_tokens=12, ignore_eos=True) for i in range(3)]
 PROMPTS = [[1, 3 + i, 17, 40 + 2 * i, 9] * (1 + i % 3) for i in range(6)]
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    nodes = {"draft": c.add_node(num_cpus=1, resources={"draft": 1}),
-             "target": c.add_node(num_cpus=1, resources={"target": 1})}
-    ray.init(address=c.address)
-    yield nodes
-    ray.shutdown()
-    c.shutdown()
+def config(tiny_target, tiny_draft, transport="ray", **router):
+    return ServeConfig.from_dict({
+        "model": str(tiny_target),
+        "speculative_config": {"method": "draft_model", "model": str(tiny_draft), "num_speculative_tokens": 3},
+        "router": {"kv_cache_tokens": 8192, "max_num_seqs": 8, **router},
+        "pools": {"target": {"threads": 1}, "draft": {"threads": 1}},
+        "transport": {"kind": transport, "drafter_address": "x:1" if transport == "grpc" else None}})
 
 
 @pytest.fixture(scope="module")
-def pools(cluster, tiny_target, tiny_draft):
-    from specray.cluster.pools import RayDraftPool, RayTargetPool
+def target_pool(ray_cluster, tiny_target, tiny_draft):
+    from specray.cluster.pools import RayTargetPool
 
-    target = RayTargetPool(TargetSpec(str(tiny_target), num_blocks=512, threads=1))
-    draft = RayDraftPool(DraftSpec("draft_model", str(tiny_draft), num_blocks=512, threads=1))
-    return target, draft
+    cfg = config(tiny_target, tiny_draft)
+    pool = RayTargetPool(target_spec(cfg), placement(cfg.pools.target))
+    yield pool
+    pool.close()
 
 
-def make_engine(pools, tiny_target):
+@pytest.fixture(scope="module")
+def draft_pool(ray_cluster, tiny_target, tiny_draft):
+    pool = build_draft_pool(config(tiny_target, tiny_draft))
+    yield pool
+    pool.close()
+
+
+def make_engine(target, draft, tiny_target, pipelined=False):
     checkpoint = Checkpoint(tiny_target, "tiny")
-    spec = SpeculativeConfig(method="draft_model", model="d", num_speculative_tokens=3)
     tok = checkpoint.tokenizer()
-    config, eos = engine_config(ModelConfig.from_hf(checkpoint.hf_config()), tok, spec, None, 8, 512, 16)
-    return Engine(pools[0], pools[1], tok, eos, config)
+    spec = config(tiny_target, tiny_target).speculative
+    econfig, eos = engine_config(ModelConfig.from_hf(checkpoint.hf_config()), tok, spec, None, 8, 512, 16, pipelined)
+    return Engine(target, draft, tok, eos, econfig)
 
 
-def run(engine, prompts):
-    ids = [engine.add_request(p, GREEDY) for p in prompts]
+def run(engine, prompts, params=GREEDY):
+    ids = [engine.add_request(p, params if isinstance(params, SamplingParams) else params[i])
+           for i, p in enumerate(prompts)]
     done = {}
     while engine.has_unfinished():
         for out in engine.step():
@@ -57,43 +68,97 @@ def run(engine, prompts):
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_target):
-    llm = LLM(str(tiny_target))
-    return [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY)]
+def reference(tiny_target, tiny_draft):
+    llm = LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 3})
+    greedy = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY)]
+    sampled = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": PROMPTS[0]}] * 3, SAMPLED)]
+    return greedy, sampled
 
 
-def test_workers_land_on_their_nodes(cluster, pools):
-    target, draft = pools
-    assert target.node_id() == cluster["target"].node_id
-    assert draft.node_id() == cluster["draft"].node_id
+def test_workers_land_on_their_nodes(ray_cluster, target_pool, draft_pool):
+    assert target_pool.node_ids() == [ray_cluster["target"].node_id]
+    assert draft_pool.node_id() == ray_cluster["draft"].node_id
 
 
-def test_pooled_outputs_equal_in_process(pools, tiny_target, reference):
-    outs = run(make_engine(pools, tiny_target), PROMPTS)
-    assert [o.outputs[0].token_ids for o in outs] == reference
-    assert sum(o.metrics.num_draft_tokens for o in outs) > 0
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_pooled_outputs_equal_in_process(target_pool, draft_pool, tiny_target, reference, pipelined):
+    outs = run(make_engine(target_pool, draft_pool, tiny_target, pipelined), PROMPTS)
+    assert [o.outputs[0].token_ids for o in outs] == reference[0]
+    accepted = [o.metrics.num_accepted_tokens for o in outs]
+    assert sum(o.metrics.num_draft_tokens for o in outs) > sum(accepted) > 0 and len(set(accepted)) > 1
 
 
-def test_killing_the_draft_worker_loses_nothing(pools, tiny_target, reference):
-    import time
-
-    engine = make_engine(pools, tiny_target)
+def test_killing_the_draft_worker_loses_nothing(target_pool, draft_pool, tiny_target, reference):
+    engine = make_engine(target_pool, draft_pool, tiny_target, pipelined=True)
     ids = [engine.add_request(p, GREEDY) for p in PROMPTS]
     done = {}
     for _ in range(3):
         engine.step()
-    ray.kill(pools[1].actor, no_restart=False)  # Ray restarts it; the engine decodes target-only meanwhile
+    ray.kill(draft_pool.actor, no_restart=False)  # Ray restarts it; the engine decodes target-only meanwhile
     drafted_at_kill = engine.stats.num_draft_tokens
     while engine.has_unfinished():
         for out in engine.step():
             if out.finished:
                 done[out.request_id] = out
         time.sleep(0.01)
-    assert [done[i].outputs[0].token_ids for i in ids] == reference
+    assert [done[i].outputs[0].token_ids for i in ids] == reference[0]
+    assert engine.stats.draft_fallbacks >= 1
     deadline = time.monotonic() + 180
-    while not pools[1].healthy:  # Ray restarts the worker (a fresh process loads the draft again)
+    while not draft_pool.healthy:  # Ray restarts the worker (a fresh process loads the draft again)
         assert time.monotonic() < deadline, "the draft worker did not come back"
         time.sleep(0.2)
     again = run(engine, PROMPTS)  # speculation resumes, rebuilt from the full histories
-    assert [o.outputs[0].token_ids for o in again] == reference
+    assert [o.outputs[0].token_ids for o in again] == reference[0]
     assert engine.stats.num_draft_tokens > drafted_at_kill
+
+
+@pytest.fixture()
+def grpc_drafter(tiny_draft):
+    from specray.actors.specs import DraftSpec
+    from specray.cluster.draft_endpoint import DraftEndpoint
+    from specray.cluster.grpc_drafter import serve_drafter
+
+    server, port = serve_drafter(DraftEndpoint.from_spec(DraftSpec("draft_model", str(tiny_draft), threads=1)),
+                                 "127.0.0.1:0")
+    yield f"127.0.0.1:{port}"
+    server.stop(grace=0)
+
+
+@pytest.mark.parametrize("transport", ["ray", "torch_distributed", "grpc"])
+def test_every_transport_gives_identical_outputs(target_pool, tiny_target, tiny_draft, reference, transport,
+                                                 request):
+    cfg = config(tiny_target, tiny_draft, transport)
+    if transport == "grpc":
+        cfg = cfg.with_overrides(**{"transport.drafter_address": request.getfixturevalue("grpc_drafter")})
+    pool = build_draft_pool(cfg)
+    try:
+        engine = make_engine(target_pool, pool, tiny_target, pipelined=True)
+        assert [o.outputs[0].token_ids for o in run(engine, PROMPTS)] == reference[0]
+        assert [o.outputs[0].token_ids for o in run(engine, [PROMPTS[0]] * 3, SAMPLED)] == reference[1]
+        stats = pool.stats
+        assert stats.rounds > 0 and stats.bytes_sent > 0 and stats.bytes_received > 0
+    finally:
+        if hasattr(pool, "close"):
+            pool.close()
+
+
+def test_target_failure_is_retryable_and_the_pool_recovers(ray_cluster, tiny_target, tiny_draft, reference):
+    from specray.cluster.pools import RayTargetPool
+
+    cfg = config(tiny_target, tiny_draft)
+    pool = RayTargetPool(target_spec(cfg), placement(cfg.pools.target))
+    try:
+        engine = make_engine(pool, None, tiny_target)
+        for p in PROMPTS:
+            engine.add_request(p, GREEDY)
+        engine.step()
+        ray.kill(pool.actors[0], no_restart=True)
+        with pytest.raises(TargetUnavailable, match="retry"):
+            for _ in range(50):
+                engine.step()
+        assert sorted(engine.fail_all(), key=int) == [str(i) for i in range(len(PROMPTS))]
+        assert not engine.has_unfinished() and engine.reserved_tokens == 0
+        again = run(engine, PROMPTS)  # fresh workers, same outputs
+        assert [o.outputs[0].token_ids for o in again] == reference[0]
+    finally:
+        pool.close()
