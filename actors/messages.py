@@ -30,6 +30,9 @@ class TargetItem:
     new_token_ids: list[int]
     proposal: Proposal
     spec: SeqSpec | None = None  # set on the first step of a sequence
+    # Verification rule the router picked from the proposal's kind (kernels/proposal.py RULES);
+    # None: the worker picks it the same way. A rule that cannot verify the proposal is an error.
+    rule: str | None = None
 
     def __post_init__(self) -> None:
         assert len(self.new_token_ids) >= 1
@@ -45,8 +48,10 @@ class DraftItem:
 
     seq_id: object
     committed_delta: list[int]
-    num_draft_tokens: int
+    num_draft_tokens: int  # chain length, or the depth of a tree
     spec: SeqSpec | None = None
+    verify_budget: int | None = None  # most draft tokens (tree nodes) the target verifies this round
 
     def __post_init__(self) -> None:
         assert self.num_draft_tokens >= 0
+        assert self.verify_budget is None or self.verify_budget >= 0

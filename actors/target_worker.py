@@ -11,10 +11,11 @@ from specray.actors.specs import TargetSpec
 from specray.kernels.loader import DTYPES, load_model, resolve
 from specray.kernels.batch import RaggedBatch, SeqChunk, pad_uniform
 from specray.kernels.model import LlamaModel
-from specray.kernels.proposal import VerifyResult
+from specray.kernels.proposal import RULES, VerifyResult, pick_rule
 from specray.kernels.sampling import make_generator, processed_probs
 from specray.kernels.tensor_parallel import check_shardable, init_distributed, shard_model
 from specray.kernels.verify import verify_greedy, verify_speculative
+from specray.kernels.verify_tree import check_rule, verify_trees
 
 
 @dataclass
@@ -59,51 +60,76 @@ class TargetWorker:
     def step(self, items: list[TargetItem]) -> list[VerifyResult]:
         """Run prefill and verification for every item in one ragged forward pass.
 
+        Trees ride in the same pass (tree mask, RoPE position = depth); afterwards the accepted
+        path's KV is compacted into place and the rest of the tree's slots are dropped.
         Tensor-parallel ranks all get the same call: their gathered logits and seeded generators are
         the same, so each returns the same results and keeps its KV shard in step.
         """
         for item in items:
             if item.spec is not None:
                 self.seqs[item.seq_id] = _TargetSeq(item.spec, make_generator(item.spec.seed))
-        chunks = [SeqChunk(i.seq_id, i.new_token_ids + i.proposal.draft_token_ids,
-                           self.cache.num_cached(i.seq_id), num_logits=i.proposal.num_draft_tokens + 1)
-                  for i in items]
-        laid_out = pad_uniform(chunks) if self.pad_batches and len(chunks) > 1 else chunks
+        rules = [self._rule(i) for i in items]  # validated before any KV is written
+        chunks = [self._chunk(i) for i in items]
+        trees = any(c.parents is not None for c in chunks)
+        laid_out = pad_uniform(chunks) if self.pad_batches and len(chunks) > 1 and not trees else chunks
         logits = self.model(RaggedBatch.build(laid_out, self.cache, self.model.embed_tokens.device), self.cache)
-        results = self._verify(items, logits)  # logits [sum(k + 1), vocab_size]
+        results = self._verify(items, rules, logits)  # logits [sum(n + 1), vocab_size]
         for item, chunk, res in zip(items, chunks, results, strict=True):
-            self.cache.set_cached(item.seq_id, chunk.context_len + len(item.new_token_ids) + res.num_accepted)
+            base = chunk.context_len + len(item.new_token_ids)
+            if res.accepted_nodes is not None:
+                self.cache.compact(item.seq_id, base, [base + node for node in res.accepted_nodes])
+            self.cache.set_cached(item.seq_id, base + res.num_accepted)
         self._attach_logprobs(items, logits, results)
         return results
 
-    def _verify(self, items: list[TargetItem], logits: torch.Tensor) -> list[VerifyResult]:
-        """Dispatch each sequence to its rule: greedy, or speculative sampling (with or without p)."""
+    def _rule(self, item: TargetItem) -> str:
+        greedy = self.seqs[item.seq_id].spec.sampling.greedy
+        rule = item.rule or pick_rule(item.proposal, greedy)
+        if rule not in RULES:
+            raise ValueError(f"unknown verification rule {rule!r}; choose one of {RULES}")
+        if greedy and rule != "greedy":
+            raise ValueError(f"a greedy request is verified by the greedy rule, not {rule!r}")
+        check_rule(rule, item.proposal)
+        return rule
+
+    def _chunk(self, item: TargetItem) -> SeqChunk:
+        """New committed tokens (a chain), then the draft tokens: a chain or a tree under the pending token."""
+        proposal, m = item.proposal, len(item.new_token_ids)
+        parents = None
+        if proposal.is_tree:
+            parents = list(range(-1, m - 1)) + [m - 1 if p < 0 else m + p for p in proposal.tree_parents()]
+        return SeqChunk(item.seq_id, item.new_token_ids + proposal.draft_token_ids,
+                        self.cache.num_cached(item.seq_id), parents, num_logits=proposal.num_draft_tokens + 1)
+
+    def _verify(self, items: list[TargetItem], rules: list[str], logits: torch.Tensor) -> list[VerifyResult]:
+        """Dispatch each sequence to its rule; chains go through the vectorised chain rules."""
         row0, rows = 0, []
         for item in items:
             rows.append(torch.arange(row0, row0 + item.proposal.num_draft_tokens + 1))
             row0 += item.proposal.num_draft_tokens + 1
         groups: dict[str, list[int]] = {}
-        for b, item in enumerate(items):
-            spec = self.seqs[item.seq_id].spec
-            kind = "greedy" if spec.sampling.greedy else ("dense" if item.proposal.draft_probs is not None else "point")
-            groups.setdefault(kind, []).append(b)
+        for b, (item, rule) in enumerate(zip(items, rules, strict=True)):
+            shape = "tree" if item.proposal.is_tree else ("dense" if item.proposal.draft_probs is not None else "point")
+            groups.setdefault(f"{rule}/{shape}", []).append(b)
         results: list[VerifyResult | None] = [None] * len(items)
-        for kind, members in groups.items():
+        for key, members in groups.items():
+            rule, shape = key.split("/")
             sub_logits = logits[torch.cat([rows[b] for b in members])]
             drafts = [items[b].proposal for b in members]
-            cu = [0]
-            for d in drafts:
-                cu.append(cu[-1] + d.num_draft_tokens)
-            draft_ids = torch.tensor([t for d in drafts for t in d.draft_token_ids], dtype=torch.long)
-            if kind == "greedy":
-                out = verify_greedy(sub_logits, draft_ids, cu)
+            gens = [self.seqs[items[b].seq_id].generator for b in members]
+            if rule == "greedy" and shape == "tree":
+                out = verify_trees("greedy", sub_logits, drafts, gens)
+            elif rule == "greedy":
+                out = verify_greedy(sub_logits, _draft_ids(drafts), _cu(drafts))
             else:
                 configs = [self.seqs[items[b].seq_id].spec.sampling for b in members
                            for _ in range(items[b].proposal.num_draft_tokens + 1)]
                 q = processed_probs(sub_logits, configs)
-                p = torch.cat([d.draft_probs for d in drafts]) if kind == "dense" else None
-                gens = [self.seqs[items[b].seq_id].generator for b in members]
-                out = verify_speculative(q, draft_ids, cu, p, gens)
+                if shape == "tree":
+                    out = verify_trees(rule, q, drafts, gens)
+                else:
+                    p = torch.cat([d.draft_probs for d in drafts]) if shape == "dense" else None
+                    out = verify_speculative(q, _draft_ids(drafts), _cu(drafts), p, gens)
             for b, res in zip(members, out, strict=True):
                 results[b] = res
         return results  # type: ignore[return-value]
@@ -114,7 +140,8 @@ class TargetWorker:
             n = self.seqs[item.seq_id].spec.logprobs
             if n is not None:
                 emitted = res.emitted_token_ids
-                logp = logits[row0:row0 + len(emitted)].log_softmax(-1)  # [emitted, vocab_size]
+                rows = torch.tensor([0] + [1 + node for node in res.path_nodes()]) + row0  # [emitted]
+                logp = logits[rows].log_softmax(-1)  # [emitted, vocab_size]
                 top = logp.topk(n, dim=-1) if n > 0 else None
                 res.logprobs = []
                 for j, tok in enumerate(emitted):
@@ -127,3 +154,14 @@ class TargetWorker:
     def release(self, seq_id: object) -> None:
         self.seqs.pop(seq_id, None)
         self.cache.free(seq_id)
+
+
+def _draft_ids(drafts) -> torch.Tensor:
+    return torch.tensor([t for d in drafts for t in d.draft_token_ids], dtype=torch.long)  # [num_draft]
+
+
+def _cu(drafts) -> list[int]:
+    cu = [0]
+    for d in drafts:
+        cu.append(cu[-1] + d.num_draft_tokens)
+    return cu

@@ -1,6 +1,7 @@
 """Paged KV cache: fixed-size blocks, a block table per sequence, a free list.
 
-Rolling back rejected tokens is a length update (`truncate`), never a copy.
+Rolling back rejected chain tokens is a length update (`set_cached`), never a copy. A verified
+tree's accepted path is scattered over scratch slots; `compact` moves it into place.
 """
 
 from __future__ import annotations
@@ -86,3 +87,15 @@ class PagedKVCache:
         idx = torch.arange(start, end)
         table = torch.tensor(blocks, dtype=torch.long)
         return table[idx // self.block_size] * self.block_size + idx % self.block_size
+
+    def compact(self, seq_id: object, start: int, positions: list[int]) -> None:
+        """Move the KV at token `positions` (ascending, each >= its destination) to positions
+        start, start + 1, ...: the accepted path of a verified tree, written in tree order."""
+        assert all(p >= start + j for j, p in enumerate(positions))
+        assert all(a < b for a, b in zip(positions, positions[1:]))
+        moved = [(start + j, p) for j, p in enumerate(positions) if p != start + j]
+        if not moved:
+            return
+        dst = self.slots(seq_id, 0, start + len(positions))[[d for d, _ in moved]]
+        src = self.slots(seq_id, 0, max(positions) + 1)[[s for _, s in moved]]
+        self.kv[:, :, dst] = self.kv[:, :, src]  # the right side is gathered first: overlaps are safe

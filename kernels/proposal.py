@@ -113,3 +113,8 @@ class VerifyResult:
     def path_nodes(self) -> list[int]:
         """[num_accepted] accepted node indices, chains included."""
         return self.accepted_nodes if self.accepted_nodes is not None else list(range(self.num_accepted))
+
+
+def pick_rule(proposal: Proposal, greedy: bool) -> str:
+    """The rule that verifies `proposal` exactly: greedy for greedy requests, else by its kind."""
+    return "greedy" if greedy else RULE_FOR_KIND[proposal.kind]
