@@ -25,6 +25,7 @@ from specray.cluster.async_engine import AsyncEngine, QueueFullError
 from specray.cluster.grpc_convert import GrpcAbort
 from specray.cluster.metrics import ServingMetrics
 from specray.cluster.outputs import RequestOutput
+from specray.cluster.pool_api import TargetUnavailable
 from specray.protos.specray.v1 import generate_pb2 as pb
 from specray.protos.specray.v1 import generate_pb2_grpc
 
@@ -164,6 +165,8 @@ class GenerationService:
                                                      "the request was aborted") from None
         except QueueFullError as e:
             raise self._fail(Code.RESOURCE_EXHAUSTED, str(e)) from None
+        except TargetUnavailable as e:  # the target lost its KV; the client may retry at once
+            raise self._fail(Code.UNAVAILABLE, str(e)) from None
         except ValueError as e:
             raise self._fail(Code.INVALID_ARGUMENT, str(e)) from None
         except asyncio.CancelledError:

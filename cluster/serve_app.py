@@ -10,23 +10,42 @@ from __future__ import annotations
 
 from typing import Any
 
+from specray.cluster.grpc_service import GenerationService, serve_stream, serve_unary
 from specray.cluster.openai_api import OpenAIServer
 from specray.cluster.runtime import build_runtime
 from specray.cluster.serve_config import ServeConfig
 
 
 class SpecrayServer:
-    """A plain class; cluster/builder.py turns it into the Serve deployment."""
+    """A plain class; cluster/builder.py turns it into the Serve deployment. HTTP and gRPC share
+    one router and one Prometheus registry."""
 
     def __init__(self, config: dict[str, Any]):
         self.config = ServeConfig.from_dict(config)
         self.runtime = build_runtime(self.config)
-        rt = self.runtime
-        self.http = OpenAIServer(rt.async_engine, rt.tokenizer, self.config.model_name, rt.api_key,
-                                 self.config.http.default_max_tokens)
+        rt, cfg = self.runtime, self.config
+        self.http = OpenAIServer(rt.async_engine, rt.tokenizer, cfg.model_name, rt.api_key, cfg.http.default_max_tokens)
+        spec = cfg.speculative
+        self.generation = GenerationService(rt.async_engine, rt.tokenizer, cfg.model_name, api_key=rt.api_key,
+                                            metrics=self.http.metrics, default_max_tokens=cfg.http.default_max_tokens,
+                                            speculative_method=spec.method if spec else "")
 
     def __serve_build_asgi_app__(self):
         return self.http.app
+
+    # -- gRPC through Serve's gRPC ingress: method names are the rpc names -------------------
+    async def Generate(self, request, grpc_context=None):
+        async for msg in serve_stream(self.generation.generate, request, grpc_context):
+            yield msg
+
+    async def Complete(self, request, grpc_context=None):
+        return await serve_unary(self.generation.complete, request, grpc_context)
+
+    async def ListModels(self, request, grpc_context=None):
+        return await serve_unary(self.generation.list_models, request, grpc_context)
+
+    async def Check(self, request, grpc_context=None):  # grpc.health.v1.Health
+        return await serve_unary(self.generation.check_health, request, grpc_context)
 
     def placement(self) -> dict:
         """Where the pools' workers run: names (for `ray.get_actor`), namespace and node ids."""
@@ -35,7 +54,11 @@ class SpecrayServer:
         rt = self.runtime
         out = {"namespace": namespace(), "target": list(zip(rt.target_pool.worker_names(), rt.target_pool.node_ids()))}
         if rt.draft_pool is not None and hasattr(rt.draft_pool, "node_id"):
-            out["draft"] = list(zip(rt.draft_pool.worker_names(), [rt.draft_pool.node_id()]))
+            try:
+                node = rt.draft_pool.node_id()
+            except Exception:  # noqa: BLE001 - restarting: its node is not known right now
+                node = None
+            out["draft"] = list(zip(rt.draft_pool.worker_names(), [node]))
         return out
 
     def check_health(self) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib.util
 import os
 
-GRPC_SERVICER = "specray.protos.specray.v1.generate_pb2_grpc.add_GenerationServicer_to_server"
+GRPC_SERVICERS = ["specray.protos.specray.v1.generate_pb2_grpc.add_GenerationServicer_to_server",
+                  "grpc_health.v1.health_pb2_grpc.add_HealthServicer_to_server"]
 
 
 def grpc_available() -> bool:
@@ -20,7 +21,7 @@ def run_serve(cfg, app_name: str = "specray", proxy_location: str | None = None)
     from specray.cluster.serve_app import build_app
 
     grpc = cfg.grpc.enabled and grpc_available()
-    grpc_options = gRPCOptions(port=cfg.grpc.port, grpc_servicer_functions=[GRPC_SERVICER]) if grpc else None
+    grpc_options = gRPCOptions(port=cfg.grpc.port, grpc_servicer_functions=GRPC_SERVICERS) if grpc else None
     extra = {"proxy_location": proxy_location} if proxy_location else {}
     serve.start(http_options=HTTPOptions(host=cfg.http.host, port=cfg.http.port), grpc_options=grpc_options, **extra)
     serve.run(build_app({"config": cfg.model_dump()}), name=app_name, route_prefix="/")
