@@ -162,3 +162,21 @@ def test_target_failure_is_retryable_and_the_pool_recovers(ray_cluster, tiny_tar
         assert [o.outputs[0].token_ids for o in again] == reference[0]
     finally:
         pool.close()
+
+
+def test_tensor_parallel_target_pool_equals_single_worker(ray_cluster, tiny_target, tiny_draft, draft_pool,
+                                                          reference):
+    """Two target ranks on the target node, joined by torch.distributed (gloo): same tokens."""
+    from specray.cluster.pools import RayTargetPool
+
+    cfg = config(tiny_target, tiny_draft)
+    pool = RayTargetPool(target_spec(cfg), placement(cfg.pools.target), tp_size=2)
+    try:
+        assert pool.node_ids() == [ray_cluster["target"].node_id] * 2
+        assert ray.get([a.call.remote("tp_info") for a in pool.actors]) == [(0, 2), (1, 2)]
+        outs = run(make_engine(pool, draft_pool, tiny_target, pipelined=True), PROMPTS)
+        assert [o.outputs[0].token_ids for o in outs] == reference[0]
+        sampled = run(make_engine(pool, draft_pool, tiny_target), [PROMPTS[0]] * 3, SAMPLED)
+        assert [o.outputs[0].token_ids for o in sampled] == reference[1]
+    finally:
+        pool.close()

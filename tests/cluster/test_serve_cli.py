@@ -1,0 +1,79 @@
+"""`specray serve`: config file + flags resolve into one ServeConfig, bad config exits 2 with the
+reason, and the real command starts a local Ray cluster and answers HTTP requests."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from specray.cluster.cli import main
+from specray.cluster.http_server import free_port
+
+
+def test_dry_run_merges_file_and_flags(tmp_path, capsys):
+    import yaml
+
+    path = tmp_path / "serve.yaml"
+    path.write_text("model: some-model\nrouter: {max_num_seqs: 4}\nspeculative_config: {method: ngram, "
+                    "num_speculative_tokens: 3}\npools: {target: {threads: 2}}\n")
+    assert main(["serve", "--config", str(path), "--port", "8123", "--no-pipeline", "--dry-run"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["model"] == "some-model" and cfg["http"]["port"] == 8123 and cfg["router"]["max_num_seqs"] == 4
+    assert cfg["router"]["pipelined"] is False and cfg["speculative_config"]["num_speculative_tokens"] == 3
+    assert cfg["pools"]["target"]["threads"] == 2 and cfg["pools"]["target"]["resources"] == {"target": 1.0}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("routr: {}\n", "routr: unknown key"),
+    ("router: {max_num_seqs: 0}\n", "router.max_num_seqs"),
+    ("speculative_config: {method: magic}\n", "unknown speculative method"),
+    ("transport: {kind: grpc}\n", "drafter_address"),
+    ("- a\n- b\n", "mapping"),
+])
+def test_bad_config_exits_2_with_the_reason(tmp_path, capsys, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    assert main(["serve", "--config", str(path), "--dry-run"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_speculation_flags(capsys):
+    import yaml
+
+    assert main(["serve", "--speculative-method", "none", "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] is None
+    assert main(["serve", "--draft-model", "d", "--speculative-method", "draft_model",
+                 "--num-speculative-tokens", "4", "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {
+        "num_speculative_tokens": 4, "method": "draft_model", "model": "d"}
+
+
+def test_specray_serve_starts_and_answers(tiny_target, tmp_path):
+    port = free_port()
+    env = {**os.environ, "RAY_ADDRESS": "", "SPECRAY_API_KEY": ""}
+    env.pop("RAY_ADDRESS")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specray.cluster.cli", "serve", "--model", str(tiny_target), "--host", "127.0.0.1",
+         "--port", str(port), "--grpc-port", str(free_port()), "--kv-cache-tokens", "4096"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+    banner = []
+    try:
+        deadline = time.monotonic() + 240
+        while not any("Ctrl-C" in line for line in banner):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(banner[-40:])
+            banner.append(proc.stdout.readline())
+        text = "".join(banner)
+        assert f"http://127.0.0.1:{port}/v1" in text and "curl" in text and "gRPC" in text
+        resp = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+                          json={"prompt": [1, 5, 9, 5, 9], "max_tokens": 8, "temperature": 0})
+        assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
