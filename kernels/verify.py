@@ -45,6 +45,7 @@ def verify_greedy(target_logits: torch.Tensor, draft_token_ids: torch.Tensor,
 
     target_logits [num_rows, vocab_size]; draft_token_ids [num_draft].
     """
+    draft_token_ids = draft_token_ids.to(target_logits.device)  # proposals arrive on the host
     argmax = target_logits.argmax(-1)  # [num_rows]
     accept = argmax[draft_rows(cu_draft)] == draft_token_ids
     num_accepted = first_rejection(accept, cu_draft)
@@ -69,9 +70,12 @@ def verify_speculative(target_probs: torch.Tensor, draft_token_ids: torch.Tensor
     target_probs [num_rows, vocab_size] (processed q); draft_token_ids [num_draft];
     draft_probs [num_draft, vocab_size] (processed p), None for deterministic proposals (p = point mass).
     """
-    rows = draft_rows(cu_draft)
+    device = target_probs.device  # proposals arrive on the host; verify where the target ran
+    draft_token_ids = draft_token_ids.to(device)
+    draft_probs = None if draft_probs is None else draft_probs.to(device)
+    rows = draft_rows(cu_draft).to(device)
     q_x = target_probs[rows, draft_token_ids]  # [num_draft]
-    p_x = torch.ones_like(q_x) if draft_probs is None else draft_probs[torch.arange(len(rows)), draft_token_ids]
+    p_x = torch.ones_like(q_x) if draft_probs is None else draft_probs[torch.arange(len(rows), device=device), draft_token_ids]
     counts = [cu_draft[b + 1] - cu_draft[b] for b in range(len(cu_draft) - 1)]
     u = uniforms(counts, generators, device=target_probs.device)  # [num_draft]
     num_accepted = first_rejection(u * p_x < q_x, cu_draft)
