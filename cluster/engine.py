@@ -22,7 +22,7 @@ from specray.cluster.pipeline import Pipeline
 from specray.cluster.pool_api import (DraftPool, DraftUnavailable, Pending, TargetPool,  # noqa: F401
                                       TargetUnavailable)
 from specray.cluster.sequence import Sequence
-from specray.kernels.proposal import Proposal, VerifyResult
+from specray.kernels.proposal import Proposal, VerifyResult, pick_rule
 
 
 @dataclass
@@ -100,7 +100,8 @@ class Engine:
 
     # -- scheduling -------------------------------------------------------------------------
     def _reservation(self, prompt_len: int, params: SamplingParams) -> int:
-        tokens = min(prompt_len + params.max_tokens, self.config.max_model_len) + self.config.num_speculative_tokens + 1
+        spec_tokens = max(self.config.num_speculative_tokens, self.config.max_draft_tokens)  # a tree's nodes
+        tokens = min(prompt_len + params.max_tokens, self.config.max_model_len) + spec_tokens + 1
         bs = self.config.block_size
         return -(-tokens // bs) * bs
 
@@ -121,12 +122,16 @@ class Engine:
         return admitted
 
     def num_draft_tokens(self, seq: Sequence) -> int:
-        """This round's speculation length: the request's own or the default, capped by load."""
+        """This round's speculation length (a chain's length, a tree's depth): the request's own or
+        the default, capped by load, by what the request may still emit and by the verify budget
+        (a tree of depth L holds at least L nodes)."""
         if self.draft is None:
             return 0
         k = seq.params.num_speculative_tokens
         k = self.config.num_speculative_tokens if k is None else k
-        return min(k, self.config.draft_cap(len(self.running)), seq.max_draft_tokens())
+        budget = self.config.verify_budget
+        return min(k, self.config.draft_cap(len(self.running)), seq.max_draft_tokens(),
+                   k if budget is None else budget)
 
     # -- the round's parts (shared by the sync round and the pipeline) ----------------------
     def submit_propose(self, seqs: list[Sequence]) -> Pending[list[Proposal]] | None:
@@ -137,7 +142,7 @@ class Engine:
         for seq in seqs:
             delta = seq.token_ids[seq.draft_sent:]
             items.append(DraftItem(seq.seq_id, delta, self.num_draft_tokens(seq),
-                                   seq.spec() if seq.draft_sent == 0 else None))
+                                   seq.spec() if seq.draft_sent == 0 else None, self.config.verify_budget))
             seq.draft_sent = seq.num_tokens
         try:
             return self.draft.submit_propose(items)
@@ -172,10 +177,18 @@ class Engine:
         items = []
         for seq in seqs:
             if seq.output_token_ids:
-                items.append(TargetItem(seq.seq_id, seq.output_token_ids[-1:], proposals.get(seq.seq_id, Proposal([]))))
+                proposal = proposals.get(seq.seq_id, Proposal([]))
+                self._check_budget(proposal)
+                rule = pick_rule(proposal, seq.params.temperature == 0.0)  # the router picks the rule from the kind
+                items.append(TargetItem(seq.seq_id, seq.output_token_ids[-1:], proposal, rule=rule))
             else:  # prefill: the first token comes from the prompt's last position
                 items.append(TargetItem(seq.seq_id, list(seq.prompt_token_ids), Proposal([]), seq.spec()))
         return self.target.submit_step(items)
+
+    def _check_budget(self, proposal: Proposal) -> None:
+        budget = self.config.verify_budget
+        if budget is not None and proposal.num_draft_tokens > budget:
+            raise ValueError(f"a proposal of {proposal.num_draft_tokens} draft tokens exceeds verify_budget {budget}")
 
     def collect_verify(self, seqs: list[Sequence], pending: Pending[list[VerifyResult]]) -> list[Sequence]:
         """Commit the results of still-running sequences; returns the ones committed."""

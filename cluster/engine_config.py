@@ -18,6 +18,8 @@ class EngineConfig:
     # (min running sequences, draft tokens at most), ascending: speculation shortens, then stops, under load
     speculation_schedule: tuple[tuple[int, int], ...] = ()
     pipelined: bool = False  # two groups in flight: draft one while the target verifies the other
+    verify_budget: int | None = None  # draft tokens (tree nodes) verified per sequence per round at most
+    max_draft_tokens: int = 0  # the most draft tokens (tree nodes) one round verifies: KV reserved for them
 
     def __post_init__(self) -> None:
         assert self.max_model_len >= 2 and self.max_num_seqs >= 1 and self.num_speculative_tokens >= 0
@@ -44,7 +46,9 @@ def engine_config(model_config, tokenizer, spec, max_model_len: int | None, max_
         max_model_len=max_model_len or limit, vocab_size=model_config.vocab_size,
         kv_capacity_tokens=num_blocks * block_size, block_size=block_size, max_num_seqs=max_num_seqs,
         num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
-        speculation_schedule=spec.schedule() if spec else (), pipelined=pipelined and spec is not None), eos
+        speculation_schedule=spec.schedule() if spec else (), pipelined=pipelined and spec is not None,
+        verify_budget=spec.verify_budget if spec else None,
+        max_draft_tokens=spec.max_draft_tokens() if spec else 0), eos
 
 
 @dataclass

@@ -13,7 +13,8 @@ from specray.kernels.sampling import SamplingConfig
 
 @dataclass
 class DraftRequest:
-    """Ask for up to `num_draft_tokens` draft tokens after the committed `token_ids`.
+    """Ask for up to `num_draft_tokens` draft tokens after the committed `token_ids` (a chain's
+    length, or a tree's depth), holding at most `verify_budget` draft tokens in all.
 
     `num_draft_tokens` 0 still lets a stateful drafter catch up with the committed tokens
     (calibration), so that its state stays in step while speculation is off.
@@ -24,9 +25,11 @@ class DraftRequest:
     num_draft_tokens: int
     sampling: SamplingConfig
     generator: torch.Generator | None = None
+    verify_budget: int | None = None  # most draft tokens (tree nodes) this proposal may hold
 
     def __post_init__(self) -> None:
         assert self.num_draft_tokens >= 0 and len(self.token_ids) >= 1
+        assert self.verify_budget is None or self.verify_budget >= 0
 
 
 class Drafter(Protocol):

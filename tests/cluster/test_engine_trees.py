@@ -1,0 +1,61 @@
+"""Tree and multi-draft speculation end to end on tiny fp32 models: greedy output with every tree
+method equals non-speculative greedy output token for token (DESIGN §8 tier 4), budgets hold,
+and configuration errors are clear."""
+
+import pytest
+
+from specray import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+TREES = {
+    "rsd_c": {"kind": "rsd_c", "branching": [3, 2, 1]},
+    "rsd_s": {"kind": "rsd_s", "width": 3},
+    "spectr": {"kind": "spectr", "k": 3},
+    "topk": {"kind": "topk", "k": 3, "width": 3},
+}
+
+
+def prompts(n):
+    return [{"prompt_token_ids": [1] + [3 + (i * 7 + j * 13) % 90 for j in range(3 + i % 4)] * 2} for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_target):
+    llm = LLM(str(tiny_target), kv_cache_tokens=8192)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts(5), GREEDY)]
+
+
+@pytest.mark.parametrize("tree", sorted(TREES))
+def test_greedy_trees_equal_non_speculative(tiny_target, tiny_draft, reference, tree):
+    llm = LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 3,
+                                                    "tree": TREES[tree]}, kv_cache_tokens=8192)
+    outs = llm.generate(prompts(5), GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    accepted = sum(o.metrics.num_accepted_tokens for o in outs)
+    assert accepted > 0
+
+
+def test_verify_budget_caps_every_round(tiny_target, tiny_draft, reference):
+    llm = LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 3,
+                                                    "tree": TREES["rsd_c"], "verify_budget": 4},
+              kv_cache_tokens=8192)
+    outs = llm.generate(prompts(5), GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    for o in outs:
+        assert o.metrics.num_draft_tokens <= 4 * o.metrics.num_rounds
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"tree": {"kind": "beam"}}, "unknown tree kind"),
+    ({"tree": {"kind": "rsd_c", "branching": [2], "width": 3}}, "unknown keys"),
+    ({"tree": {"kind": "rsd_c"}}, "branching"),
+    ({"tree": {"kind": "spectr", "k": 0}}, "k must be"),
+    ({"verify_budget": 0}, "verify_budget"),
+    ({"method": "ngram", "tree": {"kind": "topk"}}, "needs method 'draft_model'"),
+])
+def test_tree_config_errors_are_clear(tiny_target, tiny_draft, bad, match):
+    cfg = {"model": str(tiny_draft), **bad}
+    if cfg.get("method") == "ngram":
+        cfg.pop("model")
+    with pytest.raises(ValueError, match=match):
+        LLM(str(tiny_target), speculative_config=cfg)
