@@ -77,8 +77,12 @@ def uniforms(counts: list[int], generators: Generators, device="cpu") -> torch.T
     """[sum(counts)] U(0, 1) draws; sequence i's `counts[i]` draws come from its own generator."""
     total = sum(counts)
     if not isinstance(generators, list):
-        return torch.rand(total, generator=generators, device=device)
-    parts = [torch.rand(n, generator=g, device=device) for n, g in zip(counts, generators, strict=True)]
+        gen_device = device if generators is None else generators.device
+        return torch.rand(total, generator=generators, device=gen_device).to(device)
+    # A seeded sequence draws on its generator's device (the host), so its draws are the same
+    # whether the model runs on CPU or GPU; one small copy per round.
+    parts = [torch.rand(n, generator=g, device=device if g is None else g.device).to(device)
+             for n, g in zip(counts, generators, strict=True)]
     return torch.cat(parts) if parts else torch.empty(0, device=device)
 
 
