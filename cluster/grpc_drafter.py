@@ -18,7 +18,7 @@ import torch
 from specray.actors.messages import DraftItem, SeqSpec
 from specray.cluster.draft_endpoint import DraftEndpoint, TransportStats
 from specray.cluster.pool_api import DraftUnavailable
-from specray.kernels.proposal import Proposal
+from specray.kernels.proposal import KINDS, Proposal
 from specray.kernels.sampling import SamplingConfig
 from specray.protos.specray.v1 import drafter_pb2 as pb
 from specray.protos.specray.v1 import drafter_pb2_grpc as pb_grpc
@@ -30,6 +30,8 @@ def items_to_proto(items: list[DraftItem]) -> pb.ProposeRequest:
     for i in items:
         m = out.items.add(seq_id=str(i.seq_id), committed_delta=i.committed_delta,
                           num_draft_tokens=i.num_draft_tokens)
+        if i.verify_budget is not None:
+            m.verify_budget = i.verify_budget
         if i.spec is not None:
             s = i.spec.sampling
             m.spec.CopyFrom(pb.DraftSeqSpec(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p))
@@ -45,14 +47,19 @@ def items_from_proto(req: pb.ProposeRequest) -> list[DraftItem]:
         if m.HasField("spec"):
             sampling = SamplingConfig(m.spec.temperature, m.spec.top_k, m.spec.top_p)
             spec = SeqSpec(sampling, m.spec.seed if m.spec.HasField("seed") else None)
-        items.append(DraftItem(m.seq_id, list(m.committed_delta), m.num_draft_tokens, spec))
+        budget = m.verify_budget if m.HasField("verify_budget") else None
+        items.append(DraftItem(m.seq_id, list(m.committed_delta), m.num_draft_tokens, spec, budget))
     return items
 
 
 def proposals_to_proto(proposals: list[Proposal]) -> pb.ProposeResponse:
     out = pb.ProposeResponse()
     for p in proposals:
-        m = out.proposals.add(draft_token_ids=p.draft_token_ids)
+        m = out.proposals.add(draft_token_ids=p.draft_token_ids, kind=KINDS.index(p.kind))
+        if p.is_tree:
+            m.parents.extend(p.tree_parents())
+        if p.counts is not None:
+            m.counts.extend(p.counts)
         if p.draft_probs is None or not p.draft_token_ids:
             continue
         probs = p.draft_probs.detach().to("cpu", torch.float32)  # [k, vocab_size]
@@ -82,7 +89,9 @@ def proposals_from_proto(resp: pb.ProposeResponse) -> list[Proposal]:
                 probs = torch.zeros(k, vocab)
                 probs[rows, torch.tensor(list(m.probs.indices), dtype=torch.long)] = torch.tensor(
                     list(m.probs.values), dtype=torch.float32)
-        out.append(Proposal(list(m.draft_token_ids), probs))
+        kind = KINDS[m.kind]  # enum values follow KINDS' order
+        out.append(Proposal(list(m.draft_token_ids), probs, list(m.parents) if kind != "chain" else None, kind,
+                            list(m.counts) if kind == "iid" else None))
     return out
 
 

@@ -5,7 +5,7 @@ bytes per round compare like for like.
 Proposal distributions travel sparse when that is exact: top-k / top-p drafting leaves most of a
 row exactly zero, and a row with at most a third of its entries nonzero costs less as
 (index, value) pairs. Values are the drafter's float32s, bit for bit, so verification sees the
-same p either way.
+same p either way. Trees travel as their kind, parent indices and (i.i.d. sets) chain counts.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from specray.actors.messages import DraftItem, SeqSpec
-from specray.kernels.proposal import Proposal
+from specray.kernels.proposal import KINDS, Proposal
 from specray.kernels.sampling import SamplingConfig
 
 _DTYPES = {0: np.int32, 1: np.float32, 2: np.int64, 3: np.uint8, 4: np.float64}
@@ -55,11 +55,12 @@ def encode_items(items: list[DraftItem]) -> bytes:
         np.array([s.sampling.top_k if s else 0 for s in specs], np.int32),
         np.array([s.sampling.top_p if s else 1 for s in specs], np.float64),
         np.array([-1 if s is None or s.seed is None else s.seed for s in specs], np.int64),
+        np.array([-1 if i.verify_budget is None else i.verify_budget for i in items], np.int32),
     ])
 
 
 def decode_items(buf: bytes) -> list[DraftItem]:
-    ids, lens, deltas, ks, has_spec, temps, top_ks, top_ps, seeds = unpack_arrays(buf)
+    ids, lens, deltas, ks, has_spec, temps, top_ks, top_ps, seeds, budgets = unpack_arrays(buf)
     names = bytes(ids).decode().split("\n") if len(lens) else []
     starts = np.concatenate([[0], np.cumsum(lens)])
     items = []
@@ -68,7 +69,8 @@ def decode_items(buf: bytes) -> list[DraftItem]:
         if has_spec[i]:
             sampling = SamplingConfig(float(temps[i]), int(top_ks[i]), float(top_ps[i]))
             spec = SeqSpec(sampling, None if seeds[i] < 0 else int(seeds[i]))
-        items.append(DraftItem(name, deltas[starts[i]:starts[i + 1]].tolist(), int(ks[i]), spec))
+        budget = None if budgets[i] < 0 else int(budgets[i])
+        items.append(DraftItem(name, deltas[starts[i]:starts[i + 1]].tolist(), int(ks[i]), spec, budget))
     return items
 
 
@@ -98,14 +100,24 @@ def encode_proposals(proposals: list[Proposal]) -> bytes:
         np.array([p.num_draft_tokens for p in proposals], np.int32),
         np.array([t for p in proposals for t in p.draft_token_ids], np.int32),
         cat(dense, np.float32), cat(nnz, np.int32), cat(indices, np.int32), cat(values, np.float32),
+        # trees: the proposal kind, parents of tree proposals, counts of iid proposals (in order)
+        np.array([KINDS.index(p.kind) for p in proposals], np.uint8),
+        np.array([x for p in proposals if p.is_tree for x in p.tree_parents()], np.int32),
+        np.array([x for p in proposals if p.counts is not None for x in p.counts], np.int32),
     ])
 
 
 def decode_proposals(buf: bytes) -> list[Proposal]:
-    vocab, kinds, ks, tokens, dense, nnz, indices, values = unpack_arrays(buf)
+    vocab, kinds, ks, tokens, dense, nnz, indices, values, tree_kinds, parents, counts = unpack_arrays(buf)
     vocab = int(vocab[0])
-    out, t0, d0, r0, e0 = [], 0, 0, 0, 0
-    for kind, k in zip(kinds.tolist(), ks.tolist()):
+    out, t0, d0, r0, e0, a0, c0 = [], 0, 0, 0, 0, 0, 0
+    for kind, k, tree_kind in zip(kinds.tolist(), ks.tolist(), tree_kinds.tolist(), strict=True):
+        proposal_kind = KINDS[tree_kind]
+        tree_parents = tree_counts = None
+        if proposal_kind != "chain":
+            tree_parents, a0 = parents[a0:a0 + k].tolist(), a0 + k
+        if proposal_kind == "iid":
+            tree_counts, c0 = counts[c0:c0 + k].tolist(), c0 + k
         draft = tokens[t0:t0 + k].tolist()
         t0 += k
         probs = None
@@ -119,7 +131,8 @@ def decode_proposals(buf: bytes) -> list[Proposal]:
             probs = torch.zeros(k, vocab)
             probs[rows, torch.from_numpy(indices[e0:e0 + n].astype(np.int64))] = torch.from_numpy(values[e0:e0 + n].copy())
             r0, e0 = r0 + k, e0 + n
-        out.append(Proposal(draft, probs))
+        out.append(Proposal(draft, probs, tree_parents, proposal_kind, tree_counts))
+    assert a0 == len(parents) and c0 == len(counts), "trailing tree entries: corrupt message"
     return out
 
 
