@@ -215,6 +215,8 @@ def add_bench_parser(sub) -> None:
     off.add_argument("--quick", action="store_true", help="4 prompts, 48 tokens, batch sizes <= 4 (~5 min)")
     off.add_argument("--out", default="bench_out")
     off.set_defaults(func=cmd_bench_offline)
+    from specray.cluster.bench_cluster import add_cluster_bench_parser
     from specray.cluster.bench_serve import add_serve_bench_parser
 
     add_serve_bench_parser(kinds)
+    add_cluster_bench_parser(kinds)

@@ -144,11 +144,14 @@ class Engine:
             items.append(DraftItem(seq.seq_id, delta, self.num_draft_tokens(seq),
                                    seq.spec() if seq.draft_sent == 0 else None, self.config.verify_budget))
             seq.draft_sent = seq.num_tokens
+        start = time.perf_counter()
         try:
             return self.draft.submit_propose(items)
         except DraftUnavailable:
             self._lose_draft_state()
             return None
+        finally:  # in-process pools compute here; remote ones only send
+            self.stats.draft_seconds += time.perf_counter() - start
 
     def collect_proposals(self, seqs: list[Sequence], pending: Pending | None) -> dict[str, Proposal]:
         proposals = {s.seq_id: Proposal([]) for s in seqs}
@@ -183,7 +186,11 @@ class Engine:
                 items.append(TargetItem(seq.seq_id, seq.output_token_ids[-1:], proposal, rule=rule))
             else:  # prefill: the first token comes from the prompt's last position
                 items.append(TargetItem(seq.seq_id, list(seq.prompt_token_ids), Proposal([]), seq.spec()))
-        return self.target.submit_step(items)
+        start = time.perf_counter()
+        try:
+            return self.target.submit_step(items)
+        finally:
+            self.stats.target_seconds += time.perf_counter() - start
 
     def _check_budget(self, proposal: Proposal) -> None:
         budget = self.config.verify_budget

@@ -23,6 +23,13 @@ def add_serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP and gRPC APIs on Ray",
                        description="With no flags: a local Ray cluster, SmolLM2-135M as the target, n-gram "
                                    "drafting. Flags override the --config file, which overrides defaults.")
+    add_serve_flags(p)
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config as YAML and exit")
+    p.set_defaults(func=cmd_serve)
+
+
+def add_serve_flags(p) -> None:
+    """Every flag that shapes a ServeConfig (shared with `specray bench cluster`)."""
     p.add_argument("--config", help="YAML file with ServeConfig keys (see README)")
     p.add_argument("--address", help="join this Ray cluster (e.g. auto or ray://host:10001) instead of starting one")
     p.add_argument("--model", help="target: alias, HF folder or .gguf file (default smollm2-135m)")
@@ -43,8 +50,6 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--max-waiting", type=int)
     p.add_argument("--kv-cache-tokens", type=int)
     p.add_argument("--max-model-len", type=int)
-    p.add_argument("--dry-run", action="store_true", help="print the resolved config as YAML and exit")
-    p.set_defaults(func=cmd_serve)
 
 
 def resolve_config(args):
@@ -97,6 +102,8 @@ def local_resources(cfg) -> dict[str, float]:
 def start_ray(cfg) -> None:
     import ray
 
+    if ray.is_initialized():  # embedded in a process that already joined a cluster
+        return
     if cfg.ray_address:
         ray.init(address=cfg.ray_address)
         return

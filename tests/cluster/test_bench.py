@@ -60,3 +60,22 @@ def test_bench_serve_against_a_live_server(tiny_target, tmp_path):
         assert wrong_key == 0 and json.loads((out / "serve.json").read_text())["levels"][0]["errors"] == 3
     engine.shutdown()
     assert (out / "serve.png").read_bytes()[:4] == b"\x89PNG" and (out / "serve.md").exists()
+
+
+def test_bench_cluster_closed_loop_and_table(tiny_target, tiny_draft):
+    """The pieces of `specray bench cluster` that the served/transport tests (test_serve_app,
+    test_ray_pools) do not run: the in-process closed loop and the report table."""
+    from specray import LLM, SamplingParams
+    from specray.cluster.bench_cluster import closed_loop, markdown
+
+    llm = LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 2},
+              max_num_seqs=2)
+    requests = [[1, 5 + i, 9, 12] * 2 for i in range(5)]
+    row = closed_loop(llm.engine, requests, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), 2)
+    assert row["completed"] == 5 and row["output_tokens"] == 30 and not llm.engine.has_unfinished()
+    served = {**row, "throughput_tokens_per_s": row["throughput_tokens_per_s"] / 2}
+    table = markdown({"model": "tiny", "speculative_config": {}, "max_tokens": 6, "num_requests": 5,
+                      "in_process": [row], "served_pipelined": [served],
+                      "transports": [{"transport": "ray", "bytes_sent_per_round": 1, "bytes_received_per_round": 2,
+                                      "round_trip_ms": 3, "throughput_tokens_per_s": 4}]})
+    assert "| served_pipelined | 2 |" in table and "0.50x" in table and "| ray | 1 | 2 | 3 | 4 |" in table

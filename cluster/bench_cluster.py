@@ -1,0 +1,184 @@
+"""`specray bench cluster`: the served path against the in-process engine, in one run.
+
+1. In-process engine, closed loop at each concurrency (a new request starts when one finishes).
+2. `specray serve`'s stack on a local Ray cluster (Serve HTTP -> router -> Ray pools), the same
+   closed loop over HTTP with streaming: pipelined router, then one group in flight.
+3. Each draft transport (ray, torch_distributed, grpc): bytes and latency per propose round,
+   read from the router's side of the link while the engine runs the same prompts.
+Writes cluster.json and cluster.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from specray.cluster.bench_prompts import load_prompts
+from specray.cluster.bench_serve import percentiles, run_level, summarise
+
+SCHEMA = "specray.bench.cluster/1"
+
+
+def chat_ids(tokenizer, prompt: str) -> list[int]:
+    return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                              tokenize=True))
+
+
+def closed_loop(engine, requests: list[list[int]], params, concurrency: int) -> dict:
+    """Keep `concurrency` requests in flight on an Engine; latency from each request's start."""
+    pending, started, e2e, tokens = list(requests), {}, [], 0
+    start = time.perf_counter()
+    while pending or engine.has_unfinished():
+        while pending and len(started) < concurrency:
+            rid = engine.add_request(pending.pop(0), params)
+            started[rid] = time.perf_counter()
+        for out in engine.step():
+            if out.finished:
+                e2e.append(time.perf_counter() - started.pop(out.request_id))
+                tokens += len(out.outputs[0].token_ids)
+    seconds = time.perf_counter() - start
+    return {"concurrency": concurrency, "completed": len(e2e), "output_tokens": tokens, "seconds": round(seconds, 3),
+            "throughput_tokens_per_s": round(tokens / seconds, 3), "e2e_s": percentiles(e2e)}
+
+
+def in_process(cfg, requests, params, levels) -> list[dict]:
+    from specray import LLM
+
+    rows = []
+    for c in levels:
+        llm = LLM(cfg.model, speculative_config=cfg.speculative_config, max_num_seqs=c,
+                  kv_cache_tokens=cfg.router.kv_cache_tokens, pipelined=False)
+        closed_loop(llm.engine, requests[:2], params, 2)  # warm-up, as the served path gets
+        rows.append(closed_loop(llm.engine, requests, params, c))
+        print(f"in-process c={c}: {rows[-1]['throughput_tokens_per_s']} tokens/s", flush=True)
+    return rows
+
+
+def served(cfg, bodies, levels, label) -> list[dict]:
+    from ray import serve
+
+    from specray.cluster.serve_run import run_serve
+
+    run_serve(cfg)
+    url = f"http://127.0.0.1:{cfg.http.port}"
+    asyncio.run(run_level(url, {}, bodies[:2], True, 2, None, 0))  # warm-up
+    rows = []
+    for c in levels:
+        samples, seconds = asyncio.run(run_level(url, {}, bodies, True, c, None, seed=c))
+        rows.append(summarise(c, None, samples, seconds))
+        print(f"{label} c={c}: {rows[-1]['throughput_tokens_per_s']} tokens/s, {rows[-1]['errors']} errors", flush=True)
+    serve.delete("specray")
+    return rows
+
+
+def transports(cfg, requests, params, concurrency: int) -> list[dict]:
+    """Bytes and latency per propose round for each draft transport, same prompts."""
+    from specray.cluster.engine import Engine, engine_config
+    from specray.cluster.http_server import free_port
+    from specray.cluster.pools import RayTargetPool
+    from specray.cluster.runtime import build_draft_pool, num_blocks, placement, target_spec
+    from specray.kernels.config import ModelConfig
+    from specray.kernels.loader import resolve
+
+    checkpoint = resolve(cfg.model)
+    tok = checkpoint.tokenizer()
+    target = RayTargetPool(target_spec(cfg), placement(cfg.pools.target))
+    rows = []
+    for kind in ("ray", "torch_distributed", "grpc"):
+        drafter, overrides = None, {"transport.kind": kind}
+        if kind == "grpc":
+            port = free_port()
+            spec = cfg.speculative
+            drafter = subprocess.Popen([sys.executable, "-m", "specray.cluster.cli", "drafter", "--method", spec.method,
+                                        "--host", "127.0.0.1", "--port", str(port)] +
+                                       (["--model", spec.model] if spec.model else []), stdout=subprocess.DEVNULL)
+            overrides["transport.drafter_address"] = f"127.0.0.1:{port}"
+        kcfg = cfg.with_overrides(**overrides)
+        pool = build_draft_pool(kcfg)
+        pool.ready()
+        econfig, eos = engine_config(ModelConfig.from_hf(checkpoint.hf_config()), tok, kcfg.speculative, None,
+                                     concurrency, num_blocks(kcfg), kcfg.router.block_size, pipelined=False)
+        result = closed_loop(Engine(target, pool, tok, eos, econfig), requests, params, concurrency)
+        s = pool.stats
+        rows.append({"transport": kind, "rounds": s.rounds, "bytes_sent_per_round": round(s.bytes_sent / s.rounds, 1),
+                     "bytes_received_per_round": round(s.bytes_received / s.rounds, 1),
+                     "round_trip_ms": round(1000 * s.seconds / s.rounds, 3),
+                     "throughput_tokens_per_s": result["throughput_tokens_per_s"]})
+        print(f"transport {kind}: {rows[-1]}", flush=True)
+        if hasattr(pool, "close"):
+            pool.close()
+        if drafter is not None:
+            drafter.terminate()
+    target.close()
+    return rows
+
+
+def markdown(report: dict) -> str:
+    lines = [f"model {report['model']}, speculation {report['speculative_config']}, {report['max_tokens']} max "
+             f"tokens, {report['num_requests']} requests per level", "",
+             "| path | concurrency | tokens/s | vs in-process | E2E p50/p99 s |", "|---|---|---|---|---|"]
+    base = {r["concurrency"]: r["throughput_tokens_per_s"] for r in report["in_process"]}
+    for label in ("in_process", "served_pipelined", "served_one_group"):
+        for r in report.get(label, []):
+            ratio = r["throughput_tokens_per_s"] / base[r["concurrency"]] if base.get(r["concurrency"]) else 0
+            e = r["e2e_s"]
+            lines.append(f"| {label} | {r['concurrency']} | {r['throughput_tokens_per_s']} | {ratio:.2f}x | "
+                         f"{e['p50']}/{e['p99']} |")
+    if report.get("transports"):
+        lines += ["", "| draft transport | bytes sent/round | bytes received/round | round trip ms | tokens/s |",
+                  "|---|---|---|---|---|"]
+        for t in report["transports"]:
+            lines.append(f"| {t['transport']} | {t['bytes_sent_per_round']} | {t['bytes_received_per_round']} | "
+                         f"{t['round_trip_ms']} | {t['throughput_tokens_per_s']} |")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_bench_cluster(args) -> int:
+    from specray.cluster.params import SamplingParams
+    from specray.cluster.serve_cli import resolve_config, start_ray
+    from specray.kernels.loader import resolve
+
+    cfg = resolve_config(args).with_overrides(**{"http.host": "127.0.0.1"})
+    prompts = [p["prompt"] for p in load_prompts(Path(args.dataset) if args.dataset else None, args.num_requests)]
+    prompts = (prompts * (1 + args.num_requests // max(1, len(prompts))))[:args.num_requests]
+    tok = resolve(cfg.model).tokenizer()
+    requests = [chat_ids(tok, p) for p in prompts]
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    bodies = [{"model": cfg.model_name, "messages": [{"role": "user", "content": p}], "max_tokens": args.max_tokens,
+               "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}} for p in prompts]
+    report = {"schema": SCHEMA, "model": cfg.model, "speculative_config": cfg.speculative_config,
+              "max_tokens": args.max_tokens, "num_requests": args.num_requests,
+              "in_process": in_process(cfg, requests, params, args.concurrency)}
+    start_ray(cfg)
+    report["served_pipelined"] = served(cfg.with_overrides(**{"router.pipelined": True}), bodies, args.concurrency,
+                                        "served pipelined")
+    report["served_one_group"] = served(cfg.with_overrides(**{"router.pipelined": False}), bodies, args.concurrency,
+                                        "served one group")
+    if cfg.speculative_config and not args.skip_transports:
+        report["transports"] = transports(cfg, requests[:8], params, min(8, max(args.concurrency)))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cluster.json").write_text(json.dumps(report, indent=2))
+    (out / "cluster.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+def add_cluster_bench_parser(kinds) -> None:
+    from specray.cluster.bench_offline import int_list
+    from specray.cluster.serve_cli import add_serve_flags
+
+    p = kinds.add_parser("cluster", help="served (Ray Serve + pools) vs in-process, and the draft transports",
+                         description="Takes every `specray serve` flag; runs both router modes itself.")
+    add_serve_flags(p)
+    p.add_argument("--concurrency", type=int_list, default=[1, 8, 16])
+    p.add_argument("--num-requests", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--dataset", default=None, help="JSONL of prompts (default: the packaged Spec-Bench subset)")
+    p.add_argument("--skip-transports", action="store_true")
+    p.add_argument("--out", default="bench_out")
+    p.set_defaults(func=cmd_bench_cluster)
