@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from specray.cluster.bench_prompts import load_prompts
-from specray.cluster.bench_serve import percentiles, run_level, summarise
+from specray.cluster.bench_serve import percentiles, run_level, run_level_grpc, summarise
 
 SCHEMA = "specray.bench.cluster/1"
 
@@ -30,19 +30,25 @@ def chat_ids(tokenizer, prompt: str) -> list[int]:
 
 def closed_loop(engine, requests: list[list[int]], params, concurrency: int) -> dict:
     """Keep `concurrency` requests in flight on an Engine; latency from each request's start."""
-    pending, started, e2e, tokens = list(requests), {}, [], 0
+    pending, started, e2e, tokens, first, tpot = list(requests), {}, [], 0, {}, []
     start = time.perf_counter()
     while pending or engine.has_unfinished():
         while pending and len(started) < concurrency:
             rid = engine.add_request(pending.pop(0), params)
             started[rid] = time.perf_counter()
         for out in engine.step():
+            now, n = time.perf_counter(), len(out.outputs[0].token_ids)
+            if n and out.request_id not in first:
+                first[out.request_id] = now
             if out.finished:
-                e2e.append(time.perf_counter() - started.pop(out.request_id))
-                tokens += len(out.outputs[0].token_ids)
+                e2e.append(now - started.pop(out.request_id))
+                if n > 1:
+                    tpot.append((now - first.pop(out.request_id)) / (n - 1))
+                tokens += n
     seconds = time.perf_counter() - start
     return {"concurrency": concurrency, "completed": len(e2e), "output_tokens": tokens, "seconds": round(seconds, 3),
-            "throughput_tokens_per_s": round(tokens / seconds, 3), "e2e_s": percentiles(e2e)}
+            "throughput_tokens_per_s": round(tokens / seconds, 3), "e2e_s": percentiles(e2e),
+            "tpot_s": percentiles(tpot)}
 
 
 def in_process(cfg, requests, params, levels) -> list[dict]:
@@ -58,21 +64,28 @@ def in_process(cfg, requests, params, levels) -> list[dict]:
     return rows
 
 
-def served(cfg, bodies, levels, label) -> list[dict]:
+def served(cfg, bodies, levels, label, grpc: bool = False) -> tuple[list[dict], list[dict]]:
+    """HTTP levels (and, with `grpc`, the same levels through the gRPC API) on one deployment."""
     from ray import serve
 
     from specray.cluster.serve_run import run_serve
 
-    run_serve(cfg)
-    url = f"http://127.0.0.1:{cfg.http.port}"
+    started = run_serve(cfg)
+    url, target = f"http://127.0.0.1:{cfg.http.port}", f"127.0.0.1:{cfg.grpc.port}"
     asyncio.run(run_level(url, {}, bodies[:2], True, 2, None, 0))  # warm-up
-    rows = []
-    for c in levels:
-        samples, seconds = asyncio.run(run_level(url, {}, bodies, True, c, None, seed=c))
-        rows.append(summarise(c, None, samples, seconds))
-        print(f"{label} c={c}: {rows[-1]['throughput_tokens_per_s']} tokens/s, {rows[-1]['errors']} errors", flush=True)
+    protocols = [("HTTP", lambda c: run_level(url, {}, bodies, True, c, None, seed=c))]
+    if grpc and started["grpc"]:
+        protocols.append(("gRPC", lambda c: run_level_grpc(target, None, bodies, True, c, None, seed=c)))
+    out: dict[str, list[dict]] = {"HTTP": [], "gRPC": []}
+    for name, level in protocols:
+        for c in levels:
+            samples, seconds = asyncio.run(level(c))
+            out[name].append(summarise(c, None, samples, seconds))
+            row = out[name][-1]
+            print(f"{label} {name} c={c}: {row['throughput_tokens_per_s']} tokens/s, {row['errors']} errors",
+                  flush=True)
     serve.delete("specray")
-    return rows
+    return out["HTTP"], out["gRPC"]
 
 
 def transports(cfg, requests, params, concurrency: int) -> list[dict]:
@@ -120,14 +133,15 @@ def transports(cfg, requests, params, concurrency: int) -> list[dict]:
 def markdown(report: dict) -> str:
     lines = [f"model {report['model']}, speculation {report['speculative_config']}, {report['max_tokens']} max "
              f"tokens, {report['num_requests']} requests per level", "",
-             "| path | concurrency | tokens/s | vs in-process | E2E p50/p99 s |", "|---|---|---|---|---|"]
+             "| path | concurrency | tokens/s | vs in-process | E2E p50/p99 s | TPOT p50 s |",
+             "|---|---|---|---|---|---|"]
     base = {r["concurrency"]: r["throughput_tokens_per_s"] for r in report["in_process"]}
-    for label in ("in_process", "served_pipelined", "served_one_group"):
+    for label in ("in_process", "served_pipelined", "served_pipelined_grpc", "served_one_group"):
         for r in report.get(label, []):
             ratio = r["throughput_tokens_per_s"] / base[r["concurrency"]] if base.get(r["concurrency"]) else 0
-            e = r["e2e_s"]
+            e, tpot = r["e2e_s"], r.get("tpot_s", {}).get("p50")
             lines.append(f"| {label} | {r['concurrency']} | {r['throughput_tokens_per_s']} | {ratio:.2f}x | "
-                         f"{e['p50']}/{e['p99']} |")
+                         f"{e['p50']}/{e['p99']} | {tpot if tpot is not None else '-'} |")
     if report.get("transports"):
         lines += ["", "| draft transport | bytes sent/round | bytes received/round | round trip ms | tokens/s |",
                   "|---|---|---|---|---|"]
@@ -154,10 +168,10 @@ def cmd_bench_cluster(args) -> int:
               "max_tokens": args.max_tokens, "num_requests": args.num_requests,
               "in_process": in_process(cfg, requests, params, args.concurrency)}
     start_ray(cfg)
-    report["served_pipelined"] = served(cfg.with_overrides(**{"router.pipelined": True}), bodies, args.concurrency,
-                                        "served pipelined")
-    report["served_one_group"] = served(cfg.with_overrides(**{"router.pipelined": False}), bodies, args.concurrency,
-                                        "served one group")
+    report["served_pipelined"], report["served_pipelined_grpc"] = served(
+        cfg.with_overrides(**{"router.pipelined": True}), bodies, args.concurrency, "served pipelined", grpc=True)
+    report["served_one_group"], _ = served(cfg.with_overrides(**{"router.pipelined": False}), bodies,
+                                           args.concurrency, "served one group")
     if cfg.speculative_config and not args.skip_transports:
         report["transports"] = transports(cfg, requests[:8], params, min(8, max(args.concurrency)))
     out = Path(args.out)

@@ -82,6 +82,45 @@ async def run_level(base: str, headers: dict, bodies: list[dict], chat: bool, co
     return samples, time.perf_counter() - start
 
 
+async def one_grpc_request(client, body: dict, chat: bool) -> Sample:
+    """The same request through specray's gRPC API (`specray.client.AsyncClient.stream`)."""
+    from specray.client import Sampling, SpecrayError
+
+    s = Sample(ok=False, start=time.perf_counter())
+    sampling = Sampling(max_tokens=body["max_tokens"], temperature=body["temperature"], seed=body.get("seed"))
+    prompt = None if chat else body["prompt"]
+    try:
+        stream = client.stream(prompt, messages=body.get("messages") if chat else None, sampling=sampling,
+                               model=body.get("model"))
+        async for delta in stream:
+            if delta.token_ids:
+                s.first = s.first or time.perf_counter()
+                s.tokens += len(delta.token_ids)
+        s.end, s.ok = time.perf_counter(), True
+    except SpecrayError as e:
+        s.error = f"gRPC {e.code.name}: {e.details}"
+    return s
+
+
+async def run_level_grpc(target: str, api_key: str | None, bodies: list[dict], chat: bool, concurrency: int,
+                         rate: float | None, seed: int) -> tuple[list[Sample], float]:
+    from specray.client import AsyncClient
+
+    gate, rng = asyncio.Semaphore(concurrency), random.Random(seed)
+    async with AsyncClient(target, api_key=api_key, timeout=600) as client:
+        async def guarded(body):
+            async with gate:
+                return await one_grpc_request(client, body, chat)
+
+        start, tasks = time.perf_counter(), []
+        for body in bodies:
+            tasks.append(asyncio.create_task(guarded(body)))
+            if rate:
+                await asyncio.sleep(rng.expovariate(rate))
+        samples = await asyncio.gather(*tasks)
+    return samples, time.perf_counter() - start
+
+
 def percentiles(values: list[float]) -> dict:
     if not values:
         return {"p50": None, "p90": None, "p99": None}
@@ -162,12 +201,16 @@ def cmd_bench_serve(args) -> int:
         args.num_requests, args.max_tokens = min(args.num_requests, 8), min(args.max_tokens, 32)
     bodies = request_bodies(args, model)
     levels = []
+    chat = args.endpoint == "chat"
     for c in args.concurrency:
-        samples, seconds = asyncio.run(run_level(args.url, headers, bodies, args.endpoint == "chat", c,
-                                                 args.request_rate, seed=c))
+        if args.grpc:
+            level = run_level_grpc(args.grpc, args.api_key, bodies, chat, c, args.request_rate, seed=c)
+        else:
+            level = run_level(args.url, headers, bodies, chat, c, args.request_rate, seed=c)
+        samples, seconds = asyncio.run(level)
         levels.append(summarise(c, args.request_rate, samples, seconds))
         print(f"concurrency {c}: {levels[-1]['throughput_tokens_per_s']} tokens/s, {levels[-1]['errors']} errors")
-    report = {"schema": SCHEMA, "url": args.url, "model": model, "endpoint": args.endpoint,
+    report = {"schema": SCHEMA, "url": args.url, "grpc": args.grpc, "model": model, "endpoint": args.endpoint,
               "max_tokens": args.max_tokens, "temperature": args.temperature, "levels": levels}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -193,5 +236,7 @@ def add_serve_bench_parser(kinds) -> None:
     srv.add_argument("--temperature", type=float, default=0.0)
     srv.add_argument("--dataset", default=None, help="JSONL of prompts (default: the packaged Spec-Bench subset)")
     srv.add_argument("--quick", action="store_true", help="8 requests, 32 tokens")
+    srv.add_argument("--grpc", default=None, metavar="HOST:PORT",
+                     help="drive specray's gRPC API at HOST:PORT instead of HTTP (same prompts and report)")
     srv.add_argument("--out", default="bench_out")
     srv.set_defaults(func=cmd_bench_serve)

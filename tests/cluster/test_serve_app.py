@@ -193,3 +193,18 @@ def test_target_failure_is_retryable_and_the_service_recovers(client, served, ha
             assert time.monotonic() < deadline
             time.sleep(0.5)
     assert ok.choices[0].text == reference[0].text
+
+
+def test_bench_serve_drives_grpc_and_http_alike(served):
+    """`specray bench serve` over gRPC and over HTTP: same prompts, same token counts, no errors."""
+    import asyncio
+
+    from specray.cluster.bench_serve import run_level, run_level_grpc
+
+    cfg = served[0]
+    bodies = [{"model": "tiny", "prompt": "w5 w9 w12 w5 w9", "max_tokens": 8, "temperature": 0.0, "stream": True,
+               "stream_options": {"include_usage": True}} for _ in range(3)]
+    via_grpc, _ = asyncio.run(run_level_grpc(f"127.0.0.1:{cfg.grpc.port}", None, bodies, False, 2, None, 0))
+    via_http, _ = asyncio.run(run_level(f"http://127.0.0.1:{cfg.http.port}", {}, bodies, False, 2, None, 0))
+    assert all(s.ok for s in via_grpc + via_http)
+    assert [s.tokens for s in via_grpc] == [s.tokens for s in via_http] and via_grpc[0].tokens > 0
