@@ -1,10 +1,10 @@
 # specray serving image: Ray (Serve) + specray + the SmolLM2-135M GGUF; the Helm chart's default image.
 #   docker build -t specray:0.1.0 .
 # RAY_VERSION must equal helm/specray/values.yaml rayVersion and satisfy pyproject.toml's
-# ray[serve]>=2.9 (a test checks both). The base image already holds that Ray; pip keeps it.
-ARG RAY_VERSION=2.47.1
-# Ray base image flavour: cu121 for GPU nodes (their driver must support CUDA 12.1), cpu for kind/minikube.
-ARG RAY_FLAVOR=cu121
+# ray[serve]>=2.60 (a test checks both). The base image already holds that Ray; pip keeps it.
+ARG RAY_VERSION=2.60.0
+# Ray base image flavour: cu128 for GPU nodes (their driver must support CUDA 12.8), cpu for kind/minikube.
+ARG RAY_FLAVOR=cu128
 FROM rayproject/ray:${RAY_VERSION}-py311-${RAY_FLAVOR}
 ARG RAY_VERSION
 # Optional extra package index for torch, e.g. the CPU-only wheels for a small kind/minikube image.
