@@ -31,7 +31,7 @@ class TargetSpec:
 
 @dataclass(frozen=True)
 class DraftSpec:
-    method: str  # "ngram" | "draft_model"
+    method: str  # "ngram" | "draft_model" | "aded"
     model: str | None = None
     num_layers: int | None = None
     prompt_lookup_min: int = 1
@@ -40,3 +40,5 @@ class DraftSpec:
     device: str = "cpu"
     num_blocks: int = 1024
     threads: int | None = None
+    tree: dict | None = None  # speculative_config['tree'] (draft_model trees)
+    aded: dict | None = None  # speculative_config['aded'] (ADED options)

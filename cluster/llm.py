@@ -48,8 +48,10 @@ class LLM:
         self.target = TargetWorker(target_model, num_blocks, block_size)
         self.draft = None
         if spec is not None:
-            drafter = build_drafter(spec.method, spec.model, spec.draft_num_layers, spec.prompt_lookup_min,
-                                    spec.prompt_lookup_max, torch_dtype, device, num_blocks)
+            draft_model = spec.model or (model if spec.method == "aded" else None)  # aded: the target's tokenizer
+            drafter = build_drafter(spec.method, draft_model, spec.draft_num_layers, spec.prompt_lookup_min,
+                                    spec.prompt_lookup_max, torch_dtype, device, num_blocks,
+                                    tree=spec.tree, aded=spec.aded)
             self.draft = DraftWorker(drafter)
         config, eos = engine_config(target_model.config, self.tokenizer, spec, max_model_len, max_num_seqs,
                                     num_blocks, block_size, pipelined)

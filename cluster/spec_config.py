@@ -1,11 +1,16 @@
-"""`speculative_config`: vLLM's keys plus specray's own; unknown keys are rejected."""
+"""`speculative_config`: vLLM's keys plus specray's own; unknown keys are rejected.
+
+`num_speculative_tokens` is a chain's length, or a tree's depth; `verify_budget` caps the draft
+tokens a round verifies (a tree's node count); a request's SamplingParams.num_speculative_tokens
+overrides the length/depth (0: off) and stays within the budget.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import Any
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "aded")
 
 
 @dataclass(frozen=True)
@@ -19,6 +24,13 @@ class SpeculativeConfig:
     disable_by_batch_size: int | None = None  # speculation off once this many sequences run
     # [[min running sequences, draft tokens at most], ...]: shorter, then off, as the batch grows
     batch_size_schedule: list[list[int]] | None = None
+    # Trees (specray), method draft_model: {kind: rsd_c, branching: [2, 2, 1]} | {kind: rsd_s, width: W}
+    # | {kind: spectr, k: K} | {kind: topk, k: K, width: W}; the depth is num_speculative_tokens
+    tree: dict | None = None
+    # Draft tokens (tree nodes) the target verifies per sequence per round, for every method: trees
+    # and chains compared at equal target compute. None: no cap beyond the tree's shape.
+    verify_budget: int | None = None
+    aded: dict | None = None  # ADED options (kernels/drafters/aded.py AdedOptions), method aded
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -31,9 +43,40 @@ class SpeculativeConfig:
             raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
         if self.draft_num_layers is not None and self.draft_num_layers < 1:
             raise ValueError(f"draft_num_layers must be >= 1, got {self.draft_num_layers}")
+        self._check_trees()
         if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
             raise ValueError(f"disable_by_batch_size must be >= 1, got {self.disable_by_batch_size}")
         self._check_schedule()
+
+    def _check_trees(self) -> None:
+        from specray.kernels.drafters.tree_shapes import TreeSpec
+
+        if self.tree is not None:
+            if self.method != "draft_model":
+                raise ValueError(f"'tree' needs method 'draft_model' (got {self.method!r}); aded builds its own trees")
+            TreeSpec.from_dict(self.tree)  # raises ValueError naming the bad key or kind
+        if self.aded is not None:
+            if self.method != "aded":
+                raise ValueError(f"'aded' options need method 'aded', got {self.method!r}")
+            from specray.kernels.drafters.aded import AdedOptions
+
+            AdedOptions.from_dict(self.aded)
+        if self.verify_budget is not None and (not isinstance(self.verify_budget, int) or self.verify_budget < 1):
+            raise ValueError(f"verify_budget must be an integer >= 1, got {self.verify_budget}")
+
+    def max_draft_tokens(self) -> int:
+        """The most draft tokens (tree nodes) one round verifies per sequence: KV to reserve."""
+        if self.tree is not None:
+            from specray.kernels.drafters.tree_shapes import TreeSpec
+
+            n = TreeSpec.from_dict(self.tree).max_nodes(self.num_speculative_tokens, self.verify_budget)
+        elif self.method == "aded":
+            from specray.kernels.drafters.aded import AdedOptions
+
+            n = AdedOptions.from_dict(self.aded or {}).tree_nodes(self.num_speculative_tokens)
+        else:
+            n = self.num_speculative_tokens
+        return n if self.verify_budget is None else min(n, self.verify_budget)
 
     def _check_schedule(self) -> None:
         rows = self.batch_size_schedule or []

@@ -10,6 +10,9 @@ from collections import defaultdict
 
 import torch
 
+from specray.kernels import verify_tree as vt
+from specray.kernels.proposal import VerifyResult
+
 
 class _Branch(Exception):
     def __init__(self, probs: list[float]):
@@ -73,3 +76,31 @@ def compose_rounds(round_dist, start: int, num_tokens: int) -> dict:
         return cache[(ctx, need)]
 
     return dist(start, num_tokens)
+
+
+def longest_match_over_independent_samples(rows, proposal, draws):
+    """The biased rule DESIGN §3 forbids: verify every root-to-leaf path as its own chain with its
+    own samples y ~ q (shared prefixes sampled again per path), and keep the longest match."""
+    kids = vt.children_lists(proposal.tree_parents())
+    leaves = [i for i in range(proposal.num_draft_tokens) if not kids[i + 1]]
+    best = None
+    for leaf in leaves:
+        path, node = [], leaf
+        while node >= 0:
+            path.insert(0, node)
+            node = proposal.tree_parents()[node]
+        accepted, end = [], -1
+        for node in path:
+            y = draws.categorical(rows[end + 1])
+            if proposal.draft_token_ids[node] != y:
+                break
+            accepted.append(node)
+            end = node
+        else:
+            y = draws.categorical(rows[end + 1])
+        if best is None or len(accepted) > len(best[0]):
+            best = (accepted, y)
+    accepted, y = best
+    return VerifyResult([proposal.draft_token_ids[i] for i in accepted], y, len(accepted) == len(path) and
+                        not kids[accepted[-1] + 1] if accepted else False, proposal.num_draft_tokens,
+                        accepted_nodes=accepted)

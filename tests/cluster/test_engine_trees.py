@@ -35,6 +35,14 @@ def test_greedy_trees_equal_non_speculative(tiny_target, tiny_draft, reference, 
     assert accepted > 0
 
 
+def test_greedy_aded_equals_non_speculative(tiny_target, reference):
+    llm = LLM(str(tiny_target), speculative_config={"method": "aded", "num_speculative_tokens": 3,
+                                                    "aded": {"max_nodes": 8}}, kv_cache_tokens=8192)
+    outs = llm.generate(prompts(5), GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    assert sum(o.metrics.num_accepted_tokens for o in outs) > 0  # the prompts repeat: online tri-grams hit
+
+
 def test_verify_budget_caps_every_round(tiny_target, tiny_draft, reference):
     llm = LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 3,
                                                     "tree": TREES["rsd_c"], "verify_budget": 4},
@@ -52,10 +60,11 @@ def test_verify_budget_caps_every_round(tiny_target, tiny_draft, reference):
     ({"tree": {"kind": "spectr", "k": 0}}, "k must be"),
     ({"verify_budget": 0}, "verify_budget"),
     ({"method": "ngram", "tree": {"kind": "topk"}}, "needs method 'draft_model'"),
+    ({"method": "aded", "aded": {"simulation": 3}}, "unknown aded keys"),
 ])
 def test_tree_config_errors_are_clear(tiny_target, tiny_draft, bad, match):
     cfg = {"model": str(tiny_draft), **bad}
-    if cfg.get("method") == "ngram":
+    if cfg.get("method") in ("ngram", "aded"):
         cfg.pop("model")
     with pytest.raises(ValueError, match=match):
         LLM(str(tiny_target), speculative_config=cfg)

@@ -1,0 +1,100 @@
+"""Tree rules through the engine at temperature 1 (DESIGN §8 tier 3): the first token a
+speculative round emits follows the target's exact distribution for every tree method, and the
+biased "longest match over independent samples" rule is detected."""
+
+import numpy as np
+import pytest
+import torch
+
+from specray import LLM, SamplingParams
+from specray.kernels import verify_tree
+
+from enumeration import longest_match_over_independent_samples
+
+N = 4000
+PROMPT = {"prompt_token_ids": [1, 17, 40, 23]}
+
+
+def exact_second_token_distribution(folder):
+    """P(token 2) = sum_t1 q(t1 | prompt) q(t2 | prompt, t1), from transformers' logits."""
+    from transformers import AutoModelForCausalLM
+
+    ids = PROMPT["prompt_token_ids"]
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        q1 = model(torch.tensor([ids])).logits[0, -1].softmax(-1)  # [vocab_size]
+        q2 = model(torch.tensor([ids + [t] for t in range(q1.shape[0])])).logits[:, -1].softmax(-1)
+    return (q1.unsqueeze(1) * q2).sum(0).double().numpy()  # [vocab_size]
+
+
+def chi2(tokens, want):
+    from scipy.stats import chisquare
+
+    expected, observed = want * len(tokens), np.bincount(tokens, minlength=len(want))
+    big = expected >= 5  # pool small cells so the chi-square approximation holds
+    obs = np.append(observed[big], observed[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    return chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
+TREES = {
+    "rsd_c": {"kind": "rsd_c", "branching": [3, 2]},
+    "rsd_s": {"kind": "rsd_s", "width": 3},
+    "spectr": {"kind": "spectr", "k": 3},
+    "topk": {"kind": "topk", "k": 3, "width": 3},
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Many small ragged steps: one intra-op thread avoids spin-waiting on a shared 2-core box."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def peaky(tmp_path_factory):
+    from helpers import save_tiny_llama
+
+    target = save_tiny_llama(tmp_path_factory.mktemp("tree_peaky_target"), seed=0, head_scale=3.0)
+    draft = save_tiny_llama(tmp_path_factory.mktemp("tree_peaky_draft"), seed=1, perturb_from=target, noise=0.35)
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def want(peaky):
+    return exact_second_token_distribution(peaky[0])
+
+
+def second_tokens(target, draft, tree, seed):
+    cfg = ({"method": "aded", "num_speculative_tokens": 2} if tree == "aded"
+           else {"model": str(draft), "num_speculative_tokens": 2, "tree": tree})
+    llm = LLM(str(target), speculative_config=cfg, kv_cache_tokens=1 << 14, max_num_seqs=128, seed=seed)
+    outs = llm.generate([PROMPT] * N, SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True))
+    drafted = sum(o.metrics.num_draft_tokens for o in outs)
+    accepted = sum(o.metrics.num_accepted_tokens for o in outs)
+    assert 0 < accepted < drafted
+    return np.array([o.outputs[0].token_ids[1] for o in outs])
+
+
+@pytest.mark.parametrize("tree", sorted(TREES))
+def test_tree_sampling_is_lossless(peaky, want, tree):
+    assert chi2(second_tokens(*peaky, TREES[tree], seed=1), want) > 1e-3
+
+
+def test_aded_sampling_is_lossless(peaky, want):
+    """ADED's deterministic trees (learned online from each sequence) under descent."""
+    assert chi2(second_tokens(*peaky, "aded", seed=3), want) > 1e-3
+
+
+def test_negative_control_longest_match_is_detected(peaky, want, monkeypatch):
+    exact = verify_tree.verify_tree
+
+    def biased(rule, rows, proposal, draws):
+        if rule == "descent":
+            return longest_match_over_independent_samples(rows, proposal, draws)
+        return exact(rule, rows, proposal, draws)
+
+    monkeypatch.setattr(verify_tree, "verify_tree", biased)
+    assert chi2(second_tokens(*peaky, TREES["topk"], seed=2), want) < 1e-6
