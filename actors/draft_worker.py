@@ -13,6 +13,7 @@ from specray.kernels.drafters.draft_model import DraftModelDrafter
 from specray.kernels.drafters.ngram import NgramDrafter
 from specray.kernels.drafters.tree_draft import TreeDraftModelDrafter
 from specray.kernels.drafters.tree_shapes import TreeSpec
+from specray.kernels.drafters.vocab_trim import VOCAB_TRIM_FILE, VocabTrimDrafter, load_vocab_trim
 from specray.kernels.loader import DTYPES, load_model, resolve
 from specray.kernels.proposal import Proposal
 from specray.kernels.sampling import make_generator
@@ -30,8 +31,10 @@ class _DraftSeq:
 def build_drafter(method: str, model: str | None = None, num_layers: int | None = None,
                   prompt_lookup_min: int = 1, prompt_lookup_max: int = 4,
                   dtype: torch.dtype = torch.float32, device: str = "cpu", num_blocks: int = 2048,
-                  tree: dict | None = None, aded: dict | None = None) -> Drafter:
-    """`tree` (speculative_config['tree']) makes a draft model grow trees; `aded` holds ADED's options."""
+                  vocab_trim: int | None = None, tree: dict | None = None, aded: dict | None = None) -> Drafter:
+    """`vocab_trim`: None uses the draft folder's recommended VocabTrim size (if it has a table),
+    0 turns VocabTrim off, k keeps the k most frequent tokens (kernels/drafters/vocab_trim.py).
+    `tree` (speculative_config['tree']) makes a draft model grow trees; `aded` holds ADED's options."""
     if tree is not None and method != "draft_model":
         raise ValueError(f"speculative_config['tree'] needs method 'draft_model', got {method!r}")
     if method == "aded":
@@ -43,11 +46,31 @@ def build_drafter(method: str, model: str | None = None, num_layers: int | None 
     if method == "draft_model":
         if model is None:
             raise ValueError("method 'draft_model' needs speculative_config['model']")
-        draft = load_model(resolve(model), dtype, device, num_layers)
+        checkpoint = resolve(model)
+        k = default_vocab_trim(checkpoint.path) if vocab_trim is None else vocab_trim
+        draft = load_model(checkpoint, dtype, device, num_layers, gemv_weights=False if k else None)
         if tree is not None:
+            if k:
+                raise ValueError("draft_vocab_trim does not combine with tree drafting yet")
             return TreeDraftModelDrafter(draft, TreeSpec.from_dict(tree), num_blocks)
+        if k:
+            drafter = VocabTrimDrafter(draft, load_vocab_trim(checkpoint.path, k), num_blocks)
+            if str(device) == "cpu":  # GEMV copies after trimming: the full head's is never built
+                draft.add_gemv_weights()
+            return drafter
         return DraftModelDrafter(draft, num_blocks)
     raise ValueError(f"unknown speculative method {method!r}; choose 'ngram', 'draft_model' or 'aded'")
+
+
+def default_vocab_trim(folder) -> int:
+    """The VocabTrim size a draft folder recommends (`distill.json`), 0 when it has no table."""
+    import json
+    from pathlib import Path
+
+    folder = Path(folder)
+    if not (folder / VOCAB_TRIM_FILE).exists() or not (folder / "distill.json").exists():
+        return 0
+    return int(json.loads((folder / "distill.json").read_text()).get("vocab_trim_k") or 0)
 
 
 class DraftWorker:
@@ -63,7 +86,7 @@ class DraftWorker:
             torch.set_num_threads(spec.threads)
         return cls(build_drafter(spec.method, spec.model, spec.num_layers, spec.prompt_lookup_min,
                                  spec.prompt_lookup_max, DTYPES[spec.dtype], spec.device, spec.num_blocks,
-                                 tree=spec.tree, aded=spec.aded))
+                                 vocab_trim=spec.vocab_trim, tree=spec.tree, aded=spec.aded))
 
     def ping(self) -> bool:
         return True

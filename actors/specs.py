@@ -42,3 +42,4 @@ class DraftSpec:
     threads: int | None = None
     tree: dict | None = None  # speculative_config['tree'] (draft_model trees)
     aded: dict | None = None  # speculative_config['aded'] (ADED options)
+    vocab_trim: int | None = None  # VocabTrim size: None = the draft folder's default, 0 = off

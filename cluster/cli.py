@@ -1,4 +1,4 @@
-"""`specray` command line: serve, generate, bench."""
+"""`specray` command line: serve, generate, bench, distill."""
 
 from __future__ import annotations
 
@@ -19,23 +19,36 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--kv-cache-tokens", type=int, default=16384, help="target KV cache size in tokens")
     s = p.add_argument_group("speculation")
-    s.add_argument("--speculative-method", default="ngram", choices=["ngram", "draft_model", "none"])
-    s.add_argument("--draft-model", default=None, help="draft checkpoint for draft_model")
+    s.add_argument("--speculative-method", default=None, choices=["ngram", "draft_model", "none"],
+                   help="default: the target's packaged trained draft (smollm2-135m: smollm2-135m-draft), "
+                        "else ngram")
+    s.add_argument("--draft-model", default=None,
+                   help="draft checkpoint for draft_model (default: the packaged draft, else the target)")
+    s.add_argument("--draft-vocab-trim", type=int, default=None,
+                   help="VocabTrim size for a distilled draft (default: its recommended k; 0: off)")
     s.add_argument("--draft-num-layers", type=int, default=None, help="keep only the draft's first layers")
-    s.add_argument("--num-speculative-tokens", type=int, default=2,
-                   help="draft tokens per round (2 suits CPUs, where verifying 4+ rows costs about 2x one)")
+    s.add_argument("--num-speculative-tokens", type=int, default=None,
+                   help="draft tokens per round (default: 3 with a packaged draft, else 2; CPUs favour short "
+                        "chains, where verifying 4+ rows costs about 2x one)")
     s.add_argument("--prompt-lookup-min", type=int, default=1)
     s.add_argument("--prompt-lookup-max", type=int, default=4)
 
 
 def speculative_config(args) -> dict | None:
+    from specray.cluster.draft_defaults import default_speculative_config
+
     if args.speculative_method == "none":
         return None
-    cfg = {"method": args.speculative_method, "num_speculative_tokens": args.num_speculative_tokens}
-    if args.speculative_method == "ngram":
+    default = default_speculative_config(args.model)
+    method = args.speculative_method or default["method"]
+    k = args.num_speculative_tokens or (default["num_speculative_tokens"] if method == default["method"] else 2)
+    cfg = {"method": method, "num_speculative_tokens": k}
+    if method == "ngram":
         cfg.update(prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max)
     else:
-        cfg.update(model=args.draft_model or args.model, draft_num_layers=args.draft_num_layers)
+        cfg.update(model=args.draft_model or default.get("model") or args.model, draft_num_layers=args.draft_num_layers)
+        if args.draft_vocab_trim is not None:
+            cfg["draft_vocab_trim"] = args.draft_vocab_trim
     return cfg
 
 
@@ -119,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     add_drafter_parser(sub)
     add_bench_parser(sub)
+    from specray.cluster.distill import add_distill_parser
+
+    add_distill_parser(sub)
     return parser
 
 

@@ -55,7 +55,7 @@ def draft_spec(cfg: ServeConfig) -> DraftSpec | None:
     if spec is None:
         return None
     return DraftSpec(spec.method, spec.model, spec.draft_num_layers, spec.prompt_lookup_min, spec.prompt_lookup_max,
-                     p.dtype, p.device, num_blocks(cfg), p.threads)
+                     p.dtype, p.device, num_blocks(cfg), p.threads, vocab_trim=spec.draft_vocab_trim)
 
 
 def build_draft_pool(cfg: ServeConfig):

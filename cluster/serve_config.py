@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from specray.cluster.draft_defaults import default_speculative_config, is_default_for_other
 from specray.cluster.spec_config import SpeculativeConfig
 
 TRANSPORTS = ("ray", "torch_distributed", "grpc")
@@ -100,6 +101,18 @@ class ServeConfig(_Strict):
     http: HttpConfig = HttpConfig()
     grpc: GrpcConfig = GrpcConfig()
     ray_address: str | None = Field(None, description="join this Ray cluster; None starts a local one")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_speculation(cls, raw: Any) -> Any:
+        # Unset: the target's packaged trained draft (smollm2-135m), else n-gram (draft_defaults).
+        # A default made for another target (a --model override of the defaults) follows the model.
+        if isinstance(raw, dict):
+            model = raw.get("model") or "smollm2-135m"
+            spec = raw.get("speculative_config", "unset")
+            if spec == "unset" or (spec != default_speculative_config(model) and spec in is_default_for_other(model)):
+                raw = {**raw, "speculative_config": default_speculative_config(model)}
+        return raw
 
     @field_validator("speculative_config")
     @classmethod

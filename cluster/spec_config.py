@@ -21,6 +21,9 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     draft_num_layers: int | None = None  # keep only the draft's first layers (specray)
+    # VocabTrim (specray): the draft's LM head keeps its folder's k most frequent tokens; None uses
+    # the folder's recommended k (distill.json) where it has a VocabTrim table, 0 turns it off
+    draft_vocab_trim: int | None = None
     disable_by_batch_size: int | None = None  # speculation off once this many sequences run
     # [[min running sequences, draft tokens at most], ...]: shorter, then off, as the batch grows
     batch_size_schedule: list[list[int]] | None = None
@@ -43,6 +46,9 @@ class SpeculativeConfig:
             raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
         if self.draft_num_layers is not None and self.draft_num_layers < 1:
             raise ValueError(f"draft_num_layers must be >= 1, got {self.draft_num_layers}")
+        if self.draft_vocab_trim is not None and (not isinstance(self.draft_vocab_trim, int)
+                                                  or self.draft_vocab_trim < 0):
+            raise ValueError(f"draft_vocab_trim must be an integer >= 0, got {self.draft_vocab_trim}")
         self._check_trees()
         if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
             raise ValueError(f"disable_by_batch_size must be >= 1, got {self.disable_by_batch_size}")

