@@ -43,9 +43,10 @@ def test_greedy_aded_equals_non_speculative(tiny_target, reference):
     assert sum(o.metrics.num_accepted_tokens for o in outs) > 0  # the prompts repeat: online tri-grams hit
 
 
-def test_verify_budget_caps_every_round(tiny_target, tiny_draft, reference):
-    llm = LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 3,
-                                                    "tree": TREES["rsd_c"], "verify_budget": 4},
+@pytest.mark.parametrize("tree", sorted(TREES) + ["aded"])
+def test_verify_budget_caps_every_round(tiny_target, tiny_draft, reference, tree):
+    cfg = ({"method": "aded"} if tree == "aded" else {"model": str(tiny_draft), "tree": TREES[tree]})
+    llm = LLM(str(tiny_target), speculative_config={**cfg, "num_speculative_tokens": 3, "verify_budget": 4},
               kv_cache_tokens=8192)
     outs = llm.generate(prompts(5), GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == reference

@@ -1,0 +1,82 @@
+"""Tree drafters' sampling: Gumbel-top-k is sequential sampling without replacement, stochastic
+beam search keeps W distinct sequences, SpecTr tries merge into a trie with counts; budgets hold;
+tree options are validated."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specray.kernels.drafters import tree_shapes as ts
+
+
+def test_gumbel_top_k_is_ordered_sampling_without_replacement():
+    p = torch.tensor([0.5, 0.25, 0.15, 0.1, 0.0])
+    g = torch.Generator().manual_seed(0)
+    n = 20_000
+    scores = p.double().log() + ts.gumbel((n, 5), g)  # vectorised: the same draw gumbel_top_k makes
+    pairs = scores.topk(2, dim=1).indices.numpy()
+    assert (pairs != 4).all()  # zero-probability tokens are never drawn
+    order = list(itertools.permutations(range(4), 2))
+    observed = np.array([((pairs[:, 0] == a) & (pairs[:, 1] == b)).sum() for a, b in order])
+    want = np.array([float(p[a] * p[b] / (1 - p[a])) for a, b in order])
+    assert chisquare(observed, want / want.sum() * n).pvalue > 1e-3
+    assert ts.gumbel_top_k(p, 9, g) and len(ts.gumbel_top_k(p, 9, g)) == 4  # capped by the support
+
+
+def test_rsd_s_keeps_width_distinct_sequences():
+    g = torch.Generator().manual_seed(1)
+    build = ts.TreeBuild("wor_tree")
+    p = torch.tensor([0.4, 0.3, 0.2, 0.1])
+    ts.grow_rsd_s(build, p.unsqueeze(0), 3, g)
+    assert len(build.tokens) == 3 and len(set(build.tokens)) == 3 and build.parents == [-1, -1, -1]
+    ts.grow_rsd_s(build, p.repeat(3, 1), 3, g)
+    level2 = list(zip(build.parents[3:], build.tokens[3:]))
+    assert len(level2) == 3 and len(set(level2)) == 3  # 3 distinct depth-2 sequences
+    assert all(s <= build.score_of(par) + 1e-9 for par, s in zip(build.parents[3:], build.scores[3:]))
+    proposal = build.proposal()
+    assert proposal.kind == "wor_tree" and proposal.num_draft_tokens == 6
+
+
+def test_spectr_trie_counts_add_up():
+    g = torch.Generator().manual_seed(2)
+    build = ts.TreeBuild("iid", frontier_counts=[5])
+    p = torch.tensor([0.6, 0.3, 0.1])
+    ts.grow_spectr(build, p.unsqueeze(0), g)
+    assert sum(build.counts) == 5
+    ts.grow_spectr(build, p.repeat(len(build.frontier), 1), g)
+    first = [i for i, par in enumerate(build.parents) if par == -1]
+    for node in first:
+        assert build.counts[node] == sum(c for c, par in zip(build.counts, build.parents) if par == node)
+    proposal = build.proposal()
+    assert proposal.kind == "iid" and proposal.counts == build.counts
+
+
+def test_topk_reranking_keeps_a_tree_within_budget():
+    build = ts.TreeBuild("deterministic_tree")
+    logp = torch.tensor([0.5, 0.3, 0.2]).log()
+    ts.grow_topk(build, logp.unsqueeze(0), 3, 2)
+    ts.grow_topk(build, logp.repeat(2, 1), 3, 2)
+    kept = ts.keep_most_likely(build, 5)
+    assert len(kept.tokens) == 5 and all(-1 <= p < i for i, p in enumerate(kept.parents))
+    assert kept.proposal().kind == "deterministic_tree"
+
+
+def test_shapes_fit_the_budget():
+    spec = ts.TreeSpec("rsd_s", width=4)
+    assert spec.shape(3, 6) == (2, 3) and spec.shape(3, None) == (4, 3) and spec.shape(5, 2) == (1, 2)
+    assert ts.TreeSpec("rsd_c", branching=(2, 2, 1)).max_nodes(3) == 2 + 4 + 4
+    assert ts.TreeSpec("rsd_c", branching=(2, 2, 1)).depth(5) == 3
+
+
+@pytest.mark.parametrize("raw, match", [
+    ({"kind": "rsd_c", "branching": [2, 0]}, "branching"),
+    ({"kind": "topk", "k": 2, "depth": 3}, "unknown keys"),
+    ({"kind": "eagle"}, "unknown tree kind"),
+    ({"branching": [2]}, "kind"),
+])
+def test_tree_options_are_validated(raw, match):
+    with pytest.raises(ValueError, match=match):
+        ts.TreeSpec.from_dict(raw)
