@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 
 from specray.cluster.distill_data import chat_ids, generate_shards, generate_shards_hf, load_samples, seed_prompts
-from specray.cluster.distill_model import init_draft, save_draft, vocab_trim_counts, vocab_trim_table
-from specray.cluster.distill_train import TrainConfig, evaluate, train
+from specray.cluster.distill_model import (init_draft, save_draft, shrink_untrained_rows, vocab_trim_counts,
+                                           vocab_trim_table)
+from specray.cluster.distill_train import TrainConfig, evaluate, final_hidden, train
 
 
 def _log(msg: str) -> None:
@@ -139,6 +140,10 @@ def cmd_distill(args) -> int:
     summary = train(draft, train_set, cfg, out / "checkpoint.pt", log=_log)
     after = evaluate(draft, val, cfg) if val else {}
     _log(f"specray distill: held-out after training: {after}")
+    shrink = None
+    if train_vocab is not None and val:
+        shrink = shrink_untrained_rows(draft, train_vocab.long(), final_hidden(draft, val, cfg))
+        _log(f"specray distill: rows outside the trained vocabulary scaled for full-vocabulary users: {shrink}")
 
     # 4. save
     k = min(args.vocab_trim_k, int(table["token_ids"].numel())) if args.vocab_trim_k else 0
@@ -153,7 +158,7 @@ def cmd_distill(args) -> int:
         "draft": {"hidden_size": args.hidden_size, "num_layers": args.num_layers,
                   "intermediate_size": draft.config.intermediate_size},
         "train": {**{k: v for k, v in vars(cfg).items() if k != "vocab"}, **summary,
-                  "train_vocab_k": args.train_vocab_k}, "held_out_before": before, "held_out_after": after,
+                  "train_vocab_k": args.train_vocab_k, "untrained_rows": shrink}, "held_out_before": before, "held_out_after": after,
         "vocab_trim_k": k, "vocab_trim_table_size": int(table["token_ids"].numel()),
         "vocab_trim_mass_at_k": (float(table["counts"][:k].sum() / table["counts"].sum()) if k else None),
         "data_seconds": round(data_seconds, 1), "device": args.device,

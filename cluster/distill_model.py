@@ -153,3 +153,27 @@ def vocab_trim_table(counts: torch.Tensor, always: list[int]) -> dict[str, torch
                                    if counts[t] > 0 and t not in set(always)]
     ids = torch.tensor(order, dtype=torch.int32)
     return {"token_ids": ids, "counts": counts[ids.long()].float()}
+
+
+SHRINK_FACTORS = (1.0, 0.75, 0.5, 0.35, 0.25, 0.15, 0.1, 0.05, 0.0)
+
+
+@torch.no_grad()
+def shrink_untrained_rows(draft, vocab: torch.Tensor, hidden: torch.Tensor) -> dict:
+    """After training the head on `vocab` [k] only, the other rows of the (tied) embedding were never
+    trained as outputs and may outscore the trained ones for a full-vocabulary user (transformers'
+    assisted generation). Scale them by the largest factor that keeps the full-vocabulary argmax
+    equal to the subset argmax on the held-out final hidden states `hidden` [rows, hidden_size]
+    (the best agreement if none reaches 99.9 %). VocabTrim users are unaffected."""
+    weight = draft.get_input_embeddings().weight  # [vocab_size, hidden_size], tied with the head
+    outside = torch.ones(weight.shape[0], dtype=torch.bool, device=weight.device)
+    outside[vocab.to(weight.device)] = False
+    h = hidden.float()
+    best_in = (h @ weight[~outside].float().T).max(-1).values  # [rows]
+    best_out = (h @ weight[outside].float().T).max(-1).values  # [rows]
+    agreement = {s: float((s * best_out < best_in).float().mean()) for s in SHRINK_FACTORS}
+    good = [s for s in SHRINK_FACTORS if agreement[s] >= 0.999]
+    factor = good[0] if good else max(SHRINK_FACTORS, key=lambda s: agreement[s])
+    weight[outside] *= factor
+    return {"factor": factor, "full_vocab_argmax_agreement_before": agreement[1.0],
+            "full_vocab_argmax_agreement_after": agreement[factor]}

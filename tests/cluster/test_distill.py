@@ -68,6 +68,8 @@ def test_trained_on_a_trimmed_vocabulary(tiny_target, tmp_path):
                  "--eval-k", "0"]) == 0
     info = json.loads((tmp_path / "draft" / "distill.json").read_text())
     assert info["train"]["train_vocab_k"] == 30 and info["held_out_after"]["tokens"] > 0
+    shrink = info["train"]["untrained_rows"]  # rows the head never trained, scaled for full-vocabulary users
+    assert shrink["full_vocab_argmax_agreement_after"] >= shrink["full_vocab_argmax_agreement_before"]
 
 
 def test_kl_topk_exact():
