@@ -69,3 +69,20 @@ def test_tree_config_errors_are_clear(tiny_target, tiny_draft, bad, match):
         cfg.pop("model")
     with pytest.raises(ValueError, match=match):
         LLM(str(tiny_target), speculative_config=cfg)
+
+
+def test_pipelined_trees_give_the_same_tokens(tiny_target, tiny_draft, reference):
+    llm = LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 3,
+                                                    "tree": TREES["rsd_s"]}, kv_cache_tokens=8192, pipelined=True)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts(5), GREEDY)] == reference
+
+
+@pytest.mark.parametrize("tree", ["rsd_c", "spectr"])
+def test_seeded_tree_sampling_reproduces_alone_or_in_a_batch(tiny_target, tiny_draft, tree):
+    llm = LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 3,
+                                                    "tree": TREES[tree]}, kv_cache_tokens=8192)
+    sp = SamplingParams(temperature=1.0, max_tokens=16, seed=42, ignore_eos=True)
+    alone = llm.generate(prompts(1), sp)[0].outputs[0].token_ids
+    others = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True)
+    batch = llm.generate(prompts(4), [sp, others, others, others])
+    assert batch[0].outputs[0].token_ids == alone
