@@ -129,9 +129,14 @@ class Engine:
             return 0
         k = seq.params.num_speculative_tokens
         k = self.config.num_speculative_tokens if k is None else k
-        budget = self.config.verify_budget
+        budget = self.verify_budget(seq)
         return min(k, self.config.draft_cap(len(self.running)), seq.max_draft_tokens(),
                    k if budget is None else budget)
+
+    def verify_budget(self, seq: Sequence) -> int | None:
+        """The request's budget of verified draft tokens per round, within the global one."""
+        budgets = [b for b in (seq.params.verify_budget, self.config.verify_budget) if b is not None]
+        return min(budgets) if budgets else None
 
     # -- the round's parts (shared by the sync round and the pipeline) ----------------------
     def submit_propose(self, seqs: list[Sequence]) -> Pending[list[Proposal]] | None:
@@ -142,7 +147,7 @@ class Engine:
         for seq in seqs:
             delta = seq.token_ids[seq.draft_sent:]
             items.append(DraftItem(seq.seq_id, delta, self.num_draft_tokens(seq),
-                                   seq.spec() if seq.draft_sent == 0 else None, self.config.verify_budget))
+                                   seq.spec() if seq.draft_sent == 0 else None, self.verify_budget(seq)))
             seq.draft_sent = seq.num_tokens
         start = time.perf_counter()
         try:
@@ -181,7 +186,7 @@ class Engine:
         for seq in seqs:
             if seq.output_token_ids:
                 proposal = proposals.get(seq.seq_id, Proposal([]))
-                self._check_budget(proposal)
+                self._check_budget(seq, proposal)
                 rule = pick_rule(proposal, seq.params.temperature == 0.0)  # the router picks the rule from the kind
                 items.append(TargetItem(seq.seq_id, seq.output_token_ids[-1:], proposal, rule=rule))
             else:  # prefill: the first token comes from the prompt's last position
@@ -192,8 +197,8 @@ class Engine:
         finally:
             self.stats.target_seconds += time.perf_counter() - start
 
-    def _check_budget(self, proposal: Proposal) -> None:
-        budget = self.config.verify_budget
+    def _check_budget(self, seq: Sequence, proposal: Proposal) -> None:
+        budget = self.verify_budget(seq)
         if budget is not None and proposal.num_draft_tokens > budget:
             raise ValueError(f"a proposal of {proposal.num_draft_tokens} draft tokens exceeds verify_budget {budget}")
 

@@ -22,6 +22,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logprobs: int | None = None  # top-n logprobs per output token (0: the chosen token's only)
     num_speculative_tokens: int | None = None  # per-request override; 0 turns speculation off
+    # Draft tokens (tree nodes) verified per round for this request, at most; the smaller of this and
+    # speculative_config['verify_budget'] applies. num_speculative_tokens is a chain's length or a tree's depth.
+    verify_budget: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -39,6 +42,8 @@ class SamplingParams:
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
         _check(self.num_speculative_tokens is None or self.num_speculative_tokens >= 0,
                f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}")
+        _check(self.verify_budget is None or (isinstance(self.verify_budget, int) and self.verify_budget >= 1),
+               f"verify_budget must be an integer >= 1, got {self.verify_budget}")
 
     def sampling_config(self) -> SamplingConfig:
         return SamplingConfig(self.temperature, self.top_k, self.top_p)

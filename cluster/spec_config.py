@@ -2,7 +2,8 @@
 
 `num_speculative_tokens` is a chain's length, or a tree's depth; `verify_budget` caps the draft
 tokens a round verifies (a tree's node count); a request's SamplingParams.num_speculative_tokens
-overrides the length/depth (0: off) and stays within the budget.
+overrides the length/depth (0: off) and SamplingParams.verify_budget lowers the budget for one
+request; both stay within the global budget.
 """
 
 from __future__ import annotations

@@ -86,3 +86,15 @@ def test_seeded_tree_sampling_reproduces_alone_or_in_a_batch(tiny_target, tiny_d
     others = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True)
     batch = llm.generate(prompts(4), [sp, others, others, others])
     assert batch[0].outputs[0].token_ids == alone
+
+
+def test_per_request_verify_budget(tiny_target, tiny_draft, reference):
+    llm = LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 3,
+                                                    "tree": TREES["topk"]}, kv_cache_tokens=8192)
+    params = [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, verify_budget=b) for b in (2, None, 5)]
+    outs = llm.generate(prompts(3), params)
+    assert [o.outputs[0].token_ids for o in outs] == reference[:3]
+    assert outs[0].metrics.num_draft_tokens <= 2 * outs[0].metrics.num_rounds
+    assert outs[1].metrics.num_draft_tokens > 5 * outs[1].metrics.num_rounds  # unbudgeted trees are larger
+    with pytest.raises(ValueError, match="verify_budget"):
+        SamplingParams(verify_budget=0)
