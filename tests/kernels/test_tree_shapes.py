@@ -80,3 +80,34 @@ def test_shapes_fit_the_budget():
 def test_tree_options_are_validated(raw, match):
     with pytest.raises(ValueError, match=match):
         ts.TreeSpec.from_dict(raw)
+
+
+def test_rsd_s_trees_under_rrs_are_lossless():
+    """Stochastic beam search trees (their Gumbels are continuous, so sampled rather than
+    enumerated): the first two emitted tokens follow the target's joint distribution."""
+    from specray.kernels import verify_tree as vt
+
+    vocab, n = 4, 5_000
+    g = torch.Generator().manual_seed(4)
+    q = (torch.rand(vocab, vocab, generator=g) * 3).softmax(-1)  # target q(next | prev)
+    p = (torch.rand(vocab, vocab, generator=g) * 3).softmax(-1)  # draft p(next | prev)
+
+    def round_from(ctx):
+        build = ts.TreeBuild("wor_tree")
+        rows = p[ctx].unsqueeze(0)
+        for _ in range(2):
+            ts.grow_rsd_s(build, rows, 2, g)
+            rows = p[torch.tensor([build.tokens[i] for i in build.frontier])]
+        proposal = build.proposal()
+        target = torch.stack([q[ctx]] + [q[t] for t in proposal.draft_token_ids])
+        return vt.verify_tree("rrs", target, proposal, vt.GeneratorDraws(g)).emitted_token_ids
+
+    pairs = []
+    for _ in range(n):
+        out = round_from(0)
+        if len(out) < 2:
+            out += round_from(out[-1])
+        pairs.append(out[0] * vocab + out[1])
+    observed = np.bincount(pairs, minlength=vocab * vocab)
+    want = (q[0].unsqueeze(1) * q).reshape(-1).double().numpy()
+    assert chisquare(observed, want * n).pvalue > 1e-3

@@ -9,7 +9,7 @@ import torch
 
 from enumeration import compose_rounds, enumerate_outcomes, longest_match_over_independent_samples
 from specray.kernels import verify_tree as vt
-from specray.kernels.proposal import Proposal, VerifyResult
+from specray.kernels.proposal import Proposal
 
 
 # -- tier 1: exact tiny cases ---------------------------------------------------------------------
