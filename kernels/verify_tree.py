@@ -187,6 +187,7 @@ def verify_trees(rule: str, rows: torch.Tensor, proposals: list[Proposal],
                  generators: Generators) -> list[VerifyResult]:
     """A ragged batch: sequence b owns rows [cu[b], cu[b + 1]) with cu[b + 1] - cu[b] = n_b + 1."""
     gens = generators if isinstance(generators, list) else [generators] * len(proposals)
+    rows = rows.cpu()  # explicit host copy (a sync on GPU): the walk is per-node host work with CPU generators
     out, row0 = [], 0
     for proposal, gen in zip(proposals, gens, strict=True):
         n = proposal.num_draft_tokens + 1

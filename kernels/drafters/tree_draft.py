@@ -76,6 +76,7 @@ class TreeDraftModelDrafter:
     def _grow(self, r: DraftRequest, plan: _Plan, logits: torch.Tensor, level: int) -> None:
         """logits [len(frontier), vocab_size] -> the next level of the tree."""
         tree, build = self.tree, plan.build
+        logits = logits.cpu()  # explicit host copy (a sync on GPU): growth is host bookkeeping, CPU generators
         if build.kind == "deterministic_tree":
             logp = (logits.float().log_softmax(-1) if r.sampling.greedy
                     else processed_probs(logits, [r.sampling] * logits.shape[0]).log())
