@@ -187,7 +187,7 @@ class Engine:
             if seq.output_token_ids:
                 proposal = proposals.get(seq.seq_id, Proposal([]))
                 self._check_budget(seq, proposal)
-                rule = pick_rule(proposal, seq.params.temperature == 0.0)  # the router picks the rule from the kind
+                rule = self._rule(seq, proposal)
                 items.append(TargetItem(seq.seq_id, seq.output_token_ids[-1:], proposal, rule=rule))
             else:  # prefill: the first token comes from the prompt's last position
                 items.append(TargetItem(seq.seq_id, list(seq.prompt_token_ids), Proposal([]), seq.spec()))
@@ -196,6 +196,13 @@ class Engine:
             return self.target.submit_step(items)
         finally:
             self.stats.target_seconds += time.perf_counter() - start
+
+    def _rule(self, seq: Sequence, proposal: Proposal) -> str:
+        """The router picks the rule from the proposal's kind, or uses the configured one (the target
+        worker raises when that rule cannot verify the proposal's kind)."""
+        greedy = seq.params.temperature == 0.0
+        fixed = self.config.verify_rule
+        return fixed if fixed != "auto" and not greedy and proposal.num_draft_tokens else pick_rule(proposal, greedy)
 
     def _check_budget(self, seq: Sequence, proposal: Proposal) -> None:
         budget = self.verify_budget(seq)

@@ -20,6 +20,7 @@ class EngineConfig:
     pipelined: bool = False  # two groups in flight: draft one while the target verifies the other
     verify_budget: int | None = None  # draft tokens (tree nodes) verified per sequence per round at most
     max_draft_tokens: int = 0  # the most draft tokens (tree nodes) one round verifies: KV reserved for them
+    verify_rule: str = "auto"  # sampled requests: "auto" (from the proposal's kind) or a fixed rule
 
     def __post_init__(self) -> None:
         assert self.max_model_len >= 2 and self.max_num_seqs >= 1 and self.num_speculative_tokens >= 0
@@ -48,7 +49,7 @@ def engine_config(model_config, tokenizer, spec, max_model_len: int | None, max_
         num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
         speculation_schedule=spec.schedule() if spec else (), pipelined=pipelined and spec is not None,
         verify_budget=spec.verify_budget if spec else None,
-        max_draft_tokens=spec.max_draft_tokens() if spec else 0), eos
+        max_draft_tokens=spec.max_draft_tokens() if spec else 0, verify_rule=spec.verify if spec else "auto"), eos
 
 
 @dataclass

@@ -35,6 +35,9 @@ class SpeculativeConfig:
     # and chains compared at equal target compute. None: no cap beyond the tree's shape.
     verify_budget: int | None = None
     aded: dict | None = None  # ADED options (kernels/drafters/aded.py AdedOptions), method aded
+    # Verification rule for sampled requests: "auto" picks it from each proposal's kind; naming one
+    # ("chain", "rrs", "kseq", "descent") makes a proposal of another kind an error, never a fallback
+    verify: str = "auto"
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -68,6 +71,9 @@ class SpeculativeConfig:
             from specray.kernels.drafters.aded import AdedOptions
 
             AdedOptions.from_dict(self.aded)
+        rules = ("auto", "chain", "rrs", "kseq", "descent")
+        if self.verify not in rules:
+            raise ValueError(f"unknown verify rule {self.verify!r}; choose one of {rules}")
         if self.verify_budget is not None and (not isinstance(self.verify_budget, int) or self.verify_budget < 1):
             raise ValueError(f"verify_budget must be an integer >= 1, got {self.verify_budget}")
 

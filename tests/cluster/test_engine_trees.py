@@ -98,3 +98,16 @@ def test_per_request_verify_budget(tiny_target, tiny_draft, reference):
     assert outs[1].metrics.num_draft_tokens > 5 * outs[1].metrics.num_rounds  # unbudgeted trees are larger
     with pytest.raises(ValueError, match="verify_budget"):
         SamplingParams(verify_budget=0)
+
+
+def test_configured_rule_mismatch_is_an_error_not_a_fallback(tiny_target, tiny_draft):
+    """A sampled request whose deterministic tree would be verified by the chain rule raises."""
+    cfg = {"model": str(tiny_draft), "num_speculative_tokens": 2, "tree": TREES["topk"], "verify": "chain"}
+    llm = LLM(str(tiny_target), speculative_config=cfg, kv_cache_tokens=4096)
+    with pytest.raises(ValueError, match="cannot verify a 'deterministic_tree' proposal"):
+        llm.generate(prompts(1), SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True))
+    ok = LLM(str(tiny_target), speculative_config={**cfg, "verify": "descent"}, kv_cache_tokens=4096)
+    assert len(ok.generate(prompts(1), SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True))[0]
+               .outputs[0].token_ids) == 8
+    with pytest.raises(ValueError, match="unknown verify rule"):
+        LLM(str(tiny_target), speculative_config={**cfg, "verify": "longest"})
