@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from specray.cluster.distill_data import chat_ids, generate_shards, generate_shards_hf, load_samples, seed_prompts
-from specray.cluster.distill_model import (init_draft, save_draft, shrink_untrained_rows, vocab_trim_counts,
+from specray.cluster.distill_model import (init_draft, save_draft, park_untrained_rows, vocab_trim_counts,
                                            vocab_trim_table)
 from specray.cluster.distill_train import TrainConfig, evaluate, final_hidden, train
 
@@ -142,8 +142,8 @@ def cmd_distill(args) -> int:
     _log(f"specray distill: held-out after training: {after}")
     shrink = None
     if train_vocab is not None and val:
-        shrink = shrink_untrained_rows(draft, train_vocab.long(), final_hidden(draft, val, cfg))
-        _log(f"specray distill: rows outside the trained vocabulary scaled for full-vocabulary users: {shrink}")
+        shrink = park_untrained_rows(draft, train_vocab.long(), final_hidden(draft, val, cfg))
+        _log(f"specray distill: rows outside the trained vocabulary parked for full-vocabulary users: {shrink}")
 
     # 4. save
     k = min(args.vocab_trim_k, int(table["token_ids"].numel())) if args.vocab_trim_k else 0

