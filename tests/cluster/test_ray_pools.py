@@ -180,3 +180,25 @@ def test_tensor_parallel_target_pool_equals_single_worker(ray_cluster, tiny_targ
         assert [o.outputs[0].token_ids for o in sampled] == reference[1]
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("spec", [{"method": "draft_model", "tree": {"kind": "rsd_c", "branching": [2, 2, 1]}},
+                                  {"method": "aded"}])
+def test_tree_and_aded_drafts_through_the_ray_pool(ray_cluster, target_pool, tiny_target, tiny_draft, reference,
+                                                   spec):
+    """Trees (and ADED) travel the Ray transport in the wire format; greedy output stays the same."""
+    raw = config(tiny_target, tiny_draft).model_dump()
+    raw["speculative_config"] = {**spec, "num_speculative_tokens": 3,
+                                 **({"model": str(tiny_draft)} if spec["method"] == "draft_model" else {})}
+    cfg = ServeConfig.from_dict(raw)
+    pool = build_draft_pool(cfg)
+    try:
+        checkpoint = Checkpoint(tiny_target, "tiny")
+        tok = checkpoint.tokenizer()
+        econfig, eos = engine_config(ModelConfig.from_hf(checkpoint.hf_config()), tok, cfg.speculative, None, 8,
+                                     512, 16, True)
+        outs = run(Engine(target_pool, pool, tok, eos, econfig), PROMPTS)
+        assert [o.outputs[0].token_ids for o in outs] == reference[0]
+        assert sum(o.metrics.num_draft_tokens for o in outs) > 0
+    finally:
+        pool.close()
