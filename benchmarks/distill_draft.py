@@ -130,5 +130,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+    import os
+
+    torch.set_num_threads(int(os.environ.get("SPECRAY_BENCH_THREADS", min(2, torch.get_num_threads()))))
     main()
