@@ -41,7 +41,9 @@ def speculative_config(args) -> dict | None:
         return None
     default = default_speculative_config(args.model)
     method = args.speculative_method or default["method"]
-    k = args.num_speculative_tokens or (default["num_speculative_tokens"] if method == default["method"] else 2)
+    k = args.num_speculative_tokens  # 0 is a value (rejected below), not "unset"
+    if k is None:
+        k = default["num_speculative_tokens"] if method == default["method"] else 2
     cfg = {"method": method, "num_speculative_tokens": k}
     if method == "ngram":
         cfg.update(prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max)
