@@ -20,8 +20,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-tokens", type=int, default=16384, help="target KV cache size in tokens")
     s = p.add_argument_group("speculation")
     s.add_argument("--speculative-method", default=None, choices=["ngram", "draft_model", "none"],
-                   help="default: the target's packaged trained draft (smollm2-135m: smollm2-135m-draft), "
-                        "else ngram")
+                   help="default: ngram (a target's packaged trained draft once one beats it; "
+                        "smollm2-135m-draft is opt-in: --draft-model smollm2-135m-draft)")
     s.add_argument("--draft-model", default=None,
                    help="draft checkpoint for draft_model (default: the packaged draft, else the target)")
     s.add_argument("--draft-vocab-trim", type=int, default=None,
