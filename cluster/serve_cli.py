@@ -109,7 +109,8 @@ def start_ray(cfg) -> None:
         return
     pools = [cfg.pools.target] * cfg.pools.target.num_workers + [cfg.pools.draft]
     cpus = max(os.cpu_count() or 1, int(sum(p.num_cpus for p in pools) + 0.999))
-    ray.init(num_cpus=cpus, resources=local_resources(cfg), include_dashboard=False)
+    # "local": always a new cluster, never one some other job left running on this machine
+    ray.init(address="local", num_cpus=cpus, resources=local_resources(cfg), include_dashboard=False)
 
 
 def cmd_serve(args) -> int:
