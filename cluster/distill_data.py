@@ -88,11 +88,7 @@ def generate_shards(llm, prompts: list[str], out: Path, shard_size: int, max_tok
         for prompt_ids, o in zip(ids, outs, strict=True):
             top_ids, top_lp = _teacher_rows(o.outputs[0].logprobs, top_k)
             samples.append(Sample(prompt_ids, list(o.outputs[0].token_ids), top_ids, top_lp).__dict__)
-        tmp = path.with_suffix(".tmp")
-        torch.save(samples, tmp)
-        tmp.rename(path)
-        if progress is not None:
-            progress.update(len(group))
+        _write_shard(samples, path, progress, len(group))
     return paths
 
 
@@ -135,9 +131,14 @@ def generate_shards_hf(model, tokenizer, prompts: list[str], out: Path, shard_si
             row = tokens[b].tolist()
             n = next((j + 1 for j, t in enumerate(row) if t in eos_token_ids), len(row))  # through the EOS
             samples.append(Sample(prompt_ids, row[:n], top_ids[b, :n].clone(), top_lp[b, :n].clone()).__dict__)
-        tmp = path.with_suffix(".tmp")
-        torch.save(samples, tmp)
-        tmp.rename(path)
-        if progress is not None:
-            progress.update(len(group))
+        _write_shard(samples, path, progress, len(group))
     return paths
+
+
+def _write_shard(samples: list[dict], path, progress, num_prompts: int) -> None:
+    """Atomic: a shard exists whole or not at all, so a resumed run can trust every shard it finds."""
+    tmp = path.with_suffix(".tmp")
+    torch.save(samples, tmp)
+    tmp.rename(path)
+    if progress is not None:
+        progress.update(num_prompts)

@@ -10,6 +10,25 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 from helpers import save_tiny_llama  # noqa: E402
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for modules of many tiny steps (or ranks as threads/processes): a second
+    thread only spin-waits against the others on a shared 2-core box."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def peaky_models(tmp_path_factory):
+    """A peakier target than the shared one and its perturbed draft, so that a biased verification
+    rule moves the output distribution a lot (the engine-wide chi-square tests)."""
+    target = save_tiny_llama(tmp_path_factory.mktemp("peaky_target"), seed=0, head_scale=3.0)
+    draft = save_tiny_llama(tmp_path_factory.mktemp("peaky_draft"), seed=1, perturb_from=target, noise=0.35)
+    return target, draft
+
+
 @pytest.fixture(scope="session")
 def tiny_target(tmp_path_factory) -> Path:
     return save_tiny_llama(tmp_path_factory.mktemp("tiny_target"), seed=0)

@@ -9,16 +9,10 @@ from specray.actors.target_worker import TargetWorker
 from specray.kernels.tensor_parallel import free_init_method
 from tp_helpers import join_ranks, run_script, start_ranks, tp_rank_main
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 WORLD = 2
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny steps: a second intra-op thread only spins against the other processes on a shared box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def single_worker(folder) -> TargetWorker:

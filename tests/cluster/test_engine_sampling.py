@@ -69,16 +69,6 @@ N = 12_000
 
 
 @pytest.fixture(scope="module")
-def peaky_models(tmp_path_factory):
-    """A peakier target than the shared one, so that a biased rule moves the distribution a lot."""
-    from helpers import save_tiny_llama
-
-    target = save_tiny_llama(tmp_path_factory.mktemp("peaky_target"), seed=0, head_scale=3.0)
-    draft = save_tiny_llama(tmp_path_factory.mktemp("peaky_draft"), seed=1, perturb_from=target, noise=0.35)
-    return target, draft
-
-
-@pytest.fixture(scope="module")
 def sampling_llm(peaky_models):
     return make_llm(*peaky_models, k=3)
 

@@ -11,6 +11,8 @@ from specray.kernels import verify_tree
 
 from enumeration import longest_match_over_independent_samples
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 N = 4000
 PROMPT = {"prompt_token_ids": [1, 17, 40, 23]}
 
@@ -44,22 +46,10 @@ TREES = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Many small ragged steps: one intra-op thread avoids spin-waiting on a shared 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
-def peaky(tmp_path_factory):
-    from helpers import save_tiny_llama
-
-    target = save_tiny_llama(tmp_path_factory.mktemp("tree_peaky_target"), seed=0, head_scale=3.0)
-    draft = save_tiny_llama(tmp_path_factory.mktemp("tree_peaky_draft"), seed=1, perturb_from=target, noise=0.35)
-    return target, draft
+def peaky(peaky_models):
+    return peaky_models
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,8 @@ from specray.kernels.loader import Checkpoint, load_model
 from specray.kernels.model import TPGroup
 from specray.kernels.tensor_parallel import check_shardable, shard_model, thread_groups
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 class StubGroup(TPGroup):
     """Rank/size only: enough to shard and inspect shapes, not to run a forward."""
@@ -18,14 +20,6 @@ class StubGroup(TPGroup):
     def __init__(self, rank, size):
         self.rank, self.size = rank, size
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Ranks run as threads: one intra-op thread each keeps them from spinning against each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
