@@ -12,7 +12,7 @@ class TargetSpec:
     device: str = "cpu"
     num_blocks: int = 1024
     block_size: int = 16
-    threads: int | None = None  # torch intra-op threads inside the worker process
+    threads: int | None = None  # torch intra-op threads; None: the node's cores / tp_size
     # Tensor parallelism: this worker is rank tp_rank of tp_size workers sharing one target. Every
     # rank must receive every step/release call, in the same order; all return the same results.
     tp_rank: int = 0

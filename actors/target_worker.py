@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,12 @@ class _TargetSeq:
     generator: torch.Generator | None
 
 
+def auto_threads(tp_size: int) -> int:
+    """The node's cores split among the target's ranks. Ray pins OMP_NUM_THREADS to an actor's
+    num_cpus (1 by default), which would leave a CPU target running on one core."""
+    return max(1, len(os.sched_getaffinity(0)) // tp_size)
+
+
 class TargetWorker:
     """Plain class; Ray places it in cluster/. Usable in-process."""
 
@@ -37,8 +44,7 @@ class TargetWorker:
     def from_spec(cls, spec: TargetSpec) -> "TargetWorker":
         """Build inside the worker's process. With tp_size > 1 this joins the process group and
         blocks until every rank has: create all ranks before waiting on any."""
-        if spec.threads:
-            torch.set_num_threads(spec.threads)
+        torch.set_num_threads(spec.threads or auto_threads(spec.tp_size))
         model = load_model(resolve(spec.model), DTYPES[spec.dtype], spec.device)
         if spec.tp_size > 1:
             check_shardable(model.config, spec.tp_size)  # fail on every rank before the rendezvous

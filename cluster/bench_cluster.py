@@ -3,6 +3,7 @@
 1. In-process engine, closed loop at each concurrency (a new request starts when one finishes).
 2. `specray serve`'s stack on a local Ray cluster (Serve HTTP -> router -> Ray pools), the same
    closed loop over HTTP with streaming: pipelined router, then one group in flight.
+   With --repeats the two steps alternate that many times and the median pass is reported.
 3. Each draft transport (ray, torch_distributed, grpc): bytes and latency per propose round,
    read from the router's side of the link while the engine runs the same prompts.
 Writes cluster.json and cluster.md.
@@ -130,13 +131,37 @@ def transports(cfg, requests, params, concurrency: int) -> list[dict]:
     return rows
 
 
+LABELS = ("in_process", "served_pipelined", "served_pipelined_grpc", "served_one_group")
+
+
+def one_pass(cfg, requests, params, bodies, levels) -> dict:
+    """In-process, then served pipelined (HTTP and gRPC), then served with one group in flight."""
+    out = {"in_process": in_process(cfg, requests, params, levels)}
+    out["served_pipelined"], out["served_pipelined_grpc"] = served(
+        cfg.with_overrides(**{"router.pipelined": True}), bodies, levels, "served pipelined", grpc=True)
+    out["served_one_group"], _ = served(cfg.with_overrides(**{"router.pipelined": False}), bodies, levels,
+                                        "served one group")
+    return out
+
+
+def median_rows(passes: list[dict]) -> dict:
+    """Per path and concurrency, the pass with the median throughput (the lower one of an even count):
+    passes alternate the paths, so a noisy neighbour slows them alike."""
+    merged = {}
+    for label in LABELS:
+        rows = list(zip(*(p[label] for p in passes)))  # [level][pass]
+        merged[label] = [sorted(level, key=lambda r: r["throughput_tokens_per_s"])[(len(level) - 1) // 2]
+                         for level in rows]
+    return merged
+
+
 def markdown(report: dict) -> str:
     lines = [f"model {report['model']}, speculation {report['speculative_config']}, {report['max_tokens']} max "
              f"tokens, {report['num_requests']} requests per level", "",
              "| path | concurrency | tokens/s | vs in-process | E2E p50/p99 s | TPOT p50 s |",
              "|---|---|---|---|---|---|"]
     base = {r["concurrency"]: r["throughput_tokens_per_s"] for r in report["in_process"]}
-    for label in ("in_process", "served_pipelined", "served_pipelined_grpc", "served_one_group"):
+    for label in LABELS:
         for r in report.get(label, []):
             ratio = r["throughput_tokens_per_s"] / base[r["concurrency"]] if base.get(r["concurrency"]) else 0
             e, tpot = r["e2e_s"], r.get("tpot_s", {}).get("p50")
@@ -165,13 +190,12 @@ def cmd_bench_cluster(args) -> int:
     bodies = [{"model": cfg.model_name, "messages": [{"role": "user", "content": p}], "max_tokens": args.max_tokens,
                "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}} for p in prompts]
     report = {"schema": SCHEMA, "model": cfg.model, "speculative_config": cfg.speculative_config,
-              "max_tokens": args.max_tokens, "num_requests": args.num_requests,
-              "in_process": in_process(cfg, requests, params, args.concurrency)}
+              "max_tokens": args.max_tokens, "num_requests": args.num_requests, "repeats": args.repeats}
     start_ray(cfg)
-    report["served_pipelined"], report["served_pipelined_grpc"] = served(
-        cfg.with_overrides(**{"router.pipelined": True}), bodies, args.concurrency, "served pipelined", grpc=True)
-    report["served_one_group"], _ = served(cfg.with_overrides(**{"router.pipelined": False}), bodies,
-                                           args.concurrency, "served one group")
+    passes = [one_pass(cfg, requests, params, bodies, args.concurrency) for _ in range(args.repeats)]
+    report.update(median_rows(passes))
+    if args.repeats > 1:
+        report["passes"] = passes
     if cfg.speculative_config and not args.skip_transports:
         report["transports"] = transports(cfg, requests[:8], params, min(8, max(args.concurrency)))
     out = Path(args.out)
@@ -193,6 +217,8 @@ def add_cluster_bench_parser(kinds) -> None:
     p.add_argument("--num-requests", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--dataset", default=None, help="JSONL of prompts (default: the packaged Spec-Bench subset)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run every path this many times, interleaved, and report each one's median pass")
     p.add_argument("--skip-transports", action="store_true")
     p.add_argument("--out", default="bench_out")
     p.set_defaults(func=cmd_bench_cluster)

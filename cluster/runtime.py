@@ -93,6 +93,6 @@ def build_runtime(cfg: ServeConfig, wait_ready: bool = True) -> Runtime:
                 pool.ready()
     econfig, eos = engine_config(model_config, tokenizer, cfg.speculative, cfg.router.max_model_len,
                                  cfg.router.max_num_seqs, num_blocks(cfg), cfg.router.block_size,
-                                 cfg.router.pipelined)
+                                 cfg.pipelined)
     engine = Engine(target, draft, tokenizer, eos, econfig)
     return Runtime(cfg, engine, AsyncEngine(engine, cfg.router.max_waiting), tokenizer, target, draft)

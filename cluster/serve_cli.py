@@ -41,8 +41,10 @@ def add_serve_flags(p) -> None:
     p.add_argument("--speculative-method", choices=["ngram", "draft_model", "none"])
     p.add_argument("--draft-model")
     p.add_argument("--num-speculative-tokens", type=int)
-    p.add_argument("--no-pipeline", dest="pipelined", action="store_false", default=None,
-                   help="one group in flight instead of two")
+    p.add_argument("--pipeline", dest="pipelined", choices=["auto", "on", "off"],
+                   help="two groups in flight (on), one (off), or two only with a draft model (auto, default)")
+    p.add_argument("--no-pipeline", dest="pipelined", action="store_const", const="off",
+                   help="same as --pipeline off")
     p.add_argument("--transport", choices=["ray", "torch_distributed", "grpc"])
     p.add_argument("--drafter-address", help="host:port of a `specray drafter` (grpc transport)")
     p.add_argument("--tensor-parallel-size", type=int, help="target workers sharing the model")
@@ -57,7 +59,7 @@ def resolve_config(args):
 
     cfg = ServeConfig.from_yaml(args.config) if args.config else ServeConfig()
     overrides = {key: getattr(args, flag) for flag, key in FLAG_KEYS.items()}
-    overrides["router.pipelined"] = args.pipelined
+    overrides["router.pipelined"] = {"on": True, "off": False}.get(args.pipelined, args.pipelined)
     spec = _speculative_override(args, cfg.speculative_config)
     if spec is not False:
         overrides["speculative_config"] = spec

@@ -31,7 +31,8 @@ class PoolConfig(_Strict):
     num_gpus: float = Field(0.0, ge=0, description="GPUs each worker reserves")
     resources: dict[str, float] = Field(default_factory=dict,
                                         description="custom Ray resources the worker's node must advertise")
-    threads: int | None = Field(None, ge=1, description="torch intra-op threads per worker")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads per worker; unset: a target "
+                                "worker uses its node's cores / num_workers, a draft worker its num_cpus")
     dtype: str = "float32"
     device: str = "cpu"
 
@@ -61,7 +62,8 @@ class PoolsConfig(_Strict):
 
 
 class RouterConfig(_Strict):
-    pipelined: bool = Field(True, description="two groups in flight: draft B while verifying A")
+    pipelined: bool | Literal["auto"] = Field(
+        "auto", description="two groups in flight: draft B while verifying A; auto: only when the draft is a model")
     max_num_seqs: int = Field(32, ge=1, description="running sequences at most")
     max_waiting: int = Field(256, ge=1, description="queued requests before 429 / RESOURCE_EXHAUSTED")
     kv_cache_tokens: int = Field(16384, ge=16, description="target KV cache size in tokens")
@@ -129,6 +131,15 @@ class ServeConfig(_Strict):
     @property
     def speculative(self) -> SpeculativeConfig | None:
         return SpeculativeConfig.from_dict(self.speculative_config)
+
+    @property
+    def pipelined(self) -> bool:
+        """Two groups in flight pay off only when drafting costs compute the target could overlap:
+        with an n-gram draft they halve the verified batch for nothing."""
+        if self.router.pipelined != "auto":
+            return self.router.pipelined
+        spec = self.speculative
+        return spec is not None and spec.method == "draft_model"
 
     @property
     def model_name(self) -> str:

@@ -79,3 +79,16 @@ def test_bench_cluster_closed_loop_and_table(tiny_target, tiny_draft):
                       "transports": [{"transport": "ray", "bytes_sent_per_round": 1, "bytes_received_per_round": 2,
                                       "round_trip_ms": 3, "throughput_tokens_per_s": 4}]})
     assert "| served_pipelined | 2 |" in table and "0.50x" in table and "| ray | 1 | 2 | 3 | 4 |" in table
+
+
+def test_bench_cluster_reports_each_paths_median_pass():
+    from specray.cluster.bench_cluster import LABELS, median_rows
+
+    def pass_(*speeds):  # one throughput per concurrency level, same for every path
+        return {label: [{"concurrency": c, "throughput_tokens_per_s": v} for c, v in zip((1, 8), speeds)]
+                for label in LABELS}
+
+    merged = median_rows([pass_(3, 30), pass_(1, 90), pass_(2, 60)])
+    assert [r["throughput_tokens_per_s"] for r in merged["served_one_group"]] == [2, 60]
+    assert [r["concurrency"] for r in merged["in_process"]] == [1, 8]
+    assert [r["throughput_tokens_per_s"] for r in median_rows([pass_(1, 9), pass_(2, 8)])["in_process"]] == [1, 8]

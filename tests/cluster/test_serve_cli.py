@@ -27,8 +27,26 @@ def test_dry_run_merges_file_and_flags(tmp_path, capsys):
     assert cfg["pools"]["target"]["threads"] == 2 and cfg["pools"]["target"]["resources"] == {"target": 1.0}
 
 
+@pytest.mark.parametrize("flags, pipelined", [
+    ([], False),  # the default n-gram draft costs nothing to overlap: one group
+    (["--speculative-method", "draft_model", "--draft-model", "d"], True),
+    (["--speculative-method", "draft_model", "--draft-model", "d", "--pipeline", "off"], False),
+    (["--pipeline", "on"], True),
+    (["--speculative-method", "none"], False),
+])
+def test_pipeline_auto_pipelines_only_model_drafts(flags, pipelined):
+    from specray.cluster.cli import build_parser
+    from specray.cluster.serve_cli import resolve_config
+
+    args = build_parser().parse_args(["serve", *flags])
+    cfg = resolve_config(args)
+    assert cfg.pipelined is pipelined
+    assert cfg.router.pipelined == ("auto" if "--pipeline" not in flags else {"on": True, "off": False}[flags[-1]])
+
+
 @pytest.mark.parametrize("text, message", [
     ("routr: {}\n", "routr: unknown key"),
+    ("router: {pipelined: sometimes}\n", "router.pipelined"),
     ("router: {max_num_seqs: 0}\n", "router.max_num_seqs"),
     ("speculative_config: {method: magic}\n", "unknown speculative method"),
     ("transport: {kind: grpc}\n", "drafter_address"),
