@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -131,39 +132,53 @@ def transports(cfg, requests, params, concurrency: int) -> list[dict]:
     return rows
 
 
-LABELS = ("in_process", "served_pipelined", "served_pipelined_grpc", "served_one_group")
+LABELS = ("in_process", "served_pipelined", "served_pipelined_grpc", "served_one_group", "served_one_group_grpc")
 
 
 def one_pass(cfg, requests, params, bodies, levels) -> dict:
-    """In-process, then served pipelined (HTTP and gRPC), then served with one group in flight."""
+    """In-process, then served pipelined, then served with one group in flight; gRPC as well in the
+    router mode the config resolves to (`router.pipelined`, auto by default)."""
     out = {"in_process": in_process(cfg, requests, params, levels)}
-    out["served_pipelined"], out["served_pipelined_grpc"] = served(
-        cfg.with_overrides(**{"router.pipelined": True}), bodies, levels, "served pipelined", grpc=True)
-    out["served_one_group"], _ = served(cfg.with_overrides(**{"router.pipelined": False}), bodies, levels,
-                                        "served one group")
+    for name, pipelined in (("served_pipelined", True), ("served_one_group", False)):
+        grpc = cfg.pipelined == pipelined
+        out[name], rows = served(cfg.with_overrides(**{"router.pipelined": pipelined}), bodies, levels,
+                                 name.replace("_", " "), grpc=grpc)
+        if grpc:
+            out[f"{name}_grpc"] = rows
     return out
 
 
 def median_rows(passes: list[dict]) -> dict:
-    """Per path and concurrency, the pass with the median throughput (the lower one of an even count):
-    passes alternate the paths, so a noisy neighbour slows them alike."""
+    """Per path and concurrency, the pass with the median throughput (the lower one of an even count),
+    with `vs_in_process`: the median over passes of the path's throughput over the in-process
+    engine's in the same pass (paired, so a noisy neighbour during one pass cancels out)."""
     merged = {}
-    for label in LABELS:
+    for label in (x for x in LABELS if x in passes[0]):
         rows = list(zip(*(p[label] for p in passes)))  # [level][pass]
-        merged[label] = [sorted(level, key=lambda r: r["throughput_tokens_per_s"])[(len(level) - 1) // 2]
-                         for level in rows]
+        merged[label] = [dict(_median(level)) for level in rows]
+        for level, row in enumerate(merged[label]):
+            ratios = [p[label][level]["throughput_tokens_per_s"] / p["in_process"][level]["throughput_tokens_per_s"]
+                      for p in passes if p["in_process"][level]["throughput_tokens_per_s"]]
+            if ratios:
+                row["vs_in_process"] = round(statistics.median_low(ratios), 3)
     return merged
+
+
+def _median(rows: list[dict]) -> dict:
+    return sorted(rows, key=lambda r: r["throughput_tokens_per_s"])[(len(rows) - 1) // 2]
 
 
 def markdown(report: dict) -> str:
     lines = [f"model {report['model']}, speculation {report['speculative_config']}, {report['max_tokens']} max "
-             f"tokens, {report['num_requests']} requests per level", "",
+             f"tokens, {report['num_requests']} requests per level, median of {report.get('repeats', 1)} "
+             "interleaved passes (vs in-process: median of the per-pass ratios)", "",
              "| path | concurrency | tokens/s | vs in-process | E2E p50/p99 s | TPOT p50 s |",
              "|---|---|---|---|---|---|"]
     base = {r["concurrency"]: r["throughput_tokens_per_s"] for r in report["in_process"]}
     for label in LABELS:
         for r in report.get(label, []):
-            ratio = r["throughput_tokens_per_s"] / base[r["concurrency"]] if base.get(r["concurrency"]) else 0
+            ratio = r.get("vs_in_process") or (r["throughput_tokens_per_s"] / base[r["concurrency"]]
+                                               if base.get(r["concurrency"]) else 0)
             e, tpot = r["e2e_s"], r.get("tpot_s", {}).get("p50")
             lines.append(f"| {label} | {r['concurrency']} | {r['throughput_tokens_per_s']} | {ratio:.2f}x | "
                          f"{e['p50']}/{e['p99']} | {tpot if tpot is not None else '-'} |")

@@ -92,3 +92,7 @@ def test_bench_cluster_reports_each_paths_median_pass():
     assert [r["throughput_tokens_per_s"] for r in merged["served_one_group"]] == [2, 60]
     assert [r["concurrency"] for r in merged["in_process"]] == [1, 8]
     assert [r["throughput_tokens_per_s"] for r in median_rows([pass_(1, 9), pass_(2, 8)])["in_process"]] == [1, 8]
+    slow = pass_(3, 30)
+    slow["served_one_group"][1]["throughput_tokens_per_s"] = 15  # half of its pass's in-process
+    paired = median_rows([slow, pass_(1, 90), pass_(2, 60)])["served_one_group"]
+    assert [r["vs_in_process"] for r in paired] == [1.0, 1.0]  # the median pair, not median / median
