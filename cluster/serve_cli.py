@@ -4,6 +4,7 @@ and prints its endpoints."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -157,12 +158,26 @@ def endpoint_banner(cfg, handle) -> str:
     return "\n".join(lines)
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
 def add_drafter_parser(sub) -> None:
     p = sub.add_parser("drafter", help="serve a draft pool over gRPC (the router's grpc transport)",
                        description="Runs a Drafter service outside the Ray cluster; point `specray serve "
                                    "--transport grpc --drafter-address host:port` at it.")
-    p.add_argument("--method", default="ngram", choices=["ngram", "draft_model"])
-    p.add_argument("--model", help="draft checkpoint (draft_model)")
+    p.add_argument("--method", default="ngram", choices=["ngram", "draft_model", "aded"])
+    p.add_argument("--model", help="draft checkpoint (draft_model); the target's tokenizer folder (aded)")
+    p.add_argument("--tree", type=_json_object, help="draft_model trees, as in speculative_config, e.g. "
+                                                     "'{\"kind\": \"rsd_c\", \"branching\": [2, 2, 1]}'")
+    p.add_argument("--aded", type=_json_object, help="ADED options as in speculative_config (method aded)")
+    p.add_argument("--vocab-trim", type=int, help="VocabTrim size (0 = off; default: the draft folder's)")
     p.add_argument("--num-layers", type=int, help="keep only the draft's first layers")
     p.add_argument("--prompt-lookup-min", type=int, default=1)
     p.add_argument("--prompt-lookup-max", type=int, default=4)
@@ -174,16 +189,27 @@ def add_drafter_parser(sub) -> None:
     p.set_defaults(func=cmd_drafter)
 
 
-def cmd_drafter(args) -> int:
+def drafter_spec(args):
+    """The DraftSpec `specray drafter` serves, validated as the router validates speculative_config."""
     from specray.actors.specs import DraftSpec
-    from specray.cluster.draft_endpoint import DraftEndpoint
-    from specray.cluster.grpc_drafter import serve_drafter
     from specray.cluster.spec_config import SpeculativeConfig
 
     SpeculativeConfig(method=args.method, model=args.model, prompt_lookup_min=args.prompt_lookup_min,
-                      prompt_lookup_max=args.prompt_lookup_max)  # same validation as the router's
+                      prompt_lookup_max=args.prompt_lookup_max, tree=args.tree, aded=args.aded,
+                      draft_vocab_trim=args.vocab_trim)  # same validation as the router's
+    if args.method == "aded" and not args.model:
+        raise ValueError("--method aded needs --model: the target whose tokenizer the tri-gram table uses")
     spec = DraftSpec(args.method, args.model, args.num_layers, args.prompt_lookup_min, args.prompt_lookup_max,
-                     args.dtype, args.device, -(-args.kv_cache_tokens // 16))
+                     args.dtype, args.device, -(-args.kv_cache_tokens // 16), tree=args.tree, aded=args.aded,
+                     vocab_trim=args.vocab_trim)
+    return spec
+
+
+def cmd_drafter(args) -> int:
+    from specray.cluster.draft_endpoint import DraftEndpoint
+    from specray.cluster.grpc_drafter import serve_drafter
+
+    spec = drafter_spec(args)
     server, port = serve_drafter(DraftEndpoint.from_spec(spec), f"{args.host}:{args.port}")
     print(f"specray drafter ({args.method}) listening on {args.host}:{port}", flush=True)
     try:
