@@ -96,3 +96,27 @@ def test_bench_cluster_reports_each_paths_median_pass():
     slow["served_one_group"][1]["throughput_tokens_per_s"] = 15  # half of its pass's in-process
     paired = median_rows([slow, pass_(1, 90), pass_(2, 60)])["served_one_group"]
     assert [r["vs_in_process"] for r in paired] == [1.0, 1.0]  # the median pair, not median / median
+
+
+def test_tree_benchmark_configs_are_valid_and_comparable():
+    """benchmarks/trees.py: every config passes the router's validation; the budget group verifies
+    at most its budget per round and its chain has exactly that length."""
+    import importlib.util
+    from pathlib import Path
+
+    from specray.cluster.spec_config import SpeculativeConfig
+
+    path = Path(__file__).parents[2] / "benchmarks" / "trees.py"
+    spec = importlib.util.spec_from_file_location("bench_trees", path)
+    trees = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trees)
+    configs = trees.configs("some-draft", depth=3, budget=6)
+    parsed = {name: SpeculativeConfig.from_dict(c) for name, c in configs.items()}
+    assert parsed["none"] is None
+    assert {n.split("/")[1] for n in configs if "/" in n} == {"chain", "rsd_c", "rsd_s", "spectr", "topk", "aded"}
+    assert all(parsed[n].max_draft_tokens() <= 6 for n in configs if n.startswith("budget/"))
+    assert parsed["budget/chain"].num_speculative_tokens == 6 and parsed["depth/chain"].num_speculative_tokens == 3
+    rows = [{"method": m, "temperature": 1.0, "tokens_per_s": s, "acceptance_length": 1.5, "verified_per_round": 2}
+            for m, s in (("none", 10.0), ("depth/chain", 20.0), ("depth/rsd_c", 25.0))]
+    table = trees.markdown({"rows": rows})
+    assert "| depth/rsd_c | 1.0 | 25.00 | 1.25x | 2.50x |" in table and "| none | 1.0 | 10.00 | - | 1.00x |" in table
