@@ -47,19 +47,18 @@ def build_drafter(method: str, model: str | None = None, num_layers: int | None 
         if model is None:
             raise ValueError("method 'draft_model' needs speculative_config['model']")
         checkpoint = resolve(model)
-        default = 0 if tree is not None else default_vocab_trim(checkpoint.path)  # trees use the full head
-        k = default if vocab_trim is None else vocab_trim
+        k = default_vocab_trim(checkpoint.path) if vocab_trim is None else vocab_trim
         draft = load_model(checkpoint, dtype, device, num_layers, gemv_weights=False if k else None)
+        ids = load_vocab_trim(checkpoint.path, k) if k else None
         if tree is not None:
-            if k:
-                raise ValueError("draft_vocab_trim does not combine with tree drafting yet; set it to 0")
-            return TreeDraftModelDrafter(draft, TreeSpec.from_dict(tree), num_blocks)
-        if k:
-            drafter = VocabTrimDrafter(draft, load_vocab_trim(checkpoint.path, k), num_blocks)
-            if str(device) == "cpu":  # GEMV copies after trimming: the full head's is never built
-                draft.add_gemv_weights()
-            return drafter
-        return DraftModelDrafter(draft, num_blocks)
+            drafter = TreeDraftModelDrafter(draft, TreeSpec.from_dict(tree), num_blocks, vocab_trim_ids=ids)
+        elif k:
+            drafter = VocabTrimDrafter(draft, ids, num_blocks)
+        else:
+            return DraftModelDrafter(draft, num_blocks)
+        if k and str(device) == "cpu":  # GEMV copies after trimming: the full head's is never built
+            draft.add_gemv_weights()
+        return drafter
     raise ValueError(f"unknown speculative method {method!r}; choose 'ngram', 'draft_model' or 'aded'")
 
 

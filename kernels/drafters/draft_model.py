@@ -49,8 +49,13 @@ class DraftModelDrafter:
             self.cache.set_cached(r.seq_id, keep)
         return SeqChunk(r.seq_id, r.token_ids[keep:], keep, num_logits=1 if r.num_draft_tokens else 0)
 
+    def logits(self, batch: RaggedBatch) -> torch.Tensor:
+        """The draft's [num_logits, vocab_size] logits for a batch over its cache (VocabTrim: -inf
+        off the subset)."""
+        return self.model(batch, self.cache)
+
     def _step(self, chunks: list[SeqChunk]) -> torch.Tensor:
-        logits = self.model(RaggedBatch.build(chunks, self.cache, self.model.embed_tokens.device), self.cache)
+        logits = self.logits(RaggedBatch.build(chunks, self.cache, self.model.embed_tokens.device))
         for c in chunks:
             self.cache.set_cached(c.seq_id, c.context_len + len(c.token_ids))
             self.states[c.seq_id].fed.extend(c.token_ids)

@@ -19,6 +19,7 @@ from specray.kernels.drafters.base import DraftRequest
 from specray.kernels.drafters.draft_model import DraftModelDrafter
 from specray.kernels.drafters.tree_shapes import (TreeBuild, TreeSpec, grow_rsd_c, grow_rsd_s, grow_spectr,
                                                   grow_topk, keep_most_likely)
+from specray.kernels.drafters.vocab_trim import VocabTrimDrafter
 from specray.kernels.model import LlamaModel
 from specray.kernels.proposal import Proposal
 from specray.kernels.sampling import processed_probs
@@ -37,8 +38,11 @@ class _Plan:
 class TreeDraftModelDrafter:
     name = "draft_model"
 
-    def __init__(self, model: LlamaModel, tree: TreeSpec, num_blocks: int = 2048, block_size: int = 16):
-        self.base = DraftModelDrafter(model, num_blocks, block_size)
+    def __init__(self, model: LlamaModel, tree: TreeSpec, num_blocks: int = 2048, block_size: int = 16,
+                 vocab_trim_ids: torch.Tensor | None = None):
+        # VocabTrim: every node's distribution is the softmax over the subset, as for chains
+        self.base = (DraftModelDrafter(model, num_blocks, block_size) if vocab_trim_ids is None
+                     else VocabTrimDrafter(model, vocab_trim_ids, num_blocks, block_size))
         self.tree = tree
 
     def release(self, seq_id: object) -> None:
@@ -104,7 +108,7 @@ class TreeDraftModelDrafter:
             ctx = len(base.states[requests[i].seq_id].fed)
             chunks.append(SeqChunk(requests[i].seq_id, list(b.tokens), ctx, list(b.parents), num_logits=len(b.tokens)))
         batch = RaggedBatch.build(chunks, base.cache, base.model.embed_tokens.device)
-        logits = base.model(batch, base.cache)  # [sum(num_nodes), vocab_size]; valid lengths unchanged
+        logits = base.logits(batch)  # [sum(num_nodes), vocab_size]; valid lengths unchanged
         out, row0 = {}, 0
         for i, c in zip(active, chunks, strict=True):
             frontier = torch.tensor(plans[i].build.frontier, dtype=torch.long)

@@ -58,7 +58,8 @@ def expand_trimmed_logits(trimmed: torch.Tensor, token_ids: torch.Tensor, vocab_
 
 
 class VocabTrimDrafter(DraftModelDrafter):
-    """A draft model chain over a trimmed head (DESIGN §3 'VocabTrim heads')."""
+    """A draft model over a trimmed head (DESIGN §3 'VocabTrim heads'); chains, and trees as the
+    base of TreeDraftModelDrafter."""
 
     name = "draft_model_vocab_trim"
 
@@ -68,6 +69,6 @@ class VocabTrimDrafter(DraftModelDrafter):
         self.token_ids = token_ids.to(model.lm_head.device)  # [k]: subset row -> token id
         self.vocab_size = model.config.vocab_size
 
-    def _step(self, chunks) -> torch.Tensor:
-        trimmed = super()._step(chunks)  # [num_logits, k]
+    def logits(self, batch) -> torch.Tensor:
+        trimmed = self.model(batch, self.cache)  # [num_logits, k]
         return expand_trimmed_logits(trimmed, self.token_ids, self.vocab_size)  # [num_logits, vocab_size]

@@ -57,9 +57,9 @@ def want(peaky):
     return exact_second_token_distribution(peaky[0])
 
 
-def second_tokens(target, draft, tree, seed):
+def second_tokens(target, draft, tree, seed, **extra):
     cfg = ({"method": "aded", "num_speculative_tokens": 2} if tree == "aded"
-           else {"model": str(draft), "num_speculative_tokens": 2, "tree": tree})
+           else {"model": str(draft), "num_speculative_tokens": 2, "tree": tree, **extra})
     llm = LLM(str(target), speculative_config=cfg, kv_cache_tokens=1 << 14, max_num_seqs=128, seed=seed)
     outs = llm.generate([PROMPT] * N, SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True))
     drafted = sum(o.metrics.num_draft_tokens for o in outs)
@@ -71,6 +71,30 @@ def second_tokens(target, draft, tree, seed):
 @pytest.mark.parametrize("tree", sorted(TREES))
 def test_tree_sampling_is_lossless(peaky, want, tree):
     assert chi2(second_tokens(*peaky, TREES[tree], seed=1), want) > 1e-3
+
+
+@pytest.fixture(scope="module")
+def trimmed_draft(peaky, tmp_path_factory):
+    """The peaky draft with a VocabTrim table that leaves out every third token, some of the
+    target's mass among them, so recovered tokens off the subset are exercised."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    folder = tmp_path_factory.mktemp("peaky_draft_trimmed") / "draft"
+    shutil.copytree(peaky[1], folder)
+    keep = torch.tensor([t for t in range(97) if t % 3])  # [65]
+    save_file({"token_ids": keep}, str(folder / "vocab_trim.safetensors"))
+    return folder, set(keep.tolist())
+
+
+@pytest.mark.parametrize("tree", ["rsd_c", "spectr", "topk"])
+def test_trimmed_tree_sampling_is_lossless(peaky, want, trimmed_draft, tree):
+    """VocabTrim under trees: every node's proposal is the subset softmax (RRS, K-SEQ, descent)."""
+    folder, keep = trimmed_draft
+    tokens = second_tokens(peaky[0], folder, TREES[tree], seed=5, draft_vocab_trim=len(keep))
+    assert set(np.unique(tokens).tolist()) - keep, "tokens off the subset must still be emitted"
+    assert chi2(tokens, want) > 1e-3
 
 
 def test_aded_sampling_is_lossless(peaky, want):

@@ -117,3 +117,25 @@ def test_negative_control_reporting_the_untrimmed_distribution_is_detected():
     q, p_trim, p_full = tables()
     tokens, _ = first_two(q, p_trim, p_full, seed=2)
     assert pvalue(tokens, q) < 1e-6
+
+
+@pytest.mark.parametrize("tree", [{"kind": "rsd_c", "branching": [3, 2]}, {"kind": "rsd_s", "width": 3},
+                                  {"kind": "spectr", "k": 3}, {"kind": "topk", "k": 3, "width": 3}])
+@pytest.mark.parametrize("sampling", [SamplingConfig(0.0), SamplingConfig(1.0)])
+def test_trimmed_trees_stay_in_subset(tiny_target, tree, sampling):
+    from specray.kernels.drafters.tree_draft import TreeDraftModelDrafter
+    from specray.kernels.drafters.tree_shapes import TreeSpec
+
+    drafter = TreeDraftModelDrafter(load_model(Checkpoint(tiny_target, "t")), TreeSpec.from_dict(tree),
+                                    num_blocks=256, block_size=4, vocab_trim_ids=SUBSET)
+    gens = [torch.Generator().manual_seed(i) for i in range(16)]
+    props = drafter.propose([DraftRequest(i, [1, 7 + i, 30], 2, sampling, gens[i]) for i in range(16)])
+    allowed = set(SUBSET.tolist())
+    assert all(p.is_tree and p.num_draft_tokens > 1 for p in props)
+    assert all(t in allowed for p in props for t in p.draft_token_ids)
+    outside = torch.ones(97, dtype=torch.bool)
+    outside[SUBSET] = False
+    carries_q = not sampling.greedy and tree["kind"] != "topk"  # sampled trees carry each node's q
+    for p in props:
+        assert (p.draft_probs is not None) == carries_q
+        assert p.draft_probs is None or (p.draft_probs[:, outside] == 0).all()
