@@ -1,11 +1,15 @@
 """Attention over ragged batches with chain (causal) or tree masks.
 
 `reference_attention` is the specification: one sequence at a time, explicit math.
-`ragged_attention` is the fast path (one fused SDPA call over the whole batch with a block mask
-built once per step); tests hold it to the reference.
+Fast paths, which tests hold to the reference:
+- one sequence (`ragged_attention`): grouped bmm for few query rows, fused SDPA for prefill;
+- several sequences (`batch_attention`): the same kernels per sequence, over that sequence's keys
+  only (sliced from the cache when they are one run). Projections and MLPs stay one ragged batch.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -92,6 +96,56 @@ def fused_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None
         attn_mask=mask, scale=scale, is_causal=causal, enable_gqa=q.shape[1] != num_kv_heads,
     )  # [1, num_heads, num_tokens, head_dim]
     return out[0].transpose(0, 1).reshape(q.shape[0], -1)
+
+
+@dataclass
+class SeqAttention:
+    """One sequence of a multi-sequence step: its rows attend to its own keys only."""
+
+    start: int  # its flat rows are start:end
+    end: int
+    keys: slice | torch.Tensor  # its cache slots: a slice when they are one ascending run (no gather)
+    mask: torch.Tensor | None  # [rows, keys] bool; None: one row, or plain causal over no context
+    causal: bool  # no context and many rows: the fused kernel's causal mode, no mask
+
+    def __post_init__(self) -> None:
+        assert self.end > self.start
+        assert self.mask is None or self.mask.shape[0] == self.end - self.start
+
+
+def seq_attention(batch: RaggedBatch, b: int) -> SeqAttention:
+    q0, q1, k0, k1 = batch.cu_seqlens[b], batch.cu_seqlens[b + 1], batch.cu_keylens[b], batch.cu_keylens[b + 1]
+    rows, ctx, parents = q1 - q0, batch.context_lens[b], batch.parents[b]
+    slots = batch.key_slots[k0:k1]  # [keys]
+    first = int(slots[0])
+    run = slots.shape[0] == int(slots[-1]) - first + 1 and bool((slots[1:] > slots[:-1]).all())
+    keys = slice(first, first + slots.shape[0]) if run else slots
+    causal = parents is None and ctx == 0 and rows > SMALL_QUERY_ROWS and k1 - k0 == rows
+    mask = None
+    if not causal and (rows > 1 or parents is not None or k1 - k0 != ctx + rows):
+        mask = torch.zeros(rows, k1 - k0, dtype=torch.bool)
+        mask[:, :ctx + rows] = sequence_mask(ctx, parents, rows)  # padded-baseline dummy keys stay False
+        mask = mask.to(batch.input_ids.device)
+    return SeqAttention(q0, q1, keys, mask, causal)
+
+
+def plan_batch_attention(batch: RaggedBatch) -> list[SeqAttention]:
+    """Built once per step, used by every layer."""
+    return [seq_attention(batch, b) for b in range(batch.batch_size)]
+
+
+def batch_attention(q: torch.Tensor, layer_kv: torch.Tensor, plan: list[SeqAttention], scale: float) -> torch.Tensor:
+    """Several sequences, each query over its own sequence's keys only: work linear in the keys
+    (a flat mask over the whole batch's keys is quadratic in the batch size), and no padding.
+
+    q [num_tokens, num_heads, head_dim]; layer_kv [2 * num_kv_heads, num_slots, head_dim] (the cache
+    layer) -> [num_tokens, num_heads * head_dim].
+    """
+    outs = []
+    for s in plan:
+        kv = layer_kv[:, s.keys] if isinstance(s.keys, slice) else layer_kv.index_select(1, s.keys)
+        outs.append(ragged_attention(q[s.start:s.end], kv, s.mask, scale, s.causal))
+    return torch.cat(outs)
 
 
 def reference_attention(q: torch.Tensor, kv: torch.Tensor, batch: RaggedBatch, scale: float) -> torch.Tensor:

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specray.kernels.attention import build_attention_mask, is_causal_prefill, ragged_attention, reference_attention
+from specray.kernels.attention import (batch_attention, build_attention_mask, is_causal_prefill,
+                                       plan_batch_attention, ragged_attention, reference_attention)
 from specray.kernels.batch import RaggedBatch
 from specray.kernels.config import ModelConfig
 from specray.kernels.kv_cache import PagedKVCache
@@ -106,7 +107,8 @@ class LlamaModel(nn.Module):
         """Run one step; writes the new tokens' KV into `cache`. -> logits [num_logits, vocab_size] (fp32)."""
         c, tp = self.shard_config, self.tp_group
         rot = self.rotary.rotation(batch.positions)  # [num_tokens, head_dim, head_dim]
-        mask = None if reference else build_attention_mask(batch)
+        plan = plan_batch_attention(batch) if not reference and batch.batch_size > 1 else None
+        mask = None if reference or plan is not None else build_attention_mask(batch)
         causal = is_causal_prefill(batch)
         h = self.embed_tokens[batch.input_ids]  # [num_tokens, hidden_size]
         for i, layer in enumerate(self.layers):
@@ -116,15 +118,16 @@ class LlamaModel(nn.Module):
             new_kv = torch.cat([qk[:, c.num_heads:], qkv[:, c.num_heads + c.num_kv_heads:]], dim=1)
             layer_kv = cache.kv[i]  # [2 * num_kv_heads, num_slots, head_dim]
             layer_kv.index_copy_(1, batch.slot_mapping, new_kv.transpose(0, 1))
-            if batch.key_range is not None:
-                kv = layer_kv[:, batch.key_range[0]:batch.key_range[1]]  # [2 * num_kv_heads, num_keys, head_dim]
-            else:
-                kv = layer_kv.index_select(1, batch.key_slots)
             q = qk[:, : c.num_heads]
-            if reference:
-                attn = reference_attention(q, kv, batch, self.scale)
+            if plan is not None:
+                attn = batch_attention(q, layer_kv, plan, self.scale)
             else:
-                attn = ragged_attention(q, kv, mask, self.scale, causal)
+                if batch.key_range is not None:
+                    kv = layer_kv[:, batch.key_range[0]:batch.key_range[1]]  # [2 * num_kv_heads, num_keys, head_dim]
+                else:
+                    kv = layer_kv.index_select(1, batch.key_slots)
+                attn = (reference_attention(q, kv, batch, self.scale) if reference
+                        else ragged_attention(q, kv, mask, self.scale, causal))
             h = h + tp.all_reduce(self.linear(attn, layer.o_proj))  # partial sums over head groups
             x = F.rms_norm(h, (c.hidden_size,), layer.post_attention_norm, c.rms_norm_eps)
             gate, up = self.linear(x, layer.gate_up_proj).chunk(2, dim=-1)

@@ -60,3 +60,60 @@ def test_causal_prefill_skips_the_mask_and_matches_reference():
     kv = torch.randn(2 * CFG.num_kv_heads, batch.num_tokens, CFG.head_dim)
     torch.testing.assert_close(ragged_attention(q, kv, None, 0.3, causal=True),
                                reference_attention(q, kv, batch, 0.3), atol=1e-5, rtol=1e-5)
+
+
+def decode_batch(cache):
+    """Verify-sized rows (<= SMALL_QUERY_ROWS): chains of different lengths and a tree."""
+    chunks = [SeqChunk("a", [1], 7), SeqChunk("b", [2, 3, 4], 12),
+              SeqChunk("c", [4, 5, 6, 7], 3, parents=[-1, 0, 0, 2], num_logits=4)]
+    for c in chunks:
+        cache.reserve(c.seq_id, c.context_len)
+        cache.set_cached(c.seq_id, c.context_len)
+    return RaggedBatch.build(chunks, cache)
+
+
+def chunked_prefill_batch(cache):
+    """A long chunk over earlier context (chunked prefill) beside a decode row."""
+    chunks = [SeqChunk("long", list(range(1, 21)), 6), SeqChunk("d", [3], 4)]
+    for c in chunks:
+        cache.reserve(c.seq_id, c.context_len)
+        cache.set_cached(c.seq_id, c.context_len)
+    return RaggedBatch.build(chunks, cache)
+
+
+@pytest.mark.parametrize("make", [ragged_batch, decode_batch, chunked_prefill_batch])
+def test_batch_attention_matches_reference(make):
+    """Several sequences: each query sees its own keys only, whatever kernel its rows pick."""
+    from specray.kernels.attention import batch_attention, plan_batch_attention
+
+    torch.manual_seed(2)
+    cache = PagedKVCache(CFG, num_blocks=16, block_size=5)
+    batch = make(cache)
+    q = torch.randn(batch.num_tokens, CFG.num_heads, CFG.head_dim)
+    layer_kv = torch.randn(2 * CFG.num_kv_heads, 16 * 5, CFG.head_dim)  # the cache layer, by slot
+    plan = plan_batch_attention(batch)
+    got = batch_attention(q, layer_kv, plan, 0.3)
+    want = reference_attention(q, layer_kv[:, batch.key_slots], batch, 0.3)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(got).all()
+    assert len(plan) == batch.batch_size
+
+
+def test_batch_attention_keeps_the_padded_baseline_masked():
+    """The padded baseline's dummy tokens and keys give what the flat block mask gives."""
+    from specray.kernels.attention import batch_attention, plan_batch_attention
+    from specray.kernels.batch import pad_uniform
+
+    torch.manual_seed(3)
+    cache = PagedKVCache(CFG, num_blocks=16, block_size=5)
+    chunks = [SeqChunk("a", [1], 7), SeqChunk("b", [2, 3, 4], 12)]
+    for c in chunks:
+        cache.reserve(c.seq_id, c.context_len)
+        cache.set_cached(c.seq_id, c.context_len)
+    batch = RaggedBatch.build(pad_uniform(chunks), cache)
+    assert batch.key_pads == [5, 0]
+    q = torch.randn(batch.num_tokens, CFG.num_heads, CFG.head_dim)
+    layer_kv = torch.randn(2 * CFG.num_kv_heads, 16 * 5, CFG.head_dim)
+    want = grouped_attention(q, layer_kv[:, batch.key_slots], build_attention_mask(batch), 0.3)
+    torch.testing.assert_close(batch_attention(q, layer_kv, plan_batch_attention(batch), 0.3), want,
+                               atol=1e-5, rtol=1e-5)
