@@ -32,6 +32,8 @@ def _log(msg: str) -> None:
 
 
 def build_draft(args, checkpoint):
+    if args.init_from:  # continue training an earlier draft (its shape wins over the shape flags)
+        return load_draft(args.init_from, checkpoint)
     from safetensors.torch import load_file
 
     state = {}
@@ -40,6 +42,22 @@ def build_draft(args, checkpoint):
     source = [int(x) for x in args.source_layers.split(",")] if args.source_layers else None
     return init_draft(state, checkpoint.hf_config(), args.hidden_size, args.num_layers, args.intermediate_size,
                       source)
+
+
+def load_draft(name: str, target):
+    """An earlier draft (alias or HF folder) as an fp32 `LlamaForCausalLM`; it must share the target's
+    vocabulary, or its distributions cannot be compared with the target's."""
+    from transformers import LlamaForCausalLM
+
+    from specray.kernels.loader import resolve
+
+    folder = resolve(name).path
+    draft = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    if draft.config.vocab_size != target.hf_config().vocab_size:
+        raise ValueError(f"--init-from {name}: vocabulary {draft.config.vocab_size} differs from the target's "
+                         f"{target.hf_config().vocab_size}")
+    _log(f"specray distill: starting from the draft in {folder} (the shape flags are ignored)")
+    return draft
 
 
 def acceptance_eval(target: str, draft_dir: Path, prompts: list[list[int]], ks: list[int], vocab_trims: list[int],
@@ -155,8 +173,8 @@ def cmd_distill(args) -> int:
         "num_train_prompts": len(train_prompts), "num_eval_prompts": len(eval_prompts),
         "num_responses": len(samples), "num_response_tokens": sum(len(s.response_ids) for s in samples),
         "teacher_top_k": args.teacher_top_k, "temperature": args.temperature,
-        "draft": {"hidden_size": args.hidden_size, "num_layers": args.num_layers,
-                  "intermediate_size": draft.config.intermediate_size},
+        "draft": {"hidden_size": draft.config.hidden_size, "num_layers": draft.config.num_hidden_layers,
+                  "intermediate_size": draft.config.intermediate_size, "init_from": args.init_from},
         "train": {**{k: v for k, v in vars(cfg).items() if k != "vocab"}, **summary,
                   "train_vocab_k": args.train_vocab_k, "untrained_rows": shrink}, "held_out_before": before, "held_out_after": after,
         "vocab_trim_k": k, "vocab_trim_table_size": int(table["token_ids"].numel()),
@@ -202,6 +220,8 @@ def add_distill_parser(sub) -> None:
     m.add_argument("--intermediate-size", type=int, default=None, help="default: the target's")
     m.add_argument("--source-layers", default=None, help="target layers to start from, e.g. 0,15,29 "
                    "(default: evenly spaced)")
+    m.add_argument("--init-from", default=None,
+                   help="start from an earlier draft (alias or HF folder) instead of the target's layers")
     m.add_argument("--vocab-trim-k", type=int, default=8192, help="recommended VocabTrim size (0: none)")
     m.add_argument("--train-vocab-k", type=int, default=0,
                    help="train the head on the k most frequent tokens only (VocabTrim-aware; cheap on CPU); "

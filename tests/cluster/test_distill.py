@@ -72,6 +72,30 @@ def test_trained_on_a_trimmed_vocabulary(tiny_target, tmp_path):
     assert shrink["full_vocab_argmax_agreement_after"] >= shrink["full_vocab_argmax_agreement_before"]
 
 
+def test_init_from_continues_an_earlier_draft(distilled, tiny_target, tmp_path, capsys):
+    """--init-from: start from a trained draft (its shape wins), reusing the earlier run's data; the
+    held-out KL starts where the earlier draft ended, not at a fresh initialisation."""
+    args = [a if a != "4" else "1" for a in ARGS]
+    assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path), *args, "--eval-k", "0",
+                 "--data", str(distilled / "data"), "--init-from", str(distilled / "draft"),
+                 "--hidden-size", "16"]) == 0
+    assert "starting from the draft" in capsys.readouterr().err
+    first = json.loads((distilled / "draft" / "distill.json").read_text())
+    second = json.loads((tmp_path / "draft" / "distill.json").read_text())
+    assert second["held_out_before"]["kl"] < first["held_out_before"]["kl"]
+    from transformers import AutoConfig
+
+    assert AutoConfig.from_pretrained(tmp_path / "draft").hidden_size == second["draft"]["hidden_size"] == 32
+
+
+def test_init_from_another_vocabulary_is_a_clear_error(tiny_target, tmp_path):
+    from specray.cluster.distill import load_draft
+    from specray.kernels.loader import resolve
+
+    with pytest.raises(ValueError, match="vocabulary"):
+        load_draft("smollm2-135m-draft", resolve(str(tiny_target)))
+
+
 def test_kl_topk_exact():
     """KL over the top-k plus a remaining bucket; zero when the draft equals the target."""
     q = torch.tensor([[0.5, 0.3, 0.1, 0.1]])
