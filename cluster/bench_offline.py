@@ -59,6 +59,7 @@ class Runner:
         from specray.kernels.loader import resolve
 
         self.args, self.ckpt = args, resolve(args.model)
+        self.step_s: float | None = None  # one-row GEMV seconds over every weight, measured in this run
         k, max_seqs = args.num_speculative_tokens, max(args.batch_sizes)
         draft = {"method": "draft_model", "model": args.draft_model or args.model,
                  "draft_num_layers": args.draft_num_layers, "num_speculative_tokens": k}
@@ -131,7 +132,9 @@ def gemv_seconds(model, repeats: int = 10) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def run_matrix(args) -> tuple[list[Cell], list[dict], Runner]:
+def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
+    """Every (batch size, temperature) row in turn; `on_row(cells so far, prompts, runner)` after each,
+    so a long run leaves its finished rows on disk whatever happens later."""
     from tqdm import tqdm
 
     methods = [m for m in args.methods.split(",") if m]
@@ -151,6 +154,8 @@ def run_matrix(args) -> tuple[list[Cell], list[dict], Runner]:
     for m in methods:  # warm-up: first calls pay one-off allocation costs
         if skip_reason(m, 1) is None:
             runner.run(m, encoded[:1], 0.0, 0, Cell(m, 1, 0.0))
+    target = next(iter(runner.llms.values())).target.model if runner.llms else None
+    runner.step_s = gemv_seconds(target) if target is not None else None  # the bandwidth, this run
     plan = [(b, t) for t in args.temperatures for b in args.batch_sizes]
     bar = tqdm(total=sum(-(-len(encoded) // b) for b, _ in plan), desc="bench offline (prompt groups)")
     for batch_size, temperature in plan:
@@ -167,6 +172,8 @@ def run_matrix(args) -> tuple[list[Cell], list[dict], Runner]:
                         cat[1] += cell.seconds - seconds_before
             bar.update(1)
         cells.extend(row.values())
+        if on_row is not None:
+            on_row(cells, prompts, runner)
     bar.close()
     return cells, prompts, runner
 
@@ -177,10 +184,13 @@ def cmd_bench_offline(args) -> int:
     if args.quick:
         args.num_prompts, args.max_tokens = min(args.num_prompts, 4), min(args.max_tokens, 48)
         args.batch_sizes = [b for b in args.batch_sizes if b <= 4] or [1]
-    cells, prompts, runner = run_matrix(args)
-    target = next(iter(runner.llms.values())).target.model if runner.llms else None
-    report = build_report(args, cells, prompts, target, gemv_seconds(target) if target is not None else None)
-    for path in write_outputs(report, Path(args.out)):
+    def report(cells, prompts, runner, partial: bool) -> dict:
+        target = next(iter(runner.llms.values())).target.model if runner.llms else None
+        return build_report(args, cells, prompts, target, runner.step_s, partial)
+
+    cells, prompts, runner = run_matrix(
+        args, on_row=lambda c, p, r: write_outputs(report(c, p, r, True), Path(args.out), partial=True))
+    for path in write_outputs(report(cells, prompts, runner, False), Path(args.out)):
         print(f"wrote {path}")
     return 0
 

@@ -9,7 +9,9 @@ JSON schema `specray.bench.offline/2`:
   draft_ms_per_round, verify_ms_per_round, speedup_vs_hf (vs transformers plain, same batch size and
   temperature), bound_tokens_per_s and fraction_of_bound (batch 1: acceptance length / GEMV time),
   greedy_matches_hf (batch 1, temperature 0), per_category {category: tokens_per_s} (batch 1);
-- `summary`: the headline ratios (each null when its cells are missing).
+- `summary`: the headline ratios (each null when its cells are missing);
+- `partial`: true while the run is still going (written after every finished (batch size,
+  temperature) row, so a stopped run keeps its rows), false in the final file.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def summary(rows: list[dict]) -> dict:
     }
 
 
-def build_report(args, cells, prompts, target, step_s: float | None) -> dict:
+def build_report(args, cells, prompts, target, step_s: float | None, partial: bool = False) -> dict:
     hf = {(c.batch_size, c.temperature): c for c in cells if c.method == "hf" and not c.skipped}
     rows = [cell_json(c, hf.get((c.batch_size, c.temperature)), step_s) for c in cells]
     weight_bytes = target.weight_bytes() if target is not None else None
@@ -84,6 +86,7 @@ def build_report(args, cells, prompts, target, step_s: float | None) -> dict:
                       "gb_per_s": round(weight_bytes / step_s / 1e9, 2) if step_s else None},
         "cells": rows,
         "summary": summary(rows),
+        "partial": partial,
     }
 
 
@@ -126,11 +129,16 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(report: dict, out: Path) -> list[Path]:
+def write_outputs(report: dict, out: Path, partial: bool = False) -> list[Path]:
+    """JSON, Markdown and (final only) PNG; a partial write replaces the files atomically."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "offline.json", out / "offline.md", out / "offline.png"]
-    paths[0].write_text(json.dumps(report, indent=2))
-    paths[1].write_text(markdown(report))
+    for path, text in ((paths[0], json.dumps(report, indent=2)), (paths[1], markdown(report))):
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    if partial:
+        return paths[:2]
     plot(report, paths[2])
     print(markdown(report))
     return paths

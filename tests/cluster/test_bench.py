@@ -31,6 +31,33 @@ def test_bench_offline_end_to_end(tiny_target, tmp_path):
     assert cells[("specray_draft", 2, 0.0)]["acceptance_length"] >= 1.0
     assert set(cells[("specray", 1, 0.0)]["per_category"]) == {"writing", "math", "coding"}
     assert report["summary"]["specray_plain_vs_hf_plain_batch1"] is not None
+    assert report["partial"] is False and report["bandwidth"]["gb_per_s"] > 0
+
+
+def test_bench_offline_writes_each_finished_row(tiny_target, tmp_path, monkeypatch):
+    """A run stopped part-way keeps the rows it finished (JSON + Markdown, marked partial)."""
+    from specray.cluster import bench_offline
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("\n".join(json.dumps({"category": "math", "turns": [f"w{i} w{i + 3}"]}) for i in range(2)))
+    out = tmp_path / "out"
+    real, calls = bench_offline.Runner.run, []
+
+    def stop_in_second_row(self, method, group, temperature, seed, cell):
+        calls.append(temperature)
+        if temperature == 1.0:
+            raise KeyboardInterrupt
+        return real(self, method, group, temperature, seed, cell)
+
+    monkeypatch.setattr(bench_offline.Runner, "run", stop_in_second_row)
+    code = main(["bench", "offline", "--model", str(tiny_target), "--dataset", str(data), "--num-prompts", "2",
+                 "--max-tokens", "3", "--batch-sizes", "1", "--temperatures", "0,1", "--methods", "hf,specray",
+                 "--out", str(out)])
+    assert code == 130  # Ctrl-C
+    report = json.loads((out / "offline.json").read_text())
+    assert report["partial"] is True and not (out / "offline.png").exists()
+    assert {(c["method"], c["temperature"]) for c in report["cells"]} == {("hf", 0.0), ("specray", 0.0)}
+    assert all(c["tokens"] == 2 * 3 for c in report["cells"])
 
 
 def test_bench_serve_against_a_live_server(tiny_target, tmp_path):
