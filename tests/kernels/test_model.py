@@ -118,3 +118,16 @@ def test_gemv_weights_match_the_plain_projection(tiny_target):
         cache.set_cached("a", 3)
         outs.append(run(model, cache, [SeqChunk("a", [7], 3)]))  # one row: the GEMV path
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+
+
+def test_split_projection_matches_the_plain_projection(tiny_target):
+    """4..12 rows over a weight taller than SPLIT_ROWS go through row slices; same products."""
+    from specray.kernels.model import SPLIT_ROWS
+
+    fast = load_model(Checkpoint(tiny_target, "t"), gemv_weights=True)
+    weight = torch.randn(2 * SPLIT_ROWS + 7, 48)
+    for rows in (1, 2, 4, 9, 12, 13):
+        x = torch.randn(rows, 48)
+        got = fast.linear(x, weight)
+        assert got.shape == (rows, weight.shape[0])
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
