@@ -3,8 +3,11 @@
 `reference_attention` is the specification: one sequence at a time, explicit math.
 Fast paths, which tests hold to the reference:
 - one sequence (`ragged_attention`): grouped bmm for few query rows, fused SDPA for prefill;
-- several sequences (`batch_attention`): the same kernels per sequence, over that sequence's keys
-  only (sliced from the cache when they are one run). Projections and MLPs stay one ragged batch.
+- several sequences (`batch_attention`): each query scores its own sequence's keys only. Short
+  sequences (decode, verification) of similar key counts share one padded kernel call, padded
+  inside attention only (`PaddedGroup`, waste bounded by PAD_WASTE); prefill chunks attend alone.
+  Projections and MLPs stay one ragged batch. (A flat mask over the whole batch's keys would cost
+  batch x total keys per row, quadratic in the batch size.)
 """
 
 from __future__ import annotations
@@ -129,23 +132,127 @@ def seq_attention(batch: RaggedBatch, b: int) -> SeqAttention:
     return SeqAttention(q0, q1, keys, mask, causal)
 
 
-def plan_batch_attention(batch: RaggedBatch) -> list[SeqAttention]:
-    """Built once per step, used by every layer."""
-    return [seq_attention(batch, b) for b in range(batch.batch_size)]
+@dataclass
+class PaddedGroup:
+    """Short sequences (decode, verification) of similar key counts, laid out per sequence and
+    padded to the group's longest inside attention only: one batched matmul pair for them all."""
+
+    key_slots: torch.Tensor  # [seqs * max_keys] cache slots (pads: a real key of the sequence, masked)
+    query_index: torch.Tensor  # [seqs * max_rows] flat token row per padded query (pads: a real row, dropped)
+    token_rows: torch.Tensor  # [tokens] flat rows these sequences hold
+    token_index: torch.Tensor  # [tokens] padded query row of each of those rows
+    mask: torch.Tensor  # [seqs, max_rows, max_keys] bool: key visible to query
+
+    def __post_init__(self) -> None:
+        seqs, max_rows, max_keys = self.mask.shape
+        assert self.key_slots.shape == (seqs * max_keys,) and self.query_index.shape == (seqs * max_rows,)
+        assert self.token_rows.shape == self.token_index.shape
 
 
-def batch_attention(q: torch.Tensor, layer_kv: torch.Tensor, plan: list[SeqAttention], scale: float) -> torch.Tensor:
+@dataclass
+class BatchAttention:
+    """How a step of several sequences attends: built once per step, used by every layer."""
+
+    num_tokens: int
+    groups: list[PaddedGroup]
+    singles: list[SeqAttention]  # long sequences (prefill chunks), and short ones with no similar peer
+
+    def __post_init__(self) -> None:
+        covered = sum(g.token_rows.shape[0] for g in self.groups) + sum(s.end - s.start for s in self.singles)
+        assert covered == self.num_tokens, "every token attends exactly once"
+
+
+PAD_WASTE = 1.25  # a group's padded keys may exceed its real keys by this factor
+
+
+def padded_group(batch: RaggedBatch, seqs: list[int]) -> PaddedGroup:
+    """Lay sequences `seqs` out per sequence: chains get a vectorised causal mask, trees their
+    ancestor mask; the padded baseline's dummy keys stay masked."""
+    dev = batch.input_ids.device
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)  # noqa: E731
+    q0, k0 = as_long([batch.cu_seqlens[b] for b in seqs]), as_long([batch.cu_keylens[b] for b in seqs])
+    rows = as_long([batch.cu_seqlens[b + 1] - batch.cu_seqlens[b] for b in seqs])  # [seqs]
+    keys = as_long([batch.cu_keylens[b + 1] - batch.cu_keylens[b] for b in seqs])  # [seqs]
+    ctx = as_long([batch.context_lens[b] for b in seqs])  # [seqs]
+    r, j = torch.arange(int(rows.max()), device=dev), torch.arange(int(keys.max()), device=dev)
+    key_index = k0[:, None] + torch.minimum(j[None, :], keys[:, None] - 1)  # [seqs, max_keys]
+    query_index = q0[:, None] + torch.minimum(r[None, :], rows[:, None] - 1)  # [seqs, max_rows]
+    # chains: row r sees its context and new tokens 0..r; rows past the sequence see nothing
+    mask = (j[None, None, :] <= ctx[:, None, None] + r[None, :, None]) & (r[None, :, None] < rows[:, None, None])
+    for i, b in enumerate(seqs):
+        if batch.parents[b] is not None:
+            n, c = int(rows[i]), batch.context_lens[b]
+            mask[i, :n, :c + n] = sequence_mask(c, batch.parents[b], n).to(dev)
+    local = torch.arange(int(rows.sum()), device=dev) - torch.repeat_interleave(torch.cumsum(rows, 0) - rows, rows)
+    token_rows = torch.repeat_interleave(q0, rows) + local
+    token_index = torch.repeat_interleave(torch.arange(len(seqs), device=dev) * r.shape[0], rows) + local
+    return PaddedGroup(batch.key_slots[key_index.reshape(-1)], query_index.reshape(-1), token_rows, token_index, mask)
+
+
+def similar_key_groups(keys: dict[int, int]) -> list[list[int]]:
+    """Sequences (id -> key count) grouped longest first, while padding stays within PAD_WASTE."""
+    groups: list[list[int]] = []
+    total = 0
+    for b in sorted(keys, key=lambda b: -keys[b]):
+        if groups and (len(groups[-1]) + 1) * keys[groups[-1][0]] <= PAD_WASTE * (total + keys[b]):
+            groups[-1].append(b)
+            total += keys[b]
+        else:
+            groups.append([b])
+            total = keys[b]
+    return groups
+
+
+def plan_batch_attention(batch: RaggedBatch) -> BatchAttention:
+    """Short sequences of similar lengths share one padded kernel call; a prefill chunk, or a short
+    sequence with no similar peer, attends alone. Each query scores its own sequence's keys only."""
+    rows = [b - a for a, b in zip(batch.cu_seqlens, batch.cu_seqlens[1:])]
+    short = {b: batch.cu_keylens[b + 1] - batch.cu_keylens[b] for b, n in enumerate(rows) if n <= SMALL_QUERY_ROWS}
+    groups, singles = [], [seq_attention(batch, b) for b, n in enumerate(rows) if n > SMALL_QUERY_ROWS]
+    for g in similar_key_groups(short):
+        if len(g) > 1:
+            groups.append(padded_group(batch, g))
+        else:
+            singles.append(seq_attention(batch, g[0]))
+    return BatchAttention(batch.num_tokens, groups, singles)
+
+
+def padded_attention(q: torch.Tensor, kv: torch.Tensor, group: PaddedGroup, scale: float) -> torch.Tensor:
+    """Grouped bmm over per-sequence padded keys.
+
+    q [num_tokens, num_heads, head_dim] (the whole step); kv [2 * num_kv_heads, seqs * max_keys,
+    head_dim] gathered at `group.key_slots` -> [len(group.token_rows), num_heads * head_dim].
+    """
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = kv.shape[0] // 2
+    per_kv = num_heads // num_kv_heads
+    seqs, rows, keys = group.mask.shape
+    kv = kv.view(2 * num_kv_heads, seqs, keys, head_dim)  # a view: the batched matmuls read it in place
+    qg = q.index_select(0, group.query_index).view(seqs, rows, num_kv_heads, per_kv, head_dim)
+    qg = qg.permute(2, 0, 1, 3, 4).reshape(num_kv_heads, seqs, rows * per_kv, head_dim)
+    scores = torch.matmul(qg, kv[:num_kv_heads].transpose(2, 3)) * scale  # [num_kv_heads, seqs, rows * per_kv, keys]
+    scores = scores.view(num_kv_heads, seqs, rows, per_kv, keys).masked_fill(
+        ~group.mask.view(1, seqs, rows, 1, keys), float("-inf"))
+    out = torch.matmul(scores.view(num_kv_heads, seqs, rows * per_kv, keys).softmax(-1), kv[num_kv_heads:])
+    out = out.view(num_kv_heads, seqs, rows, per_kv, head_dim).permute(1, 2, 0, 3, 4)  # [seqs, rows, heads...]
+    # padded query rows (every key masked) are NaN; token_index never selects them
+    return out.reshape(seqs * rows, num_heads * head_dim).index_select(0, group.token_index)
+
+
+def batch_attention(q: torch.Tensor, layer_kv: torch.Tensor, plan: BatchAttention, scale: float) -> torch.Tensor:
     """Several sequences, each query over its own sequence's keys only: work linear in the keys
-    (a flat mask over the whole batch's keys is quadratic in the batch size), and no padding.
+    (a flat mask over the whole batch's keys is quadratic in the batch size).
 
     q [num_tokens, num_heads, head_dim]; layer_kv [2 * num_kv_heads, num_slots, head_dim] (the cache
     layer) -> [num_tokens, num_heads * head_dim].
     """
-    outs = []
-    for s in plan:
+    out = q.new_empty(plan.num_tokens, q.shape[1] * q.shape[2])
+    for g in plan.groups:
+        out.index_copy_(0, g.token_rows, padded_attention(q, layer_kv.index_select(1, g.key_slots), g, scale))
+    for s in plan.singles:
         kv = layer_kv[:, s.keys] if isinstance(s.keys, slice) else layer_kv.index_select(1, s.keys)
-        outs.append(ragged_attention(q[s.start:s.end], kv, s.mask, scale, s.causal))
-    return torch.cat(outs)
+        out[s.start:s.end] = ragged_attention(q[s.start:s.end], kv, s.mask, scale, s.causal)
+    return out
 
 
 def reference_attention(q: torch.Tensor, kv: torch.Tensor, batch: RaggedBatch, scale: float) -> torch.Tensor:

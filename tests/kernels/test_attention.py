@@ -96,7 +96,18 @@ def test_batch_attention_matches_reference(make):
     want = reference_attention(q, layer_kv[:, batch.key_slots], batch, 0.3)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert torch.isfinite(got).all()
-    assert len(plan) == batch.batch_size
+    assert all(g.mask.shape[0] > 1 for g in plan.groups)
+
+
+def test_similar_key_groups_bound_the_padding():
+    from specray.kernels.attention import PAD_WASTE, similar_key_groups
+
+    keys = {0: 769, 1: 53, 2: 64, 3: 660, 4: 60, 5: 210, 6: 58, 7: 700}
+    groups = similar_key_groups(keys)
+    assert sorted(b for g in groups for b in g) == sorted(keys)
+    for g in groups:
+        assert len(g) * max(keys[b] for b in g) <= PAD_WASTE * sum(keys[b] for b in g)
+    assert [0, 7, 3] in groups and len(groups) == 3  # long ones together, short ones together, 210 alone
 
 
 def test_batch_attention_keeps_the_padded_baseline_masked():
