@@ -17,10 +17,14 @@ from specray.kernels.attention import (batch_attention, build_attention_mask, is
 from specray.kernels.batch import RaggedBatch
 from specray.kernels.config import ModelConfig
 from specray.kernels.kv_cache import PagedKVCache
+from specray.kernels.quant_linear import PackedWeight, kernel_available, pack_exact, packed_linear
 from specray.kernels.rope import RotaryTable
 
 
 SPLIT_ROWS = 1024  # weight rows per call for 4..12-row CPU steps (see LlamaModel.linear)
+# Steps of at most this many rows use packed weights (decode, verification, small batches): the
+# kernel was 2.2-2.8x MKL's fp32 at 1-12 rows and 1.1x at 32 on SmolLM2 (2-core CPU box).
+PACKED_MAX_ROWS = 32
 
 
 class TPGroup:
@@ -72,6 +76,25 @@ class LlamaModel(nn.Module):
         self.rotary = RotaryTable(config, dtype, device)
         self.scale = config.head_dim ** -0.5
         self.gemv_weights: dict[int, torch.Tensor] = {}  # id(weight) -> weight.T contiguous
+        self.packed_weights: dict[int, PackedWeight] = {}  # id(weight) -> its exact Q4_1/Q8_0 blocks
+
+    def projections(self) -> list[torch.Tensor]:
+        """Every weight a step reads through `linear`."""
+        return [self.lm_head] + [w for layer in self.layers
+                                 for w in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
+
+    def add_packed_weights(self) -> int:
+        """Keep exact Q4_1/Q8_0 blocks of every projection whose fp32 values they hold bit for bit
+        (weights from a GGUF file); few-row steps then read those. -> how many were packed."""
+        self.packed_weights = {}
+        if not kernel_available():
+            return 0
+        for w in self.projections():
+            packed = pack_exact(w.detach())
+            if packed is not None:
+                self.packed_weights[id(w)] = packed
+                self.gemv_weights.pop(id(w), None)  # the packed blocks serve one-row steps
+        return len(self.packed_weights)
 
     def add_gemv_weights(self) -> None:
         """Keep a transposed copy of every projection for one-row steps (batch-1 decode).
@@ -80,19 +103,22 @@ class LlamaModel(nn.Module):
         at one row (measured on the 2-core CPU box), while multi-row steps (verification,
         batches) are fastest in the original layout. Costs a second copy of the weights.
         """
-        weights = [self.lm_head] + [w for layer in self.layers
-                                    for w in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
-        self.gemv_weights = {id(w): w.detach().t().contiguous() for w in weights}
+        self.gemv_weights = {id(w): w.detach().t().contiguous() for w in self.projections()
+                             if id(w) not in self.packed_weights}
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x [rows, in] @ weight [out, in]^T -> [rows, out].
 
-        CPU only (where `gemv_weights` exist): one row takes the GEMV copy; 4..12 rows (verification,
+        Weights with packed blocks take the packed kernel up to PACKED_MAX_ROWS rows. Otherwise, on
+        CPU (where `gemv_weights` exist): one row takes the GEMV copy; 4..12 rows (verification,
         small batches) go through SPLIT_ROWS-row slices of the weight. MKL packs the whole weight for
         those row counts, which runs about 1.2x slower than the same work on slices that fit in L2
         (measured on the 2-core CPU box; the slices gave bit-identical logits there).
         """
         rows = x.shape[0]
+        packed = self.packed_weights.get(id(weight)) if self.packed_weights else None
+        if packed is not None and rows <= PACKED_MAX_ROWS:
+            return packed_linear(x, packed)
         if not self.gemv_weights or 1 < rows < 4 or rows > 12:
             return F.linear(x, weight)
         if rows == 1:
@@ -107,9 +133,11 @@ class LlamaModel(nn.Module):
         return self.embed_tokens.dtype
 
     def weight_bytes(self) -> int:
-        """Bytes read per decode step: every parameter once (the embedding is a gather, not a read)."""
+        """Bytes read per decode step: every parameter once (the embedding is a gather, not a read),
+        packed weights at their packed size."""
         params = {id(p): p for p in self.parameters()}
-        total = sum(p.numel() * p.element_size() for p in params.values())
+        total = sum(self.packed_weights[i].nbytes if i in self.packed_weights else p.numel() * p.element_size()
+                    for i, p in params.items())
         if self.lm_head is not self.embed_tokens:
             total -= self.embed_tokens.numel() * self.embed_tokens.element_size()
         return total

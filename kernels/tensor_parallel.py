@@ -56,15 +56,15 @@ def _part(weight: torch.Tensor, rank: int, world_size: int, dim: int = 0) -> tor
 
 def shard_model(model: LlamaModel, group: TPGroup) -> LlamaModel:
     """Keep only rank `group.rank`'s shard of a loaded, unsharded model (in place) and route its
-    forward through `group`'s collectives. Rebuilds the GEMV weight copies if the model had them."""
+    forward through `group`'s collectives. Rebuilds the packed and GEMV weights if the model had them."""
     c, rank, n = model.config, group.rank, group.size
     local = shard_config(c, n)
     if not 0 <= rank < n:
         raise ValueError(f"tensor-parallel rank must be in [0, {n}), got {rank}")
     if model.tp_group.size != 1:
         raise ValueError("the model is already sharded")
-    had_gemv = bool(model.gemv_weights)
-    model.gemv_weights = {}  # keyed by id(weight): stale once the weights are replaced
+    had_gemv, had_packed = bool(model.gemv_weights), bool(model.packed_weights)
+    model.gemv_weights, model.packed_weights = {}, {}  # keyed by id(weight): stale once replaced
     with torch.no_grad():
         for layer in model.layers:
             q, k, v = layer.qkv_proj.split([c.q_size, c.kv_size, c.kv_size])
@@ -80,6 +80,8 @@ def shard_model(model: LlamaModel, group: TPGroup) -> LlamaModel:
             model.lm_head = nn.Parameter(_part(model.lm_head, rank, n))
     model.shard_config = local
     model.tp_group = group
+    if had_packed:
+        model.add_packed_weights()
     if had_gemv:
         model.add_gemv_weights()
     return model

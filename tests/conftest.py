@@ -35,6 +35,12 @@ def tiny_target(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_gguf_target(tmp_path_factory) -> Path:
+    """The tiny target with weights a GGUF Q4_1/Q8_0 file holds exactly (packed-kernel path)."""
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny_gguf_target"), seed=0, gguf=True)
+
+
+@pytest.fixture(scope="session")
 def tiny_draft(tmp_path_factory, tiny_target) -> Path:
     return save_tiny_llama(tmp_path_factory.mktemp("tiny_draft"), seed=1, perturb_from=tiny_target,
                            noise=0.35)

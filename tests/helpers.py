@@ -18,10 +18,27 @@ def tiny_llama_config(**overrides):
     return LlamaConfig(**kw)
 
 
+def gguf_exact(w: torch.Tensor, kind: str = "q4_1") -> torch.Tensor:
+    """Round w [out, in] (in % 32 == 0) to values a GGUF Q4_1 or Q8_0 block holds exactly, the way a
+    dequantised GGUF checkpoint looks. Each Q4_1 block gets q = 0 and q = 15 (as llama.cpp's min/max
+    rounding gives), so the blocks are recoverable from the fp32 values."""
+    blocks = w.detach().reshape(w.shape[0], -1, 32)  # [out, nb, 32]
+    if kind == "q8_0":
+        d = (blocks.abs().amax(-1, keepdim=True) / 127).half().float()
+        q = (blocks / d.clamp_min(1e-8)).round().clamp(-127, 127)
+        return (d * q).reshape(w.shape)
+    m = blocks.amin(-1, keepdim=True).half().float()
+    d = ((blocks.amax(-1, keepdim=True) - m) / 15).half().float().clamp_min(1e-4)
+    q = ((blocks - m) / d).round().clamp(0, 15)
+    q[..., 0], q[..., 1] = 0, 15
+    return (d * q + m).reshape(w.shape)
+
+
 def save_tiny_llama(folder: Path, seed: int = 0, perturb_from: Path | None = None,
-                    noise: float = 0.0, head_scale: float = 1.0, **overrides) -> Path:
+                    noise: float = 0.0, head_scale: float = 1.0, gguf: bool = False, **overrides) -> Path:
     """Save a random fp32 Llama to `folder` (HF layout). With `perturb_from`, copy that model's
-    weights and add seeded Gaussian noise, so a draft agrees with its target only partly."""
+    weights and add seeded Gaussian noise, so a draft agrees with its target only partly. `gguf`
+    rounds the projections to Q4_1 and the embeddings to Q8_0 values (as a dequantised GGUF)."""
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -36,6 +53,11 @@ def save_tiny_llama(folder: Path, seed: int = 0, perturb_from: Path | None = Non
             for name, p in model.named_parameters():
                 if "norm" not in name:
                     p.mul_(4.0 * (head_scale if name == "lm_head.weight" else 1.0))
+    if gguf:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() == 2:
+                    p.copy_(gguf_exact(p, "q8_0" if "embed" in name or "lm_head" in name else "q4_1"))
     model.save_pretrained(folder, safe_serialization=True)
     save_word_tokenizer(folder, model.config.vocab_size)
     return folder

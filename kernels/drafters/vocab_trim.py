@@ -18,6 +18,7 @@ from torch import nn
 
 from specray.kernels.drafters.draft_model import DraftModelDrafter
 from specray.kernels.model import LlamaModel
+from specray.kernels.quant_linear import pack_exact
 
 VOCAB_TRIM_FILE = "vocab_trim.safetensors"
 
@@ -45,9 +46,13 @@ def trim_lm_head(model: LlamaModel, token_ids: torch.Tensor) -> None:
     head = nn.Parameter(model.lm_head.detach()[ids].clone(), requires_grad=False)  # [k, hidden_size]
     had_gemv = id(model.lm_head) in model.gemv_weights
     model.gemv_weights.pop(id(model.lm_head), None)
+    packed = model.packed_weights.pop(id(model.lm_head), None)
     model.lm_head = head
     if had_gemv:
         model.gemv_weights[id(head)] = head.detach().t().contiguous()
+    packed = pack_exact(head.detach()) if packed is not None else None  # kept rows stay exact blocks
+    if packed is not None:
+        model.packed_weights[id(head)] = packed
 
 
 def expand_trimmed_logits(trimmed: torch.Tensor, token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -66,3 +66,17 @@ def test_padded_baseline_gives_the_same_tokens(tiny_target, tiny_draft, referenc
     llm.target.pad_batches = True
     outs = llm.generate(prompts(16), GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == reference[16]
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_greedy_speculative_equals_non_speculative_with_packed_weights(tiny_gguf_target, tiny_draft, method):
+    """The same on a target whose weights run through the packed Q4_1/Q8_0 kernel."""
+    plain = LLM(str(tiny_gguf_target), kv_cache_tokens=8192)
+    assert plain.target.model.packed_weights
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts(6, seed=2), GREEDY)]
+    cfg = {"method": method, "num_speculative_tokens": 3}
+    if method == "draft_model":
+        cfg["model"] = str(tiny_draft)
+    outs = LLM(str(tiny_gguf_target), speculative_config=cfg, kv_cache_tokens=8192).generate(prompts(6, seed=2), GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert sum(o.metrics.num_accepted_tokens for o in outs) > 0

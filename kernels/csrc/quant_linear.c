@@ -1,0 +1,161 @@
+// y = x @ W^T for weights stored exactly as GGUF Q4_1 / Q8_0 blocks (CPU, few rows).
+//
+// Why: a batch-1 decode step streams every weight once, so bytes read bound its speed. The
+// blocks hold the same values as the dequantised fp32 tensor (checked bit for bit when packing)
+// in 20 or 34 bytes per 32 weights instead of 128; x stays fp32 (no activation quantisation).
+// Each block is dequantised in registers (w = d * q + m, exact in fp32 since d * q is) and used for
+// every row of x. Each row's arithmetic is the same whatever the number of rows or threads, so a
+// k-row verification step and a 1-row decode step give bit-identical outputs for the same input.
+#include <stdint.h>
+#include <math.h>
+#include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#define QK 32         // weights per block
+// d and m are GGUF's fp16 scales widened to fp32: a broadcast from memory then costs no shuffle,
+// which is the kernel's bottleneck port (4 more bytes per block, measured faster).
+#define Q4_1_BYTES 24 // fp32 d, fp32 m, 16 bytes of nibbles (element j low, j + 16 high)
+#define Q8_0_BYTES 36 // fp32 d, 32 int8
+#define ROW_CHUNK 8   // rows whose accumulators stay in registers (AVX-512: 32 of them)
+
+static inline float load_f32(const uint8_t* p) {
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+// -- vectors: VL floats each, NV per block ----------------------------------------------------
+#if defined(__AVX512F__)
+typedef __m512 vf;
+#define VL 16
+#define VZERO() _mm512_setzero_ps()
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VADD(a, b) _mm512_add_ps(a, b)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VSET(s) _mm512_set1_ps(s)
+static inline vf u8_to_vf(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)); }
+static inline vf i8_to_vf(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+}
+static inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
+#elif defined(__AVX2__) && defined(__FMA__)
+typedef __m256 vf;
+#define VL 8
+#define VZERO() _mm256_setzero_ps()
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VADD(a, b) _mm256_add_ps(a, b)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VSET(s) _mm256_set1_ps(s)
+static inline float vsum(vf v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#else
+typedef float vf;
+#define VL 1
+#define VZERO() 0.f
+#define VLOAD(p) (*(p))
+#define VADD(a, b) ((a) + (b))
+#define VFMA(a, b, c) fmaf(a, b, c)
+#define VSET(s) (s)
+static inline float vsum(vf v) { return v; }
+#endif
+#define NV (QK / VL)
+
+// w [NV]: the block's 32 weights in element order.
+static inline void dequant_q4_1(const uint8_t* blk, vf w[NV]) {
+    float d = load_f32(blk), m = load_f32(blk + 4);
+    const uint8_t* qs = blk + 8;
+#if VL == 16
+    __m128i raw = _mm_loadu_si128((const __m128i*)qs), low4 = _mm_set1_epi8(0x0f);
+    w[0] = VFMA(VSET(d), u8_to_vf(_mm_and_si128(raw, low4)), VSET(m));
+    w[1] = VFMA(VSET(d), u8_to_vf(_mm_and_si128(_mm_srli_epi16(raw, 4), low4)), VSET(m));
+#elif VL == 8
+    __m128i raw = _mm_loadu_si128((const __m128i*)qs), low4 = _mm_set1_epi8(0x0f);
+    __m128i lo = _mm_and_si128(raw, low4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+    __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int j = 0; j < 4; j++)
+        w[j] = VFMA(VSET(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j])), VSET(m));
+#else
+    for (int j = 0; j < 16; j++) {
+        w[j] = fmaf(d, (float)(qs[j] & 0x0f), m);
+        w[j + 16] = fmaf(d, (float)(qs[j] >> 4), m);
+    }
+#endif
+}
+
+static inline void dequant_q8_0(const uint8_t* blk, vf w[NV]) {
+    float d = load_f32(blk);
+    const uint8_t* qs = blk + 4;
+#if VL == 16
+    w[0] = _mm512_mul_ps(VSET(d), i8_to_vf(qs));
+    w[1] = _mm512_mul_ps(VSET(d), i8_to_vf(qs + 16));
+#elif VL == 8
+    for (int j = 0; j < 4; j++)
+        w[j] = _mm256_mul_ps(VSET(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(qs + 8 * j)))));
+#else
+    for (int j = 0; j < QK; j++) w[j] = d * (float)(int8_t)qs[j];
+#endif
+}
+
+// y[r0 .. r0 + NR, o] for one output feature; NR is a constant at each call site so the
+// accumulators stay in registers. Each row sums its NV lanes-vectors in a fixed order.
+#define FEATURE_BODY(DEQUANT, BYTES)                                                         \
+    int64_t nb = in / QK;                                                                     \
+    vf acc[ROW_CHUNK][NV];                                                                    \
+    for (int r = 0; r < NR; r++)                                                              \
+        for (int j = 0; j < NV; j++) acc[r][j] = VZERO();                                     \
+    for (int64_t b = 0; b < nb; b++) {                                                        \
+        vf w[NV];                                                                             \
+        DEQUANT(blocks + (o * nb + b) * BYTES, w);                                            \
+        for (int r = 0; r < NR; r++) {                                                        \
+            const float* xr = x + (r0 + r) * in + b * QK;                                     \
+            for (int j = 0; j < NV; j++) acc[r][j] = VFMA(w[j], VLOAD(xr + j * VL), acc[r][j]); \
+        }                                                                                     \
+    }                                                                                         \
+    for (int r = 0; r < NR; r++) {                                                            \
+        vf s = acc[r][0];                                                                     \
+        for (int j = 1; j < NV; j++) s = VADD(s, acc[r][j]);                                  \
+        y[(r0 + r) * out + o] = vsum(s);                                                      \
+    }
+
+static inline __attribute__((always_inline)) void q4_1_feature(
+    const float* x, int64_t r0, const int NR, int64_t in, const uint8_t* blocks, float* y, int64_t out, int64_t o) {
+    FEATURE_BODY(dequant_q4_1, Q4_1_BYTES)
+}
+
+static inline __attribute__((always_inline)) void q8_0_feature(
+    const float* x, int64_t r0, const int NR, int64_t in, const uint8_t* blocks, float* y, int64_t out, int64_t o) {
+    FEATURE_BODY(dequant_q8_0, Q8_0_BYTES)
+}
+
+#define ROWS_CASE(FEATURE, N)                                                                 \
+    case N:                                                                                   \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                      \
+        for (int64_t o = 0; o < out; o++) FEATURE(x, r0, N, in, blocks, y, out, o);          \
+        break;
+
+#define LINEAR(FEATURE)                                                                       \
+    for (int64_t r0 = 0; r0 < rows; r0 += ROW_CHUNK) {                                        \
+        int nr = rows - r0 < ROW_CHUNK ? (int)(rows - r0) : ROW_CHUNK;                        \
+        switch (nr) {                                                                         \
+            ROWS_CASE(FEATURE, 1) ROWS_CASE(FEATURE, 2) ROWS_CASE(FEATURE, 3)                 \
+            ROWS_CASE(FEATURE, 4) ROWS_CASE(FEATURE, 5) ROWS_CASE(FEATURE, 6)                 \
+            ROWS_CASE(FEATURE, 7) ROWS_CASE(FEATURE, 8)                                       \
+        }                                                                                     \
+    }
+
+// x [rows, in] fp32, blocks [out, in / 32, 24], y [rows, out].
+void specray_q4_1_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks,
+                         int64_t out, float* y, int threads) {
+    LINEAR(q4_1_feature)
+}
+
+// x [rows, in] fp32, blocks [out, in / 32, 36], y [rows, out].
+void specray_q8_0_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks,
+                         int64_t out, float* y, int threads) {
+    LINEAR(q8_0_feature)
+}

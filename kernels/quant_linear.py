@@ -1,0 +1,182 @@
+"""Linear layers over weights kept exactly as GGUF Q4_1 / Q8_0 blocks (CPU fast path).
+
+A batch-1 decode step reads every weight once, so its speed is bytes read over memory bandwidth.
+SmolLM2-135M ships as Q4_1 (Q8_0 embedding), and its dequantised fp32 weights are exactly
+d * q + m per block of 32. Packing recovers (d, m, q) from the fp32 tensor and keeps it only if
+every value comes back bit for bit, so the packed model *is* the fp32 model (no re-quantisation,
+activations stay fp32), read in 24 or 36 bytes per 32 weights instead of 128.
+
+`dequantize` + `F.linear` is the pure torch reference; `packed_linear` runs the C kernel in
+`csrc/quant_linear.c`, compiled once per machine with the system C compiler into the specray
+cache. Without a compiler the model keeps its fp32 path (a warning says so).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+QK = 32  # weights per block
+BLOCK_BYTES = {"q4_1": 24, "q8_0": 36}  # fp32 d (+ fp32 m for q4_1; GGUF fp16 values) then q
+SOURCE = Path(__file__).resolve().parent / "csrc" / "quant_linear.c"
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A weight [out_features, in_features] as blocks [out_features, in_features / 32, block bytes]."""
+
+    kind: str  # "q4_1" or "q8_0"
+    blocks: torch.Tensor  # uint8 [out_features, in_features // 32, BLOCK_BYTES[kind]]
+    out_features: int
+    in_features: int
+
+    def __post_init__(self):
+        assert self.kind in BLOCK_BYTES, self.kind
+        assert self.blocks.dtype == torch.uint8 and self.blocks.is_contiguous()
+        assert self.blocks.shape == (self.out_features, self.in_features // QK, BLOCK_BYTES[self.kind])
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.numel()
+
+
+# -- packing (exact or nothing) ---------------------------------------------------------------
+def pack_exact(weight: torch.Tensor) -> PackedWeight | None:
+    """The Q4_1 or Q8_0 packing of a CPU fp32 weight whose values it holds exactly; else None."""
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
+        return None
+    if weight.shape[1] % QK or not torch.isfinite(weight).all():
+        return None
+    w = weight.detach().reshape(weight.shape[0], -1, QK)  # [out, nb, 32]
+    for pack in (_pack_q4_1, _pack_q8_0):
+        packed = pack(w)
+        if packed is not None:
+            return packed
+    return None
+
+
+def _pack_q4_1(w: torch.Tensor) -> PackedWeight | None:
+    m = w.amin(-1, keepdim=True)  # [out, nb, 1]; the block minimum is q = 0
+    d = ((w.amax(-1, keepdim=True) - m) / 15).half().float()  # q = 15 at the maximum
+    q = torch.where(d > 0, (w - m) / torch.where(d > 0, d, 1), 0).round().clamp(0, 15)  # [out, nb, 32]
+    if not (torch.equal(d * q + m, w) and torch.equal(m.half().float(), m)):
+        return None
+    q = q.to(torch.uint8)
+    nibbles = q[..., :16] | (q[..., 16:] << 4)  # element j low, j + 16 high (the ggml order)
+    blocks = torch.cat([d.view(torch.uint8), m.view(torch.uint8), nibbles], dim=-1)
+    return PackedWeight("q4_1", blocks.contiguous(), w.shape[0], w.shape[1] * QK)
+
+
+def _pack_q8_0(w: torch.Tensor) -> PackedWeight | None:
+    d = (w.abs().amax(-1, keepdim=True) / 127).half().float()  # [out, nb, 1]
+    q = torch.where(d > 0, w / torch.where(d > 0, d, 1), 0).round()
+    if q.abs().amax() > 127 or not torch.equal(d * q, w):
+        return None
+    blocks = torch.cat([d.view(torch.uint8), q.to(torch.int8).view(torch.uint8)], dim=-1)
+    return PackedWeight("q8_0", blocks.contiguous(), w.shape[0], w.shape[1] * QK)
+
+
+def dequantize(packed: PackedWeight) -> torch.Tensor:
+    """The fp32 weight [out_features, in_features] the blocks hold (the reference)."""
+    b = packed.blocks
+    d = b[..., 0:4].contiguous().view(torch.float32)  # [out, nb, 1]
+    if packed.kind == "q8_0":
+        q = b[..., 4:].contiguous().view(torch.int8).float()  # [out, nb, 32]
+        w = d * q
+    else:
+        m = b[..., 4:8].contiguous().view(torch.float32)
+        nibbles = b[..., 8:]  # [out, nb, 16]
+        q = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).float()  # [out, nb, 32]
+        w = d * q + m
+    return w.reshape(packed.out_features, packed.in_features)
+
+
+def reference_linear(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
+    """x [rows, in_features] -> [rows, out_features] through the dequantised weight."""
+    return F.linear(x, dequantize(packed))
+
+
+# -- the compiled kernel ----------------------------------------------------------------------
+_LIBRARY: ctypes.CDLL | None | bool = False  # False: not tried yet
+
+
+def kernel_available() -> bool:
+    return _library() is not None
+
+
+def packed_linear(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
+    """x [rows, in_features] fp32 -> [rows, out_features] with the C kernel (see module doc)."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the packed-weight kernel is unavailable (no C compiler?); use reference_linear")
+    assert x.dim() == 2 and x.shape[1] == packed.in_features and x.dtype == torch.float32
+    x = x.contiguous()
+    rows = x.shape[0]
+    y = torch.empty(rows, packed.out_features, dtype=torch.float32)  # [rows, out_features]
+    threads = torch.get_num_threads()
+    kernel = lib.specray_q4_1_linear if packed.kind == "q4_1" else lib.specray_q8_0_linear
+    kernel(x.data_ptr(), rows, packed.in_features, packed.blocks.data_ptr(), packed.out_features,
+           y.data_ptr(), threads)
+    return y
+
+
+def _library() -> ctypes.CDLL | None:
+    global _LIBRARY
+    if _LIBRARY is False:
+        _LIBRARY = None
+        if os.environ.get("SPECRAY_PACKED_KERNEL", "1") != "0":
+            try:
+                _LIBRARY = _bind(ctypes.CDLL(str(_build())))
+            except (OSError, subprocess.SubprocessError) as e:
+                warnings.warn(f"specray: packed-weight kernel unavailable, using fp32 weights ({e})")
+    return _LIBRARY or None
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    for kernel in (lib.specray_q4_1_linear, lib.specray_q8_0_linear):
+        kernel.argtypes = [p, i64, i64, p, i64, p, i32]  # x, rows, in, blocks, out, y, threads
+        kernel.restype = None
+    return lib
+
+
+def _build() -> Path:
+    """Compile the kernel once per (source, flags, CPU); -march=native binaries never cross CPUs.
+
+    It links the libgomp that torch already loaded (same soname), so both share one thread pool.
+    """
+    from specray.kernels.loader import cache_root
+
+    compiler = os.environ.get("CC", "cc")
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *CFLAGS]).encode()
+                         + _cpu_signature().encode()).hexdigest()[:16]
+    out = cache_root() / "kernels" / f"quant_linear-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # atomic: concurrent workers may build
+        built = Path(tmp) / out.name
+        subprocess.run([compiler, *CFLAGS, str(SOURCE), "-o", str(built)], check=True,
+                       capture_output=True, timeout=120)
+        os.replace(built, out)
+    return out
+
+
+def _cpu_signature() -> str:
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags"))]
+    return platform.machine() + "\n".join(sorted(set(lines)))

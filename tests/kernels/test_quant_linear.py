@@ -1,0 +1,86 @@
+"""Packed Q4_1/Q8_0 weights: exact packing, the C kernel against the dequantised reference, and
+the packed model against its fp32 self."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import gguf_exact
+from specray.kernels import quant_linear as ql
+from specray.kernels.batch import RaggedBatch, SeqChunk
+from specray.kernels.loader import Checkpoint, load_model
+
+needs_kernel = pytest.mark.skipif(not ql.kernel_available(), reason="no C compiler for the packed kernel")
+
+
+def exact_weight(kind, out=70, blocks=5, seed=0):
+    torch.manual_seed(seed)
+    return gguf_exact(torch.randn(out, 32 * blocks), kind)  # [out, 32 * blocks]
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_packing_is_exact_both_ways(kind):
+    w = exact_weight(kind)
+    packed = ql.pack_exact(w)
+    assert packed is not None and packed.kind == kind
+    assert packed.blocks.shape == (70, 5, ql.BLOCK_BYTES[kind])
+    assert torch.equal(ql.dequantize(packed), w)  # bit for bit
+
+
+def test_packing_refuses_what_it_cannot_hold_exactly():
+    w = exact_weight("q4_1")
+    off = w.clone()
+    off[3, 7] = torch.nextafter(off[3, 7], torch.tensor(float("inf")))  # one ulp away from the grid
+    assert ql.pack_exact(off) is None
+    assert ql.pack_exact(torch.randn(8, 64)) is None  # plain fp32 weights
+    assert ql.pack_exact(w[:, :48].contiguous()) is None  # rows not a whole number of blocks
+    assert ql.pack_exact(w.half()) is None
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 17])
+def test_kernel_matches_the_dequantised_reference(kind, rows):
+    w = exact_weight(kind)
+    packed = ql.pack_exact(w)
+    x = torch.randn(rows, w.shape[1])
+    got = ql.packed_linear(x, packed)  # [rows, out]
+    want = F.linear(x.double(), w.double())
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got, ql.reference_linear(x, packed), rtol=1e-5, atol=1e-4)
+
+
+@needs_kernel
+def test_kernel_rows_do_not_depend_on_batch_or_threads():
+    """A row's output is the same bits whether it runs alone (decode) or among others
+    (verification, batches), with 1 or 2 threads."""
+    packed = ql.pack_exact(exact_weight("q4_1", out=301))
+    x = torch.randn(13, packed.in_features)
+    together = ql.packed_linear(x, packed)
+    alone = torch.cat([ql.packed_linear(x[i:i + 1], packed) for i in range(13)])
+    assert torch.equal(together, alone)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(ql.packed_linear(x, packed), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_kernel
+def test_packed_model_matches_its_fp32_self(tiny_gguf_target):
+    fp32 = load_model(Checkpoint(tiny_gguf_target, "t"), packed_weights=False)
+    packed = load_model(Checkpoint(tiny_gguf_target, "t"), packed_weights=True)
+    assert not fp32.packed_weights
+    assert len(packed.packed_weights) == 1 + 4 * packed.config.num_layers  # every projection + head
+    assert packed.weight_bytes() < fp32.weight_bytes() / 3
+    outs = []
+    for model in (fp32, packed):
+        cache = model.make_cache(16, block_size=4)
+        chunks = [SeqChunk("a", [4, 5, 6, 7, 8], 0, num_logits=5), SeqChunk("b", [9, 10], 0)]
+        first = model(RaggedBatch.build(chunks, cache), cache)  # prefill, 7 rows: packed
+        cache.set_cached("a", 5)
+        cache.set_cached("b", 2)
+        steps = [SeqChunk("a", [11], 5), SeqChunk("b", [12, 13, 14], 2, num_logits=3)]  # decode + verify rows
+        outs.append(torch.cat([first, model(RaggedBatch.build(steps, cache), cache)]))
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
