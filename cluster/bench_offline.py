@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from specray.cluster.bench_prompts import load_prompts
 
@@ -59,7 +60,7 @@ class Runner:
         from specray.kernels.loader import resolve
 
         self.args, self.ckpt = args, resolve(args.model)
-        self.step_s: float | None = None  # one-row GEMV seconds over every weight, measured in this run
+        self.step_s: float | None = None  # a step's weight bytes over this run's bandwidth (the bound)
         k, max_seqs = args.num_speculative_tokens, max(args.batch_sizes)
         draft = {"method": "draft_model", "model": args.draft_model or args.model,
                  "draft_num_layers": args.draft_num_layers, "num_speculative_tokens": k}
@@ -119,17 +120,22 @@ class Runner:
         return [o.outputs[0].token_ids for o in outs]
 
 
-def gemv_seconds(model, repeats: int = 10) -> float:
-    """Seconds to stream every weight matrix once, the way a one-row decode step does."""
-    mats = [p for p in {id(p): p for p in model.parameters()}.values() if p.dim() == 2]
+def bandwidth_bytes_per_s(model, repeats: int = 10) -> float:
+    """Memory bandwidth as this run sees it: one-row fp32 GEMVs (MKL) streaming every weight matrix.
+
+    The bound's step time is then `model.weight_bytes()` (packed weights at their packed size) over
+    this bandwidth, whichever kernel the model runs.
+    """
+    mats = [p.detach() for p in {id(p): p for p in model.parameters()}.values() if p.dim() == 2]
     mats = [m for m in mats if m is not model.embed_tokens or model.config.tie_word_embeddings]
     xs = {m.shape[1]: torch.randn(1, m.shape[1], dtype=m.dtype) for m in mats}
-    run = lambda: [model.linear(xs[m.shape[1]], m) for m in mats]  # noqa: E731
+    run = lambda: [F.linear(xs[m.shape[1]], m) for m in mats]  # noqa: E731
     run()
     start = time.perf_counter()
     for _ in range(repeats):
         run()
-    return (time.perf_counter() - start) / repeats
+    seconds = (time.perf_counter() - start) / repeats
+    return sum(m.numel() * m.element_size() for m in mats) / seconds
 
 
 def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
@@ -155,7 +161,8 @@ def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
         if skip_reason(m, 1) is None:
             runner.run(m, encoded[:1], 0.0, 0, Cell(m, 1, 0.0))
     target = next(iter(runner.llms.values())).target.model if runner.llms else None
-    runner.step_s = gemv_seconds(target) if target is not None else None  # the bandwidth, this run
+    if target is not None:  # the bandwidth, this run; the bound's step reads weight_bytes at it
+        runner.step_s = target.weight_bytes() / bandwidth_bytes_per_s(target)
     plan = [(b, t) for t in args.temperatures for b in args.batch_sizes]
     bar = tqdm(total=sum(-(-len(encoded) // b) for b, _ in plan), desc="bench offline (prompt groups)")
     for batch_size, temperature in plan:

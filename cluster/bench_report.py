@@ -1,9 +1,11 @@
 """Benchmark output: JSON (schema below), a Markdown table and PNG plots.
 
-JSON schema `specray.bench.offline/2`:
+JSON schema `specray.bench.offline/3`:
 - `config`: model, max_tokens, num_speculative_tokens, batch_sizes, temperatures, methods;
 - `machine`: platform, torch version, threads; `prompts`: [{category, prompt (first 80 chars)}];
-- `bandwidth`: weight_bytes, gemv_seconds_per_step, gb_per_s (one-row GEMVs over every weight);
+- `bandwidth`: weight_bytes (read by a decode step; packed weights at their packed size), gb_per_s
+  (one-row fp32 GEMVs over every weight, this run), gemv_seconds_per_step (their ratio: the
+  bound's step time; /2 timed the model's own GEMVs instead);
 - `cells`: one per (method, batch_size, temperature): `skipped` (reason or null), requests, tokens,
   seconds, tokens_per_s, acceptance_length (emitted per round), acceptance_rate (accepted/drafted),
   draft_ms_per_round, verify_ms_per_round, speedup_vs_hf (vs transformers plain, same batch size and
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-SCHEMA = "specray.bench.offline/2"
+SCHEMA = "specray.bench.offline/3"
 
 
 def cell_json(cell, hf_cell, step_s: float | None) -> dict:
@@ -97,7 +99,8 @@ COLUMNS = ("temperature", "batch_size", "method", "tokens_per_s", "acceptance_le
 def markdown(report: dict) -> str:
     cfg, bw = report["config"], report["bandwidth"]
     lines = [f"model {cfg['model']}, {cfg['max_tokens']} new tokens, {len(report['prompts'])} prompts, "
-             f"k = {cfg['num_speculative_tokens']}; GEMV bandwidth {bw['gb_per_s']} GB/s", "",
+             f"k = {cfg['num_speculative_tokens']}; bandwidth {bw['gb_per_s']} GB/s, "
+             f"{bw['weight_bytes']} weight bytes a step", "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in report["cells"]:
         if not r["skipped"]:

@@ -149,11 +149,12 @@ GEMV_COPY_LIMIT_BYTES = 2 << 30
 
 def load_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, device: str = "cpu",
                num_layers: int | None = None, gemv_weights: bool | None = None,
-               packed_weights: bool | None = None) -> LlamaModel:
+               cpu_kernels: bool | None = None) -> LlamaModel:
     """Load weights into the runtime; `num_layers` keeps only the first layers (a truncated draft).
 
-    `packed_weights` keeps exact Q4_1/Q8_0 blocks of weights that came from such a GGUF (see
-    `LlamaModel.add_packed_weights`); None means: on CPU in fp32 unless SPECRAY_PACKED_WEIGHTS=0.
+    `cpu_kernels` turns on the C kernels (fused norms and RoPE, and exact Q4_1/Q8_0 blocks of weights
+    that came from such a GGUF; see `LlamaModel.enable_cpu_kernels`); None means: on CPU in fp32
+    unless SPECRAY_CPU_KERNELS=0.
     `gemv_weights` keeps transposed copies of the other weights for one-row steps (see
     `LlamaModel.add_gemv_weights`); None means: on CPU when the weights take at most 2 GiB.
     """
@@ -164,11 +165,10 @@ def load_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, devic
         config = dataclasses.replace(config, num_layers=num_layers)
     model = LlamaModel(config, dtype=dtype, device=device)
     model.load_hf_state_dict(_read_safetensors(checkpoint.path))
-    if packed_weights is None:
-        packed_weights = (str(device) == "cpu" and dtype == torch.float32
-                          and os.environ.get("SPECRAY_PACKED_WEIGHTS", "1") != "0")
-    if packed_weights:
-        model.add_packed_weights()
+    if cpu_kernels is None:
+        cpu_kernels = str(device) == "cpu" and dtype == torch.float32
+    if cpu_kernels:
+        model.enable_cpu_kernels()
     if gemv_weights is None:
         gemv_weights = str(device) == "cpu" and model.weight_bytes() <= GEMV_COPY_LIMIT_BYTES
     if gemv_weights:

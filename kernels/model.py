@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specray.kernels import cpu_ops
 from specray.kernels.attention import (batch_attention, build_attention_mask, is_causal_prefill,
                                        plan_batch_attention, ragged_attention, reference_attention)
 from specray.kernels.batch import RaggedBatch
@@ -77,11 +78,20 @@ class LlamaModel(nn.Module):
         self.scale = config.head_dim ** -0.5
         self.gemv_weights: dict[int, torch.Tensor] = {}  # id(weight) -> weight.T contiguous
         self.packed_weights: dict[int, PackedWeight] = {}  # id(weight) -> its exact Q4_1/Q8_0 blocks
+        self.fused_cpu_ops = False  # norms and RoPE through the C ops (`enable_cpu_kernels`)
 
     def projections(self) -> list[torch.Tensor]:
         """Every weight a step reads through `linear`."""
         return [self.lm_head] + [w for layer in self.layers
                                  for w in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
+
+    def enable_cpu_kernels(self) -> int:
+        """Use the C kernels where they apply (CPU, fp32, a compiled library): fused norms and RoPE,
+        and packed weights (`add_packed_weights`). -> how many weights were packed."""
+        if self.embed_tokens.device.type != "cpu" or self.dtype != torch.float32 or not cpu_ops.available():
+            return 0
+        self.fused_cpu_ops = True
+        return self.add_packed_weights()
 
     def add_packed_weights(self) -> int:
         """Keep exact Q4_1/Q8_0 blocks of every projection whose fp32 values they hold bit for bit
@@ -150,20 +160,32 @@ class LlamaModel(nn.Module):
     def forward(self, batch: RaggedBatch, cache: PagedKVCache, reference: bool = False) -> torch.Tensor:
         """Run one step; writes the new tokens' KV into `cache`. -> logits [num_logits, vocab_size] (fp32)."""
         c, tp = self.shard_config, self.tp_group
-        rot = self.rotary.rotation(batch.positions)  # [num_tokens, head_dim, head_dim]
-        plan = plan_batch_attention(batch) if not reference and batch.batch_size > 1 else None
-        mask = None if reference or plan is not None else build_attention_mask(batch)
+        fused = self.fused_cpu_ops and not reference  # C ops for norms and RoPE (see cpu_ops)
+        if fused:
+            cos, sin = self.rotary.cos[batch.positions], self.rotary.sin[batch.positions]  # [num_tokens, head_dim]
+        else:
+            rot = self.rotary.rotation(batch.positions)  # [num_tokens, head_dim, head_dim]
+        rows = cpu_ops.AttentionRows.build(batch) if fused else None  # one C call per layer
+        plan = (plan_batch_attention(batch) if not reference and rows is None and batch.batch_size > 1
+                else None)
+        mask = None if reference or rows is not None or plan is not None else build_attention_mask(batch)
         causal = is_causal_prefill(batch)
         h = self.embed_tokens[batch.input_ids]  # [num_tokens, hidden_size]
+        x = self.norm_rows(h, self.layers[0].input_norm, fused)
         for i, layer in enumerate(self.layers):
-            x = F.rms_norm(h, (c.hidden_size,), layer.input_norm, c.rms_norm_eps)
             qkv = self.linear(x, layer.qkv_proj).view(-1, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
-            qk = torch.bmm(qkv[:, : c.num_heads + c.num_kv_heads], rot)  # RoPE on q and k at once
-            new_kv = torch.cat([qk[:, c.num_heads:], qkv[:, c.num_heads + c.num_kv_heads:]], dim=1)
             layer_kv = cache.kv[i]  # [2 * num_kv_heads, num_slots, head_dim]
-            layer_kv.index_copy_(1, batch.slot_mapping, new_kv.transpose(0, 1))
-            q = qk[:, : c.num_heads]
-            if plan is not None:
+            if fused:  # RoPE on q and k in place, k and v into the cache
+                cpu_ops.rope_store_kv(qkv, cos, sin, batch.slot_mapping, layer_kv, c.num_heads)
+                q = qkv[:, : c.num_heads]
+            else:
+                qk = torch.bmm(qkv[:, : c.num_heads + c.num_kv_heads], rot)  # RoPE on q and k at once
+                new_kv = torch.cat([qk[:, c.num_heads:], qkv[:, c.num_heads + c.num_kv_heads:]], dim=1)
+                layer_kv.index_copy_(1, batch.slot_mapping, new_kv.transpose(0, 1))
+                q = qk[:, : c.num_heads]
+            if rows is not None:
+                attn = cpu_ops.attention(qkv, c.num_heads, layer_kv, batch.key_slots, rows, self.scale)
+            elif plan is not None:
                 attn = batch_attention(q, layer_kv, plan, self.scale)
             else:
                 if batch.key_range is not None:
@@ -172,15 +194,32 @@ class LlamaModel(nn.Module):
                     kv = layer_kv.index_select(1, batch.key_slots)
                 attn = (reference_attention(q, kv, batch, self.scale) if reference
                         else ragged_attention(q, kv, mask, self.scale, causal))
-            h = h + tp.all_reduce(self.linear(attn, layer.o_proj))  # partial sums over head groups
-            x = F.rms_norm(h, (c.hidden_size,), layer.post_attention_norm, c.rms_norm_eps)
+            o = tp.all_reduce(self.linear(attn, layer.o_proj))  # partial sums over head groups
+            h, x = self.add_norm(h, o, layer.post_attention_norm, fused)
             gate, up = self.linear(x, layer.gate_up_proj).chunk(2, dim=-1)
-            h = h + tp.all_reduce(self.linear(F.silu(gate) * up, layer.down_proj))
-        h = F.rms_norm(h[batch.logits_indices], (c.hidden_size,), self.norm, c.rms_norm_eps)
+            down = tp.all_reduce(self.linear(F.silu(gate) * up, layer.down_proj))
+            if i + 1 < len(self.layers):
+                h, x = self.add_norm(h, down, self.layers[i + 1].input_norm, fused)
+            else:
+                h = h + down
+        h = self.norm_rows(h[batch.logits_indices], self.norm, fused)
         logits = self.linear(h, self.lm_head)  # [num_logits, vocab_size / tp_size if vocab_parallel]
         if self.vocab_parallel:
             logits = tp.all_gather_last_dim(logits)
         return logits.float()
+
+    def norm_rows(self, h: torch.Tensor, weight: torch.Tensor, fused: bool) -> torch.Tensor:
+        """RMSNorm of h [rows, hidden_size]."""
+        eps = self.config.rms_norm_eps
+        return cpu_ops.rms_norm(h, weight, eps) if fused else cpu_ops.rms_norm_reference(h, weight, eps)
+
+    def add_norm(self, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                 fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual add and the next norm: -> (h + delta, RMSNorm of it); fused updates h in place."""
+        if fused:
+            return h, cpu_ops.add_rms_norm(h, delta, weight, self.config.rms_norm_eps)
+        h = h + delta
+        return h, self.norm_rows(h, weight, False)
 
     # -- weights ----------------------------------------------------------------------------
     def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:

@@ -7,29 +7,20 @@ every value comes back bit for bit, so the packed model *is* the fp32 model (no 
 activations stay fp32), read in 24 or 36 bytes per 32 weights instead of 128.
 
 `dequantize` + `F.linear` is the pure torch reference; `packed_linear` runs the C kernel in
-`csrc/quant_linear.c`, compiled once per machine with the system C compiler into the specray
-cache. Without a compiler the model keeps its fp32 path (a warning says so).
+`csrc/quant_linear.c` (built by `cpu_kernels`). Without a compiler the model keeps its fp32 path.
 """
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
-import os
-import platform
-import subprocess
-import tempfile
-import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from specray.kernels import cpu_kernels
+
 QK = 32  # weights per block
 BLOCK_BYTES = {"q4_1": 24, "q8_0": 36}  # fp32 d (+ fp32 m for q4_1; GGUF fp16 values) then q
-SOURCE = Path(__file__).resolve().parent / "csrc" / "quant_linear.c"
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 
 
 @dataclass(frozen=True)
@@ -107,76 +98,20 @@ def reference_linear(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
     return F.linear(x, dequantize(packed))
 
 
-# -- the compiled kernel ----------------------------------------------------------------------
-_LIBRARY: ctypes.CDLL | None | bool = False  # False: not tried yet
-
-
+# -- the C kernel -----------------------------------------------------------------------------
 def kernel_available() -> bool:
-    return _library() is not None
+    return cpu_kernels.available()
 
 
 def packed_linear(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
     """x [rows, in_features] fp32 -> [rows, out_features] with the C kernel (see module doc)."""
-    lib = _library()
+    lib = cpu_kernels.library()
     if lib is None:
         raise RuntimeError("the packed-weight kernel is unavailable (no C compiler?); use reference_linear")
     assert x.dim() == 2 and x.shape[1] == packed.in_features and x.dtype == torch.float32
     x = x.contiguous()
-    rows = x.shape[0]
-    y = torch.empty(rows, packed.out_features, dtype=torch.float32)  # [rows, out_features]
-    threads = torch.get_num_threads()
+    y = torch.empty(x.shape[0], packed.out_features, dtype=torch.float32)  # [rows, out_features]
     kernel = lib.specray_q4_1_linear if packed.kind == "q4_1" else lib.specray_q8_0_linear
-    kernel(x.data_ptr(), rows, packed.in_features, packed.blocks.data_ptr(), packed.out_features,
-           y.data_ptr(), threads)
+    kernel(x.data_ptr(), x.shape[0], packed.in_features, packed.blocks.data_ptr(), packed.out_features,
+           y.data_ptr(), torch.get_num_threads())
     return y
-
-
-def _library() -> ctypes.CDLL | None:
-    global _LIBRARY
-    if _LIBRARY is False:
-        _LIBRARY = None
-        if os.environ.get("SPECRAY_PACKED_KERNEL", "1") != "0":
-            try:
-                _LIBRARY = _bind(ctypes.CDLL(str(_build())))
-            except (OSError, subprocess.SubprocessError) as e:
-                warnings.warn(f"specray: packed-weight kernel unavailable, using fp32 weights ({e})")
-    return _LIBRARY or None
-
-
-def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    for kernel in (lib.specray_q4_1_linear, lib.specray_q8_0_linear):
-        kernel.argtypes = [p, i64, i64, p, i64, p, i32]  # x, rows, in, blocks, out, y, threads
-        kernel.restype = None
-    return lib
-
-
-def _build() -> Path:
-    """Compile the kernel once per (source, flags, CPU); -march=native binaries never cross CPUs.
-
-    It links the libgomp that torch already loaded (same soname), so both share one thread pool.
-    """
-    from specray.kernels.loader import cache_root
-
-    compiler = os.environ.get("CC", "cc")
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *CFLAGS]).encode()
-                         + _cpu_signature().encode()).hexdigest()[:16]
-    out = cache_root() / "kernels" / f"quant_linear-{key}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # atomic: concurrent workers may build
-        built = Path(tmp) / out.name
-        subprocess.run([compiler, *CFLAGS, str(SOURCE), "-o", str(built)], check=True,
-                       capture_output=True, timeout=120)
-        os.replace(built, out)
-    return out
-
-
-def _cpu_signature() -> str:
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags"))]
-    return platform.machine() + "\n".join(sorted(set(lines)))

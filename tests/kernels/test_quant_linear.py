@@ -69,9 +69,9 @@ def test_kernel_rows_do_not_depend_on_batch_or_threads():
 
 @needs_kernel
 def test_packed_model_matches_its_fp32_self(tiny_gguf_target):
-    fp32 = load_model(Checkpoint(tiny_gguf_target, "t"), packed_weights=False)
-    packed = load_model(Checkpoint(tiny_gguf_target, "t"), packed_weights=True)
-    assert not fp32.packed_weights
+    fp32 = load_model(Checkpoint(tiny_gguf_target, "t"), cpu_kernels=False)
+    packed = load_model(Checkpoint(tiny_gguf_target, "t"), cpu_kernels=True)
+    assert not fp32.packed_weights and not fp32.fused_cpu_ops and packed.fused_cpu_ops
     assert len(packed.packed_weights) == 1 + 4 * packed.config.num_layers  # every projection + head
     assert packed.weight_bytes() < fp32.weight_bytes() / 3
     outs = []

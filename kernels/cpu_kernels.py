@@ -1,0 +1,87 @@
+"""The C kernels under `csrc/`, compiled once per machine with the system C compiler.
+
+The shared library lands in the specray cache, keyed by the sources, the flags and the CPU
+(-march=native binaries never cross CPUs). It links the libgomp that torch already loaded (same
+soname), so its OpenMP loops share torch's thread pool instead of spinning against it. Without a
+compiler (or with SPECRAY_CPU_KERNELS=0) `library()` is None and callers keep their torch paths.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = [CSRC / "quant_linear.c", CSRC / "cpu_ops.c"]
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+
+P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
+    "specray_q4_1_linear": [P, I64, I64, P, I64, P, I32],  # x, rows, in, blocks, out, y, threads
+    "specray_q8_0_linear": [P, I64, I64, P, I64, P, I32],
+    "specray_rms_norm": [P, I64, I64, P, F32, P],  # x, rows, n, weight, eps, y
+    "specray_add_rms_norm": [P, P, I64, I64, P, F32, P],  # h, delta, rows, n, weight, eps, y
+    "specray_rope_store_kv": [P, I64, I64, I64, I64, P, P, P, P, I64],
+    # q, q_stride, rows, heads, kv_heads, dim, kv, num_slots, key_slots, key_start, num_ctx, new_mask,
+    # max_new, scale, out, scratch, max_keys, threads
+    "specray_attention": [P, I64, I64, I64, I64, I64, P, I64, P, P, P, P, I64, F32, P, P, I64, I32],
+}
+
+_LIBRARY: ctypes.CDLL | None | bool = False  # False: not tried yet
+
+
+def library() -> ctypes.CDLL | None:
+    global _LIBRARY
+    if _LIBRARY is False:
+        _LIBRARY = None
+        if os.environ.get("SPECRAY_CPU_KERNELS", "1") != "0":
+            try:
+                _LIBRARY = _bind(ctypes.CDLL(str(_build())))
+            except (OSError, subprocess.SubprocessError) as e:
+                warnings.warn(f"specray: C kernels unavailable, using the torch paths ({e})")
+    return _LIBRARY or None
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    for name, argtypes in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, None
+    return lib
+
+
+def _build() -> Path:
+    from specray.kernels.loader import cache_root
+
+    compiler = os.environ.get("CC", "cc")
+    digest = hashlib.sha256(" ".join([compiler, *CFLAGS]).encode() + _cpu_signature().encode())
+    for src in SOURCES:
+        digest.update(src.read_bytes())
+    out = cache_root() / "kernels" / f"specray_cpu-{digest.hexdigest()[:16]}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # atomic: concurrent workers may build
+        built = Path(tmp) / out.name
+        subprocess.run([compiler, *CFLAGS, *map(str, SOURCES), "-o", str(built), "-lm"], check=True,
+                       capture_output=True, timeout=120)
+        os.replace(built, out)
+    return out
+
+
+def _cpu_signature() -> str:
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags"))]
+    return platform.machine() + "\n".join(sorted(set(lines)))

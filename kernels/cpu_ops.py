@@ -1,0 +1,124 @@
+"""Fused CPU ops for few-row steps (C in `csrc/cpu_ops.c`), each beside its pure torch reference.
+
+A batch-1 decode step of a small model is some 600 eager ops; their dispatch, not their
+arithmetic, was a third of the step on the 2-core box. These replace the norm (one call instead
+of about eight ops), the residual add + norm, and RoPE + the KV write (a bmm, a cat and an
+index_copy_), and attention for steps of short sequences (decode and verification rows, chains or
+trees, any batch) in one call instead of about ten ops per sequence group. Callers use them only
+where `available()`: CPU, fp32, a compiled library. `attention`'s reference is
+`attention.reference_attention`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from dataclasses import dataclass
+
+from specray.kernels import cpu_kernels
+from specray.kernels.attention import SMALL_QUERY_ROWS, ancestor_matrix
+from specray.kernels.batch import RaggedBatch
+from specray.kernels.rope import apply_rotary
+
+
+def available() -> bool:
+    return cpu_kernels.available()
+
+
+def _ptr(t: torch.Tensor) -> int:
+    assert t.is_contiguous() and t.device.type == "cpu", "C ops take contiguous CPU tensors"
+    return t.data_ptr()
+
+
+# -- references ---------------------------------------------------------------------------------
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def rope_store_kv_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                            layer_kv: torch.Tensor, num_heads: int) -> None:
+    """qkv [rows, heads + 2 * kv_heads, dim] (rotated in place on its q and k heads);
+    cos, sin [rows, dim]; layer_kv [2 * kv_heads, num_slots, dim] gets k and v at `slots` [rows]."""
+    num_kv_heads = (qkv.shape[1] - num_heads) // 2
+    qk = qkv[:, : num_heads + num_kv_heads]
+    qk.copy_(apply_rotary(qk, cos.unsqueeze(1), sin.unsqueeze(1)))
+    layer_kv.index_copy_(1, slots, qkv[:, num_heads:].transpose(0, 1))
+
+
+# -- fast paths -----------------------------------------------------------------------------------
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [rows, n] -> [rows, n]: weight * (x * rsqrt(mean(x^2) + eps))."""
+    y = torch.empty_like(x)
+    cpu_kernels.library().specray_rms_norm(_ptr(x), x.shape[0], x.shape[1], _ptr(weight), eps, _ptr(y))
+    return y
+
+
+def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """h += delta (in place, the residual stream), then -> rms_norm(h) [rows, n]."""
+    assert h.shape == delta.shape
+    y = torch.empty_like(h)
+    cpu_kernels.library().specray_add_rms_norm(_ptr(h), _ptr(delta), h.shape[0], h.shape[1], _ptr(weight),
+                                                eps, _ptr(y))
+    return y
+
+
+def rope_store_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                  layer_kv: torch.Tensor, num_heads: int) -> None:
+    """As `rope_store_kv_reference`, in one call."""
+    rows, width, dim = qkv.shape
+    num_kv_heads = (width - num_heads) // 2
+    assert cos.shape == sin.shape == (rows, dim) and slots.shape == (rows,) and slots.dtype == torch.int64
+    assert layer_kv.shape[0] == 2 * num_kv_heads and layer_kv.shape[2] == dim
+    cpu_kernels.library().specray_rope_store_kv(
+        _ptr(qkv), rows, num_heads, num_kv_heads, dim, _ptr(cos), _ptr(sin), _ptr(slots), _ptr(layer_kv),
+        layer_kv.shape[1])
+
+
+@dataclass
+class AttentionRows:
+    """Which keys each query row of a step sees, for `attention`: its sequence's context, then the
+    new tokens of its ancestry (chain: the earlier ones)."""
+
+    key_start: torch.Tensor  # int64 [num_tokens] the row's sequence's first key in key_slots
+    num_ctx: torch.Tensor  # int64 [num_tokens] context keys, all visible
+    new_mask: torch.Tensor  # uint8 [num_tokens, max_new] 1 where new token j is visible
+    max_keys: int  # the longest sequence's context + max_new
+
+    def __post_init__(self):
+        rows = self.key_start.shape[0]
+        assert self.num_ctx.shape == (rows,) and self.new_mask.shape[0] == rows
+        assert self.key_start.dtype == self.num_ctx.dtype == torch.int64 and self.new_mask.dtype == torch.uint8
+
+    @classmethod
+    def build(cls, batch: RaggedBatch) -> "AttentionRows | None":
+        """None where the step has a prefill chunk (more than SMALL_QUERY_ROWS new tokens: the fused
+        SDPA path is faster) or padded keys (the padded baseline keeps its padded cost)."""
+        counts = [batch.cu_seqlens[b + 1] - batch.cu_seqlens[b] for b in range(batch.batch_size)]
+        if max(counts) > SMALL_QUERY_ROWS or (batch.key_pads and any(batch.key_pads)):
+            return None
+        max_new = max(counts)
+        new_mask = torch.zeros(batch.num_tokens, max_new, dtype=torch.uint8)
+        key_start, num_ctx = [], []
+        for b, n in enumerate(counts):
+            q0 = batch.cu_seqlens[b]
+            new_mask[q0:q0 + n, :n] = ancestor_matrix(batch.parents[b], n)
+            key_start += [batch.cu_keylens[b]] * n
+            num_ctx += [batch.context_lens[b]] * n
+        return cls(torch.tensor(key_start), torch.tensor(num_ctx), new_mask, max(batch.context_lens) + max_new)
+
+
+def attention(qkv: torch.Tensor, num_heads: int, layer_kv: torch.Tensor, key_slots: torch.Tensor,
+              rows: AttentionRows, scale: float) -> torch.Tensor:
+    """qkv [num_tokens, heads + 2 * kv_heads, dim] (the q heads are read); layer_kv [2 * kv_heads,
+    num_slots, dim]; key_slots [num_keys] int64 -> [num_tokens, heads * dim]."""
+    num_tokens, width, dim = qkv.shape
+    num_kv_heads = layer_kv.shape[0] // 2
+    assert width == num_heads + 2 * num_kv_heads and key_slots.dtype == torch.int64
+    out = torch.empty(num_tokens, num_heads * dim)
+    scratch = torch.empty(num_tokens * num_heads * rows.max_keys)  # scores, one row per (token, head)
+    cpu_kernels.library().specray_attention(
+        _ptr(qkv), width * dim, num_tokens, num_heads, num_kv_heads, dim, _ptr(layer_kv), layer_kv.shape[1],
+        _ptr(key_slots), _ptr(rows.key_start), _ptr(rows.num_ctx), _ptr(rows.new_mask), rows.new_mask.shape[1],
+        scale, _ptr(out), _ptr(scratch), rows.max_keys, torch.get_num_threads())
+    return out

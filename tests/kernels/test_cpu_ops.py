@@ -1,0 +1,93 @@
+"""The fused C ops against their torch references, and a model with them against one without."""
+
+import pytest
+import torch
+
+from specray.kernels import cpu_ops
+from specray.kernels.batch import RaggedBatch, SeqChunk
+from specray.kernels.loader import Checkpoint, load_model
+
+pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler for the CPU ops")
+
+
+@pytest.mark.parametrize("rows,n", [(1, 64), (3, 576), (5, 37)])
+def test_rms_norm_matches_the_reference(rows, n):
+    x, w = torch.randn(rows, n) * 3, torch.randn(n)
+    torch.testing.assert_close(cpu_ops.rms_norm(x, w, 1e-5), cpu_ops.rms_norm_reference(x, w, 1e-5))
+
+
+def test_add_rms_norm_updates_the_residual_in_place():
+    h, delta, w = torch.randn(4, 96), torch.randn(4, 96), torch.randn(96)
+    want_h = h + delta
+    y = cpu_ops.add_rms_norm(h, delta, w, 1e-6)
+    torch.testing.assert_close(h, want_h, rtol=0, atol=0)
+    torch.testing.assert_close(y, cpu_ops.rms_norm_reference(want_h, w, 1e-6))
+
+
+def test_rope_store_kv_matches_the_reference():
+    rows, heads, kv_heads, dim, slots_total = 5, 6, 2, 16, 40
+    qkv = torch.randn(rows, heads + 2 * kv_heads, dim)
+    angles = torch.rand(rows, dim // 2) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)  # [rows, dim]
+    slots = torch.tensor([7, 3, 31, 0, 12])
+    got_qkv, want_qkv = qkv.clone(), qkv.clone()
+    got_kv, want_kv = torch.zeros(2 * kv_heads, slots_total, dim), torch.zeros(2 * kv_heads, slots_total, dim)
+    cpu_ops.rope_store_kv(got_qkv, cos, sin, slots, got_kv, heads)
+    cpu_ops.rope_store_kv_reference(want_qkv, cos, sin, slots, want_kv, heads)
+    torch.testing.assert_close(got_qkv, want_qkv)
+    torch.testing.assert_close(got_kv, want_kv)
+    assert not torch.equal(got_qkv[:, :heads], qkv[:, :heads])  # it did rotate
+    assert torch.equal(got_qkv[:, heads + kv_heads:], qkv[:, heads + kv_heads:])  # values untouched
+
+
+def test_model_with_fused_ops_matches_the_torch_path(tiny_target):
+    plain = load_model(Checkpoint(tiny_target, "t"), cpu_kernels=False)
+    fused = load_model(Checkpoint(tiny_target, "t"), cpu_kernels=True)
+    assert fused.fused_cpu_ops and not plain.fused_cpu_ops
+    outs = []
+    for model in (plain, fused):
+        cache = model.make_cache(16, block_size=4)
+        first = model(RaggedBatch.build([SeqChunk("a", [4, 5, 6, 7, 8], 0, num_logits=5)], cache), cache)
+        cache.set_cached("a", 5)
+        second = model(RaggedBatch.build([SeqChunk("a", [9, 10], 5, num_logits=2)], cache), cache)
+        outs.append((torch.cat([first, second]), cache.kv.clone()))
+    torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-4)  # the same KV written
+
+
+def test_attention_matches_the_reference_on_a_mixed_batch(tiny_target):
+    """Decode, a verification chain and a tree in one step, keys scattered over the paged cache:
+    the C attention equals the reference, sequence by sequence."""
+    from specray.kernels.attention import reference_attention
+
+    model = load_model(Checkpoint(tiny_target, "t"), cpu_kernels=False)
+    c = model.config
+    cache = model.make_cache(32, block_size=4)
+    for seq, n in (("a", 9), ("b", 3), ("c", 6)):
+        model(RaggedBatch.build([SeqChunk(seq, list(range(3, 3 + n)), 0)], cache), cache)
+        cache.set_cached(seq, n)
+    chunks = [SeqChunk("a", [11], 9), SeqChunk("b", [12, 13, 14, 15], 3, num_logits=4),
+              SeqChunk("c", [16, 17, 18, 19, 20], 6, parents=[-1, 0, 0, 1, 2], num_logits=5)]
+    batch = RaggedBatch.build(chunks, cache)
+    rows = cpu_ops.AttentionRows.build(batch)
+    assert rows is not None and rows.new_mask.shape == (10, 5)
+    layer_kv = torch.randn_like(cache.kv[0])
+    qkv = torch.randn(batch.num_tokens, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+    got = cpu_ops.attention(qkv, c.num_heads, layer_kv, batch.key_slots, rows, model.scale)
+    for b, chunk in enumerate(chunks):
+        q0, q1 = batch.cu_seqlens[b], batch.cu_seqlens[b + 1]
+        one = RaggedBatch.build([SeqChunk(chunk.seq_id, chunk.token_ids, chunk.context_len, chunk.parents,
+                                          num_logits=len(chunk.token_ids))], cache)
+        kv = layer_kv.index_select(1, one.key_slots)
+        want = reference_attention(qkv[q0:q1, : c.num_heads], kv, one, model.scale)
+        torch.testing.assert_close(got[q0:q1], want, rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_chunks_and_padded_keys_keep_the_torch_attention(tiny_target):
+    model = load_model(Checkpoint(tiny_target, "t"), cpu_kernels=False)
+    cache = model.make_cache(32, block_size=4)
+    long = RaggedBatch.build([SeqChunk("a", list(range(3, 23)), 0)], cache)  # 20 new tokens
+    assert cpu_ops.AttentionRows.build(long) is None
+    cache.set_cached("a", 20)
+    padded = RaggedBatch.build([SeqChunk("a", [5], 20, key_pad=2)], cache)
+    assert cpu_ops.AttentionRows.build(padded) is None
