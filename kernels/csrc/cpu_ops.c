@@ -5,14 +5,14 @@
 
 #define LANES 16  // partial sums, so that the compiler vectorises in a fixed summation order
 
-static float sum_squares(const float* x, int64_t n) {
+static float dot(const float* a, const float* b, int64_t n) {
     float part[LANES] = {0};
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++) part[j] += x[i + j] * x[i + j];
+        for (int j = 0; j < LANES; j++) part[j] += a[i + j] * b[i + j];
     float s = 0.f;
     for (int j = 0; j < LANES; j++) s += part[j];
-    for (; i < n; i++) s += x[i] * x[i];
+    for (; i < n; i++) s += a[i] * b[i];
     return s;
 }
 
@@ -20,7 +20,7 @@ static float sum_squares(const float* x, int64_t n) {
 void specray_rms_norm(const float* x, int64_t rows, int64_t n, const float* w, float eps, float* y) {
     for (int64_t r = 0; r < rows; r++) {
         const float* xr = x + r * n;
-        float inv = 1.f / sqrtf(sum_squares(xr, n) / (float)n + eps);
+        float inv = 1.f / sqrtf(dot(xr, xr, n) / (float)n + eps);
         for (int64_t i = 0; i < n; i++) y[r * n + i] = w[i] * (xr[i] * inv);
     }
 }
@@ -57,28 +57,18 @@ void specray_rope_store_kv(float* qkv, int64_t rows, int64_t heads, int64_t kv_h
     }
 }
 
-static float dot(const float* a, const float* b, int64_t n) {
-    float part[LANES] = {0};
-    int64_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++) part[j] += a[i + j] * b[i + j];
-    float s = 0.f;
-    for (int j = 0; j < LANES; j++) s += part[j];
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
 // Attention for a step of short sequences (decode, verification chains and trees), each query row
 // over its own sequence's keys only: its context (all visible) and the new tokens `new_mask` marks
 // (its ancestry). q rows have stride q_stride floats, heads of `dim`; kv [2 * kv_heads, num_slots,
 // dim] (keys then values); key_slots [num_keys]; per row: key_start (its sequence's first key in
-// key_slots), num_ctx; new_mask [rows, max_new] (1 = visible); out [rows, heads * dim];
-// scratch [rows * heads * max_keys].
+// key_slots), num_ctx, num_pad (the padded baseline's masked dummy keys after the sequence's
+// num_new keys: scored, then dropped, as a padded kernel would); new_mask [rows, max_new]
+// (1 = visible); out [rows, heads * dim]; scratch [rows * heads * max_keys].
 void specray_attention(const float* q, int64_t q_stride, int64_t rows, int64_t heads, int64_t kv_heads,
                        int64_t dim, const float* kv, int64_t num_slots, const int64_t* key_slots,
-                       const int64_t* key_start, const int64_t* num_ctx, const uint8_t* new_mask,
-                       int64_t max_new, float scale, float* out, float* scratch, int64_t max_keys,
-                       int threads) {
+                       const int64_t* key_start, const int64_t* num_ctx, const int64_t* num_new,
+                       const int64_t* num_pad, const uint8_t* new_mask, int64_t max_new, float scale,
+                       float* out, float* scratch, int64_t max_keys, int threads) {
     int64_t group = heads / kv_heads, work = rows * heads * max_keys * dim;
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (work > (1 << 16))
     for (int64_t t = 0; t < rows; t++)
@@ -87,7 +77,7 @@ void specray_attention(const float* q, int64_t q_stride, int64_t rows, int64_t h
             const float* keys = kv + (h / group) * num_slots * dim;
             const float* values = kv + (kv_heads + h / group) * num_slots * dim;
             const int64_t* slots = key_slots + key_start[t];
-            int64_t ctx = num_ctx[t], n = ctx + max_new;
+            int64_t ctx = num_ctx[t], n = ctx + num_new[t];
             float* s = scratch + (t * heads + h) * max_keys;
             float top = -INFINITY;
             for (int64_t j = 0; j < n; j++) {
@@ -95,6 +85,8 @@ void specray_attention(const float* q, int64_t q_stride, int64_t rows, int64_t h
                                                                    : -INFINITY;
                 top = s[j] > top ? s[j] : top;
             }
+            for (int64_t j = n; j < n + num_pad[t]; j++)  // stored, so the work is not optimised out
+                s[j] = scale * dot(qh, keys + slots[j] * dim, dim);
             float total = 0.f;
             for (int64_t j = 0; j < n; j++) {
                 s[j] = s[j] == -INFINITY ? 0.f : expf(s[j] - top);

@@ -83,11 +83,29 @@ def test_attention_matches_the_reference_on_a_mixed_batch(tiny_target):
         torch.testing.assert_close(got[q0:q1], want, rtol=1e-5, atol=1e-5)
 
 
-def test_prefill_chunks_and_padded_keys_keep_the_torch_attention(tiny_target):
+def test_prefill_chunks_keep_the_torch_attention(tiny_target):
     model = load_model(Checkpoint(tiny_target, "t"), cpu_kernels=False)
     cache = model.make_cache(32, block_size=4)
     long = RaggedBatch.build([SeqChunk("a", list(range(3, 23)), 0)], cache)  # 20 new tokens
     assert cpu_ops.AttentionRows.build(long) is None
-    cache.set_cached("a", 20)
-    padded = RaggedBatch.build([SeqChunk("a", [5], 20, key_pad=2)], cache)
-    assert cpu_ops.AttentionRows.build(padded) is None
+
+
+def test_padded_keys_are_scored_but_never_seen(tiny_target):
+    """The padded baseline's dummy keys (key_pad) cost work but change nothing."""
+    model = load_model(Checkpoint(tiny_target, "t"), cpu_kernels=False)
+    c = model.config
+    cache = model.make_cache(32, block_size=4)
+    for seq, n in (("a", 9), ("b", 3)):
+        model(RaggedBatch.build([SeqChunk(seq, list(range(3, 3 + n)), 0)], cache), cache)
+        cache.set_cached(seq, n)
+    layer_kv = torch.randn_like(cache.kv[0])
+    outs = []
+    for pads in ((0, 0), (0, 6)):
+        chunks = [SeqChunk("a", [11, 12], 9, num_logits=2, key_pad=pads[0]),
+                  SeqChunk("b", [13, 14], 3, num_logits=2, key_pad=pads[1])]
+        batch = RaggedBatch.build(chunks, cache)
+        rows = cpu_ops.AttentionRows.build(batch)
+        assert rows.num_pad.tolist() == [pads[0]] * 2 + [pads[1]] * 2
+        qkv = torch.randn(4, c.num_heads + 2 * c.num_kv_heads, c.head_dim, generator=torch.Generator().manual_seed(0))
+        outs.append(cpu_ops.attention(qkv, c.num_heads, layer_kv, batch.key_slots, rows, model.scale))
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
