@@ -1,0 +1,99 @@
+"""CPU kernels on SmolLM2-135M: packed Q4_1/Q8_0 projections vs MKL fp32, and whole forward steps
+with the C kernels vs the torch paths, at the row counts of decode and verification.
+
+    python benchmarks/cpu_kernels.py --rows 1,2,3,4,8,16,32 --out bench_out/cpu_kernels.json
+
+Configurations run interleaved, repeat after repeat, and each figure is the median of its repeats,
+so a noisy shared box moves all of them alike; compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specray.kernels.batch import RaggedBatch, SeqChunk
+from specray.kernels.loader import load_model, resolve
+from specray.kernels.quant_linear import packed_linear
+
+
+def timed(fn, inner: int) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    return (time.perf_counter() - start) / inner
+
+
+def projections(model, rows: int):
+    """Every projection once, the packed kernel vs MKL fp32 (x @ W^T), as a decode step reads them."""
+    weights = model.projections()
+    xs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+    packed = [(xs[w.shape[1]], model.packed_weights[id(w)]) for w in weights]
+    fp32 = [(xs[w.shape[1]], w.detach()) for w in weights]
+    return {"packed": lambda: [packed_linear(x, p) for x, p in packed],
+            "fp32": lambda: [F.linear(x, w) for x, w in fp32]}
+
+
+def forward_steps(models: dict, rows: int, context: int = 200):
+    """One sequence with `context` cached tokens bringing `rows` new ones (a decode step at 1 row,
+    a verification step at k + 1), rolled back after each run; per model (C kernels on / off)."""
+    def step_fn(model):
+        cache = model.make_cache(64, block_size=16)
+        model(RaggedBatch.build([SeqChunk("s", list(range(100, 100 + context)), 0)], cache), cache)
+        cache.set_cached("s", context)
+
+        def step():
+            model(RaggedBatch.build([SeqChunk("s", [7] * rows, context, num_logits=rows)], cache), cache)
+            cache.set_cached("s", context)
+        return step
+    return {name: step_fn(model) for name, model in models.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1,2,3,4,8,16,32")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--inner", type=int, default=3)
+    parser.add_argument("--out", default="bench_out/cpu_kernels.json")
+    args = parser.parse_args()
+    model = load_model(resolve("smollm2-135m"))  # C kernels and packed weights (the default on CPU)
+    plain = load_model(resolve("smollm2-135m"), cpu_kernels=False)  # torch paths, GEMV weight copies
+    if not model.packed_weights:
+        raise SystemExit("no packed weights: the C kernels are unavailable (no compiler?)")
+    rows_list = [int(r) for r in args.rows.split(",")]
+    suites = {("projections", r): projections(model, r) for r in rows_list}
+    models = {"c_kernels": model, "torch": plain}
+    suites.update({("forward", r): forward_steps(models, r) for r in rows_list if r <= 16})
+    times: dict[tuple, list[float]] = {}
+    for _ in range(args.repeats):
+        for (kind, rows), configs in suites.items():
+            for name, fn in configs.items():
+                times.setdefault((kind, rows, name), []).append(timed(fn, args.inner))
+    results = [{"suite": k, "rows": r, "config": n, "median_ms": round(1e3 * statistics.median(v), 3)}
+               for (k, r, n), v in times.items()]
+    packed_bytes = sum(p.nbytes for p in model.packed_weights.values())
+    fp32_bytes = sum(w.numel() * 4 for w in model.projections())
+    report = {"machine": {"platform": platform.platform(), "torch": torch.__version__,
+                          "threads": torch.get_num_threads()},
+              "bytes": {"packed": packed_bytes, "fp32": fp32_bytes}, "results": results}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print(f"projection bytes: packed {packed_bytes / 1e6:.1f} MB, fp32 {fp32_bytes / 1e6:.1f} MB")
+    for kind, base, fast in (("projections", "fp32", "packed"), ("forward", "torch", "c_kernels")):
+        for r in rows_list:
+            a = statistics.median(times.get((kind, r, base), [0])) * 1e3
+            b = statistics.median(times.get((kind, r, fast), [0])) * 1e3
+            if a and b:
+                print(f"{kind:11s} rows {r:2d}: {base} {a:7.2f} ms, {fast} {b:7.2f} ms, {a / b:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
