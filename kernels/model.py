@@ -161,6 +161,7 @@ class LlamaModel(nn.Module):
         """Run one step; writes the new tokens' KV into `cache`. -> logits [num_logits, vocab_size] (fp32)."""
         c, tp = self.shard_config, self.tp_group
         fused = self.fused_cpu_ops and not reference  # C ops for norms and RoPE (see cpu_ops)
+        linear = F.linear if reference else self.linear  # the reference reads the fp32 weights
         if fused:
             cos, sin = self.rotary.cos[batch.positions], self.rotary.sin[batch.positions]  # [num_tokens, head_dim]
         else:
@@ -173,7 +174,7 @@ class LlamaModel(nn.Module):
         h = self.embed_tokens[batch.input_ids]  # [num_tokens, hidden_size]
         x = self.norm_rows(h, self.layers[0].input_norm, fused)
         for i, layer in enumerate(self.layers):
-            qkv = self.linear(x, layer.qkv_proj).view(-1, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+            qkv = linear(x, layer.qkv_proj).view(-1, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
             layer_kv = cache.kv[i]  # [2 * num_kv_heads, num_slots, head_dim]
             if fused:  # RoPE on q and k in place, k and v into the cache
                 cpu_ops.rope_store_kv(qkv, cos, sin, batch.slot_mapping, layer_kv, c.num_heads)
@@ -194,16 +195,16 @@ class LlamaModel(nn.Module):
                     kv = layer_kv.index_select(1, batch.key_slots)
                 attn = (reference_attention(q, kv, batch, self.scale) if reference
                         else ragged_attention(q, kv, mask, self.scale, causal))
-            o = tp.all_reduce(self.linear(attn, layer.o_proj))  # partial sums over head groups
+            o = tp.all_reduce(linear(attn, layer.o_proj))  # partial sums over head groups
             h, x = self.add_norm(h, o, layer.post_attention_norm, fused)
-            gate, up = self.linear(x, layer.gate_up_proj).chunk(2, dim=-1)
-            down = tp.all_reduce(self.linear(F.silu(gate) * up, layer.down_proj))
+            gate, up = linear(x, layer.gate_up_proj).chunk(2, dim=-1)
+            down = tp.all_reduce(linear(F.silu(gate) * up, layer.down_proj))
             if i + 1 < len(self.layers):
                 h, x = self.add_norm(h, down, self.layers[i + 1].input_norm, fused)
             else:
                 h = h + down
         h = self.norm_rows(h[batch.logits_indices], self.norm, fused)
-        logits = self.linear(h, self.lm_head)  # [num_logits, vocab_size / tp_size if vocab_parallel]
+        logits = linear(h, self.lm_head)  # [num_logits, vocab_size / tp_size if vocab_parallel]
         if self.vocab_parallel:
             logits = tp.all_gather_last_dim(logits)
         return logits.float()

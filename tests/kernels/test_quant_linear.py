@@ -84,3 +84,15 @@ def test_packed_model_matches_its_fp32_self(tiny_gguf_target):
         steps = [SeqChunk("a", [11], 5), SeqChunk("b", [12, 13, 14], 2, num_logits=3)]  # decode + verify rows
         outs.append(torch.cat([first, model(RaggedBatch.build(steps, cache), cache)]))
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+
+
+@needs_kernel
+def test_the_reference_forward_reads_the_fp32_weights(tiny_gguf_target):
+    """reference=True is pure torch even on a packed model: the same bits as the unpacked model."""
+    outs = []
+    for kernels in (False, True):
+        model = load_model(Checkpoint(tiny_gguf_target, "t"), cpu_kernels=kernels)
+        cache = model.make_cache(8, block_size=4)
+        outs.append(model(RaggedBatch.build([SeqChunk("a", [4, 5, 6], 0, num_logits=3)], cache), cache,
+                          reference=True))
+    assert torch.equal(outs[0], outs[1])
