@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = [CSRC / "quant_linear.c", CSRC / "cpu_ops.c"]
+SOURCES = [CSRC / "quant_linear.c", CSRC / "cpu_ops.c", CSRC / "decoder.c"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 
 P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -31,7 +31,13 @@ SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
     # q, q_stride, rows, heads, kv_heads, dim, kv, num_slots, key_slots, key_start, num_ctx, num_new,
     # num_pad, new_mask, max_new, scale, out, scratch, max_keys, threads
     "specray_attention": [P, I64, I64, I64, I64, I64, P, I64, P, P, P, P, P, P, I64, F32, P, P, I64, I32],
+    "specray_decoder_workspace": [I64, P, I64],  # rows, dims, max_keys -> floats
+    # h, rows, dims, eps, scale, weights, kinds, kv, kv_layer_stride, num_slots, cos, sin, slots,
+    # key_slots, key_start, num_ctx, num_new, num_pad, new_mask, max_new, max_keys, work, threads
+    "specray_decoder_layers": [P, I64, P, F32, F32, P, P, P, I64, I64, P, P, P,
+                               P, P, P, P, P, P, I64, I64, P, I32],
 }
+RESTYPES = {"specray_decoder_workspace": I64}  # the rest return nothing
 
 _LIBRARY: ctypes.CDLL | None | bool = False  # False: not tried yet
 
@@ -55,7 +61,7 @@ def available() -> bool:
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     for name, argtypes in SIGNATURES.items():
         fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, None
+        fn.argtypes, fn.restype = argtypes, RESTYPES.get(name)
     return lib
 
 

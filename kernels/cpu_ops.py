@@ -128,3 +128,47 @@ def attention(qkv: torch.Tensor, num_heads: int, layer_kv: torch.Tensor, key_slo
         _ptr(rows.new_mask), rows.new_mask.shape[1],
         scale, _ptr(out), _ptr(scratch), rows.max_keys, torch.get_num_threads())
     return out
+
+
+# -- every decoder layer in one call ----------------------------------------------------------------
+@dataclass
+class DecoderTable:
+    """What `decoder_layers` reads of a model: its shapes and, per layer, the addresses of the packed
+    projections (qkv, o, gate_up, down) and of the two norm weights. The owner keeps those alive."""
+
+    dims: torch.Tensor  # int64 [6] hidden, heads, kv_heads, head_dim, intermediate, layers
+    weights: torch.Tensor  # int64 [layers, 6] addresses: qkv, o, gate_up, down blocks; input, post norms
+    kinds: torch.Tensor  # int32 [layers, 4] 0 = q4_1, 1 = q8_0 per projection
+    eps: float
+    scale: float
+
+    KINDS = {"q4_1": 0, "q8_0": 1}
+
+    def __post_init__(self):
+        layers = int(self.dims[5])
+        assert self.dims.shape == (6,) and self.dims.dtype == torch.int64
+        assert self.weights.shape == (layers, 6) and self.weights.dtype == torch.int64
+        assert self.kinds.shape == (layers, 4) and self.kinds.dtype == torch.int32
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.dims[5])
+
+
+def decoder_layers(h: torch.Tensor, table: DecoderTable, kv: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, slots: torch.Tensor, key_slots: torch.Tensor, rows: AttentionRows) -> None:
+    """Every layer of a few-row step in one C call (`csrc/decoder.c`): h [num_tokens, hidden] holds the
+    embedded tokens and becomes the residual stream after the last layer (before the final norm);
+    the new tokens' KV goes into kv [layers, 2 * kv_heads, num_slots, head_dim]. Computes what the
+    layer loop of `LlamaModel.forward` computes with the other fused ops."""
+    num_tokens, hidden = h.shape
+    assert kv.shape[0] == table.num_layers and kv.is_contiguous() and kv.dtype == torch.float32
+    assert hidden == int(table.dims[0]) and cos.shape == sin.shape == (num_tokens, kv.shape[3])
+    assert slots.shape == (num_tokens,) and slots.dtype == key_slots.dtype == torch.int64
+    lib = cpu_kernels.library()
+    work = torch.empty(lib.specray_decoder_workspace(num_tokens, _ptr(table.dims), rows.max_keys))
+    lib.specray_decoder_layers(
+        _ptr(h), num_tokens, _ptr(table.dims), table.eps, table.scale, _ptr(table.weights), _ptr(table.kinds),
+        _ptr(kv), kv.stride(0), kv.shape[2], _ptr(cos), _ptr(sin), _ptr(slots), _ptr(key_slots),
+        _ptr(rows.key_start), _ptr(rows.num_ctx), _ptr(rows.num_new), _ptr(rows.num_pad), _ptr(rows.new_mask),
+        rows.new_mask.shape[1], rows.max_keys, _ptr(work), torch.get_num_threads())

@@ -79,6 +79,9 @@ class LlamaModel(nn.Module):
         self.gemv_weights: dict[int, torch.Tensor] = {}  # id(weight) -> weight.T contiguous
         self.packed_weights: dict[int, PackedWeight] = {}  # id(weight) -> its exact Q4_1/Q8_0 blocks
         self.fused_cpu_ops = False  # norms and RoPE through the C ops (`enable_cpu_kernels`)
+        self.native_layers = True  # every layer in one C call where `decoder_table` applies
+        # (packed_weights it was built from, the table or None): rebuilt when packed_weights is replaced
+        self._decoder_table: tuple[dict, cpu_ops.DecoderTable | None] = ({}, None)
 
     def projections(self) -> list[torch.Tensor]:
         """Every weight a step reads through `linear`."""
@@ -156,22 +159,67 @@ class LlamaModel(nn.Module):
         return PagedKVCache(self.shard_config, num_blocks, block_size, dtype=self.dtype,
                             device=self.embed_tokens.device)
 
+    def decoder_table(self) -> cpu_ops.DecoderTable | None:
+        """The table `cpu_ops.decoder_layers` runs every layer from, or None where that path does
+        not apply: `native_layers` or the C ops off, tensor parallelism (its all-reduces run between
+        ops), or a layer projection without packed blocks."""
+        if not self.native_layers:
+            return None
+        built_from, table = self._decoder_table
+        if built_from is self.packed_weights:
+            return table
+        table = None
+        names = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+        packed = [[self.packed_weights.get(id(getattr(layer, n))) for n in names] for layer in self.layers]
+        if self.fused_cpu_ops and self.tp_group.size == 1 and all(p for ps in packed for p in ps):
+            c = self.shard_config
+            weights = [[p.blocks.data_ptr() for p in ps] + [layer.input_norm.data_ptr(),
+                                                             layer.post_attention_norm.data_ptr()]
+                       for ps, layer in zip(packed, self.layers)]
+            table = cpu_ops.DecoderTable(
+                torch.tensor([c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+                              c.num_layers]),
+                torch.tensor(weights, dtype=torch.int64),
+                torch.tensor([[cpu_ops.DecoderTable.KINDS[p.kind] for p in ps] for ps in packed], dtype=torch.int32),
+                c.rms_norm_eps, self.scale)
+        self._decoder_table = (self.packed_weights, table)
+        return table
+
     @torch.inference_mode()
     def forward(self, batch: RaggedBatch, cache: PagedKVCache, reference: bool = False) -> torch.Tensor:
-        """Run one step; writes the new tokens' KV into `cache`. -> logits [num_logits, vocab_size] (fp32)."""
+        """Run one step; writes the new tokens' KV into `cache`. -> logits [num_logits, vocab_size] (fp32).
+
+        Steps of short sequences with packed weights run every layer in one C call; otherwise the
+        layers run op by op (`layer_loop`); `reference` is pure torch on the fp32 weights."""
+        fused = self.fused_cpu_ops and not reference  # C ops for norms, RoPE and attention (see cpu_ops)
+        rows = cpu_ops.AttentionRows.build(batch) if fused else None  # one C attention call per layer
+        h = self.embed_tokens[batch.input_ids]  # [num_tokens, hidden_size]
+        table = self.decoder_table() if rows is not None and batch.num_tokens <= PACKED_MAX_ROWS else None
+        if table is not None and len(self.layers) == cache.kv.shape[0]:
+            cos, sin = self.rotary.cos[batch.positions], self.rotary.sin[batch.positions]  # [num_tokens, head_dim]
+            cpu_ops.decoder_layers(h, table, cache.kv, cos, sin, batch.slot_mapping, batch.key_slots, rows)
+        else:
+            h = self.layer_loop(batch, cache, h, rows, reference)
+        h = self.norm_rows(h[batch.logits_indices], self.norm, fused)
+        logits = (F.linear if reference else self.linear)(h, self.lm_head)  # [num_logits, vocab_size / tp_size if vocab_parallel]
+        if self.vocab_parallel:
+            logits = self.tp_group.all_gather_last_dim(logits)
+        return logits.float()
+
+    def layer_loop(self, batch: RaggedBatch, cache: PagedKVCache, h: torch.Tensor,
+                   rows: cpu_ops.AttentionRows | None, reference: bool) -> torch.Tensor:
+        """h [num_tokens, hidden_size] embedded -> the residual stream after the last layer, op by op."""
         c, tp = self.shard_config, self.tp_group
-        fused = self.fused_cpu_ops and not reference  # C ops for norms and RoPE (see cpu_ops)
+        fused = self.fused_cpu_ops and not reference
         linear = F.linear if reference else self.linear  # the reference reads the fp32 weights
         if fused:
             cos, sin = self.rotary.cos[batch.positions], self.rotary.sin[batch.positions]  # [num_tokens, head_dim]
         else:
             rot = self.rotary.rotation(batch.positions)  # [num_tokens, head_dim, head_dim]
-        rows = cpu_ops.AttentionRows.build(batch) if fused else None  # one C call per layer
         plan = (plan_batch_attention(batch) if not reference and rows is None and batch.batch_size > 1
                 else None)
         mask = None if reference or rows is not None or plan is not None else build_attention_mask(batch)
         causal = is_causal_prefill(batch)
-        h = self.embed_tokens[batch.input_ids]  # [num_tokens, hidden_size]
         x = self.norm_rows(h, self.layers[0].input_norm, fused)
         for i, layer in enumerate(self.layers):
             qkv = linear(x, layer.qkv_proj).view(-1, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
@@ -203,11 +251,7 @@ class LlamaModel(nn.Module):
                 h, x = self.add_norm(h, down, self.layers[i + 1].input_norm, fused)
             else:
                 h = h + down
-        h = self.norm_rows(h[batch.logits_indices], self.norm, fused)
-        logits = linear(h, self.lm_head)  # [num_logits, vocab_size / tp_size if vocab_parallel]
-        if self.vocab_parallel:
-            logits = tp.all_gather_last_dim(logits)
-        return logits.float()
+        return h
 
     def norm_rows(self, h: torch.Tensor, weight: torch.Tensor, fused: bool) -> torch.Tensor:
         """RMSNorm of h [rows, hidden_size]."""

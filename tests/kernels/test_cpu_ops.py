@@ -6,6 +6,7 @@ import torch
 from specray.kernels import cpu_ops
 from specray.kernels.batch import RaggedBatch, SeqChunk
 from specray.kernels.loader import Checkpoint, load_model
+from helpers import save_tiny_llama
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler for the CPU ops")
 
@@ -55,12 +56,16 @@ def test_model_with_fused_ops_matches_the_torch_path(tiny_target):
     torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-4)  # the same KV written
 
 
-def test_attention_matches_the_reference_on_a_mixed_batch(tiny_target):
+@pytest.mark.parametrize("head_dim", [16, 64, 80])  # the kernel's 64-float blocks, and a remainder
+def test_attention_matches_the_reference_on_a_mixed_batch(tiny_target, tmp_path, head_dim):
     """Decode, a verification chain and a tree in one step, keys scattered over the paged cache:
     the C attention equals the reference, sequence by sequence."""
     from specray.kernels.attention import reference_attention
 
-    model = load_model(Checkpoint(tiny_target, "t"), cpu_kernels=False)
+    folder = tiny_target if head_dim == 16 else save_tiny_llama(tmp_path, hidden_size=2 * head_dim,
+                                                                 num_attention_heads=2, num_key_value_heads=1)
+    model = load_model(Checkpoint(folder, "t"), cpu_kernels=False)
+    assert model.config.head_dim == head_dim
     c = model.config
     cache = model.make_cache(32, block_size=4)
     for seq, n in (("a", 9), ("b", 3), ("c", 6)):

@@ -1,0 +1,119 @@
+// Every decoder layer of a few-row step in one native call (CPU, fp32 activations, packed weights).
+//
+// Why: with packed weights a SmolLM2 decode step's projections take about half of it; the other
+// half was some 300 Python-driven calls (ctypes marshalling, tensor allocation, eager silu and
+// mul). This runs the same kernels in the same order as `LlamaModel.forward`'s fused path, so it
+// computes the same thing; each row's arithmetic still ignores the other rows.
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+void specray_q4_1_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks, int64_t out,
+                         float* y, int threads);
+void specray_q8_0_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks, int64_t out,
+                         float* y, int threads);
+void specray_rms_norm(const float* x, int64_t rows, int64_t n, const float* w, float eps, float* y);
+void specray_add_rms_norm(float* h, const float* delta, int64_t rows, int64_t n, const float* w, float eps,
+                          float* y);
+void specray_rope_store_kv(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim,
+                           const float* cos, const float* sin, const int64_t* slots, float* kv, int64_t num_slots);
+void specray_attention(const float* q, int64_t q_stride, int64_t rows, int64_t heads, int64_t kv_heads,
+                       int64_t dim, const float* kv, int64_t num_slots, const int64_t* key_slots,
+                       const int64_t* key_start, const int64_t* num_ctx, const int64_t* num_new,
+                       const int64_t* num_pad, const uint8_t* new_mask, int64_t max_new, float scale,
+                       float* out, float* scratch, int64_t max_keys, int threads);
+
+// dims: what `specray_decoder_layers` reads from its `dims` argument.
+enum { D_HIDDEN, D_HEADS, D_KV_HEADS, D_HEAD_DIM, D_INTERMEDIATE, D_LAYERS, D_COUNT };
+// A layer's row of the weight table: addresses of the packed blocks, then of the two norm weights.
+enum { W_QKV, W_O, W_GATE_UP, W_DOWN, W_INPUT_NORM, W_POST_NORM, W_COUNT };
+enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1 };
+
+typedef struct {  // the step's scratch, carved out of one buffer
+    float *x, *qkv, *attn, *delta, *gate_up, *act, *scores;
+} Workspace;
+
+// Floats of each part of the workspace, in Workspace's order.
+static void part_sizes(int64_t rows, const int64_t* d, int64_t max_keys, int64_t sizes[7]) {
+    int64_t width = (d[D_HEADS] + 2 * d[D_KV_HEADS]) * d[D_HEAD_DIM];
+    int64_t parts[7] = {d[D_HIDDEN], width, d[D_HEADS] * d[D_HEAD_DIM], d[D_HIDDEN], 2 * d[D_INTERMEDIATE],
+                        d[D_INTERMEDIATE], d[D_HEADS] * max_keys};
+    for (int i = 0; i < 7; i++) sizes[i] = rows * parts[i];
+}
+
+static Workspace carve(float* work, int64_t rows, const int64_t* d, int64_t max_keys) {
+    int64_t sizes[7];
+    part_sizes(rows, d, max_keys, sizes);
+    float** fields[7];
+    Workspace w;
+    fields[0] = &w.x, fields[1] = &w.qkv, fields[2] = &w.attn, fields[3] = &w.delta;
+    fields[4] = &w.gate_up, fields[5] = &w.act, fields[6] = &w.scores;
+    for (int i = 0; i < 7; i++) {
+        *fields[i] = work;
+        work += sizes[i];
+    }
+    return w;
+}
+
+// Floats of scratch `specray_decoder_layers` needs (the caller allocates it).
+int64_t specray_decoder_workspace(int64_t rows, const int64_t* d, int64_t max_keys) {
+    int64_t sizes[7], total = 0;
+    part_sizes(rows, d, max_keys, sizes);
+    for (int i = 0; i < 7; i++) total += sizes[i];
+    return total;
+}
+
+static void linear(const float* x, int64_t rows, int64_t in, int64_t address, int32_t kind, int64_t out,
+                   float* y, int threads) {
+    const uint8_t* blocks = (const uint8_t*)(intptr_t)address;
+    if (kind == KIND_Q4_1)
+        specray_q4_1_linear(x, rows, in, blocks, out, y, threads);
+    else
+        specray_q8_0_linear(x, rows, in, blocks, out, y, threads);
+}
+
+// act = silu(gate) * up, gate_up [rows, 2 * n] (gate first, as the fused weight stores them).
+static void silu_mul(const float* gate_up, int64_t rows, int64_t n, float* act) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < n; i++) {
+            float g = gate_up[r * 2 * n + i];
+            act[r * n + i] = g / (1.f + expf(-g)) * gate_up[r * 2 * n + n + i];
+        }
+}
+
+// h [rows, hidden]: the embedded tokens in, the residual stream after the last layer out (before
+// the final norm). weights [layers, W_COUNT] addresses; kinds [layers, 4] (KIND_*, per projection);
+// kv: layer 0's [2 * kv_heads, num_slots, head_dim], layer l at kv + l * kv_layer_stride.
+// cos, sin [rows, head_dim]; slots [rows]; the attention rows as `specray_attention` takes them;
+// work [specray_decoder_workspace(...)].
+void specray_decoder_layers(float* h, int64_t rows, const int64_t* d, float eps, float scale,
+                            const int64_t* weights, const int32_t* kinds, float* kv, int64_t kv_layer_stride,
+                            int64_t num_slots, const float* cos, const float* sin, const int64_t* slots,
+                            const int64_t* key_slots, const int64_t* key_start, const int64_t* num_ctx,
+                            const int64_t* num_new, const int64_t* num_pad, const uint8_t* new_mask,
+                            int64_t max_new, int64_t max_keys, float* work, int threads) {
+    int64_t hidden = d[D_HIDDEN], heads = d[D_HEADS], kv_heads = d[D_KV_HEADS], dim = d[D_HEAD_DIM];
+    int64_t inter = d[D_INTERMEDIATE], width = (heads + 2 * kv_heads) * dim;
+    Workspace w = carve(work, rows, d, max_keys);
+    specray_rms_norm(h, rows, hidden, (const float*)(intptr_t)weights[W_INPUT_NORM], eps, w.x);
+    for (int64_t l = 0; l < d[D_LAYERS]; l++) {
+        const int64_t* lw = weights + l * W_COUNT;
+        const int32_t* lk = kinds + l * 4;
+        float* layer_kv = kv + l * kv_layer_stride;
+        linear(w.x, rows, hidden, lw[W_QKV], lk[W_QKV], width, w.qkv, threads);
+        specray_rope_store_kv(w.qkv, rows, heads, kv_heads, dim, cos, sin, slots, layer_kv, num_slots);
+        specray_attention(w.qkv, width, rows, heads, kv_heads, dim, layer_kv, num_slots, key_slots, key_start,
+                          num_ctx, num_new, num_pad, new_mask, max_new, scale, w.attn, w.scores, max_keys,
+                          threads);
+        linear(w.attn, rows, heads * dim, lw[W_O], lk[W_O], hidden, w.delta, threads);
+        specray_add_rms_norm(h, w.delta, rows, hidden, (const float*)(intptr_t)lw[W_POST_NORM], eps, w.x);
+        linear(w.x, rows, hidden, lw[W_GATE_UP], lk[W_GATE_UP], 2 * inter, w.gate_up, threads);
+        silu_mul(w.gate_up, rows, inter, w.act);
+        linear(w.act, rows, inter, lw[W_DOWN], lk[W_DOWN], hidden, w.delta, threads);
+        if (l + 1 < d[D_LAYERS])
+            specray_add_rms_norm(h, w.delta, rows, hidden, (const float*)(intptr_t)lw[W_COUNT + W_INPUT_NORM],
+                                 eps, w.x);
+        else
+            for (int64_t i = 0; i < rows * hidden; i++) h[i] += w.delta[i];
+    }
+}

@@ -1,0 +1,89 @@
+"""Every decoder layer in one C call (`cpu_ops.decoder_layers`) against the op-by-op path and the
+pure torch reference, on a model whose weights pack exactly (a dequantised GGUF)."""
+
+import pytest
+import torch
+
+from specray.kernels import cpu_ops
+from specray.kernels.batch import RaggedBatch, SeqChunk
+from specray.kernels.loader import Checkpoint, load_model
+
+pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler for the CPU ops")
+
+# decode, a verification chain and a tree in one step
+MIXED = [SeqChunk("a", [11], 9), SeqChunk("b", [12, 13, 14, 15], 3, num_logits=4),
+         SeqChunk("c", [16, 17, 18, 19, 20], 6, parents=[-1, 0, 0, 1, 2], num_logits=5)]
+
+
+def prefilled(model):
+    cache = model.make_cache(32, block_size=4)
+    for seq, n in (("a", 9), ("b", 3), ("c", 6)):
+        model(RaggedBatch.build([SeqChunk(seq, list(range(3, 3 + n)), 0)], cache), cache)
+        cache.set_cached(seq, n)
+    return cache
+
+
+def step(model, chunks, native: bool, reference: bool = False):
+    """-> (logits, the KV cache after the step) for `chunks` after the same prefill."""
+    cache = prefilled(model)
+    model.native_layers = native
+    try:
+        logits = model(RaggedBatch.build(chunks, cache), cache, reference=reference)
+    finally:
+        model.native_layers = True
+    return logits, cache.kv
+
+
+@pytest.fixture(scope="module")
+def packed_model(tiny_gguf_target):
+    model = load_model(Checkpoint(tiny_gguf_target, "t"), cpu_kernels=True)
+    assert model.decoder_table() is not None
+    return model
+
+
+def test_native_layers_match_the_op_by_op_path(packed_model):
+    native, native_kv = step(packed_model, MIXED, native=True)
+    loop, loop_kv = step(packed_model, MIXED, native=False)
+    assert native.shape == (10, packed_model.config.vocab_size)
+    torch.testing.assert_close(native, loop, rtol=1e-5, atol=1e-5)  # silu: libm expf vs torch's
+    torch.testing.assert_close(native_kv, loop_kv, rtol=1e-5, atol=1e-5)  # the same KV written
+
+
+def test_native_layers_match_the_reference(packed_model):
+    native, native_kv = step(packed_model, MIXED, native=True)
+    ref, ref_kv = step(packed_model, MIXED, native=False, reference=True)
+    torch.testing.assert_close(native, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(native_kv, ref_kv, rtol=1e-4, atol=1e-4)
+
+
+def test_a_row_does_not_depend_on_the_other_rows(packed_model):
+    """A decode row and the first row of a verification chain from the same context give the same
+    bits: speculation must not change what the target computes for a token."""
+    one, _ = step(packed_model, [SeqChunk("b", [12], 3)], native=True)
+    chain, _ = step(packed_model, [SeqChunk("b", [12, 13, 14], 3, num_logits=3)], native=True)
+    batched, _ = step(packed_model, [SeqChunk("a", [30, 31], 9, num_logits=2), SeqChunk("b", [12], 3)],
+                      native=True)
+    assert torch.equal(one[0], chain[0]) and torch.equal(one[0], batched[2])
+
+
+def test_the_native_path_applies_only_where_it_can(tiny_target, tiny_gguf_target):
+    assert load_model(Checkpoint(tiny_target, "t"), cpu_kernels=True).decoder_table() is None  # fp32, unpacked
+    assert load_model(Checkpoint(tiny_gguf_target, "t"), cpu_kernels=False).decoder_table() is None
+    model = load_model(Checkpoint(tiny_gguf_target, "t"), cpu_kernels=True)
+    model.native_layers = False
+    assert model.decoder_table() is None
+    model.native_layers = True
+    model.packed_weights.pop(id(model.layers[1].down_proj))
+    model.packed_weights = dict(model.packed_weights)  # replaced, as tensor parallelism does
+    assert model.decoder_table() is None
+
+
+def test_prefill_chunks_run_op_by_op(packed_model, monkeypatch):
+    calls = []
+    monkeypatch.setattr(cpu_ops, "decoder_layers", lambda *a: calls.append(a))
+    cache = packed_model.make_cache(32, block_size=4)
+    packed_model(RaggedBatch.build([SeqChunk("p", list(range(3, 23)), 0)], cache), cache)  # 20 new tokens
+    assert calls == []
+    cache.set_cached("p", 20)
+    packed_model(RaggedBatch.build([SeqChunk("p", [5], 20)], cache), cache)  # a decode step
+    assert len(calls) == 1
