@@ -18,7 +18,8 @@ import warnings
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = [CSRC / "quant_linear.c", CSRC / "cpu_ops.c", CSRC / "decoder.c"]
+SOURCES = [CSRC / "quant_linear.c", CSRC / "cpu_ops.c", CSRC / "attention.c", CSRC / "decoder.c"]
+HEADERS = [CSRC / "vec16.h"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 
 P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -70,7 +71,7 @@ def _build() -> Path:
 
     compiler = os.environ.get("CC", "cc")
     digest = hashlib.sha256(" ".join([compiler, *CFLAGS]).encode() + _cpu_signature().encode())
-    for src in SOURCES:
+    for src in SOURCES + HEADERS:
         digest.update(src.read_bytes())
     out = cache_root() / "kernels" / f"specray_cpu-{digest.hexdigest()[:16]}.so"
     if out.exists():

@@ -1,0 +1,55 @@
+// 16-float vectors (GCC/Clang vector extensions) for the C ops: AVX-512 registers under
+// -march=native where the CPU has them, two AVX2 halves (or scalars) elsewhere, the same arithmetic
+// order everywhere. (-O3 alone vectorised none of these loops: it prefers 256 bits and gave up on
+// the reductions.)
+#pragma once
+#include <stdint.h>
+#include <string.h>
+
+typedef float vec16 __attribute__((vector_size(64)));
+typedef float vec8 __attribute__((vector_size(32)));
+typedef float vec4 __attribute__((vector_size(16)));
+typedef int32_t ivec16 __attribute__((vector_size(64)));
+#define LANES 16
+
+static inline vec16 vload(const float* p) {
+    vec16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void vstore(float* p, vec16 v) { memcpy(p, &v, sizeof v); }
+
+// Pairwise: a fixed order, a few shuffles instead of 15 dependent adds.
+static inline float hsum(vec16 v) {
+    vec8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+             __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    vec4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+    return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+static inline float dot(const float* a, const float* b, int64_t n) {
+    vec16 acc0 = {0}, acc1 = {0};  // two chains: a 64-float head is 4 FMAs, 2 deep
+    int64_t i = 0;
+    for (; i + 2 * LANES <= n; i += 2 * LANES) {
+        acc0 += vload(a + i) * vload(b + i);
+        acc1 += vload(a + i + LANES) * vload(b + i + LANES);
+    }
+    for (; i + LANES <= n; i += LANES) acc0 += vload(a + i) * vload(b + i);
+    float s = hsum(acc0 + acc1);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static inline vec16 as_float(ivec16 v) {
+    vec16 f;
+    memcpy(&f, &v, sizeof f);
+    return f;
+}
+
+static inline ivec16 as_int(vec16 v) {
+    ivec16 i;
+    memcpy(&i, &v, sizeof i);
+    return i;
+}
+
