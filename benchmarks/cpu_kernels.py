@@ -1,5 +1,6 @@
 """CPU kernels on SmolLM2-135M: packed Q4_1/Q8_0 projections vs MKL fp32, and whole forward steps
-with the C kernels vs the torch paths, at the row counts of decode and verification.
+with the C kernels (every layer in one call; or op by op from Python) vs the torch paths, at the
+row counts of decode and verification.
 
     python benchmarks/cpu_kernels.py --rows 1,2,3,4,8,16,32 --out bench_out/cpu_kernels.json
 
@@ -44,17 +45,20 @@ def projections(model, rows: int):
 
 def forward_steps(models: dict, rows: int, context: int = 200):
     """One sequence with `context` cached tokens bringing `rows` new ones (a decode step at 1 row,
-    a verification step at k + 1), rolled back after each run; per model (C kernels on / off)."""
-    def step_fn(model):
+    a verification step at k + 1), rolled back after each run; per config name -> (model, whether
+    every layer runs in one C call)."""
+    def step_fn(model, native: bool):
         cache = model.make_cache(64, block_size=16)
         model(RaggedBatch.build([SeqChunk("s", list(range(100, 100 + context)), 0)], cache), cache)
         cache.set_cached("s", context)
 
         def step():
+            model.native_layers = native
             model(RaggedBatch.build([SeqChunk("s", [7] * rows, context, num_logits=rows)], cache), cache)
             cache.set_cached("s", context)
+            model.native_layers = True
         return step
-    return {name: step_fn(model) for name, model in models.items()}
+    return {name: step_fn(model, native) for name, (model, native) in models.items()}
 
 
 def main() -> None:
@@ -70,7 +74,8 @@ def main() -> None:
         raise SystemExit("no packed weights: the C kernels are unavailable (no compiler?)")
     rows_list = [int(r) for r in args.rows.split(",")]
     suites = {("projections", r): projections(model, r) for r in rows_list}
-    models = {"c_kernels": model, "torch": plain}
+    # c_kernels: every layer in one C call; c_ops: the same C kernels called op by op from Python
+    models = {"c_kernels": (model, True), "c_ops": (model, False), "torch": (plain, True)}
     suites.update({("forward", r): forward_steps(models, r) for r in rows_list if r <= 16})
     times: dict[tuple, list[float]] = {}
     for _ in range(args.repeats):
@@ -87,7 +92,8 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"projection bytes: packed {packed_bytes / 1e6:.1f} MB, fp32 {fp32_bytes / 1e6:.1f} MB")
-    for kind, base, fast in (("projections", "fp32", "packed"), ("forward", "torch", "c_kernels")):
+    for kind, base, fast in (("projections", "fp32", "packed"), ("forward", "torch", "c_kernels"),
+                             ("forward", "c_ops", "c_kernels")):
         for r in rows_list:
             a = statistics.median(times.get((kind, r, base), [0])) * 1e3
             b = statistics.median(times.get((kind, r, fast), [0])) * 1e3
