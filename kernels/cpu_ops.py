@@ -1,12 +1,13 @@
-"""Fused CPU ops for few-row steps (C in `csrc/cpu_ops.c`), each beside its pure torch reference.
+"""Fused CPU ops for few-row steps (C in `csrc/`), each beside its pure torch reference.
 
 A batch-1 decode step of a small model is some 600 eager ops, whose dispatch costs more than their
-arithmetic. These replace the norm (one call instead
-of about eight ops), the residual add + norm, and RoPE + the KV write (a bmm, a cat and an
-index_copy_), and attention for steps of short sequences (decode and verification rows, chains or
-trees, any batch) in one call instead of about ten ops per sequence group. Callers use them only
-where `available()`: CPU, fp32, a compiled library. `attention`'s reference is
-`attention.reference_attention`. Together 1.1-1.2x on a SmolLM2 step of 1-7 rows (2-core box).
+arithmetic. These replace the norm (one call instead of about eight ops), the residual add + norm,
+RoPE + the KV write (a bmm, a cat and an index_copy_), and attention for steps of short sequences
+(decode and verification rows, chains or trees, any batch; `csrc/attention.c`) in one call instead
+of about ten ops per sequence group. `decoder_layers` then runs every layer of such a step in one
+call (`csrc/decoder.c`: the same kernels, the same order, 1.2-1.5x the op-by-op calls on SmolLM2).
+Callers use them only where `available()`: CPU, fp32, a compiled library. `attention`'s reference
+is `attention.reference_attention`; `decoder_layers`' is the model's op-by-op layer loop.
 """
 
 from __future__ import annotations

@@ -20,13 +20,16 @@ def draft_rows(cu_draft: list[int]) -> torch.Tensor:
 
 
 def first_rejection(accept: torch.Tensor, cu_draft: list[int]) -> list[int]:
-    """accept [num_draft] bool -> accepted count per sequence (index of its first rejection)."""
-    counts = [cu_draft[b + 1] - cu_draft[b] for b in range(len(cu_draft) - 1)]
-    k = torch.tensor(counts, dtype=torch.long)
-    seq = torch.repeat_interleave(torch.arange(len(counts)), k)  # [num_draft]
-    local = torch.arange(accept.shape[0]) - torch.tensor(cu_draft[:-1], dtype=torch.long)[seq]
-    candidate = torch.where(accept.cpu(), k[seq], local)  # rejected positions compete for the min
-    return k.scatter_reduce(0, seq, candidate, "amin").tolist()  # host sync: one per round
+    """accept [num_draft] bool -> accepted count per sequence (index of its first rejection).
+
+    One host sync, then a scan on the host: rounds bring a few draft tokens per sequence, where
+    five small tensor ops cost more than the loop."""
+    flags = accept.tolist()
+    counts = []
+    for b in range(len(cu_draft) - 1):
+        start, end = cu_draft[b], cu_draft[b + 1]
+        counts.append(next((j - start for j in range(start, end) if not flags[j]), end - start))
+    return counts
 
 
 def _results(draft_ids: list[int], cu_draft: list[int], num_accepted: list[int],
@@ -45,8 +48,10 @@ def verify_greedy(target_logits: torch.Tensor, draft_token_ids: torch.Tensor,
 
     target_logits [num_rows, vocab_size]; draft_token_ids [num_draft].
     """
-    draft_token_ids = draft_token_ids.to(target_logits.device)  # proposals arrive on the host
     argmax = target_logits.argmax(-1)  # [num_rows]
+    if cu_draft[-1] == 0:  # no drafts (decoding without speculation): each row's argmax is the bonus
+        return _results([], cu_draft, [0] * (len(cu_draft) - 1), argmax.tolist())
+    draft_token_ids = draft_token_ids.to(target_logits.device)  # proposals arrive on the host
     accept = argmax[draft_rows(cu_draft)] == draft_token_ids
     num_accepted = first_rejection(accept, cu_draft)
     last_rows = torch.tensor([cu_draft[b] + b + a for b, a in enumerate(num_accepted)], dtype=torch.long)
