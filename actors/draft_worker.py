@@ -31,9 +31,12 @@ class _DraftSeq:
 def build_drafter(method: str, model: str | None = None, num_layers: int | None = None,
                   prompt_lookup_min: int = 1, prompt_lookup_max: int = 4,
                   dtype: torch.dtype = torch.float32, device: str = "cpu", num_blocks: int = 2048,
-                  vocab_trim: int | None = None, tree: dict | None = None, aded: dict | None = None) -> Drafter:
+                  vocab_trim: int | None = None, tree: dict | None = None, aded: dict | None = None,
+                  quantization: str | None = None) -> Drafter:
     """`vocab_trim`: None uses the draft folder's recommended VocabTrim size (if it has a table),
     0 turns VocabTrim off, k keeps the k most frequent tokens (kernels/drafters/vocab_trim.py).
+    `quantization`: "q8_0" rounds the draft's weights to Q8_0 blocks (`round_weights_to_q8_0`),
+    "none" keeps them; None means q8_0 where the draft runs on CPU in fp32.
     `tree` (speculative_config['tree']) makes a draft model grow trees; `aded` holds ADED's options."""
     if tree is not None and method != "draft_model":
         raise ValueError(f"speculative_config['tree'] needs method 'draft_model', got {method!r}")
@@ -49,6 +52,12 @@ def build_drafter(method: str, model: str | None = None, num_layers: int | None 
         checkpoint = resolve(model)
         k = default_vocab_trim(checkpoint.path) if vocab_trim is None else vocab_trim
         draft = load_model(checkpoint, dtype, device, num_layers, gemv_weights=False if k else None)
+        if quantization is None:
+            quantization = "q8_0" if str(device) == "cpu" and dtype == torch.float32 else "none"
+        if quantization == "q8_0":  # before trimming: the kept head rows are then exact blocks
+            draft.round_weights_to_q8_0()
+        elif quantization != "none":
+            raise ValueError(f"draft quantization must be 'q8_0' or 'none', got {quantization!r}")
         ids = load_vocab_trim(checkpoint.path, k) if k else None
         if tree is not None:
             drafter = TreeDraftModelDrafter(draft, TreeSpec.from_dict(tree), num_blocks, vocab_trim_ids=ids)
@@ -86,7 +95,8 @@ class DraftWorker:
             torch.set_num_threads(spec.threads)
         return cls(build_drafter(spec.method, spec.model, spec.num_layers, spec.prompt_lookup_min,
                                  spec.prompt_lookup_max, DTYPES[spec.dtype], spec.device, spec.num_blocks,
-                                 vocab_trim=spec.vocab_trim, tree=spec.tree, aded=spec.aded))
+                                 vocab_trim=spec.vocab_trim, tree=spec.tree, aded=spec.aded,
+                                 quantization=spec.quantization))
 
     def ping(self) -> bool:
         return True

@@ -43,3 +43,4 @@ class DraftSpec:
     tree: dict | None = None  # speculative_config['tree'] (draft_model trees)
     aded: dict | None = None  # speculative_config['aded'] (ADED options)
     vocab_trim: int | None = None  # VocabTrim size: None = the draft folder's default, 0 = off
+    quantization: str | None = None  # draft weights: "q8_0", "none"; None = q8_0 on CPU in fp32

@@ -178,6 +178,8 @@ def add_drafter_parser(sub) -> None:
                                                      "'{\"kind\": \"rsd_c\", \"branching\": [2, 2, 1]}'")
     p.add_argument("--aded", type=_json_object, help="ADED options as in speculative_config (method aded)")
     p.add_argument("--vocab-trim", type=int, help="VocabTrim size (0 = off; default: the draft folder's)")
+    p.add_argument("--quantization", choices=["q8_0", "none"],
+                   help="draft weights (default: q8_0 on CPU in fp32; lossless either way)")
     p.add_argument("--num-layers", type=int, help="keep only the draft's first layers")
     p.add_argument("--prompt-lookup-min", type=int, default=1)
     p.add_argument("--prompt-lookup-max", type=int, default=4)
@@ -196,12 +198,12 @@ def drafter_spec(args):
 
     SpeculativeConfig(method=args.method, model=args.model, prompt_lookup_min=args.prompt_lookup_min,
                       prompt_lookup_max=args.prompt_lookup_max, tree=args.tree, aded=args.aded,
-                      draft_vocab_trim=args.vocab_trim)  # same validation as the router's
+                      draft_vocab_trim=args.vocab_trim, draft_quantization=args.quantization)  # as the router
     if args.method == "aded" and not args.model:
         raise ValueError("--method aded needs --model: the target whose tokenizer the tri-gram table uses")
     spec = DraftSpec(args.method, args.model, args.num_layers, args.prompt_lookup_min, args.prompt_lookup_max,
                      args.dtype, args.device, -(-args.kv_cache_tokens // 16), tree=args.tree, aded=args.aded,
-                     vocab_trim=args.vocab_trim)
+                     vocab_trim=args.vocab_trim, quantization=args.quantization)
     return spec
 
 

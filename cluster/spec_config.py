@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 METHODS = ("ngram", "draft_model", "aded")
+DRAFT_QUANTIZATIONS = (None, "none", "q8_0")
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,10 @@ class SpeculativeConfig:
     # VocabTrim (specray): the draft's LM head keeps its folder's k most frequent tokens; None uses
     # the folder's recommended k (distill.json) where it has a VocabTrim table, 0 turns it off
     draft_vocab_trim: int | None = None
+    # Draft weights (specray): "q8_0" rounds the draft to Q8_0 blocks at load (2.5x faster drafting
+    # on CPU through the packed C kernels; lossless, since verification uses the draft's own
+    # probabilities), "none" keeps the checkpoint's values; None: "q8_0" on CPU in fp32
+    draft_quantization: str | None = None
     disable_by_batch_size: int | None = None  # speculation off once this many sequences run
     # [[min running sequences, draft tokens at most], ...]: shorter, then off, as the batch grows
     batch_size_schedule: list[list[int]] | None = None
@@ -53,6 +58,8 @@ class SpeculativeConfig:
         if self.draft_vocab_trim is not None and (not isinstance(self.draft_vocab_trim, int)
                                                   or self.draft_vocab_trim < 0):
             raise ValueError(f"draft_vocab_trim must be an integer >= 0, got {self.draft_vocab_trim}")
+        if self.draft_quantization not in DRAFT_QUANTIZATIONS:
+            raise ValueError(f"draft_quantization must be one of {DRAFT_QUANTIZATIONS}, got {self.draft_quantization!r}")
         self._check_trees()
         if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
             raise ValueError(f"disable_by_batch_size must be >= 1, got {self.disable_by_batch_size}")

@@ -18,7 +18,8 @@ from specray.kernels.attention import (batch_attention, build_attention_mask, is
 from specray.kernels.batch import RaggedBatch
 from specray.kernels.config import ModelConfig
 from specray.kernels.kv_cache import PagedKVCache
-from specray.kernels.quant_linear import PackedWeight, kernel_available, pack_exact, packed_linear
+from specray.kernels.quant_linear import (PackedWeight, kernel_available, pack_exact, packed_linear,
+                                          round_to_q8_0)
 from specray.kernels.rope import RotaryTable
 
 
@@ -108,6 +109,20 @@ class LlamaModel(nn.Module):
                 self.packed_weights[id(w)] = packed
                 self.gemv_weights.pop(id(w), None)  # the packed blocks serve one-row steps
         return len(self.packed_weights)
+
+    def round_weights_to_q8_0(self) -> int:
+        """Round every projection (and the embedding, if tied to the head) to Q8_0 values in place,
+        then pack them where the C kernels are on: the model *becomes* a Q8_0 model, so its
+        reference and fast paths still agree. For drafts (see `round_to_q8_0`). -> weights packed."""
+        with torch.no_grad():
+            for w in self.projections():
+                if w.shape[1] % 32 == 0:
+                    w.copy_(round_to_q8_0(w))
+        had_gemv, self.gemv_weights = bool(self.gemv_weights), {}  # stale copies of the old values
+        packed = self.add_packed_weights() if self.fused_cpu_ops else 0
+        if had_gemv:
+            self.add_gemv_weights()
+        return packed
 
     def add_gemv_weights(self) -> None:
         """Keep a transposed copy of every projection for one-row steps (batch-1 decode).

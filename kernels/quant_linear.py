@@ -78,6 +78,17 @@ def _pack_q8_0(w: torch.Tensor) -> PackedWeight | None:
     return PackedWeight("q8_0", blocks.contiguous(), w.shape[0], w.shape[1] * QK)
 
 
+def round_to_q8_0(weight: torch.Tensor) -> torch.Tensor:
+    """The values of weight [out, in] (in % 32 == 0) rounded to Q8_0 blocks (fp16 scale, int8), as
+    fp32: what `pack_exact` then packs bit for bit. For drafts, whose weights only shape proposals:
+    verification uses the draft's own probabilities, so a rounded draft stays lossless."""
+    assert weight.dim() == 2 and weight.shape[1] % QK == 0, "Q8_0 rounds rows of whole 32-blocks"
+    w = weight.detach().float().reshape(weight.shape[0], -1, QK)  # [out, nb, 32]
+    d = (w.abs().amax(-1, keepdim=True) / 127).half().float()  # [out, nb, 1]
+    q = torch.where(d > 0, w / torch.where(d > 0, d, 1), 0).round().clamp(-127, 127)
+    return (d * q).reshape(weight.shape)
+
+
 def dequantize(packed: PackedWeight) -> torch.Tensor:
     """The fp32 weight [out_features, in_features] the blocks hold (the reference)."""
     b = packed.blocks
