@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from specray.cluster.cli import main
 
 
@@ -23,6 +25,17 @@ def test_generate_file_with_chat_template_and_draft(tiny_target, tiny_draft, tmp
     assert code == 0 and out.out.count("--- prompt") == 2 and "2 request(s), 10 tokens" in out.err
 
 
+def test_draft_quantization_reaches_the_speculative_config():
+    import argparse
+
+    from specray.cluster.cli import speculative_config
+
+    base = dict(model="m", speculative_method="draft_model", draft_model="d", num_speculative_tokens=2,
+                draft_num_layers=None, draft_vocab_trim=None, prompt_lookup_min=1, prompt_lookup_max=4)
+    assert speculative_config(argparse.Namespace(**base, draft_quantization="none"))["draft_quantization"] == "none"
+    assert "draft_quantization" not in speculative_config(argparse.Namespace(**base, draft_quantization=None))
+
+
 def test_bad_input_is_a_clear_error(tiny_target, capsys):
     for argv, message in ([["--max-tokens", "0"], "max_tokens"], [["--top-p", "2"], "top_p"],
                           [["--num-speculative-tokens", "0"], "num_speculative_tokens"],
@@ -31,3 +44,6 @@ def test_bad_input_is_a_clear_error(tiny_target, capsys):
         assert code == 2 and message in capsys.readouterr().err
     assert main(["generate", "w3", "--model", "no-such-model"]) == 2
     assert "unknown model" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # argparse's own check of a choice
+        main(["generate", "w3", "--model", str(tiny_target), "--draft-quantization", "int4"])
+    assert exit_info.value.code == 2 and "--draft-quantization" in capsys.readouterr().err
