@@ -110,63 +110,82 @@ static inline void dequant_q8_0(const uint8_t* blk, vf w[NV]) {
 #endif
 }
 
-// y[r0 .. r0 + NR, o] for one output feature; NR is a constant at each call site so the
-// accumulators stay in registers. Each row sums its NV lanes-vectors in a fixed order.
+// y[r0 .. r0 + NR, o .. o + NF] for NF adjacent output features; NR and NF are constants at each
+// call site so the accumulators stay in registers. Several features give a one-row step independent
+// FMA chains (one feature's two chains wait on FMA latency); each (row, feature) still sums its NV
+// lane-vectors block after block, then across lanes, whatever NR and NF are.
 #define FEATURE_BODY(DEQUANT, BYTES)                                                         \
     int64_t nb = in / QK;                                                                     \
-    vf acc[ROW_CHUNK][NV];                                                                    \
-    for (int r = 0; r < NR; r++)                                                              \
-        for (int j = 0; j < NV; j++) acc[r][j] = VZERO();                                     \
+    vf acc[4][ROW_CHUNK][NV];                                                                 \
+    for (int f = 0; f < NF; f++)                                                              \
+        for (int r = 0; r < NR; r++)                                                          \
+            for (int j = 0; j < NV; j++) acc[f][r][j] = VZERO();                              \
     for (int64_t b = 0; b < nb; b++) {                                                        \
-        vf w[NV];                                                                             \
-        const uint8_t* blk = blocks + (o * nb + b) * BYTES;                                   \
-        PREFETCH(blk + PREFETCH_BYTES);                                                       \
-        DEQUANT(blk, w);                                                                      \
+        vf w[4][NV];                                                                          \
+        for (int f = 0; f < NF; f++) {                                                        \
+            const uint8_t* blk = blocks + ((o + f) * nb + b) * BYTES;                         \
+            PREFETCH(blk + PREFETCH_BYTES);                                                   \
+            DEQUANT(blk, w[f]);                                                               \
+        }                                                                                     \
         for (int r = 0; r < NR; r++) {                                                        \
             const float* xr = x + (r0 + r) * in + b * QK;                                     \
-            for (int j = 0; j < NV; j++) acc[r][j] = VFMA(w[j], VLOAD(xr + j * VL), acc[r][j]); \
+            for (int j = 0; j < NV; j++) {                                                    \
+                vf xv = VLOAD(xr + j * VL);                                                   \
+                for (int f = 0; f < NF; f++) acc[f][r][j] = VFMA(w[f][j], xv, acc[f][r][j]);  \
+            }                                                                                 \
         }                                                                                     \
     }                                                                                         \
-    for (int r = 0; r < NR; r++) {                                                            \
-        vf s = acc[r][0];                                                                     \
-        for (int j = 1; j < NV; j++) s = VADD(s, acc[r][j]);                                  \
-        y[(r0 + r) * out + o] = vsum(s);                                                      \
-    }
+    for (int f = 0; f < NF; f++)                                                              \
+        for (int r = 0; r < NR; r++) {                                                        \
+            vf s = acc[f][r][0];                                                              \
+            for (int j = 1; j < NV; j++) s = VADD(s, acc[f][r][j]);                           \
+            y[(r0 + r) * out + o + f] = vsum(s);                                              \
+        }
 
-static inline __attribute__((always_inline)) void q4_1_feature(
-    const float* x, int64_t r0, const int NR, int64_t in, const uint8_t* blocks, float* y, int64_t out, int64_t o) {
+static inline __attribute__((always_inline)) void q4_1_features(
+    const float* x, int64_t r0, const int NR, const int NF, int64_t in, const uint8_t* blocks, float* y,
+    int64_t out, int64_t o) {
     FEATURE_BODY(dequant_q4_1, Q4_1_BYTES)
 }
 
-static inline __attribute__((always_inline)) void q8_0_feature(
-    const float* x, int64_t r0, const int NR, int64_t in, const uint8_t* blocks, float* y, int64_t out, int64_t o) {
+static inline __attribute__((always_inline)) void q8_0_features(
+    const float* x, int64_t r0, const int NR, const int NF, int64_t in, const uint8_t* blocks, float* y,
+    int64_t out, int64_t o) {
     FEATURE_BODY(dequant_q8_0, Q8_0_BYTES)
 }
 
-#define ROWS_CASE(FEATURE, N)                                                                 \
-    case N:                                                                                   \
-        _Pragma("omp parallel for schedule(static) num_threads(threads)")                      \
-        for (int64_t o = 0; o < out; o++) FEATURE(x, r0, N, in, blocks, y, out, o);          \
-        break;
+// Features per call for N rows: enough independent accumulators to cover FMA latency, few enough
+// to stay in the 32 vector registers (AVX-512; with fewer, the compiler spills some, still exact).
+#define FEATURES_FOR(N) ((N) <= 2 ? 4 : (N) <= 4 ? 3 : (N) <= 6 ? 2 : 1)
 
-#define LINEAR(FEATURE)                                                                       \
+#define ROWS_CASE(FEATURES, N)                                                                \
+    case N: {                                                                                 \
+        const int nf = FEATURES_FOR(N);                                                       \
+        int64_t groups = out / nf;                                                            \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                      \
+        for (int64_t g = 0; g < groups; g++) FEATURES(x, r0, N, nf, in, blocks, y, out, g * nf); \
+        for (int64_t o = groups * nf; o < out; o++) FEATURES(x, r0, N, 1, in, blocks, y, out, o); \
+        break;                                                                                \
+    }
+
+#define LINEAR(FEATURES)                                                                      \
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_CHUNK) {                                        \
         int nr = rows - r0 < ROW_CHUNK ? (int)(rows - r0) : ROW_CHUNK;                        \
         switch (nr) {                                                                         \
-            ROWS_CASE(FEATURE, 1) ROWS_CASE(FEATURE, 2) ROWS_CASE(FEATURE, 3)                 \
-            ROWS_CASE(FEATURE, 4) ROWS_CASE(FEATURE, 5) ROWS_CASE(FEATURE, 6)                 \
-            ROWS_CASE(FEATURE, 7) ROWS_CASE(FEATURE, 8)                                       \
+            ROWS_CASE(FEATURES, 1) ROWS_CASE(FEATURES, 2) ROWS_CASE(FEATURES, 3)              \
+            ROWS_CASE(FEATURES, 4) ROWS_CASE(FEATURES, 5) ROWS_CASE(FEATURES, 6)              \
+            ROWS_CASE(FEATURES, 7) ROWS_CASE(FEATURES, 8)                                     \
         }                                                                                     \
     }
 
 // x [rows, in] fp32, blocks [out, in / 32, 24], y [rows, out].
 void specray_q4_1_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks,
                          int64_t out, float* y, int threads) {
-    LINEAR(q4_1_feature)
+    LINEAR(q4_1_features)
 }
 
 // x [rows, in] fp32, blocks [out, in / 32, 36], y [rows, out].
 void specray_q8_0_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks,
                          int64_t out, float* y, int threads) {
-    LINEAR(q8_0_feature)
+    LINEAR(q8_0_features)
 }

@@ -39,7 +39,7 @@ def test_packing_refuses_what_it_cannot_hold_exactly():
 
 @needs_kernel
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
-@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 17])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 8, 9, 17])
 def test_kernel_matches_the_dequantised_reference(kind, rows):
     w = exact_weight(kind)
     packed = ql.pack_exact(w)
@@ -51,10 +51,12 @@ def test_kernel_matches_the_dequantised_reference(kind, rows):
 
 
 @needs_kernel
-def test_kernel_rows_do_not_depend_on_batch_or_threads():
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_kernel_rows_do_not_depend_on_batch_or_threads(kind):
     """A row's output is the same bits whether it runs alone (decode) or among others
-    (verification, batches), with 1 or 2 threads."""
-    packed = ql.pack_exact(exact_weight("q4_1", out=301))
+    (verification, batches), with 1 or 2 threads. 301 features leave a remainder after every
+    feature grouping (4, 3, 2 per call); 13 rows run as a chunk of 8 and one of 5."""
+    packed = ql.pack_exact(exact_weight(kind, out=301))
     x = torch.randn(13, packed.in_features)
     together = ql.packed_linear(x, packed)
     alone = torch.cat([ql.packed_linear(x[i:i + 1], packed) for i in range(13)])
