@@ -120,7 +120,8 @@ class TargetWorker:
         results: list[VerifyResult | None] = [None] * len(items)
         for key, members in groups.items():
             rule, shape = key.split("/")
-            sub_logits = logits[torch.cat([rows[b] for b in members])]
+            whole = len(members) == len(items)  # one group (the usual case): every row, in order
+            sub_logits = logits if whole else logits[torch.cat([rows[b] for b in members])]
             drafts = [items[b].proposal for b in members]
             gens = [self.seqs[items[b].seq_id].generator for b in members]
             if rule == "greedy" and shape == "tree":

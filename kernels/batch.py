@@ -87,7 +87,7 @@ class RaggedBatch:
             pos.extend(ctx + d for d in chunk.depths() + list(range(real, n)))
             seq_slots = cache.slots(chunk.seq_id, 0, ctx + n)
             slots.append(seq_slots[ctx:])
-            keys.append(torch.cat([seq_slots, seq_slots[:1].repeat(chunk.key_pad)]))
+            keys.append(torch.cat([seq_slots, seq_slots[:1].repeat(chunk.key_pad)]) if chunk.key_pad else seq_slots)
             logit_rows.extend(range(cu_seq[-1] + real - chunk.num_logits, cu_seq[-1] + real))
             cu_seq.append(cu_seq[-1] + n)
             cu_key.append(cu_key[-1] + ctx + n + chunk.key_pad)

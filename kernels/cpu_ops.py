@@ -64,6 +64,18 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
     return y
 
 
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, n] -> int64 [rows], exactly `x.argmax(-1)` (the first maximum; a NaN wins) and its
+    reference; in C for CPU fp32 rows (torch's CPU argmax took 1 ms over a 16-row vocabulary step)."""
+    if not (available() and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2
+            and x.shape[1] > 0):
+        return x.argmax(-1)
+    x = x.contiguous()
+    out = torch.empty(x.shape[0], dtype=torch.long)
+    cpu_kernels.library().specray_argmax_rows(_ptr(x), x.shape[0], x.shape[1], _ptr(out), torch.get_num_threads())
+    return out
+
+
 def rope_store_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
                   layer_kv: torch.Tensor, num_heads: int) -> None:
     """As `rope_store_kv_reference`, in one call."""

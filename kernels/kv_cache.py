@@ -46,6 +46,7 @@ class PagedKVCache:
         self.num_blocks = num_blocks
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
         self.tables: dict[object, BlockTable] = {}
+        self._block_slots: dict[object, torch.Tensor] = {}  # seq -> its blocks' slots, see `slots`
 
     # -- allocation -------------------------------------------------------------------------
     @property
@@ -67,6 +68,7 @@ class PagedKVCache:
 
     def free(self, seq_id: object) -> None:
         table = self.tables.pop(seq_id, None)
+        self._block_slots.pop(seq_id, None)
         if table is not None:
             self._free.extend(reversed(table.blocks))
 
@@ -82,11 +84,18 @@ class PagedKVCache:
         table.num_cached = num_cached
 
     def slots(self, seq_id: object, start: int, end: int) -> torch.Tensor:
-        """[end - start] slot indices of the sequence's token positions start..end-1."""
+        """[end - start] slot indices of the sequence's token positions start..end-1 (a read-only view).
+
+        Every step asks for a sequence's whole history; blocks only ever get appended (or all freed),
+        so the slots of its blocks are kept per sequence and rebuilt only when it gains a block."""
         blocks = self.tables[seq_id].blocks
-        idx = torch.arange(start, end)
-        table = torch.tensor(blocks, dtype=torch.long)
-        return table[idx // self.block_size] * self.block_size + idx % self.block_size
+        assert 0 <= start <= end <= len(blocks) * self.block_size
+        cached = self._block_slots.get(seq_id)
+        if cached is None or cached.shape[0] != len(blocks) * self.block_size:
+            first = torch.tensor(blocks, dtype=torch.long).unsqueeze(1) * self.block_size  # [num_blocks, 1]
+            cached = (first + torch.arange(self.block_size)).flatten()  # [num_blocks * block_size]
+            self._block_slots[seq_id] = cached
+        return cached[start:end]
 
     def compact(self, seq_id: object, start: int, positions: list[int]) -> None:
         """Move the KV at token `positions` (ascending, each >= its destination) to positions

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from specray.kernels.cpu_ops import argmax_rows
 from specray.kernels.proposal import VerifyResult
 from specray.kernels.sampling import Generators, sample_rows, uniforms
 
@@ -48,7 +49,7 @@ def verify_greedy(target_logits: torch.Tensor, draft_token_ids: torch.Tensor,
 
     target_logits [num_rows, vocab_size]; draft_token_ids [num_draft].
     """
-    argmax = target_logits.argmax(-1)  # [num_rows]
+    argmax = argmax_rows(target_logits)  # [num_rows]
     if cu_draft[-1] == 0:  # no drafts (decoding without speculation): each row's argmax is the bonus
         return _results([], cu_draft, [0] * (len(cu_draft) - 1), argmax.tolist())
     draft_token_ids = draft_token_ids.to(target_logits.device)  # proposals arrive on the host

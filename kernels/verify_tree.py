@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from specray.kernels.cpu_ops import argmax_rows
 from specray.kernels.draws import Draws, GeneratorDraws
 from specray.kernels.proposal import Proposal, VerifyResult
 from specray.kernels.sampling import Generators
@@ -61,9 +62,13 @@ def _result(proposal: Proposal, path: list[int], next_token: int, at_leaf: bool)
     return VerifyResult(ids, next_token, at_leaf, proposal.num_draft_tokens, accepted_nodes=list(path))
 
 
+def _argmax(row: torch.Tensor) -> int:
+    return int(argmax_rows(row.unsqueeze(0))[0])
+
+
 # -- node steps -----------------------------------------------------------------------------------
 def greedy_step(row, children, proposal, draws):
-    y = int(row.argmax())
+    y = _argmax(row)
     return _match(y, children, proposal)
 
 
@@ -179,7 +184,7 @@ def verify_tree(rule: str, rows: torch.Tensor, proposal: Proposal, draws: Draws)
     probabilities q otherwise."""
     check_rule(rule, proposal)
     if rule == "greedy":
-        return walk(greedy_step, rows, proposal, draws, lambda row: int(row.argmax()))
+        return walk(greedy_step, rows, proposal, draws, _argmax)
     return walk(STEPS[rule], rows, proposal, draws, draws.categorical)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specray.kernels.batch import RaggedBatch, SeqChunk
+from specray.kernels.cpu_ops import argmax_rows
 from specray.kernels.drafters.base import DraftRequest
 from specray.kernels.model import LlamaModel
 from specray.kernels.proposal import Proposal
@@ -82,7 +83,7 @@ class DraftModelDrafter:
     def _sample(self, requests, active, logits, drafts, probs) -> None:
         configs = [requests[i].sampling for i in active]
         if all(c.greedy for c in configs):
-            tokens = logits.argmax(-1).tolist()
+            tokens = argmax_rows(logits).tolist()
         else:
             p = processed_probs(logits, configs)  # [len(active), vocab_size]
             tokens = sample_rows(p, [requests[i].generator for i in active]).tolist()

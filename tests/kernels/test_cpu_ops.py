@@ -25,6 +25,25 @@ def test_add_rms_norm_updates_the_residual_in_place():
     torch.testing.assert_close(y, cpu_ops.rms_norm_reference(want_h, w, 1e-6))
 
 
+@pytest.mark.parametrize("rows,n", [(1, 49152), (16, 8192), (3, 37), (2, 15), (1, 1)])
+def test_argmax_rows_is_torch_argmax(rows, n):
+    x = torch.randn(rows, n)
+    assert torch.equal(cpu_ops.argmax_rows(x), x.argmax(-1))
+    assert torch.equal(cpu_ops.argmax_rows(x.t().contiguous().t()), x.argmax(-1))  # strided input
+
+
+def test_argmax_rows_keeps_torch_ties_nan_and_infinities():
+    x = torch.zeros(5, 100)
+    x[0, 5] = x[0, 70] = 1.0  # a tie: the first wins
+    x[1] = -float("inf")  # all -inf: index 0
+    x[2, 80] = x[2, 33] = float("nan")  # a NaN is the maximum: the first NaN
+    x[3, 10] = -0.0  # -0 equals 0: the first zero
+    x[4, 99] = float("inf")
+    assert cpu_ops.argmax_rows(x).tolist() == x.argmax(-1).tolist() == [5, 0, 33, 0, 99]
+    half = x.half()  # not fp32: the torch path
+    assert torch.equal(cpu_ops.argmax_rows(half), half.argmax(-1))
+
+
 def test_rope_store_kv_matches_the_reference():
     rows, heads, kv_heads, dim, slots_total = 5, 6, 2, 16, 40
     qkv = torch.randn(rows, heads + 2 * kv_heads, dim)
