@@ -31,6 +31,13 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def extra_shards(folder: Path) -> list[Path]:
+    shards = sorted(folder.glob("shard-*.pt"))
+    if not shards:
+        raise ValueError(f"--extra-data {folder}: no shard-*.pt files there")
+    return shards
+
+
 def build_draft(args, checkpoint):
     if args.init_from:  # continue training an earlier draft (its shape wins over the shape flags)
         return load_draft(args.init_from, checkpoint)
@@ -115,6 +122,7 @@ def cmd_distill(args) -> int:
     if not train_prompts:
         raise ValueError("no prompts left to train on; raise --num-prompts")
 
+    extra = [p for folder in args.extra_data for p in extra_shards(Path(folder))]  # checked before the slow part
     # 1. data
     data_dir = Path(args.data) if args.data else out / "data"
     t0 = time.perf_counter()
@@ -139,7 +147,7 @@ def cmd_distill(args) -> int:
         del llm
     bar.close()
     eval_ids = [chat_ids(tok, p) for p in eval_prompts]
-    samples = load_samples(shards)
+    samples = load_samples(shards + extra)  # held-out rows come from this run's own shards first
     data_seconds = time.perf_counter() - t0
     num_val = max(1, len(samples) // 20) if len(samples) >= 2 else 0
     val, train_set = samples[:num_val], samples[num_val:] or samples
@@ -208,6 +216,8 @@ def add_distill_parser(sub) -> None:
                    "(default: the packaged distill_prompts.json)")
     d.add_argument("--data", default=None, help="shard folder (default OUT/data); reused and extended")
     d.add_argument("--num-prompts", type=int, default=None, help="use the first N shuffled prompts")
+    d.add_argument("--extra-data", action="append", default=[], metavar="DIR",
+                   help="also train on this shard folder (e.g. an earlier run's OUT/data); repeatable")
     d.add_argument("--max-tokens", type=int, default=160, help="response tokens per prompt")
     d.add_argument("--teacher-top-k", type=int, default=32, help="target log-probs kept per token")
     d.add_argument("--temperature", type=float, default=0.0, help="target sampling temperature for responses")

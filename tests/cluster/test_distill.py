@@ -88,6 +88,23 @@ def test_init_from_continues_an_earlier_draft(distilled, tiny_target, tmp_path, 
     assert AutoConfig.from_pretrained(tmp_path / "draft").hidden_size == second["draft"]["hidden_size"] == 32
 
 
+def test_extra_data_trains_on_a_second_folder(distilled, tiny_target, tmp_path, capsys):
+    """--extra-data: this run's new prompts plus an earlier run's shards; a folder without shards is
+    refused before any data is generated."""
+    args = [a if a != "4" else "1" for a in ARGS]
+    args[args.index("--num-prompts") + 1] = "8"
+    assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path), *args, "--eval-k", "0",
+                 "--extra-data", str(distilled / "data")]) == 0
+    info = json.loads((tmp_path / "draft" / "distill.json").read_text())
+    assert info["num_responses"] == 8 + 24 and info["args"]["extra_data"] == [str(distilled / "data")]
+    capsys.readouterr()
+    assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path / "again"), *args,
+                 "--extra-data", str(tmp_path / "draft")]) == 2
+    err = capsys.readouterr().err
+    assert "--extra-data" in err and "no shard" in err
+    assert not (tmp_path / "again" / "data").exists()
+
+
 def test_init_from_another_vocabulary_is_a_clear_error(tiny_target, tmp_path):
     from specray.cluster.distill import load_draft
     from specray.kernels.loader import resolve
