@@ -32,6 +32,25 @@ def test_blocks_free_list_and_rollback():
     assert cache.slots("b", 0, 4).tolist() == [0, 1, 2, 3]
 
 
+def test_slots_follow_new_blocks_and_reuse():
+    """`slots` keeps each sequence's block slots between steps: a new block, or the same id reused
+    after `free` with other blocks, must show up."""
+    cache = PagedKVCache(CFG, num_blocks=6, block_size=2)
+    cache.reserve("x", 2)  # block 0
+    cache.reserve("a", 3)  # blocks 1, 2
+    assert cache.slots("a", 0, 3).tolist() == [2, 3, 4]
+    cache.reserve("a", 5)  # gains block 3
+    assert cache.slots("a", 0, 5).tolist() == [2, 3, 4, 5, 6] and cache.slots("a", 4, 6).tolist() == [6, 7]
+    cache.free("a")
+    cache.free("x")
+    cache.reserve("b", 4)  # blocks 0, 1
+    cache.reserve("a", 5)  # the same id and block count as before, other blocks: 2, 3, 4
+    assert cache.tables["a"].blocks == [2, 3, 4]
+    assert cache.slots("a", 0, 6).tolist() == [4, 5, 6, 7, 8, 9]
+    with pytest.raises(AssertionError):
+        cache.slots("a", 0, 7)  # past its blocks
+
+
 def test_ngram_lookup_exact():
     toks = np.array([5, 6, 7, 8, 9, 5, 6, 7])
     assert lookup(toks, 3, 1, 3) == [8, 9, 5]  # trailing [5 6 7] matched at 0
