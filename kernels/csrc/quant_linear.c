@@ -158,14 +158,11 @@ static inline __attribute__((always_inline)) void q8_0_features(
 // to stay in the 32 vector registers (AVX-512; with fewer, the compiler spills some, still exact).
 #define FEATURES_FOR(N) ((N) <= 2 ? 4 : (N) <= 4 ? 3 : (N) <= 6 ? 2 : 1)
 
-// Dynamic chunks: on a shared machine one core is often slowed for a while, and a static split
-// left the other waiting at each of the step's ~150 joins (measured up to 1.2x at 1 and 8 rows).
-// Which thread computes a feature never changes its bits.
 #define ROWS_CASE(FEATURES, N)                                                                \
     case N: {                                                                                 \
         const int nf = FEATURES_FOR(N);                                                       \
         int64_t groups = out / nf;                                                            \
-        _Pragma("omp parallel for schedule(dynamic, 32) num_threads(threads)")                   \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                        \
         for (int64_t g = 0; g < groups; g++) FEATURES(x, r0, N, nf, in, blocks, y, out, g * nf); \
         for (int64_t o = groups * nf; o < out; o++) FEATURES(x, r0, N, 1, in, blocks, y, out, o); \
         break;                                                                                \

@@ -1,0 +1,96 @@
+"""A/B the CPU C kernels of another commit against the working tree's, in one process.
+
+Both libraries are built from their `kernels/csrc/` sources and bound alike; whole SmolLM2-135M
+forward steps (a decode step at 1 row, verification at k + 1) then alternate between them repeat
+after repeat, so a noisy shared box slows both alike. Also reports whether the logits agree.
+
+    python benchmarks/kernel_ab.py --base de7e234 --rows 1,3,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cpu_kernels import forward_steps  # noqa: E402
+
+from specray.kernels import cpu_kernels  # noqa: E402
+from specray.kernels.batch import RaggedBatch, SeqChunk  # noqa: E402
+from specray.kernels.loader import load_model, resolve  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def build(sources: dict[str, bytes], out: Path) -> ctypes.CDLL:
+    """Compile the named C sources (headers beside them) with the product's flags."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in sources.items():
+        (out / name).write_bytes(text)
+    c_files = [str(out / p.name) for p in cpu_kernels.SOURCES]
+    subprocess.run([os.environ.get("CC", "cc"), *cpu_kernels.CFLAGS, *c_files, "-o", str(out / "lib.so"), "-lm"],
+                   check=True, capture_output=True)
+    lib = ctypes.CDLL(str(out / "lib.so"))
+    for name, argtypes in cpu_kernels.SIGNATURES.items():  # an older commit may lack newer functions
+        if hasattr(lib, name):
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = argtypes, cpu_kernels.RESTYPES.get(name)
+    return lib
+
+
+def sources_at(rev: str | None) -> dict[str, bytes]:
+    names = [p.name for p in cpu_kernels.SOURCES + cpu_kernels.HEADERS]
+    if rev is None:
+        return {n: (cpu_kernels.CSRC / n).read_bytes() for n in names}
+    return {n: subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:kernels/csrc/{n}"], check=True,
+                              capture_output=True).stdout for n in names}
+
+
+def logits(model, rows: int) -> torch.Tensor:
+    cache = model.make_cache(64, block_size=16)
+    model(RaggedBatch.build([SeqChunk("s", list(range(100, 300)), 0)], cache), cache)
+    cache.set_cached("s", 200)
+    return model(RaggedBatch.build([SeqChunk("s", [7] * rows, 200, num_logits=rows)], cache), cache)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, help="commit whose kernels/csrc is the baseline")
+    ap.add_argument("--rows", default="1,3,8")
+    ap.add_argument("--repeats", type=int, default=15)
+    args = ap.parse_args()
+    model = load_model(resolve("smollm2-135m"))
+    with tempfile.TemporaryDirectory() as tmp:
+        libs = {"base": build(sources_at(args.base), Path(tmp) / "base"),
+                "tree": build(sources_at(None), Path(tmp) / "tree")}
+        for rows in [int(r) for r in args.rows.split(",")]:
+            step = forward_steps({"m": (model, True)}, rows)["m"]
+            outs, times = {}, {name: [] for name in libs}
+            for name, lib in libs.items():
+                cpu_kernels._LIBRARY = lib
+                outs[name] = logits(model, rows)
+            for _ in range(args.repeats):
+                for name, lib in libs.items():
+                    cpu_kernels._LIBRARY = lib
+                    step()
+                    start = time.perf_counter()
+                    for _ in range(3):
+                        step()
+                    times[name].append((time.perf_counter() - start) / 3)
+            base, tree = (statistics.median(times[n]) * 1e3 for n in ("base", "tree"))
+            diff = (outs["base"] - outs["tree"]).abs().max().item()
+            print(f"rows {rows:2d}: base {base:6.2f} ms, working tree {tree:6.2f} ms, {base / tree:.2f}x; "
+                  f"logits max |diff| {diff:.2e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
