@@ -38,14 +38,16 @@ def build_drafter(method: str, model: str | None = None, num_layers: int | None 
     `quantization`: "q8_0" rounds the draft's weights to Q8_0 blocks (`round_weights_to_q8_0`),
     "none" keeps them; None means q8_0 where the draft runs on CPU in fp32.
     `tree` (speculative_config['tree']) makes a draft model grow trees; `aded` holds ADED's options."""
-    if tree is not None and method != "draft_model":
-        raise ValueError(f"speculative_config['tree'] needs method 'draft_model', got {method!r}")
+    if tree is not None and method not in ("draft_model", "eagle"):
+        raise ValueError(f"speculative_config['tree'] needs method 'draft_model' or 'eagle', got {method!r}")
     if method == "aded":
         from specray.kernels.drafters.aded import AdedDrafter
 
         return AdedDrafter.from_options(aded or {}, tokenizer_source=model)
     if method == "ngram":
         return NgramDrafter(prompt_lookup_min, prompt_lookup_max)
+    if method == "eagle":
+        return _eagle_drafter(model, dtype, device, num_blocks, vocab_trim, quantization, tree)
     if method == "draft_model":
         if model is None:
             raise ValueError("method 'draft_model' needs speculative_config['model']")
@@ -68,18 +70,45 @@ def build_drafter(method: str, model: str | None = None, num_layers: int | None 
         if k and str(device) == "cpu":  # GEMV copies after trimming: the full head's is never built
             draft.add_gemv_weights()
         return drafter
-    raise ValueError(f"unknown speculative method {method!r}; choose 'ngram', 'draft_model' or 'aded'")
+    raise ValueError(f"unknown speculative method {method!r}; choose 'ngram', 'draft_model', 'eagle' or 'aded'")
+
+
+def _eagle_drafter(model: str | None, dtype, device, num_blocks: int, vocab_trim: int | None,
+                   quantization: str | None, tree: dict | None) -> Drafter:
+    from specray.kernels.drafters.eagle import EagleDrafter, eagle_target, is_eagle_folder, load_eagle
+
+    if model is None:
+        raise ValueError("method 'eagle' needs speculative_config['model'] (a feature-level draft folder)")
+    checkpoint = resolve(model)
+    if not is_eagle_folder(checkpoint.path):
+        raise ValueError(f"{model!r} is not a feature-level draft (no eagle.json); use method 'draft_model'")
+    draft = load_eagle(checkpoint.path, resolve(eagle_target(checkpoint.path)).path, dtype, device)
+    if str(device) == "cpu" and dtype == torch.float32:
+        draft.enable_cpu_kernels()
+    if (quantization or ("q8_0" if str(device) == "cpu" and dtype == torch.float32 else "none")) == "q8_0":
+        draft.round_weights_to_q8_0()
+    elif quantization not in (None, "none"):
+        raise ValueError(f"draft quantization must be 'q8_0' or 'none', got {quantization!r}")
+    k = default_vocab_trim(checkpoint.path) if vocab_trim is None else vocab_trim
+    drafter = EagleDrafter(draft, num_blocks, vocab_trim_ids=load_vocab_trim(checkpoint.path, k) if k else None)
+    if tree is None:
+        return drafter
+    from specray.kernels.drafters.eagle_tree import EagleTreeDrafter
+
+    return EagleTreeDrafter(drafter, TreeSpec.from_dict(tree))
 
 
 def default_vocab_trim(folder) -> int:
-    """The VocabTrim size a draft folder recommends (`distill.json`), 0 when it has no table."""
+    """The VocabTrim size a draft folder recommends (`distill.json`, or `eagle.json` for a
+    feature-level draft), 0 when it has no table."""
     import json
     from pathlib import Path
 
     folder = Path(folder)
-    if not (folder / VOCAB_TRIM_FILE).exists() or not (folder / "distill.json").exists():
+    info = next((folder / n for n in ("distill.json", "eagle.json") if (folder / n).exists()), None)
+    if not (folder / VOCAB_TRIM_FILE).exists() or info is None:
         return 0
-    return int(json.loads((folder / "distill.json").read_text()).get("vocab_trim_k") or 0)
+    return int(json.loads(info.read_text()).get("vocab_trim_k") or 0)
 
 
 class DraftWorker:
@@ -115,7 +144,7 @@ class DraftWorker:
         for item in items:
             seq = self._absorb(item)
             requests.append(DraftRequest(item.seq_id, seq.token_ids, item.num_draft_tokens,
-                                         seq.spec.sampling, seq.generator, item.verify_budget))
+                                         seq.spec.sampling, seq.generator, item.verify_budget, item.features))
         return self.drafter.propose(requests)
 
     def release(self, seq_id: object) -> None:

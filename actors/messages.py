@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from specray.kernels.proposal import Proposal
 from specray.kernels.sampling import SamplingConfig
 
@@ -16,6 +18,7 @@ class SeqSpec:
     sampling: SamplingConfig
     seed: int | None = None
     logprobs: int | None = None  # top-n logprobs to return per emitted token; None for none
+    features: bool = False  # the target returns its final hidden states (feature-level drafts)
 
 
 @dataclass
@@ -51,6 +54,9 @@ class DraftItem:
     num_draft_tokens: int  # chain length, or the depth of a tree
     spec: SeqSpec | None = None
     verify_budget: int | None = None  # most draft tokens (tree nodes) the target verifies this round
+    # The target's final hidden states at the positions it kept since the last message
+    # [rows, hidden_size] (VerifyResult.features, concatenated); feature-level drafts only.
+    features: "torch.Tensor | None" = None
 
     def __post_init__(self) -> None:
         assert self.num_draft_tokens >= 0

@@ -78,8 +78,15 @@ class TargetWorker:
         chunks = [self._chunk(i) for i in items]
         trees = any(c.parents is not None for c in chunks)
         laid_out = pad_uniform(chunks) if self.pad_batches and len(chunks) > 1 and not trees else chunks
-        logits = self.model(RaggedBatch.build(laid_out, self.cache, self.model.embed_tokens.device), self.cache)
+        wants = [self.seqs[i.seq_id].spec.features for i in items]
+        if any(wants) and laid_out is not chunks:
+            raise ValueError("the padded baseline does not return target features")
+        out = self.model(RaggedBatch.build(laid_out, self.cache, self.model.embed_tokens.device), self.cache,
+                         features=any(wants))
+        logits, features = out if any(wants) else (out, None)
         results = self._verify(items, rules, logits)  # logits [sum(n + 1), vocab_size]
+        if features is not None:
+            _attach_features(items, results, wants, features)
         for item, chunk, res in zip(items, chunks, results, strict=True):
             base = chunk.context_len + len(item.new_token_ids)
             if res.accepted_nodes is not None:
@@ -161,6 +168,19 @@ class TargetWorker:
     def release(self, seq_id: object) -> None:
         self.seqs.pop(seq_id, None)
         self.cache.free(seq_id)
+
+
+def _attach_features(items: list[TargetItem], results: list[VerifyResult], wants: list[bool],
+                     features: torch.Tensor) -> None:
+    """features [num_tokens, hidden_size] -> each result's rows: its new committed tokens, then the
+    accepted path (tree nodes in path order)."""
+    row0 = 0
+    for item, res, want in zip(items, results, wants, strict=True):
+        num_new = len(item.new_token_ids)
+        if want:
+            rows = list(range(num_new)) + [num_new + node for node in res.path_nodes()]
+            res.features = features[row0 + torch.tensor(rows)]  # [num_new + num_accepted, hidden_size]
+        row0 += num_new + item.proposal.num_draft_tokens
 
 
 def _draft_ids(drafts) -> torch.Tensor:

@@ -31,6 +31,25 @@ def step_seconds(model, repeats: int = 30) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def eagle_step_seconds(folder, vocab_trim: int, repeats: int = 30) -> float:
+    """Median seconds of one batch-1 step of a feature-level draft as specray runs it (Q8_0 weights,
+    VocabTrim head): fc on [feature; embedding], the layer, the head."""
+    from specray.actors.draft_worker import _eagle_drafter
+
+    drafter = _eagle_drafter(str(folder), torch.float32, "cpu", 8, vocab_trim, None, None)
+    from specray.kernels.batch import SeqChunk
+
+    h = drafter.model.config.hidden_size
+    drafter.forward([SeqChunk("s", list(range(3, 35)), 0)], drafter.model.inputs(torch.randn(32, h), list(range(3, 35))))
+    drafter.cache.set_cached("s", 32)
+    times = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        drafter.forward([SeqChunk("s", [3 + i], 32)], drafter.model.inputs(torch.randn(1, h), [3 + i]))
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
 def main() -> None:
     from specray import LLM, SamplingParams
     from specray.cluster.bench_prompts import SHARED_PROMPTS, load_prompts
@@ -41,6 +60,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--draft", default="smollm2-135m-draft")
+    ap.add_argument("--method", default="draft_model", choices=["draft_model", "eagle"],
+                    help="eagle: a feature-level draft (no transformers assisted baseline: it has no such mode)")
     ap.add_argument("--dataset", default=str(SHARED_PROMPTS))
     ap.add_argument("--num-prompts", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -81,7 +102,8 @@ def main() -> None:
         if not k_list:
             continue
         llm = LLM(args.model, max_num_seqs=1, speculative_config={
-            "model": args.draft, "num_speculative_tokens": max(k_list), "draft_vocab_trim": trim})
+            "method": args.method, "model": args.draft, "num_speculative_tokens": max(k_list),
+            "draft_vocab_trim": trim})
         trim_k = getattr(llm.draft.drafter, "token_ids", None)
         trim_k = 0 if trim_k is None else int(trim_k.numel())
         llm.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))
@@ -98,10 +120,19 @@ def main() -> None:
                                          / max(sum(o.metrics.num_draft_tokens for o in outs), 1), 3),
                    lossless=all(o.outputs[0].token_ids == w for o, w in zip(outs, want, strict=True)))
         del llm
-    draft_full = load_model(draft_ckpt)
-    result["draft_step_over_target_step"] = {"target_step_ms": round(target_step * 1e3, 2),
-                                             "draft_full_vocab_ms": round(step_seconds(draft_full) * 1e3, 2)}
-    if args.vocab_trim != 0:
+    if args.method == "eagle":
+        from specray.actors.draft_worker import default_vocab_trim
+
+        k = default_vocab_trim(draft_ckpt.path) if args.vocab_trim is None else args.vocab_trim
+        result["draft_step_over_target_step"] = {
+            "target_step_ms": round(target_step * 1e3, 2),
+            f"eagle_vocab_trim_{k}_ms": round(eagle_step_seconds(args.draft, k) * 1e3, 2)}
+        args.skip_hf = True  # transformers' assisted generation takes a standalone model only
+    else:
+        draft_full = load_model(draft_ckpt)
+        result["draft_step_over_target_step"] = {"target_step_ms": round(target_step * 1e3, 2),
+                                                 "draft_full_vocab_ms": round(step_seconds(draft_full) * 1e3, 2)}
+    if args.vocab_trim != 0 and args.method != "eagle":
         from specray.actors.draft_worker import default_vocab_trim
 
         k = args.vocab_trim or default_vocab_trim(draft_ckpt.path)

@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 
 
-def configs(draft: str, depth: int, budget: int) -> dict[str, dict | None]:
-    """name -> speculative_config; `depth/...` share the depth, `budget/...` verify at most `budget` tokens."""
-    chain = {"method": "draft_model", "model": draft}
+def configs(draft: str, depth: int, budget: int, method: str = "draft_model") -> dict[str, dict | None]:
+    """name -> speculative_config; `depth/...` share the depth, `budget/...` verify at most `budget` tokens.
+    `method`: the chain's and the trees' drafter (draft_model, or eagle for a feature-level draft)."""
+    chain = {"method": method, "model": draft}
     out: dict[str, dict | None] = {"none": None}
     for group, k, cap in (("depth", depth, None), ("budget", depth + 1, budget)):
         trees = {"rsd_c": {"kind": "rsd_c", "branching": [2, 2] + [1] * max(0, k - 2)},
@@ -41,7 +42,7 @@ def run(args) -> dict:
     tok = resolve(args.model).tokenizer()
     ids = [list(tok.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True))
            for p in prompts]
-    specs = configs(args.draft, args.depth, args.budget)
+    specs = configs(args.draft, args.depth, args.budget, args.method)
     llms = {name: LLM(args.model, speculative_config=spec, max_num_seqs=1, kv_cache_tokens=args.kv_cache_tokens)
             for name, spec in specs.items()}
     cells = {(n, t): {"tokens": 0, "seconds": 0.0, "rounds": 0, "emitted": 0, "drafted": 0}
@@ -86,6 +87,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--draft", default="smollm2-135m-draft", help="draft for the chain and the trees")
+    ap.add_argument("--method", default="draft_model", choices=["draft_model", "eagle"],
+                    help="the draft's kind: a standalone model or a feature-level (eagle) draft")
     ap.add_argument("--dataset", default=str(SHARED_PROMPTS) if SHARED_PROMPTS.exists() else None)
     ap.add_argument("--num-prompts", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from specray.cluster.bench_prompts import load_prompts
 
 HF_METHODS = ("hf", "hf_prompt_lookup", "hf_assisted")
-SPECRAY_METHODS = ("specray", "specray_ngram", "specray_draft", "specray_ngram_padded", "specray_draft_padded")
+SPECRAY_METHODS = ("specray", "specray_ngram", "specray_draft", "specray_eagle", "specray_ngram_padded",
+                   "specray_draft_padded")
 METHODS = HF_METHODS + SPECRAY_METHODS
 
 
@@ -65,7 +66,9 @@ class Runner:
         draft = {"method": "draft_model", "model": args.draft_model or args.model,
                  "draft_num_layers": args.draft_num_layers, "num_speculative_tokens": k}
         configs = {"specray": None, "specray_ngram": {"method": "ngram", "num_speculative_tokens": k},
-                   "specray_draft": draft}
+                   "specray_draft": draft,
+                   "specray_eagle": {"method": "eagle", "model": args.eagle_model,
+                                     "num_speculative_tokens": args.eagle_k or k}}
         wanted = {m.replace("_padded", "") for m in methods}  # a padded method reuses its engine
         kv_tokens = max_seqs * (longest_prompt + args.max_tokens + k + 32)  # every group fits at once
         self.llms = {m: LLM(args.model, speculative_config=configs[m], max_num_seqs=max_seqs,
@@ -143,10 +146,13 @@ def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
     so a long run leaves its finished rows on disk whatever happens later."""
     from tqdm import tqdm
 
-    methods = [m for m in args.methods.split(",") if m]
+    methods = [m for m in (args.methods or default_methods(args)).split(",") if m]
+    args.methods = ",".join(methods)
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
+    if "specray_eagle" in methods and not args.eagle_model:
+        raise ValueError("method specray_eagle needs --eagle-model (a feature-level draft, `specray distill --kind eagle`)")
     if not args.batch_sizes or min(args.batch_sizes) < 1:
         raise ValueError("batch sizes must be positive integers")
     from specray.kernels.loader import resolve
@@ -202,6 +208,11 @@ def cmd_bench_offline(args) -> int:
     return 0
 
 
+def default_methods(args) -> str:
+    """Every method; specray_eagle only with a feature-level draft to run it."""
+    return ",".join(m for m in METHODS if m != "specray_eagle" or args.eagle_model)
+
+
 def int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -222,13 +233,17 @@ def add_bench_parser(sub) -> None:
                           "the packaged subset)")
     off.add_argument("--num-prompts", type=int, default=16)
     off.add_argument("--max-tokens", type=int, default=128)
-    off.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated from {list(METHODS)}")
+    off.add_argument("--methods", default=None, help=f"comma-separated from {list(METHODS)} (default: all; "
+                     "specray_eagle with --eagle-model)")
     off.add_argument("--batch-sizes", type=int_list, default=[1, 4, 8, 16])
     off.add_argument("--temperatures", type=float_list, default=[0.0, 1.0])
     off.add_argument("--num-speculative-tokens", type=int, default=2)
     off.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
     off.add_argument("--draft-model", default=None, help="draft checkpoint (default: the target, truncated)")
     off.add_argument("--draft-num-layers", type=int, default=4)
+    off.add_argument("--eagle-model", default=None, help="feature-level draft for specray_eagle (method 'eagle')")
+    off.add_argument("--eagle-k", type=int, default=None,
+                     help="num_speculative_tokens for specray_eagle (default: --num-speculative-tokens)")
     off.add_argument("--quick", action="store_true", help="4 prompts, 48 tokens, batch sizes <= 4 (~5 min)")
     off.add_argument("--out", default="bench_out")
     off.set_defaults(func=cmd_bench_offline)

@@ -19,11 +19,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--kv-cache-tokens", type=int, default=16384, help="target KV cache size in tokens")
     s = p.add_argument_group("speculation")
-    s.add_argument("--speculative-method", default=None, choices=["ngram", "draft_model", "none"],
-                   help="default: ngram (a target's packaged trained draft once one beats it; "
-                        "smollm2-135m-draft is opt-in: --draft-model smollm2-135m-draft)")
+    s.add_argument("--speculative-method", default=None, choices=["ngram", "draft_model", "eagle", "none"],
+                   help="default: the target's packaged draft where one beats n-gram lookup, else ngram")
     s.add_argument("--draft-model", default=None,
-                   help="draft checkpoint for draft_model (default: the packaged draft, else the target)")
+                   help="draft checkpoint for draft_model or eagle (default: the packaged draft, else the target)")
     s.add_argument("--draft-vocab-trim", type=int, default=None,
                    help="VocabTrim size for a distilled draft (default: its recommended k; 0: off)")
     s.add_argument("--draft-num-layers", type=int, default=None, help="keep only the draft's first layers")

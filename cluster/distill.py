@@ -4,7 +4,8 @@ Phases, each resumable (re-run the same command to continue):
 1. data: the target answers seed prompts (`distill_data`); its top-k distributions come back with
    the tokens, written in shards to OUT/data;
 2. draft: a `LlamaForCausalLM` with the target's tokenizer, a smaller hidden size and a few layers,
-   initialised from the target (`distill_model.init_draft`);
+   initialised from the target (`distill_model.init_draft`); `--kind eagle` instead trains a
+   feature-level draft (cluster/distill_eagle.py);
 3. train: KL to the target's distributions (`distill_train`), checkpoints in OUT/checkpoint.pt;
 4. save: OUT/draft, an HF folder (fp16 by default) with the VocabTrim table and distill.json;
 5. evaluate: held-out prompts (never trained on), greedy speculation through specray: acceptance
@@ -68,7 +69,7 @@ def load_draft(name: str, target):
 
 
 def acceptance_eval(target: str, draft_dir: Path, prompts: list[list[int]], ks: list[int], vocab_trims: list[int],
-                    max_tokens: int, device: str) -> dict:
+                    max_tokens: int, device: str, method: str = "draft_model") -> dict:
     """Greedy speculation on held-out prompts: acceptance length per k and VocabTrim setting, and
     whether every output equals the target's own greedy output (lossless)."""
     from specray import LLM, SamplingParams
@@ -82,7 +83,7 @@ def acceptance_eval(target: str, draft_dir: Path, prompts: list[list[int]], ks: 
     lossless = True
     for trim in vocab_trims:
         llm = LLM(target, device=device, max_num_seqs=len(prompts),
-                  speculative_config={"model": str(draft_dir), "num_speculative_tokens": max(ks),
+                  speculative_config={"method": method, "model": str(draft_dir), "num_speculative_tokens": max(ks),
                                       "draft_vocab_trim": trim})
         for k in ks:
             sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, num_speculative_tokens=k)
@@ -147,6 +148,10 @@ def cmd_distill(args) -> int:
         del llm
     bar.close()
     eval_ids = [chat_ids(tok, p) for p in eval_prompts]
+    if args.kind == "eagle":
+        from specray.cluster.distill_eagle import distill_eagle
+
+        return distill_eagle(args, checkpoint, shards + extra, eval_ids, eos, _log, acceptance_eval)
     samples = load_samples(shards + extra)  # held-out rows come from this run's own shards first
     data_seconds = time.perf_counter() - t0
     num_val = max(1, len(samples) // 20) if len(samples) >= 2 else 0
@@ -225,6 +230,9 @@ def add_distill_parser(sub) -> None:
     d.add_argument("--data-backend", default="specray", choices=["specray", "hf"],
                    help="who generates: the specray engine, or transformers generate (fast on a GPU)")
     m = p.add_argument_group("draft")
+    m.add_argument("--kind", default="model", choices=["model", "eagle"],
+                   help="model: a standalone Llama draft; eagle: a feature-level draft reading the target's "
+                        "hidden states (serve it with method 'eagle')")
     m.add_argument("--hidden-size", type=int, default=256)
     m.add_argument("--num-layers", type=int, default=3)
     m.add_argument("--intermediate-size", type=int, default=None, help="default: the target's")

@@ -9,10 +9,13 @@ The pools may be in-process workers or Ray actors; the engine only sees `pool_ap
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections import deque
 from dataclasses import dataclass
+
+import torch
 
 from specray.actors.messages import DraftItem, TargetItem
 from specray.cluster.engine_config import EngineConfig, EngineStats, engine_config  # noqa: F401 (re-export)
@@ -146,9 +149,10 @@ class Engine:
         items = []
         for seq in seqs:
             delta = seq.token_ids[seq.draft_sent:]
+            features = torch.cat(seq.draft_features) if seq.draft_features else None  # [rows, hidden_size]
             items.append(DraftItem(seq.seq_id, delta, self.num_draft_tokens(seq),
-                                   seq.spec() if seq.draft_sent == 0 else None, self.verify_budget(seq)))
-            seq.draft_sent = seq.num_tokens
+                                   seq.spec() if seq.draft_sent == 0 else None, self.verify_budget(seq), features))
+            seq.draft_sent, seq.draft_features = seq.num_tokens, []
         start = time.perf_counter()
         try:
             return self.draft.submit_propose(items)
@@ -190,7 +194,8 @@ class Engine:
                 rule = self._rule(seq, proposal)
                 items.append(TargetItem(seq.seq_id, seq.output_token_ids[-1:], proposal, rule=rule))
             else:  # prefill: the first token comes from the prompt's last position
-                items.append(TargetItem(seq.seq_id, list(seq.prompt_token_ids), Proposal([]), seq.spec()))
+                spec = dataclasses.replace(seq.spec(), features=self.config.draft_features)
+                items.append(TargetItem(seq.seq_id, list(seq.prompt_token_ids), Proposal([]), spec))
         start = time.perf_counter()
         try:
             return self.target.submit_step(items)
@@ -246,6 +251,8 @@ class Engine:
             m.num_accepted_tokens += res.num_accepted
             m.num_emitted_tokens += len(res.emitted_token_ids)
         seq.append(res.emitted_token_ids, res.logprobs)
+        if res.features is not None:
+            seq.draft_features.append(res.features)
         seq.detokenize(self.tokenizer)
         if seq.finished:
             self._retire(seq)

@@ -21,6 +21,7 @@ class EngineConfig:
     verify_budget: int | None = None  # draft tokens (tree nodes) verified per sequence per round at most
     max_draft_tokens: int = 0  # the most draft tokens (tree nodes) one round verifies: KV reserved for them
     verify_rule: str = "auto"  # sampled requests: "auto" (from the proposal's kind) or a fixed rule
+    draft_features: bool = False  # the draft reads the target's final hidden states (method eagle)
 
     def __post_init__(self) -> None:
         assert self.max_model_len >= 2 and self.max_num_seqs >= 1 and self.num_speculative_tokens >= 0
@@ -49,7 +50,8 @@ def engine_config(model_config, tokenizer, spec, max_model_len: int | None, max_
         num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
         speculation_schedule=spec.schedule() if spec else (), pipelined=pipelined and spec is not None,
         verify_budget=spec.verify_budget if spec else None,
-        max_draft_tokens=spec.max_draft_tokens() if spec else 0, verify_rule=spec.verify if spec else "auto"), eos
+        max_draft_tokens=spec.max_draft_tokens() if spec else 0, verify_rule=spec.verify if spec else "auto",
+        draft_features=spec is not None and spec.method == "eagle"), eos
 
 
 @dataclass

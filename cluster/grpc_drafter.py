@@ -32,6 +32,9 @@ def items_to_proto(items: list[DraftItem]) -> pb.ProposeRequest:
                           num_draft_tokens=i.num_draft_tokens)
         if i.verify_budget is not None:
             m.verify_budget = i.verify_budget
+        if i.features is not None:
+            m.feature_rows = i.features.shape[0]
+            m.features = i.features.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
         if i.spec is not None:
             s = i.spec.sampling
             m.spec.CopyFrom(pb.DraftSeqSpec(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p))
@@ -48,7 +51,13 @@ def items_from_proto(req: pb.ProposeRequest) -> list[DraftItem]:
             sampling = SamplingConfig(m.spec.temperature, m.spec.top_k, m.spec.top_p)
             spec = SeqSpec(sampling, m.spec.seed if m.spec.HasField("seed") else None)
         budget = m.verify_budget if m.HasField("verify_budget") else None
-        items.append(DraftItem(m.seq_id, list(m.committed_delta), m.num_draft_tokens, spec, budget))
+        features = None
+        if m.HasField("feature_rows"):
+            flat = torch.frombuffer(bytearray(m.features), dtype=torch.float32)
+            if m.feature_rows <= 0 or flat.numel() % m.feature_rows:
+                raise ValueError(f"item {m.seq_id!r}: {flat.numel()} feature values for {m.feature_rows} rows")
+            features = flat.view(m.feature_rows, -1)
+        items.append(DraftItem(m.seq_id, list(m.committed_delta), m.num_draft_tokens, spec, budget, features))
     return items
 
 

@@ -24,6 +24,8 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     draft_sent: int = 0  # committed tokens already sent to the draft worker
+    # target features (VerifyResult.features) not sent to the draft worker yet; eagle drafts only
+    draft_features: list = field(default_factory=list)
     prefix_offset: int = 0  # incremental detokenisation window over output_token_ids
     read_offset: int = 0
     logprobs: list[dict[int, float]] | None = None

@@ -39,7 +39,7 @@ def add_serve_flags(p) -> None:
     p.add_argument("--port", type=int, help="HTTP port (default 8000)")
     p.add_argument("--grpc-port", type=int, help="gRPC port (default 9000)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer <key>' (or set SPECRAY_API_KEY)")
-    p.add_argument("--speculative-method", choices=["ngram", "draft_model", "none"])
+    p.add_argument("--speculative-method", choices=["ngram", "draft_model", "eagle", "none"])
     p.add_argument("--draft-model")
     p.add_argument("--num-speculative-tokens", type=int)
     p.add_argument("--pipeline", dest="pipelined", choices=["auto", "on", "off"],
@@ -172,8 +172,8 @@ def add_drafter_parser(sub) -> None:
     p = sub.add_parser("drafter", help="serve a draft pool over gRPC (the router's grpc transport)",
                        description="Runs a Drafter service outside the Ray cluster; point `specray serve "
                                    "--transport grpc --drafter-address host:port` at it.")
-    p.add_argument("--method", default="ngram", choices=["ngram", "draft_model", "aded"])
-    p.add_argument("--model", help="draft checkpoint (draft_model); the target's tokenizer folder (aded)")
+    p.add_argument("--method", default="ngram", choices=["ngram", "draft_model", "eagle", "aded"])
+    p.add_argument("--model", help="draft checkpoint (draft_model, eagle); the target's tokenizer folder (aded)")
     p.add_argument("--tree", type=_json_object, help="draft_model trees, as in speculative_config, e.g. "
                                                      "'{\"kind\": \"rsd_c\", \"branching\": [2, 2, 1]}'")
     p.add_argument("--aded", type=_json_object, help="ADED options as in speculative_config (method aded)")

@@ -139,7 +139,7 @@ class ServeConfig(_Strict):
         if self.router.pipelined != "auto":
             return self.router.pipelined
         spec = self.speculative
-        return spec is not None and spec.method == "draft_model"
+        return spec is not None and spec.method in ("draft_model", "eagle")
 
     @property
     def model_name(self) -> str:

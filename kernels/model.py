@@ -201,25 +201,37 @@ class LlamaModel(nn.Module):
         return table
 
     @torch.inference_mode()
-    def forward(self, batch: RaggedBatch, cache: PagedKVCache, reference: bool = False) -> torch.Tensor:
-        """Run one step; writes the new tokens' KV into `cache`. -> logits [num_logits, vocab_size] (fp32).
+    def forward(self, batch: RaggedBatch, cache: PagedKVCache, reference: bool = False,
+                inputs_embeds: torch.Tensor | None = None, features: bool = False):
+        """Run one step; writes the new tokens' KV into `cache`. -> logits [num_logits, vocab_size] (fp32),
+        and with `features` also every row's final (post-norm) hidden state [num_tokens, hidden_size],
+        which feature-level drafts read. `inputs_embeds` [num_tokens, hidden_size] replaces the
+        embedding lookup.
 
         Steps of short sequences with packed weights run every layer in one C call; otherwise the
         layers run op by op (`layer_loop`); `reference` is pure torch on the fp32 weights."""
         fused = self.fused_cpu_ops and not reference  # C ops for norms, RoPE and attention (see cpu_ops)
         rows = cpu_ops.AttentionRows.build(batch) if fused else None  # one C attention call per layer
-        h = self.embed_tokens[batch.input_ids]  # [num_tokens, hidden_size]
+        if inputs_embeds is None:
+            h = self.embed_tokens[batch.input_ids]  # [num_tokens, hidden_size]
+        else:
+            assert inputs_embeds.shape == (batch.num_tokens, self.config.hidden_size)
+            h = inputs_embeds.to(self.dtype).contiguous()
         table = self.decoder_table() if rows is not None and batch.num_tokens <= PACKED_MAX_ROWS else None
         if table is not None and len(self.layers) == cache.kv.shape[0]:
             cos, sin = self.rotary.cos[batch.positions], self.rotary.sin[batch.positions]  # [num_tokens, head_dim]
             cpu_ops.decoder_layers(h, table, cache.kv, cos, sin, batch.slot_mapping, batch.key_slots, rows)
         else:
             h = self.layer_loop(batch, cache, h, rows, reference)
-        h = self.norm_rows(h[batch.logits_indices], self.norm, fused)
+        if features:  # RMSNorm is per row: the logits rows are bit-identical either way
+            every = self.norm_rows(h, self.norm, fused)  # [num_tokens, hidden_size]
+            h = every[batch.logits_indices]
+        else:
+            h = self.norm_rows(h[batch.logits_indices], self.norm, fused)
         logits = (F.linear if reference else self.linear)(h, self.lm_head)  # [num_logits, vocab_size / tp_size if vocab_parallel]
         if self.vocab_parallel:
             logits = self.tp_group.all_gather_last_dim(logits)
-        return logits.float()
+        return (logits.float(), every) if features else logits.float()
 
     def layer_loop(self, batch: RaggedBatch, cache: PagedKVCache, h: torch.Tensor,
                    rows: cpu_ops.AttentionRows | None, reference: bool) -> torch.Tensor:

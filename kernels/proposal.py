@@ -93,6 +93,9 @@ class VerifyResult:
     num_draft_tokens: int
     logprobs: list[dict[int, float]] | None = field(default=None)  # per emitted token
     accepted_nodes: list[int] | None = None  # [num_accepted] trees only
+    # The target's final hidden state at every position it kept this step (the new committed tokens,
+    # then the accepted path) [rows, hidden_size]; only for sequences whose draft reads features.
+    features: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         assert len(self.accepted_token_ids) <= self.num_draft_tokens

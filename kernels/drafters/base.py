@@ -26,6 +26,7 @@ class DraftRequest:
     sampling: SamplingConfig
     generator: torch.Generator | None = None
     verify_budget: int | None = None  # most draft tokens (tree nodes) this proposal may hold
+    features: torch.Tensor | None = None  # the target's new final hidden states [rows, H] (feature drafts)
 
     def __post_init__(self) -> None:
         assert self.num_draft_tokens >= 0 and len(self.token_ids) >= 1

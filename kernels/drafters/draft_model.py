@@ -70,7 +70,7 @@ class DraftModelDrafter:
         logits = self._step(chunks)
         active = [i for i in active if requests[i].num_draft_tokens > 0]
         while active:
-            self._sample(requests, active, logits, drafts, probs)
+            sample_step(requests, active, logits, drafts, probs)
             active = [i for i in active if len(drafts[i]) < requests[i].num_draft_tokens]
             if not active:
                 break
@@ -80,18 +80,22 @@ class DraftModelDrafter:
         return [Proposal(d, None if r.sampling.greedy or not p else torch.stack(p))
                 for d, p, r in zip(drafts, probs, requests, strict=True)]
 
-    def _sample(self, requests, active, logits, drafts, probs) -> None:
-        configs = [requests[i].sampling for i in active]
-        if all(c.greedy for c in configs):
-            tokens = argmax_rows(logits).tolist()
-        else:
-            p = processed_probs(logits, configs)  # [len(active), vocab_size]
-            tokens = sample_rows(p, [requests[i].generator for i in active]).tolist()
-            for row, i in enumerate(active):
-                probs[i].append(p[row])
-        for row, i in enumerate(active):
-            drafts[i].append(tokens[row])
-
     def release(self, seq_id: object) -> None:
         self.states.pop(seq_id, None)
         self.cache.free(seq_id)
+
+
+def sample_step(requests: list[DraftRequest], active: list[int], logits: torch.Tensor,
+                drafts: list[list[int]], probs: list[list[torch.Tensor]]) -> None:
+    """Draw the next draft token of each active request from logits [len(active), vocab_size]
+    (row j is request active[j]); sampled requests also keep the row's proposal distribution."""
+    configs = [requests[i].sampling for i in active]
+    if all(c.greedy for c in configs):
+        tokens = argmax_rows(logits).tolist()
+    else:
+        p = processed_probs(logits, configs)  # [len(active), vocab_size]
+        tokens = sample_rows(p, [requests[i].generator for i in active]).tolist()
+        for row, i in enumerate(active):
+            probs[i].append(p[row])
+    for row, i in enumerate(active):
+        drafts[i].append(tokens[row])

@@ -48,9 +48,16 @@ class TreeDraftModelDrafter:
     def release(self, seq_id: object) -> None:
         self.base.release(seq_id)
 
+    def _root_logits(self, requests: list[DraftRequest]) -> torch.Tensor:
+        """Calibrate every request -> the drafting ones' root distributions' logits [num drafting, vocab_size]."""
+        return self.base._step([self.base._calibrate(r) for r in requests])
+
+    def _context_len(self, seq_id: object) -> int:
+        """Committed tokens in the draft cache: the tree chunk follows them."""
+        return len(self.base.states[seq_id].fed)
+
     def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
-        base = self.base
-        logits = base._step([base._calibrate(r) for r in requests])  # [num drafting, vocab_size]
+        logits = self._root_logits(requests)  # [num drafting, vocab_size]
         active = [i for i, r in enumerate(requests) if r.num_draft_tokens > 0]
         plans = {i: self._plan(requests[i]) for i in active}
         rows = {i: logits[j:j + 1] for j, i in enumerate(active)}  # root rows
@@ -101,20 +108,22 @@ class TreeDraftModelDrafter:
 
     def _frontier_logits(self, requests, plans, active) -> dict[int, torch.Tensor]:
         """One tree chunk per active sequence (the whole tree so far) -> each frontier's logits."""
-        base = self.base
-        chunks = []
-        for i in active:
-            b = plans[i].build
-            ctx = len(base.states[requests[i].seq_id].fed)
-            chunks.append(SeqChunk(requests[i].seq_id, list(b.tokens), ctx, list(b.parents), num_logits=len(b.tokens)))
-        batch = RaggedBatch.build(chunks, base.cache, base.model.embed_tokens.device)
-        logits = base.logits(batch)  # [sum(num_nodes), vocab_size]; valid lengths unchanged
+        chunks = [self._tree_chunk(requests[i], plans[i].build) for i in active]
+        logits = self._tree_logits(chunks)  # [sum(num_nodes), vocab_size]; valid lengths unchanged
         out, row0 = {}, 0
         for i, c in zip(active, chunks, strict=True):
             frontier = torch.tensor(plans[i].build.frontier, dtype=torch.long)
             out[i] = logits[row0 + frontier]
             row0 += len(c.token_ids)
         return out
+
+    def _tree_chunk(self, r: DraftRequest, build: TreeBuild) -> SeqChunk:
+        return SeqChunk(r.seq_id, list(build.tokens), self._context_len(r.seq_id), list(build.parents),
+                        num_logits=len(build.tokens))
+
+    def _tree_logits(self, chunks: list[SeqChunk]) -> torch.Tensor:
+        base = self.base
+        return base.logits(RaggedBatch.build(chunks, base.cache, base.model.embed_tokens.device))
 
     def _finish(self, plan: _Plan) -> Proposal:
         build = plan.build

@@ -134,12 +134,17 @@ def gumbel(shape, generator: torch.Generator | None) -> torch.Tensor:
     return -torch.log(-torch.log(u))
 
 
+def support(p: torch.Tensor) -> torch.Tensor:
+    """Token ids with p > 0 [n]: the only ones a Gumbel draw can pick (the rest score -inf), so draws
+    over the support alone are exact and, with VocabTrim or top-k/top-p, several times cheaper."""
+    return (p > 0).nonzero().squeeze(1)
+
+
 def gumbel_top_k(p: torch.Tensor, k: int, generator: torch.Generator | None) -> list[int]:
     """An ordered sample of min(k, support) tokens without replacement from p [vocab_size]."""
-    logp = p.double().log()  # zero-probability tokens are -inf and never chosen
-    scores = logp + gumbel(p.shape, generator)
-    k = min(k, int((p > 0).sum()))
-    return scores.topk(k).indices.tolist()
+    ids = support(p)  # [n]
+    scores = p[ids].double().log() + gumbel(ids.shape, generator)
+    return ids[scores.topk(min(k, ids.numel())).indices].tolist()
 
 
 def grow_rsd_c(build: TreeBuild, rows: torch.Tensor, branching: int, generator) -> None:
@@ -152,7 +157,7 @@ def grow_rsd_c(build: TreeBuild, rows: torch.Tensor, branching: int, generator) 
 
 
 def _conditioned_gumbels(phi: torch.Tensor, bound: float, generator) -> torch.Tensor:
-    """Gumbels with locations phi [vocab_size] conditioned on their maximum being `bound`
+    """Gumbels with locations phi [n] conditioned on their maximum being `bound`
     (stochastic beam search), in the numerically stable form."""
     g = phi + gumbel(phi.shape, generator)
     z = g.max()
@@ -166,10 +171,11 @@ def grow_rsd_s(build: TreeBuild, rows: torch.Tensor, width: int, generator) -> N
     """Stochastic beam search: expand every frontier beam, keep the `width` best children overall."""
     candidates = []  # (gumbel, parent, token, row, path log-prob)
     for node, p in zip(build.frontier, rows, strict=True):
-        phi = p.double().log() + (0.0 if node < 0 else build.logps[node])  # [vocab_size] path log-probs
+        ids = support(p)  # [n]: tokens off the support have phi = -inf and never move the maximum
+        phi = p[ids].double().log() + (0.0 if node < 0 else build.logps[node])  # [n] path log-probs
         gumbels = _conditioned_gumbels(phi, build.score_of(node), generator)
-        top = gumbels.topk(min(width, int((p > 0).sum())))
-        candidates += [(float(g), node, int(x), p, float(phi[x])) for g, x in zip(top.values, top.indices)]
+        top = gumbels.topk(min(width, ids.numel()))
+        candidates += [(float(g), node, int(ids[j]), p, float(phi[j])) for g, j in zip(top.values, top.indices)]
     kept = sorted(candidates, key=lambda c: -c[0])[:width]
     kept.sort(key=lambda c: (build.frontier.index(c[1]), -c[0]))  # siblings together, best first
     build.frontier = [build.add(x, parent, p, score=g, logp=lp) for g, parent, x, p, lp in kept]

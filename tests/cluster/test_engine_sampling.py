@@ -87,3 +87,35 @@ def test_engine_negative_control_detected(sampling_llm, monkeypatch):
     want = exact_second_token_distribution(sampling_llm)
     monkeypatch.setattr(verify, "residual_distribution", lambda q, p: q)
     assert chi2(second_tokens(sampling_llm, N), want) < 1e-6
+
+
+# -- feature-level (eagle) drafts -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def eagle_llm(peaky_models, tmp_path_factory):
+    from eagle_helpers import save_tiny_eagle
+
+    target, _ = peaky_models
+    eagle = save_tiny_eagle(tmp_path_factory.mktemp("peaky_eagle"), target, seed=3, noise=0.2)
+    return LLM(str(target), speculative_config={"method": "eagle", "model": str(eagle), "num_speculative_tokens": 3},
+               kv_cache_tokens=65536, max_num_seqs=512)
+
+
+def test_eagle_sampling_is_lossless(eagle_llm):
+    torch.manual_seed(0)
+    assert chi2(second_tokens(eagle_llm, N), exact_second_token_distribution(eagle_llm)) > 1e-3
+
+
+def test_eagle_negative_control_detected(eagle_llm, monkeypatch):
+    torch.manual_seed(1)
+    want = exact_second_token_distribution(eagle_llm)
+    monkeypatch.setattr(verify, "residual_distribution", lambda q, p: q)
+    assert chi2(second_tokens(eagle_llm, N), want) < 1e-6
+
+
+def test_eagle_seeded_requests_reproduce_alone_or_in_a_batch(eagle_llm):
+    sp = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=20, seed=77, ignore_eos=True)
+    alone = eagle_llm.generate(PROMPT, sp)[0].outputs[0].token_ids
+    others = [{"prompt_token_ids": [1, 5 + i, 9]} for i in range(3)]
+    batch = eagle_llm.generate([others[0], PROMPT, *others[1:]], [SamplingParams(temperature=1.0, max_tokens=15)]
+                               + [sp] + [SamplingParams(temperature=1.0, max_tokens=15)] * 2)
+    assert batch[1].outputs[0].token_ids == alone

@@ -31,18 +31,22 @@ class DraftSeqSpec(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class DraftItem(_message.Message):
-    __slots__ = ("seq_id", "committed_delta", "num_draft_tokens", "spec", "verify_budget")
+    __slots__ = ("seq_id", "committed_delta", "num_draft_tokens", "spec", "verify_budget", "features", "feature_rows")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_DELTA_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     VERIFY_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_ROWS_FIELD_NUMBER: _ClassVar[int]
     seq_id: str
     committed_delta: _containers.RepeatedScalarFieldContainer[int]
     num_draft_tokens: int
     spec: DraftSeqSpec
     verify_budget: int
-    def __init__(self, seq_id: _Optional[str] = ..., committed_delta: _Optional[_Iterable[int]] = ..., num_draft_tokens: _Optional[int] = ..., spec: _Optional[_Union[DraftSeqSpec, _Mapping]] = ..., verify_budget: _Optional[int] = ...) -> None: ...
+    features: bytes
+    feature_rows: int
+    def __init__(self, seq_id: _Optional[str] = ..., committed_delta: _Optional[_Iterable[int]] = ..., num_draft_tokens: _Optional[int] = ..., spec: _Optional[_Union[DraftSeqSpec, _Mapping]] = ..., verify_budget: _Optional[int] = ..., features: _Optional[bytes] = ..., feature_rows: _Optional[int] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
     __slots__ = ("items",)
