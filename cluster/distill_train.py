@@ -175,15 +175,9 @@ def train(draft, train_samples: list[Sample], cfg: TrainConfig, checkpoint: Path
             input_ids, mask, rows, top_ids, top_lp = _batch(group, cfg.max_len, cfg.device)
             with torch.autocast(cfg.device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
                 logits = draft_logits_at(draft, input_ids, mask, rows, vocab)
-            loss = kl_topk(logits, top_ids, top_lp, column)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-            opt.step()
-            sched.step()
+            value = optimizer_step(kl_topk(logits, top_ids, top_lp, column), list(draft.parameters()), opt, sched)
             step += 1
             seconds += time.perf_counter() - start
-            value = float(loss.detach())
             loss_ema = value if loss_ema is None else 0.95 * loss_ema + 0.05 * value
             bar.set_postfix(kl=f"{loss_ema:.3f}", lr=f"{sched.get_last_lr()[0]:.1e}", refresh=False)
             bar.update(1)
@@ -196,6 +190,16 @@ def train(draft, train_samples: list[Sample], cfg: TrainConfig, checkpoint: Path
                 break
     bar.close()
     return {"steps": step, "train_seconds": round(seconds, 1), "final_kl_ema": loss_ema}
+
+
+def optimizer_step(loss: torch.Tensor, params: list[torch.Tensor], opt, sched) -> float:
+    """Backward, clip the gradient norm to 1, step the optimiser and the schedule -> the loss."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    sched.step()
+    return float(loss.detach())
 
 
 def _save_checkpoint(path: Path, draft, opt, sched, step: int, seconds: float) -> None:

@@ -19,8 +19,7 @@ import torch
 from torch import nn
 
 from specray.cluster.distill_model import TOKENIZER_FILES, VOCAB_TRIM_FILE, draft_config
-
-EAGLE_FILE = "eagle.json"  # marks a folder as a feature-level draft and names its target
+from specray.kernels.drafters.eagle import EAGLE_FILE
 
 
 class EagleDraft(nn.Module):

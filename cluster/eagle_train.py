@@ -139,7 +139,7 @@ def train_eagle(draft: EagleDraft, seqs: list[FeatureSeq], embed: torch.Tensor, 
     rows). Checkpoints every `checkpoint_every` steps; a run resumes from `checkpoint` if it exists."""
     from tqdm import tqdm
 
-    from specray.cluster.distill_train import _save_checkpoint
+    from specray.cluster.distill_train import _save_checkpoint, optimizer_step
 
     if not seqs:
         raise ValueError("eagle training needs at least one sequence")
@@ -166,15 +166,10 @@ def train_eagle(draft: EagleDraft, seqs: list[FeatureSeq], embed: torch.Tensor, 
         random.Random(cfg.seed + epoch).shuffle(shuffled)  # the same order on resume
         for idx in shuffled[offset:]:
             start = time.perf_counter()
-            loss = step_loss(draft, [seqs[i] for i in idx], embed, head, cfg, gen)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(draft.trainable(), 1.0)
-            opt.step()
-            sched.step()
+            value = optimizer_step(step_loss(draft, [seqs[i] for i in idx], embed, head, cfg, gen),
+                                   draft.trainable(), opt, sched)
             step += 1
             seconds += time.perf_counter() - start
-            value = float(loss.detach())
             ema = value if ema is None else 0.95 * ema + 0.05 * value
             bar.set_postfix(loss=f"{ema:.3f}", refresh=False)
             bar.update(1)
