@@ -22,18 +22,30 @@ from specray.cluster.distill_data import Sample
 
 
 @dataclass
-class TrainConfig:
+class ScheduleConfig:
+    """What every draft training run shares: how long, how big a step, and the LR schedule."""
+
     epochs: float = 2.0
     batch_size: int = 16  # sequences per step
     lr: float = 1e-3
     warmup_steps: int = 30
-    weight_decay: float = 0.0
     max_len: int = 512  # prompt + response tokens kept per sequence
     checkpoint_every: int = 100
     seed: int = 0
+    max_seconds: float | None = None  # stop early (with a checkpoint) after this much training time
+
+
+def warmup_cosine(opt, cfg: ScheduleConfig, total: int):
+    """Linear warmup over `warmup_steps`, then cosine from lr down to lr / 10 at step `total`."""
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s / total, 1.0)))))
+
+
+@dataclass
+class TrainConfig(ScheduleConfig):
+    weight_decay: float = 0.0
     device: str = "cpu"
     autocast: str = "auto"  # "bf16" | "none" | "auto": bf16 on CUDA (on CPU, even with AMX, fp32 measured faster)
-    max_seconds: float | None = None  # stop early (with a checkpoint) after this much training time
     # Train the head on these token ids only (a VocabTrim subset, [k]): the head costs k/vocab_size
     # of a full one, which is what makes CPU training affordable. None: the full vocabulary.
     vocab: torch.Tensor | None = None
@@ -149,8 +161,7 @@ def train(draft, train_samples: list[Sample], cfg: TrainConfig, checkpoint: Path
     steps_per_epoch = math.ceil(len(train_samples) / cfg.batch_size)
     total = max(1, int(cfg.epochs * steps_per_epoch))
     opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)) * (
-        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s / total, 1.0)))))
+    sched = warmup_cosine(opt, cfg, total)
     step, seconds = 0, 0.0
     if checkpoint.exists():
         state = torch.load(checkpoint, map_location=cfg.device, weights_only=False)

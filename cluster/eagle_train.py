@@ -10,7 +10,6 @@ token does; without it the later draft tokens see inputs it never trained on.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from specray.cluster.distill_data import Sample
+from specray.cluster.distill_train import ScheduleConfig, warmup_cosine
 from specray.cluster.eagle_model import EagleDraft
 
 
@@ -35,18 +35,14 @@ class FeatureSeq:
 
 
 @dataclass
-class EagleTrainConfig:
-    epochs: float = 2.0
-    batch_size: int = 16  # sequences per step
+class EagleTrainConfig(ScheduleConfig):
     lr: float = 5e-4
     warmup_steps: int = 20
     max_len: int = 384
+    checkpoint_every: int = 50
     reg_weight: float = 1.0  # smooth-L1 on features, next to the KL
     noise: float = 0.05  # uniform noise on input features, a fraction of their RMS (robustness)
     unroll: bool = True  # the second pass on the draft's own predictions
-    seed: int = 0
-    max_seconds: float | None = None
-    checkpoint_every: int = 50
 
 
 @torch.inference_mode()
@@ -148,8 +144,7 @@ def train_eagle(draft: EagleDraft, seqs: list[FeatureSeq], embed: torch.Tensor, 
     batches = [order[i:i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
     total = max(1, int(cfg.epochs * len(batches)))
     opt = torch.optim.AdamW(draft.trainable(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * (
-        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s / total, 1.0)))))
+    sched = warmup_cosine(opt, cfg, total)
     step, seconds, ema = 0, 0.0, None
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False)
