@@ -7,6 +7,7 @@
 
 #define MAX_GROUP 4  // query heads whose outputs share the value loads (GQA group, or a chunk of it)
 
+#if defined(__AVX512F__)
 // o[g] [dim] = sum_j p[g][j] * v_j for g < num (p rows s_stride apart, o rows dim apart), with
 // v_j = values + slots[j] * dim. Each value vector is loaded once for the whole group, and the
 // outputs stay in registers 64 floats at a time (a load-add-store per key was a third of attention).
@@ -31,6 +32,37 @@ static void weighted_values(const float* p, int64_t s_stride, int num, const flo
             o[g * dim + d0] = acc;
         }
 }
+#else
+// As above with AVX2's 16 registers: the outputs stay in registers 16 floats (two 8-float
+// vectors) at a time, so each value row is read dim / 16 times from L1/L2 (the 64-float version
+// spilled every accumulator).
+static void weighted_values(const float* p, int64_t s_stride, int num, const float* values,
+                            const int64_t* slots, int64_t n, int64_t dim, float* o) {
+    int64_t d0 = 0;
+    for (; d0 + 16 <= dim; d0 += 16) {
+        vec8 acc[MAX_GROUP][2] = {{{0}}};
+        for (int64_t j = 0; j < n; j++) {
+            const float* v = values + slots[j] * dim + d0;
+            vec8 v0 = vload8(v), v1 = vload8(v + 8);
+            for (int g = 0; g < num; g++) {
+                float pj = p[g * s_stride + j];
+                acc[g][0] += pj * v0;
+                acc[g][1] += pj * v1;
+            }
+        }
+        for (int g = 0; g < num; g++) {
+            vstore8(o + g * dim + d0, acc[g][0]);
+            vstore8(o + g * dim + d0 + 8, acc[g][1]);
+        }
+    }
+    for (; d0 < dim; d0++)
+        for (int g = 0; g < num; g++) {
+            float acc = 0.f;
+            for (int64_t j = 0; j < n; j++) acc += p[g * s_stride + j] * values[slots[j] * dim + d0];
+            o[g * dim + d0] = acc;
+        }
+}
+#endif
 
 // The dot products of q [dim] with 16 keys (dim % 16 == 0) as one vector, lane k for key k. Each
 // key's 16 partial sums are folded with the other keys' (a transpose-and-add, 31 shuffles for the
@@ -56,6 +88,28 @@ static inline vec16 dot16(const float* q, const float* keys, const int64_t* slot
                  __builtin_shufflevector(l3[0], l3[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
     // lane L now holds key bit_reverse_4(L)
     return __builtin_shufflevector(sums, sums, 0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15);
+}
+
+// AVX2: the same transpose-and-add over 8 keys with 8-float vectors (16 keys of 16-float vectors
+// need 32 accumulators: on AVX2's 16 registers they all spilled).
+static inline vec8 dot8(const float* q, const float* keys, const int64_t* slots, int64_t dim) {
+    vec8 acc[8];
+    for (int k = 0; k < 8; k++) {
+        const float* key = keys + slots[k] * dim;
+        acc[k] = vload8(q) * vload8(key);
+        for (int64_t i = 8; i < dim; i += 8) acc[k] += vload8(q + i) * vload8(key + i);
+    }
+    vec8 l1[4], l2[2];
+    for (int i = 0; i < 4; i++)  // lanes 0-3: key 2i's 4 partials, 4-7: key 2i + 1's
+        l1[i] = __builtin_shufflevector(acc[2 * i], acc[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+                __builtin_shufflevector(acc[2 * i], acc[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+    for (int i = 0; i < 2; i++)  // 2 partials each: keys 4i, 4i + 2, 4i + 1, 4i + 3
+        l2[i] = __builtin_shufflevector(l1[2 * i], l1[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+                __builtin_shufflevector(l1[2 * i], l1[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    vec8 sums = __builtin_shufflevector(l2[0], l2[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+                __builtin_shufflevector(l2[0], l2[1], 1, 3, 5, 7, 9, 11, 13, 15);
+    // lanes hold keys 0, 2, 1, 3, 4, 6, 5, 7
+    return __builtin_shufflevector(sums, sums, 0, 2, 1, 3, 4, 6, 5, 7);
 }
 
 // exp(x) for x <= 0 (scores minus their maximum), 0 below -87 (and for -inf, masked keys). Cephes'
@@ -104,10 +158,17 @@ static void attend(const float* q, int num, const float* keys, const float* valu
                    int64_t ctx, int64_t n, int64_t pad, const uint8_t* visible_new, int64_t dim,
                    float scale, float* s, int64_t s_stride, float* o) {
     int64_t j = 0;
+#if defined(__AVX512F__)
     if (dim % LANES == 0)  // 16 keys at a time, in L1 for every head of the group
         for (; j + LANES <= n + pad; j += LANES)
             for (int g = 0; g < num; g++)
                 vstore(s + g * s_stride + j, scale * dot16(q + g * dim, keys, slots + j, dim));
+#else
+    if (dim % 8 == 0)  // 8 keys at a time, in L1 for every head of the group
+        for (; j + 8 <= n + pad; j += 8)
+            for (int g = 0; g < num; g++)
+                vstore8(s + g * s_stride + j, scale * dot8(q + g * dim, keys, slots + j, dim));
+#endif
     for (; j < n + pad; j++)  // pad keys too: stored, so the work is not optimised out
         for (int g = 0; g < num; g++) s[g * s_stride + j] = scale * dot(q + g * dim, keys + slots[j] * dim, dim);
     for (int g = 0; g < num; g++) {

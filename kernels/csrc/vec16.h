@@ -20,6 +20,14 @@ static inline vec16 vload(const float* p) {
 
 static inline void vstore(float* p, vec16 v) { memcpy(p, &v, sizeof v); }
 
+static inline vec8 vload8(const float* p) {
+    vec8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void vstore8(float* p, vec8 v) { memcpy(p, &v, sizeof v); }
+
 // Pairwise: a fixed order, a few shuffles instead of 15 dependent adds.
 static inline float hsum(vec16 v) {
     vec8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
