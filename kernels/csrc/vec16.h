@@ -61,3 +61,17 @@ static inline ivec16 as_int(vec16 v) {
     return i;
 }
 
+typedef int32_t ivec8 __attribute__((vector_size(32)));
+typedef int32_t ivec4 __attribute__((vector_size(16)));
+
+static inline vec8 as_float8(ivec8 v) {
+    vec8 f;
+    memcpy(&f, &v, sizeof f);
+    return f;
+}
+
+static inline ivec8 as_int8(vec8 v) {
+    ivec8 i;
+    memcpy(&i, &v, sizeof i);
+    return i;
+}
