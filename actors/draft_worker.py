@@ -32,12 +32,22 @@ def build_drafter(method: str, model: str | None = None, num_layers: int | None 
                   prompt_lookup_min: int = 1, prompt_lookup_max: int = 4,
                   dtype: torch.dtype = torch.float32, device: str = "cpu", num_blocks: int = 2048,
                   vocab_trim: int | None = None, tree: dict | None = None, aded: dict | None = None,
-                  quantization: str | None = None) -> Drafter:
+                  quantization: str | None = None, lookup_first: bool | dict | None = None) -> Drafter:
     """`vocab_trim`: None uses the draft folder's recommended VocabTrim size (if it has a table),
     0 turns VocabTrim off, k keeps the k most frequent tokens (kernels/drafters/vocab_trim.py).
     `quantization`: "q8_0" rounds the draft's weights to Q8_0 blocks (`round_weights_to_q8_0`),
     "none" keeps them; None means q8_0 where the draft runs on CPU in fp32.
-    `tree` (speculative_config['tree']) makes a draft model grow trees; `aded` holds ADED's options."""
+    `tree` (speculative_config['tree']) makes a draft model grow trees; `aded` holds ADED's options.
+    `lookup_first` (true or LookupOptions' keys) puts prompt lookup in front of a draft model."""
+    if lookup_first not in (None, False):
+        from specray.kernels.drafters.hybrid import LookupFirstDrafter, LookupOptions
+
+        if method not in ("draft_model", "eagle"):
+            raise ValueError(f"'lookup_first' needs method 'draft_model' or 'eagle', got {method!r}")
+        options = LookupOptions.from_dict(lookup_first)
+        inner = build_drafter(method, model, num_layers, prompt_lookup_min, prompt_lookup_max, dtype, device,
+                              num_blocks, vocab_trim, tree, aded, quantization)
+        return LookupFirstDrafter(inner, options)
     if tree is not None and method not in ("draft_model", "eagle"):
         raise ValueError(f"speculative_config['tree'] needs method 'draft_model' or 'eagle', got {method!r}")
     if method == "aded":
@@ -125,7 +135,7 @@ class DraftWorker:
         return cls(build_drafter(spec.method, spec.model, spec.num_layers, spec.prompt_lookup_min,
                                  spec.prompt_lookup_max, DTYPES[spec.dtype], spec.device, spec.num_blocks,
                                  vocab_trim=spec.vocab_trim, tree=spec.tree, aded=spec.aded,
-                                 quantization=spec.quantization))
+                                 quantization=spec.quantization, lookup_first=spec.lookup_first))
 
     def ping(self) -> bool:
         return True

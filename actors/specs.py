@@ -44,3 +44,4 @@ class DraftSpec:
     aded: dict | None = None  # speculative_config['aded'] (ADED options)
     vocab_trim: int | None = None  # VocabTrim size: None = the draft folder's default, 0 = off
     quantization: str | None = None  # draft weights: "q8_0", "none"; None = q8_0 on CPU in fp32
+    lookup_first: bool | dict | None = None  # speculative_config['lookup_first']: prompt lookup before the model

@@ -31,6 +31,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--num-speculative-tokens", type=int, default=None,
                    help="draft tokens per round (default: 3 with a packaged draft, else 2; CPUs favour short "
                         "chains, where verifying 4+ rows costs about 2x one)")
+    s.add_argument("--lookup-first", action="store_true", help="draft_model / eagle: prompt lookup first: a draft model proposes only where the last tokens never occurred before")
     s.add_argument("--prompt-lookup-min", type=int, default=1)
     s.add_argument("--prompt-lookup-max", type=int, default=4)
 
@@ -54,6 +55,8 @@ def speculative_config(args) -> dict | None:
             cfg["draft_vocab_trim"] = args.draft_vocab_trim
         if args.draft_quantization is not None:
             cfg["draft_quantization"] = args.draft_quantization
+    if args.lookup_first:
+        cfg["lookup_first"] = True  # SpeculativeConfig refuses it for methods without a draft model
     return cfg
 
 

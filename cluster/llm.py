@@ -52,7 +52,7 @@ class LLM:
             drafter = build_drafter(spec.method, draft_model, spec.draft_num_layers, spec.prompt_lookup_min,
                                     spec.prompt_lookup_max, torch_dtype, device, num_blocks,
                                     vocab_trim=spec.draft_vocab_trim, tree=spec.tree, aded=spec.aded,
-                                    quantization=spec.draft_quantization)
+                                    quantization=spec.draft_quantization, lookup_first=spec.lookup_first)
             self.draft = DraftWorker(drafter)
         config, eos = engine_config(target_model.config, self.tokenizer, spec, max_model_len, max_num_seqs,
                                     num_blocks, block_size, pipelined)

@@ -57,7 +57,8 @@ def draft_spec(cfg: ServeConfig) -> DraftSpec | None:
     model = spec.model or (cfg.model if spec.method == "aded" else None)  # aded tokenizes with the target's
     return DraftSpec(spec.method, model, spec.draft_num_layers, spec.prompt_lookup_min, spec.prompt_lookup_max,
                      p.dtype, p.device, num_blocks(cfg), p.threads, tree=spec.tree, aded=spec.aded,
-                     vocab_trim=spec.draft_vocab_trim, quantization=spec.draft_quantization)
+                     vocab_trim=spec.draft_vocab_trim, quantization=spec.draft_quantization,
+                     lookup_first=spec.lookup_first)
 
 
 def build_draft_pool(cfg: ServeConfig):

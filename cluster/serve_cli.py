@@ -42,6 +42,7 @@ def add_serve_flags(p) -> None:
     p.add_argument("--speculative-method", choices=["ngram", "draft_model", "eagle", "none"])
     p.add_argument("--draft-model")
     p.add_argument("--num-speculative-tokens", type=int)
+    p.add_argument("--lookup-first", action="store_true", help="draft_model / eagle: prompt lookup first: a draft model proposes only where the last tokens never occurred before")
     p.add_argument("--pipeline", dest="pipelined", choices=["auto", "on", "off"],
                    help="two groups in flight (on), one (off), or two only with a draft model (auto, default)")
     p.add_argument("--no-pipeline", dest="pipelined", action="store_const", const="off",
@@ -76,7 +77,8 @@ def _speculative_override(args, current: dict | None):
     """The speculative_config the flags ask for, or False when they ask for nothing."""
     if args.speculative_method == "none":
         return None
-    if args.speculative_method is None and args.draft_model is None and args.num_speculative_tokens is None:
+    if (args.speculative_method is None and args.draft_model is None and args.num_speculative_tokens is None
+            and not args.lookup_first):
         return False
     spec = dict(current or {})
     if args.speculative_method:
@@ -87,6 +89,8 @@ def _speculative_override(args, current: dict | None):
         spec.update(model=args.draft_model, method=spec.get("method") or "draft_model")
     if args.num_speculative_tokens is not None:
         spec["num_speculative_tokens"] = args.num_speculative_tokens
+    if args.lookup_first:
+        spec["lookup_first"] = True
     return spec
 
 
@@ -183,6 +187,7 @@ def add_drafter_parser(sub) -> None:
     p.add_argument("--num-layers", type=int, help="keep only the draft's first layers")
     p.add_argument("--prompt-lookup-min", type=int, default=1)
     p.add_argument("--prompt-lookup-max", type=int, default=4)
+    p.add_argument("--lookup-first", action="store_true", help="draft_model / eagle: prompt lookup first: a draft model proposes only where the last tokens never occurred before")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu")
     p.add_argument("--kv-cache-tokens", type=int, default=16384)
@@ -198,12 +203,14 @@ def drafter_spec(args):
 
     SpeculativeConfig(method=args.method, model=args.model, prompt_lookup_min=args.prompt_lookup_min,
                       prompt_lookup_max=args.prompt_lookup_max, tree=args.tree, aded=args.aded,
-                      draft_vocab_trim=args.vocab_trim, draft_quantization=args.quantization)  # as the router
+                      draft_vocab_trim=args.vocab_trim, draft_quantization=args.quantization,
+                      lookup_first=args.lookup_first or None)  # as the router
     if args.method == "aded" and not args.model:
         raise ValueError("--method aded needs --model: the target whose tokenizer the tri-gram table uses")
     spec = DraftSpec(args.method, args.model, args.num_layers, args.prompt_lookup_min, args.prompt_lookup_max,
                      args.dtype, args.device, -(-args.kv_cache_tokens // 16), tree=args.tree, aded=args.aded,
-                     vocab_trim=args.vocab_trim, quantization=args.quantization)
+                     vocab_trim=args.vocab_trim, quantization=args.quantization,
+                     lookup_first=args.lookup_first or None)
     return spec
 
 

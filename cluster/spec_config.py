@@ -43,6 +43,10 @@ class SpeculativeConfig:
     # Verification rule for sampled requests: "auto" picks it from each proposal's kind; naming one
     # ("chain", "rrs", "kseq", "descent") makes a proposal of another kind an error, never a fallback
     verify: str = "auto"
+    # Prompt lookup first (specray), method draft_model or eagle: a sequence whose last n >= min_match
+    # tokens occurred before gets that occurrence's continuation as its proposal (free, point masses);
+    # the draft model proposes only where none does. true, or {min_match: 2, max_match: 8}
+    lookup_first: bool | dict | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -82,8 +86,21 @@ class SpeculativeConfig:
         rules = ("auto", "chain", "rrs", "kseq", "descent")
         if self.verify not in rules:
             raise ValueError(f"unknown verify rule {self.verify!r}; choose one of {rules}")
+        self._check_lookup_first()
         if self.verify_budget is not None and (not isinstance(self.verify_budget, int) or self.verify_budget < 1):
             raise ValueError(f"verify_budget must be an integer >= 1, got {self.verify_budget}")
+
+    def _check_lookup_first(self) -> None:
+        if self.lookup_first in (None, False):
+            return
+        from specray.kernels.drafters.hybrid import LookupOptions
+
+        if self.method not in ("draft_model", "eagle"):
+            raise ValueError(f"'lookup_first' needs method 'draft_model' or 'eagle' (got {self.method!r}); "
+                             "method 'ngram' is prompt lookup alone")
+        if self.verify not in ("auto", "chain"):
+            raise ValueError(f"'lookup_first' proposes chains, which verify {self.verify!r} refuses; use 'auto'")
+        LookupOptions.from_dict(self.lookup_first)
 
     def max_draft_tokens(self) -> int:
         """The most draft tokens (tree nodes) one round verifies per sequence: KV to reserve."""

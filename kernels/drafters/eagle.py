@@ -101,6 +101,13 @@ class EagleDrafter:
         self.cache = model.make_cache(num_blocks, block_size)
         self.states: dict[object, _EagleState] = {}
 
+    def defer(self, requests: list[DraftRequest]) -> None:
+        """Keep the target features these requests carry for a later round, without a step (another
+        drafter proposed for them this round)."""
+        for r in requests:
+            if r.features is not None:
+                self.states.setdefault(r.seq_id, _EagleState()).unfed.append(r.features)
+
     def _calibrate(self, r: DraftRequest) -> tuple[SeqChunk, torch.Tensor]:
         """-> the chunk of positions whose true features arrived, and its input rows [rows, H]."""
         state = self.states.get(r.seq_id)

@@ -22,6 +22,9 @@ class EagleTreeDrafter(TreeDraftModelDrafter):
         # seq_id -> (g of the root [1, H], g of every node of the tree so far [num_nodes, H] or None)
         self._g: dict[object, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
+    def defer(self, requests: list[DraftRequest]) -> None:
+        self.base.defer(requests)
+
     def _root_logits(self, requests: list[DraftRequest]) -> torch.Tensor:
         logits, g = self.base.calibrate(requests)
         drafting = [r for r in requests if r.num_draft_tokens > 0]

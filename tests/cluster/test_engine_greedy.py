@@ -4,18 +4,7 @@ token for token, at batch sizes 1, 3 and 16, with ragged acceptance and continuo
 import pytest
 
 from specray import LLM, SamplingParams
-
-
-def prompts(n, seed=0):
-    # ragged prompt lengths; repeated motifs give n-gram lookup something to find
-    out = []
-    for i in range(n):
-        motif = [3 + (seed * 31 + i * 7 + j * 13) % 90 for j in range(3 + i % 4)]
-        out.append({"prompt_token_ids": [1] + motif * (1 + i % 3) + [5 + i % 50]})
-    return out
-
-
-GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+from engine_helpers import GREEDY, prompts
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,10 @@ with a negative control (DESIGN §8 tiers 2-3, end to end through draft and targ
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from specray import LLM, SamplingParams
 from specray.kernels import verify
-
-PROMPT = {"prompt_token_ids": [1, 17, 40, 23]}
+from engine_helpers import PROMPT, chi2, exact_second_token_distribution
 
 
 def make_llm(tiny_target, tiny_draft, k=3, **kw):
@@ -30,20 +28,6 @@ def test_seeded_requests_reproduce_alone_or_in_a_batch(tiny_target, tiny_draft):
     assert other_seed != alone
 
 
-def exact_second_token_distribution(llm):
-    """P(token 2) = sum_t1 q(t1 | prompt) q(t2 | prompt, t1), from the target's own logits."""
-    from transformers import AutoModelForCausalLM
-
-    ids = PROMPT["prompt_token_ids"]
-    model = AutoModelForCausalLM.from_pretrained(llm.model_name, dtype=torch.float32).eval()
-    with torch.no_grad():
-        q1 = model(torch.tensor([ids])).logits[0, -1].softmax(-1)  # [vocab]
-        vocab = q1.shape[0]
-        batch = torch.tensor([ids + [t] for t in range(vocab)])
-        q2 = model(batch).logits[:, -1].softmax(-1)  # [vocab, vocab]
-    return (q1.unsqueeze(1) * q2).sum(0).double().numpy()
-
-
 def second_tokens(llm, n):
     """Token 2 is the first one a speculative round emits (accepted or recovered); max_tokens=4
     leaves that round room for 2 draft tokens."""
@@ -53,16 +37,6 @@ def second_tokens(llm, n):
     accepted = sum(o.metrics.num_accepted_tokens for o in outs)
     assert 0.1 * drafted < accepted < 0.9 * drafted, "the test needs frequent acceptance and rejection"
     return np.array([o.outputs[0].token_ids[1] for o in outs])
-
-
-def chi2(tokens, want):
-    expected = want * len(tokens)
-    observed = np.bincount(tokens, minlength=len(want))
-    big = expected >= 5  # pool small cells so the chi-square approximation holds
-    obs, exp = observed[big], expected[big]
-    if (~big).any():
-        obs, exp = np.append(obs, observed[~big].sum()), np.append(exp, expected[~big].sum())
-    return chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
 
 
 N = 12_000

@@ -1,0 +1,44 @@
+"""Shared pieces of the engine tests: ragged greedy prompts, the exact distribution of a sampled
+second token, and the chi-square p-value of emitted tokens against it."""
+
+import numpy as np
+import torch
+from scipy.stats import chisquare
+
+from specray import SamplingParams
+
+PROMPT = {"prompt_token_ids": [1, 17, 40, 23]}
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+def prompts(n, seed=0):
+    # ragged prompt lengths; repeated motifs give n-gram lookup something to find
+    out = []
+    for i in range(n):
+        motif = [3 + (seed * 31 + i * 7 + j * 13) % 90 for j in range(3 + i % 4)]
+        out.append({"prompt_token_ids": [1] + motif * (1 + i % 3) + [5 + i % 50]})
+    return out
+
+
+def exact_second_token_distribution(llm, ids=None):
+    """P(token 2) = sum_t1 q(t1 | prompt) q(t2 | prompt, t1), from the target's own logits."""
+    from transformers import AutoModelForCausalLM
+
+    ids = ids or PROMPT["prompt_token_ids"]
+    model = AutoModelForCausalLM.from_pretrained(llm.model_name, dtype=torch.float32).eval()
+    with torch.no_grad():
+        q1 = model(torch.tensor([ids])).logits[0, -1].softmax(-1)  # [vocab]
+        vocab = q1.shape[0]
+        batch = torch.tensor([ids + [t] for t in range(vocab)])
+        q2 = model(batch).logits[:, -1].softmax(-1)  # [vocab, vocab]
+    return (q1.unsqueeze(1) * q2).sum(0).double().numpy()
+
+
+def chi2(tokens, want):
+    expected = want * len(tokens)
+    observed = np.bincount(tokens, minlength=len(want))
+    big = expected >= 5  # pool small cells so the chi-square approximation holds
+    obs, exp = observed[big], expected[big]
+    if (~big).any():
+        obs, exp = np.append(obs, observed[~big].sum()), np.append(exp, expected[~big].sum())
+    return chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
