@@ -69,6 +69,8 @@ def main() -> None:
     ap.add_argument("--trim-off-ks", default="3", help="ks also measured with VocabTrim off")
     ap.add_argument("--vocab-trim", type=int, default=None, help="default: the draft folder's k")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--lookup-first", action="store_true",
+                    help="also measure speculative_config['lookup_first'] (prompt lookup, the draft elsewhere) per k")
     ap.add_argument("--out", default="bench_out/distill_draft.json")
     args = ap.parse_args()
     ks = [int(x) for x in args.ks.split(",") if x]
@@ -119,6 +121,22 @@ def main() -> None:
                    acceptance_rate=round(sum(o.metrics.num_accepted_tokens for o in outs)
                                          / max(sum(o.metrics.num_draft_tokens for o in outs), 1), 3),
                    lossless=all(o.outputs[0].token_ids == w for o, w in zip(outs, want, strict=True)))
+        del llm
+    if args.lookup_first:
+        llm = LLM(args.model, max_num_seqs=1, speculative_config={
+            "method": args.method, "model": args.draft, "num_speculative_tokens": max(ks), "lookup_first": True})
+        llm.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))
+        for k in ks:
+            start = time.perf_counter()
+            outs = [llm.generate({"prompt_token_ids": p}, SamplingParams(**sp, num_speculative_tokens=k))[0]
+                    for p in ids]
+            seconds = time.perf_counter() - start
+            rounds = sum(o.metrics.num_rounds for o in outs)
+            record("specray + draft, lookup first", [o.outputs[0].token_ids for o in outs], seconds, k=k,
+                   acceptance_length=round(sum(o.metrics.num_emitted_tokens for o in outs) / max(rounds, 1), 3),
+                   lookup_share=round(llm.draft.drafter.lookup_rounds / max(rounds, 1), 3),
+                   lossless=all(o.outputs[0].token_ids == w for o, w in zip(outs, want, strict=True)))
+            llm.draft.drafter.lookup_rounds = llm.draft.drafter.model_rounds = 0
         del llm
     if args.method == "eagle":
         from specray.actors.draft_worker import default_vocab_trim

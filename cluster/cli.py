@@ -55,7 +55,7 @@ def speculative_config(args) -> dict | None:
             cfg["draft_vocab_trim"] = args.draft_vocab_trim
         if args.draft_quantization is not None:
             cfg["draft_quantization"] = args.draft_quantization
-    if args.lookup_first:
+    if getattr(args, "lookup_first", False):  # callers' namespaces may predate the flag
         cfg["lookup_first"] = True  # SpeculativeConfig refuses it for methods without a draft model
     return cfg
 

@@ -26,7 +26,7 @@ KEY = "sk-grpc"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 PROMPT = "w20 w21 w22"
 NOT_SERVING = HealthCheckResponse.NOT_SERVING
-LONG = dict(max_tokens=400, ignore_eos=True, temperature=0)  # seconds of work on the tiny model
+LONG = dict(max_tokens=400, ignore_eos=True, temperature=0)  # 100+ rounds: seconds with slow_step
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +36,12 @@ def served(tiny_target):
     engine.aborted = []  # request ids the engine aborted (a spy on Engine.abort)
     abort = llm.engine.abort
     llm.engine.abort = lambda request_id: (engine.aborted.append(request_id), abort(request_id))
+    step = llm.engine.step
+
+    def slow_step():  # >= 5 ms a round: LONG outlasts the deadlines below on any machine's kernels
+        time.sleep(0.005)
+        return step()
+    llm.engine.step = slow_step
     service = GenerationService(engine, llm.get_tokenizer(), "tiny", api_key=KEY)
     with GrpcServerThread(service) as server:
         yield server, service, engine
