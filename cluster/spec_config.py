@@ -45,7 +45,8 @@ class SpeculativeConfig:
     verify: str = "auto"
     # Prompt lookup first (specray), method draft_model or eagle: a sequence whose last n >= min_match
     # tokens occurred before gets that occurrence's continuation as its proposal (free, point masses);
-    # the draft model proposes only where none does. true, or {min_match: 2, max_match: 8}
+    # the draft model proposes only where none does. true, or {min_match: 2, max_match: 8, model_tokens:
+    # the model's chain length / tree depth at most (the lookup's is num_speculative_tokens)}
     lookup_first: bool | dict | None = None
 
     def __post_init__(self) -> None:

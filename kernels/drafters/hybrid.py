@@ -16,6 +16,7 @@ feeds every committed token it lacks in one ragged step), so lookup rounds cost 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,28 +26,37 @@ from specray.kernels.drafters.ngram import lookup
 from specray.kernels.proposal import Proposal
 
 
+KEYS = ("min_match", "max_match", "model_tokens")
+
+
 @dataclass(frozen=True)
 class LookupOptions:
     """speculative_config['lookup_first']: true, or a dict of these keys."""
 
     min_match: int = 2  # shortest trailing n-gram that counts as a match
     max_match: int = 8  # longest one, tried first (the most specific continuation)
+    # The draft model's chain length (tree depth) at most; None: num_speculative_tokens. A lookup
+    # may propose up to num_speculative_tokens: long runs are free to draft, model steps are not.
+    model_tokens: int | None = None
 
     def __post_init__(self) -> None:
         ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (self.min_match, self.max_match))
         if not ok or not 1 <= self.min_match <= self.max_match:
             raise ValueError("lookup_first needs integers 1 <= min_match <= max_match, got "
                              f"{self.min_match} and {self.max_match}")
+        m = self.model_tokens
+        if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 1):
+            raise ValueError(f"lookup_first model_tokens must be an integer >= 1, got {m!r}")
 
     @classmethod
     def from_dict(cls, raw) -> "LookupOptions":
         if raw is True:
             return cls()
         if not isinstance(raw, dict):
-            raise ValueError(f"lookup_first must be true or a dict with min_match / max_match, got {raw!r}")
-        unknown = sorted(set(raw) - {"min_match", "max_match"})
+            raise ValueError(f"lookup_first must be true or a dict of {KEYS}, got {raw!r}")
+        unknown = sorted(set(raw) - set(KEYS))
         if unknown:
-            raise ValueError(f"unknown lookup_first keys {unknown}; known keys: ['max_match', 'min_match']")
+            raise ValueError(f"unknown lookup_first keys {unknown}; known keys: {list(KEYS)}")
         return cls(**raw)
 
 
@@ -73,7 +83,8 @@ class LookupFirstDrafter:
         model_rows = [i for i, d in enumerate(found) if not d]
         out: list[Proposal | None] = [Proposal(d) if d else None for d in found]
         if model_rows:
-            for i, p in zip(model_rows, self.model_drafter.propose([requests[i] for i in model_rows]), strict=True):
+            asked = [self._for_model(requests[i]) for i in model_rows]
+            for i, p in zip(model_rows, self.model_drafter.propose(asked), strict=True):
                 out[i] = p
         lookup_rows = [requests[i] for i, d in enumerate(found) if d]
         defer = getattr(self.model_drafter, "defer", None)  # feature drafts keep the target's features
@@ -82,6 +93,12 @@ class LookupFirstDrafter:
         self.model_rounds += len(model_rows)
         self.lookup_rounds += len(requests) - len(model_rows)
         return out  # type: ignore[return-value]
+
+    def _for_model(self, r: DraftRequest) -> DraftRequest:
+        cap = self.options.model_tokens
+        if cap is None or r.num_draft_tokens <= cap:
+            return r
+        return dataclasses.replace(r, num_draft_tokens=cap)
 
     def release(self, seq_id: object) -> None:
         self.model_drafter.release(seq_id)

@@ -54,6 +54,13 @@ def test_lookup_proposes_where_the_suffix_recurs_and_the_model_elsewhere():
     assert (drafter.lookup_rounds, drafter.model_rounds) == (2, 1)
 
 
+def test_model_tokens_caps_the_model_not_the_lookup():
+    model = RecordingDrafter()
+    drafter = LookupFirstDrafter(model, LookupOptions(min_match=2, model_tokens=1))
+    out = drafter.propose([request("a", [5, 6, 7, 8, 9, 5, 6], k=3), request("b", [4, 4, 5], k=3)])
+    assert out[0].draft_token_ids == [7, 8, 9] and out[1].draft_token_ids == [99]
+
+
 def test_no_draft_tokens_means_no_lookup_and_the_model_still_calibrates():
     model = RecordingDrafter()
     drafter = LookupFirstDrafter(model, LookupOptions(min_match=1))
@@ -91,7 +98,8 @@ def test_greedy_lookup_first_equals_non_speculative(tiny_target, tiny_draft, tmp
     draft = (str(tiny_draft) if method == "draft_model"
              else str(save_tiny_eagle(tmp_path_factory.mktemp("eagle"), tiny_target, seed=3, noise=0.2)))
     llm = LLM(str(tiny_target), kv_cache_tokens=8192, speculative_config={
-        "method": method, "model": draft, "num_speculative_tokens": 3, "lookup_first": {"min_match": 1}})
+        "method": method, "model": draft, "num_speculative_tokens": 4,
+        "lookup_first": {"min_match": 1, "model_tokens": 2}})
     outs = llm.generate(prompts(batch), GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == want
     drafter = llm.draft.drafter
@@ -147,6 +155,7 @@ def test_lookup_first_seeded_requests_reproduce(lookup_llm):
     ({"method": "ngram", "lookup_first": True}, "needs method 'draft_model' or 'eagle'"),
     ({"model": "x", "lookup_first": {"min_match": 3, "max_match": 2}}, "1 <= min_match <= max_match"),
     ({"model": "x", "lookup_first": {"n": 2}}, "unknown lookup_first keys"),
+    ({"model": "x", "lookup_first": {"model_tokens": 0}}, "model_tokens must be an integer >= 1"),
     ({"model": "x", "lookup_first": "yes"}, "must be true or a dict"),
     ({"model": "x", "lookup_first": True, "verify": "rrs"}, "proposes chains"),
 ])
