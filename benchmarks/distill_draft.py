@@ -71,6 +71,9 @@ def main() -> None:
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--lookup-first", action="store_true",
                     help="also measure speculative_config['lookup_first'] (prompt lookup, the draft elsewhere) per k")
+    ap.add_argument("--lookup-ks", default=None, help="num_speculative_tokens for the lookup_first rows (default: --ks)")
+    ap.add_argument("--lookup-model-tokens", type=int, default=None,
+                    help="lookup_first model_tokens: the draft's chain length at most (default: k)")
     ap.add_argument("--out", default="bench_out/distill_draft.json")
     args = ap.parse_args()
     ks = [int(x) for x in args.ks.split(",") if x]
@@ -123,16 +126,20 @@ def main() -> None:
                    lossless=all(o.outputs[0].token_ids == w for o, w in zip(outs, want, strict=True)))
         del llm
     if args.lookup_first:
+        lookup_ks = [int(x) for x in (args.lookup_ks or args.ks).split(",") if x]
+        options = {"model_tokens": args.lookup_model_tokens} if args.lookup_model_tokens else True
         llm = LLM(args.model, max_num_seqs=1, speculative_config={
-            "method": args.method, "model": args.draft, "num_speculative_tokens": max(ks), "lookup_first": True})
+            "method": args.method, "model": args.draft, "num_speculative_tokens": max(lookup_ks),
+            "lookup_first": options})
         llm.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))
-        for k in ks:
+        for k in lookup_ks:
             start = time.perf_counter()
             outs = [llm.generate({"prompt_token_ids": p}, SamplingParams(**sp, num_speculative_tokens=k))[0]
                     for p in ids]
             seconds = time.perf_counter() - start
             rounds = sum(o.metrics.num_rounds for o in outs)
             record("specray + draft, lookup first", [o.outputs[0].token_ids for o in outs], seconds, k=k,
+                   model_tokens=min(k, args.lookup_model_tokens or k),
                    acceptance_length=round(sum(o.metrics.num_emitted_tokens for o in outs) / max(rounds, 1), 3),
                    lookup_share=round(llm.draft.drafter.lookup_rounds / max(rounds, 1), 3),
                    lossless=all(o.outputs[0].token_ids == w for o, w in zip(outs, want, strict=True)))
