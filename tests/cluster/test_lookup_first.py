@@ -182,3 +182,13 @@ def test_cli_flags_reach_the_speculative_config(tmp_path):
     with pytest.raises(ValueError, match="lookup_first"):
         drafter_spec(bad)
     assert main(["generate", "--speculative-method", "ngram", "--lookup-first", "--model", "nowhere"]) == 2
+
+
+def test_a_draft_worker_builds_from_its_spec(tiny_draft):
+    """What the Ray, torch_distributed and gRPC draft pools construct on their side."""
+    from specray.actors.draft_worker import DraftWorker
+    from specray.actors.specs import DraftSpec
+
+    worker = DraftWorker.from_spec(DraftSpec("draft_model", str(tiny_draft), lookup_first={"model_tokens": 1}))
+    assert isinstance(worker.drafter, LookupFirstDrafter) and worker.drafter.options.model_tokens == 1
+    assert worker.drafter.name == "draft_model+lookup"
