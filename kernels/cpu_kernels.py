@@ -21,6 +21,8 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = [CSRC / "quant_linear.c", CSRC / "cpu_ops.c", CSRC / "attention.c", CSRC / "decoder.c"]
 HEADERS = [CSRC / "vec16.h"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+# Extra compiler flags, e.g. "-mno-avx512f" to run the AVX2 paths on an AVX-512 machine (the tests do)
+FLAGS_ENV = "SPECRAY_CPU_KERNEL_FLAGS"
 
 P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
@@ -71,7 +73,8 @@ def _build() -> Path:
     from specray.kernels.loader import cache_root
 
     compiler = os.environ.get("CC", "cc")
-    digest = hashlib.sha256(" ".join([compiler, *CFLAGS]).encode() + _cpu_signature().encode())
+    flags = CFLAGS + os.environ.get(FLAGS_ENV, "").split()
+    digest = hashlib.sha256(" ".join([compiler, *flags]).encode() + _cpu_signature().encode())
     for src in SOURCES + HEADERS:
         digest.update(src.read_bytes())
     out = cache_root() / "kernels" / f"specray_cpu-{digest.hexdigest()[:16]}.so"
@@ -80,7 +83,7 @@ def _build() -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # atomic: concurrent workers may build
         built = Path(tmp) / out.name
-        subprocess.run([compiler, *CFLAGS, *map(str, SOURCES), "-o", str(built), "-lm"], check=True,
+        subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", str(built), "-lm"], check=True,
                        capture_output=True, timeout=120)
         os.replace(built, out)
     return out
