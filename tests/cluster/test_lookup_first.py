@@ -89,16 +89,22 @@ def test_the_feature_draft_keeps_target_features_through_lookup_rounds(tiny_targ
     assert drafter.model_drafter.states["s"].fed == len(tokens), "every committed position fed from true features"
 
 
-@pytest.mark.parametrize("method", ["draft_model", "eagle"])
+TREE = {"kind": "rsd_c", "branching": [2, 2]}
+
+
+@pytest.mark.parametrize("method,tree,pipelined", [("draft_model", None, False), ("eagle", None, False),
+                                                   ("draft_model", TREE, False), ("eagle", TREE, True)])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_greedy_lookup_first_equals_non_speculative(tiny_target, tiny_draft, tmp_path_factory, method, batch):
+def test_greedy_lookup_first_equals_non_speculative(tiny_target, tiny_draft, tmp_path_factory, method, tree,
+                                                    pipelined, batch):
+    """Chains, and trees beside lookup chains in one verification batch; pipelined or not."""
     from eagle_helpers import save_tiny_eagle
 
     want = [o.outputs[0].token_ids for o in LLM(str(tiny_target), kv_cache_tokens=8192).generate(prompts(batch), GREEDY)]
     draft = (str(tiny_draft) if method == "draft_model"
              else str(save_tiny_eagle(tmp_path_factory.mktemp("eagle"), tiny_target, seed=3, noise=0.2)))
-    llm = LLM(str(tiny_target), kv_cache_tokens=8192, speculative_config={
-        "method": method, "model": draft, "num_speculative_tokens": 4,
+    llm = LLM(str(tiny_target), kv_cache_tokens=8192, pipelined=pipelined, speculative_config={
+        "method": method, "model": draft, "num_speculative_tokens": 4, "tree": tree,
         "lookup_first": {"min_match": 1, "model_tokens": 2}})
     outs = llm.generate(prompts(batch), GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == want
@@ -148,6 +154,20 @@ def test_lookup_first_seeded_requests_reproduce(lookup_llm):
     batch = lookup_llm.generate([{"prompt_token_ids": [1, 7, 9]}, PROMPT],
                                 [SamplingParams(temperature=1.0, max_tokens=12), sp])
     assert batch[1].outputs[0].token_ids == alone
+
+
+def test_sampled_trees_beside_lookup_chains_reproduce(peaky_models):
+    """At T = 1 the router verifies lookup chains by the chain rule and RSD trees by recursive
+    rejection sampling in one batch; seeded outputs repeat (each rule's statistics are tested
+    on its own)."""
+    target, draft = peaky_models
+    llm = LLM(str(target), speculative_config={"model": str(draft), "num_speculative_tokens": 3, "tree": TREE,
+                                               "lookup_first": {"min_match": 1}})
+    params = [SamplingParams(temperature=1.0, max_tokens=16, seed=s, ignore_eos=True) for s in range(6)]
+    first = [o.outputs[0].token_ids for o in llm.generate([PROMPT] * 6, params)]
+    again = [o.outputs[0].token_ids for o in llm.generate([PROMPT] * 6, params)]
+    assert first == again and len(set(map(tuple, first))) > 1
+    assert llm.draft.drafter.lookup_rounds > 0 and llm.draft.drafter.model_rounds > 0
 
 
 # -- bad input --------------------------------------------------------------------------------
