@@ -4,10 +4,13 @@ and its asyncio driver. Used by the Serve deployment, and by tests and benchmark
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 from specray.actors.specs import DraftSpec, TargetSpec
 from specray.cluster.async_engine import AsyncEngine
+from specray.cluster.draft_endpoint import TransportStats
+from specray.cluster.pool_api import InProcessDraftPool
 from specray.cluster.engine import Engine, engine_config
 from specray.cluster.serve_config import PoolConfig, ServeConfig
 from specray.kernels.config import ModelConfig
@@ -66,6 +69,10 @@ def build_draft_pool(cfg: ServeConfig):
     if spec is None:
         return None
     kind, timeout = cfg.transport.kind, cfg.router.draft_timeout_s
+    if kind == "inline":
+        from specray.actors.draft_worker import DraftWorker
+
+        return InlineDraftPool(DraftWorker.from_spec(spec))
     if kind == "grpc":
         from specray.cluster.grpc_drafter import GrpcDraftPool
 
@@ -77,6 +84,24 @@ def build_draft_pool(cfg: ServeConfig):
     from specray.cluster.pools import RayDraftPool
 
     return RayDraftPool(spec, placement(cfg.pools.draft), timeout)
+
+
+class InlineDraftPool(InProcessDraftPool):
+    """transport.kind inline: the draft worker in the router's process. Proposals cost no actor
+    call (about 1.3 ms a round on a 2-core node); the draft's compute runs on the router's cores."""
+
+    def __init__(self, worker):
+        super().__init__(worker)
+        self.stats = TransportStats()  # no bytes travel; seconds are the draft's compute
+
+    def ready(self) -> bool:
+        return True
+
+    def submit_propose(self, items):
+        start = time.perf_counter()
+        done = super().submit_propose(items)
+        self.stats.record(0, 0, time.perf_counter() - start)
+        return done
 
 
 def build_runtime(cfg: ServeConfig, wait_ready: bool = True) -> Runtime:

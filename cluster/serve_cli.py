@@ -47,7 +47,8 @@ def add_serve_flags(p) -> None:
                    help="two groups in flight (on), one (off), or two only with a draft model (auto, default)")
     p.add_argument("--no-pipeline", dest="pipelined", action="store_const", const="off",
                    help="same as --pipeline off")
-    p.add_argument("--transport", choices=["ray", "torch_distributed", "grpc"])
+    p.add_argument("--transport", choices=["ray", "torch_distributed", "grpc", "inline"],
+                   help="inline: the draft worker in the router process (no hop a round; suits ngram)")
     p.add_argument("--drafter-address", help="host:port of a `specray drafter` (grpc transport)")
     p.add_argument("--tensor-parallel-size", type=int, help="target workers sharing the model")
     p.add_argument("--max-num-seqs", type=int)
@@ -98,7 +99,7 @@ def local_resources(cfg) -> dict[str, float]:
     """Custom resources a one-machine cluster must advertise for the pools to place."""
     need: dict[str, float] = {}
     pools = [(cfg.pools.target, cfg.pools.target.num_workers)]
-    if cfg.speculative_config and cfg.transport.kind != "grpc":
+    if cfg.speculative_config and cfg.transport.kind not in ("grpc", "inline"):  # no draft actor
         pools.append((cfg.pools.draft, 1))
     for pool, count in pools:
         for name, amount in pool.resources.items():

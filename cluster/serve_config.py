@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from specray.cluster.draft_defaults import default_speculative_config, is_default_for_other
 from specray.cluster.spec_config import SpeculativeConfig
 
-TRANSPORTS = ("ray", "torch_distributed", "grpc")
+TRANSPORTS = ("ray", "torch_distributed", "grpc", "inline")
 
 
 class _Strict(BaseModel):
@@ -73,7 +73,9 @@ class RouterConfig(_Strict):
 
 
 class TransportConfig(_Strict):
-    kind: Literal["ray", "torch_distributed", "grpc"] = "ray"
+    # inline: the draft worker runs in the router's process (no hop a round; for n-gram and ADED,
+    # whose drafting is cheap CPU work, or a small draft on a router with cores to spare)
+    kind: Literal["ray", "torch_distributed", "grpc", "inline"] = "ray"
     drafter_address: str | None = Field(None, description="grpc: host:port of an external Drafter service")
     master_port: int | None = Field(None, ge=1, le=65535, description="torch_distributed rendezvous port")
 

@@ -70,6 +70,20 @@ def test_speculation_flags(capsys):
         "num_speculative_tokens": 4, "method": "draft_model", "model": "d"}
 
 
+def test_inline_transport_places_no_draft_actor():
+    """transport inline: the draft worker lives in the router, so a local cluster advertises only
+    what the target pool needs."""
+    from specray.cluster.serve_cli import local_resources
+    from specray.cluster.serve_config import ServeConfig
+
+    pools = {"draft": {"resources": {"draft": 1}}, "target": {"resources": {"target": 1}}}
+    ray_cfg = ServeConfig.from_dict({"pools": pools, "transport": {"kind": "ray"}})
+    inline_cfg = ServeConfig.from_dict({"pools": pools, "transport": {"kind": "inline"}})
+    assert local_resources(ray_cfg) == {"draft": 1, "target": 1}
+    assert local_resources(inline_cfg) == {"target": 1}
+    assert main(["serve", "--transport", "inline", "--dry-run"]) == 0
+
+
 def test_specray_serve_starts_and_answers(tiny_target, tmp_path):
     port = free_port()
     env = {**os.environ, "RAY_ADDRESS": "", "SPECRAY_API_KEY": ""}
