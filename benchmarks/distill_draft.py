@@ -31,6 +31,21 @@ def step_seconds(model, repeats: int = 30) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def speculate(llm, ids, sp: dict, k: int, want):
+    """Every prompt at num_speculative_tokens k -> outputs, seconds, and the acceptance figures."""
+    from specray import SamplingParams
+
+    start = time.perf_counter()
+    outs = [llm.generate({"prompt_token_ids": p}, SamplingParams(**sp, num_speculative_tokens=k))[0] for p in ids]
+    seconds = time.perf_counter() - start
+    rounds = sum(o.metrics.num_rounds for o in outs)
+    drafted = sum(o.metrics.num_draft_tokens for o in outs)
+    return outs, seconds, {
+        "acceptance_length": round(sum(o.metrics.num_emitted_tokens for o in outs) / max(rounds, 1), 3),
+        "acceptance_rate": round(sum(o.metrics.num_accepted_tokens for o in outs) / max(drafted, 1), 3),
+        "lossless": all(o.outputs[0].token_ids == w for o, w in zip(outs, want, strict=True))}
+
+
 def eagle_step_seconds(folder, vocab_trim: int, repeats: int = 30) -> float:
     """Median seconds of one batch-1 step of a feature-level draft as specray runs it (Q8_0 weights,
     VocabTrim head): fc on [feature; embedding], the layer, the head."""
@@ -113,17 +128,9 @@ def main() -> None:
         trim_k = 0 if trim_k is None else int(trim_k.numel())
         llm.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))
         for k in k_list:
-            start = time.perf_counter()
-            outs = [llm.generate({"prompt_token_ids": p}, SamplingParams(**sp, num_speculative_tokens=k))[0]
-                    for p in ids]
-            seconds = time.perf_counter() - start
-            rounds = sum(o.metrics.num_rounds for o in outs)
-            emitted = sum(o.metrics.num_emitted_tokens for o in outs)
+            outs, seconds, figures = speculate(llm, ids, sp, k, want)
             record("specray + draft", [o.outputs[0].token_ids for o in outs], seconds, k=k, vocab_trim=trim_k,
-                   acceptance_length=round(emitted / max(rounds, 1), 3),
-                   acceptance_rate=round(sum(o.metrics.num_accepted_tokens for o in outs)
-                                         / max(sum(o.metrics.num_draft_tokens for o in outs), 1), 3),
-                   lossless=all(o.outputs[0].token_ids == w for o, w in zip(outs, want, strict=True)))
+                   **figures)
         del llm
     if args.lookup_first:
         lookup_ks = [int(x) for x in (args.lookup_ks or args.ks).split(",") if x]
@@ -133,16 +140,11 @@ def main() -> None:
             "lookup_first": options})
         llm.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))
         for k in lookup_ks:
-            start = time.perf_counter()
-            outs = [llm.generate({"prompt_token_ids": p}, SamplingParams(**sp, num_speculative_tokens=k))[0]
-                    for p in ids]
-            seconds = time.perf_counter() - start
+            outs, seconds, figures = speculate(llm, ids, sp, k, want)
             rounds = sum(o.metrics.num_rounds for o in outs)
             record("specray + draft, lookup first", [o.outputs[0].token_ids for o in outs], seconds, k=k,
                    model_tokens=min(k, args.lookup_model_tokens or k),
-                   acceptance_length=round(sum(o.metrics.num_emitted_tokens for o in outs) / max(rounds, 1), 3),
-                   lookup_share=round(llm.draft.drafter.lookup_rounds / max(rounds, 1), 3),
-                   lossless=all(o.outputs[0].token_ids == w for o, w in zip(outs, want, strict=True)))
+                   lookup_share=round(llm.draft.drafter.lookup_rounds / max(rounds, 1), 3), **figures)
             llm.draft.drafter.lookup_rounds = llm.draft.drafter.model_rounds = 0
         del llm
     if args.method == "eagle":
