@@ -86,8 +86,9 @@ def _speculative_override(args, current: dict | None):
         if args.speculative_method != spec.get("method"):
             spec = {k: v for k, v in spec.items() if k == "num_speculative_tokens"}
         spec["method"] = args.speculative_method
-    if args.draft_model:
-        spec.update(model=args.draft_model, method=spec.get("method") or "draft_model")
+    if args.draft_model:  # a draft model means a method that uses one (as vLLM infers it)
+        method = spec.get("method")
+        spec.update(model=args.draft_model, method=method if method in ("draft_model", "eagle") else "draft_model")
     if args.num_speculative_tokens is not None:
         spec["num_speculative_tokens"] = args.num_speculative_tokens
     if args.lookup_first:

@@ -68,6 +68,8 @@ def test_speculation_flags(capsys):
                  "--num-speculative-tokens", "4", "--dry-run"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {
         "num_speculative_tokens": 4, "method": "draft_model", "model": "d"}
+    assert main(["serve", "--draft-model", "d", "--dry-run"]) == 0  # the default is ngram: a model means draft_model
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"]["method"] == "draft_model"
 
 
 def test_inline_transport_places_no_draft_actor():
