@@ -61,7 +61,7 @@ class LookupOptions:
 
 
 class LookupFirstDrafter:
-    name = "lookup_first"
+    """A Drafter: prompt lookup first, `model_drafter` (chains or trees) where it finds nothing."""
 
     def __init__(self, model_drafter: Drafter, options: LookupOptions | None = None):
         self.model_drafter = model_drafter
@@ -71,7 +71,8 @@ class LookupFirstDrafter:
         self.model_rounds = 0  # proposals that the model made
 
     def _lookup(self, r: DraftRequest) -> list[int]:
-        """Up to num_draft_tokens (within the verify budget) tokens after the latest-tried match."""
+        """Up to num_draft_tokens (within the verify budget) tokens after the earliest occurrence of
+        the longest trailing n-gram that recurs (`ngram.lookup`); [] when none does."""
         k = r.num_draft_tokens if r.verify_budget is None else min(r.num_draft_tokens, r.verify_budget)
         if k <= 0:
             return []
