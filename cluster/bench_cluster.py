@@ -103,7 +103,7 @@ def transports(cfg, requests, params, concurrency: int) -> list[dict]:
     tok = checkpoint.tokenizer()
     target = RayTargetPool(target_spec(cfg), placement(cfg.pools.target))
     rows = []
-    for kind in ("ray", "torch_distributed", "grpc"):
+    for kind in ("ray", "torch_distributed", "grpc", "inline"):  # inline: no bytes travel
         drafter, overrides = None, {"transport.kind": kind}
         if kind == "grpc":
             port = free_port()
