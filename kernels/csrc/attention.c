@@ -7,13 +7,15 @@
 
 #define MAX_GROUP 4  // query heads whose outputs share the value loads (GQA group, or a chunk of it)
 
-#if defined(__AVX512F__)
 // o[g] [dim] = sum_j p[g][j] * v_j for g < num (p rows s_stride apart, o rows dim apart), with
 // v_j = values + slots[j] * dim. Each value vector is loaded once for the whole group, and the
-// outputs stay in registers 64 floats at a time (a load-add-store per key was a third of attention).
+// outputs stay in registers (a load-add-store per key was a third of attention): 64 floats at a
+// time on AVX-512; 16 on AVX2, whose 16 registers spilled every accumulator of the 64-float
+// version, so there each value row is read dim / 16 times from L1/L2.
 static void weighted_values(const float* p, int64_t s_stride, int num, const float* values,
                             const int64_t* slots, int64_t n, int64_t dim, float* o) {
     int64_t d0 = 0;
+#if defined(__AVX512F__)
     for (; d0 + 4 * LANES <= dim; d0 += 4 * LANES) {
         vec16 acc[MAX_GROUP][4] = {{{0}}};
         for (int64_t j = 0; j < n; j++) {
@@ -25,20 +27,7 @@ static void weighted_values(const float* p, int64_t s_stride, int num, const flo
         for (int g = 0; g < num; g++)
             for (int k = 0; k < 4; k++) vstore(o + g * dim + d0 + k * LANES, acc[g][k]);
     }
-    for (; d0 < dim; d0++)
-        for (int g = 0; g < num; g++) {
-            float acc = 0.f;
-            for (int64_t j = 0; j < n; j++) acc += p[g * s_stride + j] * values[slots[j] * dim + d0];
-            o[g * dim + d0] = acc;
-        }
-}
 #else
-// As above with AVX2's 16 registers: the outputs stay in registers 16 floats (two 8-float
-// vectors) at a time, so each value row is read dim / 16 times from L1/L2 (the 64-float version
-// spilled every accumulator).
-static void weighted_values(const float* p, int64_t s_stride, int num, const float* values,
-                            const int64_t* slots, int64_t n, int64_t dim, float* o) {
-    int64_t d0 = 0;
     for (; d0 + 16 <= dim; d0 += 16) {
         vec8 acc[MAX_GROUP][2] = {{{0}}};
         for (int64_t j = 0; j < n; j++) {
@@ -55,6 +44,7 @@ static void weighted_values(const float* p, int64_t s_stride, int num, const flo
             vstore8(o + g * dim + d0 + 8, acc[g][1]);
         }
     }
+#endif
     for (; d0 < dim; d0++)
         for (int g = 0; g < num; g++) {
             float acc = 0.f;
@@ -62,7 +52,6 @@ static void weighted_values(const float* p, int64_t s_stride, int num, const flo
             o[g * dim + d0] = acc;
         }
 }
-#endif
 
 // The dot products of q [dim] with 16 keys (dim % 16 == 0) as one vector, lane k for key k. Each
 // key's 16 partial sums are folded with the other keys' (a transpose-and-add, 31 shuffles for the

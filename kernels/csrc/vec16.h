@@ -49,29 +49,17 @@ static inline float dot(const float* a, const float* b, int64_t n) {
     return s;
 }
 
-static inline vec16 as_float(ivec16 v) {
-    vec16 f;
-    memcpy(&f, &v, sizeof f);
-    return f;
-}
-
-static inline ivec16 as_int(vec16 v) {
-    ivec16 i;
-    memcpy(&i, &v, sizeof i);
-    return i;
-}
-
 typedef int32_t ivec8 __attribute__((vector_size(32)));
 typedef int32_t ivec4 __attribute__((vector_size(16)));
 
-static inline vec8 as_float8(ivec8 v) {
-    vec8 f;
-    memcpy(&f, &v, sizeof f);
-    return f;
-}
-
-static inline ivec8 as_int8(vec8 v) {
-    ivec8 i;
-    memcpy(&i, &v, sizeof i);
-    return i;
-}
+// Bit casts between float and int32 vectors of one width (comparison masks, exponent tricks).
+#define BIT_CAST(NAME, TO, FROM)       \
+    static inline TO NAME(FROM v) {    \
+        TO out;                        \
+        memcpy(&out, &v, sizeof out);  \
+        return out;                    \
+    }
+BIT_CAST(as_float, vec16, ivec16)
+BIT_CAST(as_int, ivec16, vec16)
+BIT_CAST(as_float8, vec8, ivec8)
+BIT_CAST(as_int8, ivec8, vec8)
