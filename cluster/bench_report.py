@@ -1,15 +1,18 @@
 """Benchmark output: JSON (schema below), a Markdown table and PNG plots.
 
-JSON schema `specray.bench.offline/3`:
+JSON schema `specray.bench.offline/4`:
 - `config`: model, max_tokens, num_speculative_tokens, batch_sizes, temperatures, methods;
 - `machine`: platform, torch version, threads; `prompts`: [{category, prompt (first 80 chars)}];
-- `bandwidth`: weight_bytes (read by a decode step; packed weights at their packed size), gb_per_s
-  (one-row fp32 GEMVs over every weight, this run), gemv_seconds_per_step (their ratio: the
-  bound's step time; /2 timed the model's own GEMVs instead);
+- `bandwidth`: weight_bytes (read by a decode step; packed weights at their packed size),
+  gemv_gb_per_s (one-row fp32 MKL GEMVs over every weight, this run), stream_gb_per_s (a plain read
+  of a 256 MB buffer, this run), gb_per_s (the larger: the bound's), seconds_per_step (weight_bytes
+  / gb_per_s: the bound's step time). /3 had the GEMV alone, which on some CPUs reads at half the
+  memory's speed and so flattered every fraction; /2 timed the model's own GEMVs;
 - `cells`: one per (method, batch_size, temperature): `skipped` (reason or null), requests, tokens,
   seconds, tokens_per_s, acceptance_length (emitted per round), acceptance_rate (accepted/drafted),
   draft_ms_per_round, verify_ms_per_round, speedup_vs_hf (vs transformers plain, same batch size and
-  temperature), bound_tokens_per_s and fraction_of_bound (batch 1: acceptance length / GEMV time),
+  temperature), bound_tokens_per_s and fraction_of_bound (batch 1: acceptance length /
+  seconds_per_step),
   greedy_matches_hf (batch 1, temperature 0), per_category {category: tokens_per_s} (batch 1);
 - `summary`: the headline ratios (each null when its cells are missing);
 - `partial`: true while the run is still going (written after every finished (batch size,
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-SCHEMA = "specray.bench.offline/3"
+SCHEMA = "specray.bench.offline/4"
 
 
 def cell_json(cell, hf_cell, step_s: float | None) -> dict:
@@ -73,10 +76,21 @@ def summary(rows: list[dict]) -> dict:
     }
 
 
-def build_report(args, cells, prompts, target, step_s: float | None, partial: bool = False) -> dict:
+def bandwidth_json(bw) -> dict:
+    if bw is None:  # no specray engine in the run: no bound
+        return {"weight_bytes": None, "gemv_gb_per_s": None, "stream_gb_per_s": None, "gb_per_s": None,
+                "seconds_per_step": None}
+    return {"weight_bytes": bw.weight_bytes, "gemv_gb_per_s": round(bw.gemv_bytes_per_s / 1e9, 2),
+            "stream_gb_per_s": round(bw.stream_bytes_per_s / 1e9, 2),
+            "gb_per_s": round(max(bw.gemv_bytes_per_s, bw.stream_bytes_per_s) / 1e9, 2),
+            "seconds_per_step": bw.step_s}
+
+
+def build_report(args, cells, prompts, bandwidth, partial: bool = False) -> dict:
+    """`bandwidth`: a `bench_offline.Bandwidth` (None when no specray engine ran)."""
     hf = {(c.batch_size, c.temperature): c for c in cells if c.method == "hf" and not c.skipped}
+    step_s = bandwidth.step_s if bandwidth is not None else None
     rows = [cell_json(c, hf.get((c.batch_size, c.temperature)), step_s) for c in cells]
-    weight_bytes = target.weight_bytes() if target is not None else None
     return {
         "schema": SCHEMA,
         "config": {"model": args.model, "max_tokens": args.max_tokens, "methods": args.methods.split(","),
@@ -84,8 +98,7 @@ def build_report(args, cells, prompts, target, step_s: float | None, partial: bo
                    "num_speculative_tokens": args.num_speculative_tokens, "draft_num_layers": args.draft_num_layers},
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
         "prompts": [{"category": p["category"], "prompt": p["prompt"][:80]} for p in prompts],
-        "bandwidth": {"weight_bytes": weight_bytes, "gemv_seconds_per_step": step_s,
-                      "gb_per_s": round(weight_bytes / step_s / 1e9, 2) if step_s else None},
+        "bandwidth": bandwidth_json(bandwidth),
         "cells": rows,
         "summary": summary(rows),
         "partial": partial,
@@ -99,8 +112,9 @@ COLUMNS = ("temperature", "batch_size", "method", "tokens_per_s", "acceptance_le
 def markdown(report: dict) -> str:
     cfg, bw = report["config"], report["bandwidth"]
     lines = [f"model {cfg['model']}, {cfg['max_tokens']} new tokens, {len(report['prompts'])} prompts, "
-             f"k = {cfg['num_speculative_tokens']}; bandwidth {bw['gb_per_s']} GB/s, "
-             f"{bw['weight_bytes']} weight bytes a step", "",
+             f"k = {cfg['num_speculative_tokens']}; bandwidth {bw['gb_per_s']} GB/s (plain read "
+             f"{bw['stream_gb_per_s']}, fp32 GEMV {bw['gemv_gb_per_s']}), {bw['weight_bytes']} weight bytes a step",
+             "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in report["cells"]:
         if not r["skipped"]:

@@ -147,6 +147,9 @@ def cmd_distill(args) -> int:
                                  args.teacher_top_k, args.temperature, progress=bar)
         del llm
     bar.close()
+    if args.data_only:  # e.g. generate here, train elsewhere with --extra-data
+        _log(f"specray distill: {len(shards)} shards in {data_dir} ({time.perf_counter() - t0:.0f}s); --data-only")
+        return 0
     eval_ids = [chat_ids(tok, p) for p in eval_prompts]
     if args.kind == "eagle":
         from specray.cluster.distill_eagle import distill_eagle
@@ -229,6 +232,8 @@ def add_distill_parser(sub) -> None:
     d.add_argument("--gen-batch-size", type=int, default=64, help="prompts per shard and engine batch")
     d.add_argument("--data-backend", default="specray", choices=["specray", "hf"],
                    help="who generates: the specray engine, or transformers generate (fast on a GPU)")
+    d.add_argument("--data-only", action="store_true",
+                   help="stop after writing the shards (no draft, no training)")
     m = p.add_argument_group("draft")
     m.add_argument("--kind", default="model", choices=["model", "eagle"],
                    help="model: a standalone Llama draft; eagle: a feature-level draft reading the target's "

@@ -31,7 +31,22 @@ def test_bench_offline_end_to_end(tiny_target, tmp_path):
     assert cells[("specray_draft", 2, 0.0)]["acceptance_length"] >= 1.0
     assert set(cells[("specray", 1, 0.0)]["per_category"]) == {"writing", "math", "coding"}
     assert report["summary"]["specray_plain_vs_hf_plain_batch1"] is not None
-    assert report["partial"] is False and report["bandwidth"]["gb_per_s"] > 0
+    assert report["partial"] is False
+    bw = report["bandwidth"]  # the bound reads every weight byte at the faster of the two readings
+    assert bw["gb_per_s"] == max(bw["gemv_gb_per_s"], bw["stream_gb_per_s"]) > 0
+    assert abs(bw["seconds_per_step"] * bw["gb_per_s"] * 1e9 - bw["weight_bytes"]) < 0.01 * bw["weight_bytes"]
+    plain = cells[("specray", 1, 0.0)]
+    assert abs(plain["bound_tokens_per_s"] * bw["seconds_per_step"] - 1.0) < 0.01  # acceptance 1: one step a token
+    assert abs(plain["fraction_of_bound"] - plain["tokens_per_s"] / plain["bound_tokens_per_s"]) < 0.01
+
+
+def test_stream_bandwidth_reads_the_whole_buffer():
+    """The plain read is a real reading, on the order of what a GEMV over the same bytes gets."""
+    from specray.cluster.bench_offline import Bandwidth, stream_bytes_per_s
+
+    assert stream_bytes_per_s(16 << 20, repeats=2) > 1e8  # > 0.1 GB/s on any machine
+    bw = Bandwidth(weight_bytes=10**6, gemv_bytes_per_s=2e9, stream_bytes_per_s=4e9)
+    assert bw.step_s == 10**6 / 4e9
 
 
 def test_bench_offline_writes_each_finished_row(tiny_target, tmp_path, monkeypatch):

@@ -207,3 +207,11 @@ def test_packaged_smollm2_eagle_speculates_losslessly():
         assert [o.outputs[0].token_ids for o in outs] == want
         assert sum(o.metrics.num_accepted_tokens for o in outs) > 0
         assert int(llm.draft.drafter.base.token_ids.numel() if tree else llm.draft.drafter.token_ids.numel()) == 8192
+
+
+def test_data_only_writes_shards_and_no_draft(distilled, tiny_target, tmp_path):
+    """--data-only: the shards another run trains on with --extra-data; no draft, no checkpoint."""
+    assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path), *ARGS, "--data-only"]) == 0
+    shards = sorted((tmp_path / "data").iterdir())
+    assert shards and not (tmp_path / "draft").exists() and not (tmp_path / "checkpoint.pt").exists()
+    assert [p.name for p in shards] == sorted(p.name for p in (distilled / "data").iterdir())
