@@ -7,6 +7,7 @@ meaningful. Results go to JSON (`bench_report.SCHEMA`), Markdown and PNG (see be
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,6 +191,10 @@ def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
     tok = resolve(args.model).tokenizer()
     encoded = [list(tok.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True))
                for p in prompts]
+    for b in args.batch_sizes:
+        if b > len(encoded):  # the row is real, but its groups are smaller than its label says
+            print(f"specray bench offline: warning: batch size {b} > {len(encoded)} prompts; that row runs "
+                  f"{len(encoded)} sequences at once (raise --num-prompts)", file=sys.stderr)
     runner = Runner(args, methods, max(len(ids) for ids in encoded))
     cells = []
     for m in methods:  # warm-up: first calls pay one-off allocation costs

@@ -1,7 +1,8 @@
 """Benchmark output: JSON (schema below), a Markdown table and PNG plots.
 
 JSON schema `specray.bench.offline/4`:
-- `config`: model, max_tokens, num_speculative_tokens, batch_sizes, temperatures, methods;
+- `config`: model, max_tokens, num_speculative_tokens, batch_sizes, temperatures, methods,
+  sequences_per_batch {batch size: sequences a group really held (min of it and the prompts)};
 - `machine`: platform, torch version, threads; `prompts`: [{category, prompt (first 80 chars)}];
 - `bandwidth`: weight_bytes (read by a decode step; packed weights at their packed size),
   gemv_gb_per_s (one-row fp32 MKL GEMVs over every weight, this run), stream_gb_per_s (a plain read
@@ -95,7 +96,9 @@ def build_report(args, cells, prompts, bandwidth, partial: bool = False) -> dict
         "schema": SCHEMA,
         "config": {"model": args.model, "max_tokens": args.max_tokens, "methods": args.methods.split(","),
                    "batch_sizes": args.batch_sizes, "temperatures": args.temperatures,
-                   "num_speculative_tokens": args.num_speculative_tokens, "draft_num_layers": args.draft_num_layers},
+                   "num_speculative_tokens": args.num_speculative_tokens, "draft_num_layers": args.draft_num_layers,
+                   # what each batch-size row really ran at once: fewer prompts than the batch size cap it
+                   "sequences_per_batch": {b: min(b, len(prompts)) for b in args.batch_sizes}},
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
         "prompts": [{"category": p["category"], "prompt": p["prompt"][:80]} for p in prompts],
         "bandwidth": bandwidth_json(bandwidth),
