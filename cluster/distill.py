@@ -101,6 +101,27 @@ def acceptance_eval(target: str, draft_dir: Path, prompts: list[list[int]], ks: 
     return results
 
 
+def all_prompts(args, llm, out: Path) -> list[str]:
+    """The seed file's prompts (unless only --self-prompts was asked for) plus those the target
+    writes itself (OUT/self_prompts.jsonl), in one order shuffled with --seed."""
+    import random
+
+    from tqdm import tqdm
+
+    from specray.cluster.distill_self_prompts import write_self_prompts
+
+    prompts = seed_prompts(Path(args.prompts) if args.prompts else None, args.seed) \
+        if args.prompts or not args.self_prompts else []
+    if args.self_prompts:
+        bar = tqdm(total=args.self_prompts, desc="distill (self-written prompts)", mininterval=5)
+        prompts += write_self_prompts(llm, out / "self_prompts.jsonl", args.self_prompts, args.seed,
+                                      max_tokens=args.self_prompt_max_tokens, batch_size=args.gen_batch_size,
+                                      progress=bar)
+        bar.close()
+        random.Random(args.seed).shuffle(prompts)
+    return prompts
+
+
 def cmd_distill(args) -> int:
     from tqdm import tqdm
 
@@ -108,13 +129,27 @@ def cmd_distill(args) -> int:
     from specray.kernels.loader import resolve
 
     wall = time.perf_counter()
+    if args.self_prompts is not None and args.self_prompts <= 0:
+        raise ValueError(f"--self-prompts must be positive, got {args.self_prompts}")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = resolve(args.model)
-    prompts = seed_prompts(Path(args.prompts) if args.prompts else None, args.seed)
+    extra = [p for folder in args.extra_data for p in extra_shards(Path(folder))]  # checked before the slow part
+    if args.init_from:  # likewise: a draft of the wrong kind or shape fails now, not after the data
+        if args.kind == "eagle":
+            from specray.cluster.eagle_model import load_eagle_draft
+
+            load_eagle_draft(args.init_from, checkpoint.hf_config())
+        else:
+            load_draft(args.init_from, checkpoint)
+    llm = None
+    if args.data_backend == "specray" or args.self_prompts:
+        llm = LLM(args.model, device=args.device, max_num_seqs=args.gen_batch_size,
+                  kv_cache_tokens=args.gen_batch_size * (args.max_len + 64))
+    prompts = all_prompts(args, llm, out)
     # held-out prompts: the last ones of the shuffled list, whatever --num-prompts says
     num_eval = max(1, min(args.eval_prompts, len(prompts) // 5)) if args.eval_prompts else 0
     train_prompts, eval_prompts = prompts[:len(prompts) - num_eval], prompts[len(prompts) - num_eval:]
@@ -123,7 +158,6 @@ def cmd_distill(args) -> int:
     if not train_prompts:
         raise ValueError("no prompts left to train on; raise --num-prompts")
 
-    extra = [p for folder in args.extra_data for p in extra_shards(Path(folder))]  # checked before the slow part
     # 1. data
     data_dir = Path(args.data) if args.data else out / "data"
     t0 = time.perf_counter()
@@ -141,11 +175,9 @@ def cmd_distill(args) -> int:
                                     args.teacher_top_k, eos, args.temperature, progress=bar)
         del hf
     else:
-        llm = LLM(args.model, device=args.device, max_num_seqs=args.gen_batch_size,
-                  kv_cache_tokens=args.gen_batch_size * (args.max_len + 64))
         shards = generate_shards(llm, train_prompts, data_dir, args.gen_batch_size, args.max_tokens,
                                  args.teacher_top_k, args.temperature, progress=bar)
-        del llm
+    del llm
     bar.close()
     if args.data_only:  # e.g. generate here, train elsewhere with --extra-data
         _log(f"specray distill: {len(shards)} shards in {data_dir} ({time.perf_counter() - t0:.0f}s); --data-only")
@@ -222,6 +254,11 @@ def add_distill_parser(sub) -> None:
     d = p.add_argument_group("data")
     d.add_argument("--prompts", default=None, help="seed file: JSON {topics, templates} or JSONL {'prompt'} "
                    "(default: the packaged distill_prompts.json)")
+    d.add_argument("--self-prompts", type=int, default=None, metavar="N",
+                   help="the target writes N prompts itself, sampled from its chat template's user turn "
+                        "(OUT/self_prompts.jsonl); with --prompts, both sets are used")
+    d.add_argument("--self-prompt-max-tokens", type=int, default=64,
+                   help="longest self-written prompt; a user turn not closed by then is dropped")
     d.add_argument("--data", default=None, help="shard folder (default OUT/data); reused and extended")
     d.add_argument("--num-prompts", type=int, default=None, help="use the first N shuffled prompts")
     d.add_argument("--extra-data", action="append", default=[], metavar="DIR",

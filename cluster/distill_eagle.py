@@ -20,7 +20,7 @@ import torch
 
 from specray.cluster.distill_data import load_samples
 from specray.cluster.distill_model import vocab_trim_counts, vocab_trim_table
-from specray.cluster.eagle_model import init_eagle, save_eagle
+from specray.cluster.eagle_model import init_eagle, load_eagle_draft, save_eagle
 from specray.cluster.eagle_train import EagleTrainConfig, FeatureSeq, evaluate, extract_features, train_eagle
 
 
@@ -51,6 +51,10 @@ def distill_eagle(args, checkpoint, shards: list[Path], eval_ids: list[list[int]
 
     wall = time.perf_counter()
     out = Path(args.out)
+    draft = None
+    if args.init_from:  # continue an earlier draft (its shape wins)
+        draft = load_eagle_draft(args.init_from, checkpoint.hf_config())
+        log(f"specray distill: starting from the draft in {args.init_from}")
     target_hf = load_hf(checkpoint.path).eval()
     seqs = shard_features(target_hf, out, shards, log)
     del target_hf
@@ -65,7 +69,8 @@ def distill_eagle(args, checkpoint, shards: list[Path], eval_ids: list[list[int]
     head_full = state.get("lm_head.weight", embed).float()  # [vocab, H] the target's head (tied: embed)
     head = head_full[table["token_ids"][:k].long()]  # [k, H] the rows the proposal uses
     rms = float(torch.cat([s.features[:64].float() for s in train_set[:64]]).pow(2).mean().sqrt())
-    draft = init_eagle(state, checkpoint.hf_config(), feature_rms=rms)
+    if draft is None:
+        draft = init_eagle(state, checkpoint.hf_config(), feature_rms=rms)
     cfg = EagleTrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, max_len=args.max_len,
                            seed=args.seed, max_seconds=args.max_train_seconds,
                            checkpoint_every=args.checkpoint_every)

@@ -67,6 +67,30 @@ def init_eagle(target_state: dict[str, torch.Tensor], target_config, feature_rms
     return draft.float()
 
 
+def load_eagle_draft(name: str, target_config) -> EagleDraft:
+    """An earlier feature-level draft (alias or folder) to continue training; it must read features
+    of the target's width, or its fc cannot take them."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from specray.kernels.drafters.eagle import is_eagle_folder
+    from specray.kernels.loader import resolve
+
+    folder = resolve(name).path
+    if not is_eagle_folder(folder):
+        raise ValueError(f"--init-from {name}: {folder} is not a feature-level (eagle) draft")
+    config = AutoConfig.from_pretrained(folder)
+    if config.hidden_size != target_config.hidden_size or config.vocab_size != target_config.vocab_size:
+        raise ValueError(f"--init-from {name}: hidden size {config.hidden_size} / vocabulary {config.vocab_size} "
+                         f"differ from the target's {target_config.hidden_size} / {target_config.vocab_size}")
+    draft = EagleDraft(config)
+    state = {k: v.float() for k, v in load_file(str(Path(folder) / "model.safetensors")).items()}
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    if unexpected or set(missing) - {"model.embed_tokens.weight"}:
+        raise ValueError(f"--init-from {name}: weights do not fit (missing {missing}, unexpected {unexpected})")
+    return draft.float()
+
+
 def save_eagle(draft: EagleDraft, folder: Path, target: str, tokenizer_from: Path,
                vocab_trim: dict[str, torch.Tensor] | None = None, info: dict | None = None,
                dtype: torch.dtype = torch.float16) -> Path:

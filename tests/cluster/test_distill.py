@@ -215,3 +215,81 @@ def test_data_only_writes_shards_and_no_draft(distilled, tiny_target, tmp_path):
     shards = sorted((tmp_path / "data").iterdir())
     assert shards and not (tmp_path / "draft").exists() and not (tmp_path / "checkpoint.pt").exists()
     assert [p.name for p in shards] == sorted(p.name for p in (distilled / "data").iterdir())
+
+
+def test_self_prompts_come_from_the_user_turn_and_resume(tiny_target, tmp_path):
+    """--self-prompts: the target samples user turns from its chat template's pre-query prefix; only
+    turns it closed itself are kept, without duplicates; seeded, so a re-run reuses the file and a
+    larger N only draws the rest."""
+    from specray.cluster.distill_self_prompts import pre_query_ids, write_self_prompts
+
+    llm = LLM(str(tiny_target), max_num_seqs=8)
+    tok = llm.get_tokenizer()
+    prefix = pre_query_ids(tok)
+    assert llm.apply_chat_template([{"role": "user", "content": "w9 w10"}])[:len(prefix)] == prefix
+    assert tok.decode(prefix).strip() == "w3"
+    first = write_self_prompts(llm, tmp_path / "a.jsonl", 5, seed=1, max_tokens=40, batch_size=8, max_attempts=80)
+    assert len(first) == len(set(first)) == 5 and all(len(p.split()) >= 3 for p in first)
+    again = write_self_prompts(llm, tmp_path / "b.jsonl", 5, seed=1, max_tokens=40, batch_size=8, max_attempts=80)
+    assert again == first  # seeded draws
+    more = write_self_prompts(llm, tmp_path / "a.jsonl", 7, seed=1, max_tokens=40, batch_size=8, max_attempts=80)
+    assert more[:5] == first and len(set(more)) == 7
+    rows = [json.loads(line) for line in (tmp_path / "a.jsonl").read_text().splitlines()]
+    assert sum("prompt" in r for r in rows) == 7
+    other = write_self_prompts(llm, tmp_path / "c.jsonl", 5, seed=2, max_tokens=40, batch_size=8, max_attempts=80)
+    assert other != first
+
+
+def test_self_prompts_bad_input(tiny_target, tmp_path, capsys):
+    from specray.cluster.distill_self_prompts import pre_query_ids, write_self_prompts
+
+    llm = LLM(str(tiny_target), max_num_seqs=4)
+    with pytest.raises(ValueError, match="positive"):
+        write_self_prompts(llm, tmp_path / "p.jsonl", 0)
+    with pytest.raises(ValueError, match="end-of-turn"):  # one token a turn: nothing ever closes
+        write_self_prompts(llm, tmp_path / "p.jsonl", 2, max_tokens=1, batch_size=4, max_attempts=8)
+    tok = llm.get_tokenizer()
+    tok.chat_template = None
+    with pytest.raises(ValueError, match="chat template"):
+        pre_query_ids(tok)
+    assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path / "run"), *ARGS,
+                 "--self-prompts", "-3"]) == 2
+    assert "--self-prompts must be positive" in capsys.readouterr().err
+
+
+def test_distill_on_self_written_prompts(tiny_target, tmp_path):
+    """Only --self-prompts: every response answers a prompt the target wrote; the run records them."""
+    args = [a if a != "4" else "1" for a in ARGS]
+    args[args.index("--num-prompts") + 1] = "8"
+    assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path), *args, "--eval-k", "0",
+                 "--self-prompts", "10", "--self-prompt-max-tokens", "80"]) == 0
+    written = [json.loads(line)["prompt"] for line in (tmp_path / "self_prompts.jsonl").read_text().splitlines()
+               if "prompt" in json.loads(line)]
+    assert len(written) == 10
+    info = json.loads((tmp_path / "draft" / "distill.json").read_text())
+    assert info["num_responses"] == 8 and info["num_eval_prompts"] == 2 and info["args"]["self_prompts"] == 10
+    from specray.cluster.distill_data import load_samples
+
+    tok = LLM(str(tiny_target)).get_tokenizer()
+    asked = {tuple(s.prompt_ids) for s in load_samples(sorted((tmp_path / "data").glob("shard-*.pt")))}
+    assert asked <= {tuple(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True))
+                     for p in written}
+
+
+def test_eagle_init_from_continues_an_earlier_eagle_draft(distilled, tiny_target, tmp_path, capsys):
+    """--kind eagle --init-from: training starts from an earlier feature-level draft (its held-out KL,
+    not a fresh initialisation's); a standalone draft is refused before any data is generated."""
+    args = ["--kind", "eagle", "--data", str(distilled / "data"), *ARGS, "--epochs", "6", "--eval-k", "0"]
+    assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path / "a"), *args]) == 0
+    first = json.loads((tmp_path / "a" / "draft" / "eagle.json").read_text())
+    capsys.readouterr()
+    assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path / "b"), *args,
+                 "--init-from", str(tmp_path / "a" / "draft")]) == 0
+    assert "starting from the draft" in capsys.readouterr().err
+    second = json.loads((tmp_path / "b" / "draft" / "eagle.json").read_text())
+    assert second["held_out_before"]["kl_step1"] == pytest.approx(first["held_out_after"]["kl_step1"], rel=0.05)
+    assert second["held_out_before"]["kl_step1"] < first["held_out_before"]["kl_step1"]
+    assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path / "c"), *args,
+                 "--init-from", str(distilled / "draft")]) == 2
+    assert "not a feature-level" in capsys.readouterr().err
+    assert not (tmp_path / "c" / "features").exists()
