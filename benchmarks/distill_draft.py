@@ -89,6 +89,7 @@ def main() -> None:
     ap.add_argument("--lookup-ks", default=None, help="num_speculative_tokens for the lookup_first rows (default: --ks)")
     ap.add_argument("--lookup-model-tokens", type=int, default=None,
                     help="lookup_first model_tokens: the draft's chain length at most (default: k)")
+    ap.add_argument("--ngram-ks", default="", help="also measure method ngram (prompt lookup alone) at these k")
     ap.add_argument("--out", default="bench_out/distill_draft.json")
     args = ap.parse_args()
     ks = [int(x) for x in args.ks.split(",") if x]
@@ -146,6 +147,15 @@ def main() -> None:
                    model_tokens=min(k, args.lookup_model_tokens or k),
                    lookup_share=round(llm.draft.drafter.lookup_rounds / max(rounds, 1), 3), **figures)
             llm.draft.drafter.lookup_rounds = llm.draft.drafter.model_rounds = 0
+        del llm
+    ngram_ks = [int(x) for x in args.ngram_ks.split(",") if x]
+    if ngram_ks:
+        llm = LLM(args.model, max_num_seqs=1, speculative_config={"method": "ngram",
+                                                                  "num_speculative_tokens": max(ngram_ks)})
+        llm.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))
+        for k in ngram_ks:
+            outs, seconds, figures = speculate(llm, ids, sp, k, want)
+            record("specray ngram", [o.outputs[0].token_ids for o in outs], seconds, k=k, **figures)
         del llm
     if args.method == "eagle":
         from specray.actors.draft_worker import default_vocab_trim

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from specray.cluster.distill_data import chat_ids, generate_shards, generate_shards_hf, load_samples, seed_prompts
+from specray.cluster.distill_data import chat_ids, generate_shards, generate_shards_hf, load_samples
+from specray.cluster.distill_self_prompts import all_prompts
 from specray.cluster.distill_model import (init_draft, save_draft, park_untrained_rows, vocab_trim_counts,
                                            vocab_trim_table)
 from specray.cluster.distill_train import TrainConfig, evaluate, final_hidden, train
@@ -101,25 +102,17 @@ def acceptance_eval(target: str, draft_dir: Path, prompts: list[list[int]], ks: 
     return results
 
 
-def all_prompts(args, llm, out: Path) -> list[str]:
-    """The seed file's prompts (unless only --self-prompts was asked for) plus those the target
-    writes itself (OUT/self_prompts.jsonl), in one order shuffled with --seed."""
-    import random
+def check_init_from(args, checkpoint) -> None:
+    """A --init-from draft of the wrong kind or shape fails before the data phase, not after it."""
+    from transformers import AutoConfig
 
-    from tqdm import tqdm
+    from specray.cluster.eagle_model import load_eagle_draft
+    from specray.kernels.loader import resolve
 
-    from specray.cluster.distill_self_prompts import write_self_prompts
-
-    prompts = seed_prompts(Path(args.prompts) if args.prompts else None, args.seed) \
-        if args.prompts or not args.self_prompts else []
-    if args.self_prompts:
-        bar = tqdm(total=args.self_prompts, desc="distill (self-written prompts)", mininterval=5)
-        prompts += write_self_prompts(llm, out / "self_prompts.jsonl", args.self_prompts, args.seed,
-                                      max_tokens=args.self_prompt_max_tokens, batch_size=args.gen_batch_size,
-                                      progress=bar)
-        bar.close()
-        random.Random(args.seed).shuffle(prompts)
-    return prompts
+    if args.kind == "eagle":
+        load_eagle_draft(args.init_from, checkpoint.hf_config())
+    elif AutoConfig.from_pretrained(resolve(args.init_from).path).vocab_size != checkpoint.hf_config().vocab_size:
+        load_draft(args.init_from, checkpoint)  # raises, naming both vocabularies
 
 
 def cmd_distill(args) -> int:
@@ -129,8 +122,9 @@ def cmd_distill(args) -> int:
     from specray.kernels.loader import resolve
 
     wall = time.perf_counter()
-    if args.self_prompts is not None and args.self_prompts <= 0:
-        raise ValueError(f"--self-prompts must be positive, got {args.self_prompts}")
+    if args.self_prompts is not None and min(args.self_prompts, args.self_prompt_max_tokens) <= 0:
+        raise ValueError(f"--self-prompts must be positive, got {args.self_prompts} prompts of at most "
+                         f"{args.self_prompt_max_tokens} tokens")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -138,13 +132,8 @@ def cmd_distill(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = resolve(args.model)
     extra = [p for folder in args.extra_data for p in extra_shards(Path(folder))]  # checked before the slow part
-    if args.init_from:  # likewise: a draft of the wrong kind or shape fails now, not after the data
-        if args.kind == "eagle":
-            from specray.cluster.eagle_model import load_eagle_draft
-
-            load_eagle_draft(args.init_from, checkpoint.hf_config())
-        else:
-            load_draft(args.init_from, checkpoint)
+    if args.init_from:
+        check_init_from(args, checkpoint)
     llm = None
     if args.data_backend == "specray" or args.self_prompts:
         llm = LLM(args.model, device=args.device, max_num_seqs=args.gen_batch_size,
@@ -170,6 +159,7 @@ def cmd_distill(args) -> int:
     if args.data_backend == "hf":  # transformers generate: the fast path on a GPU
         from specray.cluster.hf_baselines import load_hf
 
+        llm = None  # the engine wrote the self-written prompts; one copy of the target at a time
         hf = load_hf(checkpoint.path).to(args.device)
         shards = generate_shards_hf(hf, tok, train_prompts, data_dir, args.gen_batch_size, args.max_tokens,
                                     args.teacher_top_k, eos, args.temperature, progress=bar)
@@ -217,7 +207,8 @@ def cmd_distill(args) -> int:
         "target": args.model,
         "command": shlex.join(["specray", *sys.argv[1:]]) if Path(sys.argv[0]).name == "specray" else None,
         "args": {k: v for k, v in vars(args).items() if k != "func"},
-        "prompts": str(args.prompts or "specray/cluster/data/distill_prompts.json"),
+        "prompts": str(args.prompts or ("" if args.self_prompts else "specray/cluster/data/distill_prompts.json")),
+        "self_prompts": str(out / "self_prompts.jsonl") if args.self_prompts else None,
         "num_train_prompts": len(train_prompts), "num_eval_prompts": len(eval_prompts),
         "num_responses": len(samples), "num_response_tokens": sum(len(s.response_ids) for s in samples),
         "teacher_top_k": args.teacher_top_k, "temperature": args.temperature,

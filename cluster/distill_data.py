@@ -26,7 +26,11 @@ def seed_prompts(path: Path | None = None, seed: int = 0) -> list[str]:
     if not path.exists():
         raise ValueError(f"prompt seed file {path} does not exist")
     if path.suffix == ".jsonl":  # a plain prompt list: {"prompt": ...} per line
-        prompts = [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        # rows without a prompt: only the settings/draw bookkeeping of a self_prompts.jsonl
+        if any("prompt" not in r and not set(r) <= {"draw", "settings"} for r in rows):
+            raise ValueError(f"prompt file {path}: every line needs a 'prompt'")
+        prompts = [r["prompt"] for r in rows if "prompt" in r]
     else:
         raw = json.loads(path.read_text())
         prompts = [t.format(topic=topic) for t in raw["templates"] for topic in raw["topics"]]
@@ -76,12 +80,13 @@ def generate_shards(llm, prompts: list[str], out: Path, shard_size: int, max_tok
     for s, start in enumerate(range(0, len(prompts), shard_size)):
         path = out / f"shard-{s:05d}.pt"
         paths.append(path)
-        if path.exists():
-            if progress is not None:
-                progress.update(min(shard_size, len(prompts) - start))
-            continue
         group = prompts[start:start + shard_size]
         ids = [llm.apply_chat_template([{"role": "user", "content": p}]) for p in group]
+        if path.exists():
+            check_shard(path, ids)
+            if progress is not None:
+                progress.update(len(group))
+            continue
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens, logprobs=top_k, seed=start)
         outs = llm.generate([{"prompt_token_ids": x} for x in ids], params)
         samples = []
@@ -90,6 +95,14 @@ def generate_shards(llm, prompts: list[str], out: Path, shard_size: int, max_tok
             samples.append(Sample(prompt_ids, list(o.outputs[0].token_ids), top_ids, top_lp).__dict__)
         _write_shard(samples, path, progress, len(group))
     return paths
+
+
+def check_shard(path: Path, prompt_ids: list[list[int]]) -> None:
+    """A shard found on disk is reused only if it answers exactly these prompts: a run whose prompt
+    list changed (--prompts, --self-prompts, --seed) would otherwise train on its held-out prompts."""
+    if [list(d["prompt_ids"]) for d in torch.load(path, weights_only=False)] != prompt_ids:
+        raise ValueError(f"{path} answers other prompts than this run's (the prompt list changed since it was "
+                         "written: --prompts, --self-prompts or --seed); use a new --out or --data folder")
 
 
 def load_samples(paths: list[Path]) -> list[Sample]:
@@ -109,11 +122,12 @@ def generate_shards_hf(model, tokenizer, prompts: list[str], out: Path, shard_si
         path = out / f"shard-{s:05d}.pt"
         paths.append(path)
         group = prompts[start:start + shard_size]
+        ids = [chat_ids(tokenizer, p) for p in group]
         if path.exists():
+            check_shard(path, ids)
             if progress is not None:
                 progress.update(len(group))
             continue
-        ids = [chat_ids(tokenizer, p) for p in group]
         width = max(len(x) for x in ids)
         input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=device)
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=device)
