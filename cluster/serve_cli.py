@@ -87,13 +87,24 @@ def _speculative_override(args, current: dict | None):
             spec = {k: v for k, v in spec.items() if k == "num_speculative_tokens"}
         spec["method"] = args.speculative_method
     if args.draft_model:  # a draft model means a method that uses one (as vLLM infers it)
-        method = spec.get("method")
+        method = args.speculative_method or _draft_method(args.draft_model)
         spec.update(model=args.draft_model, method=method if method in ("draft_model", "eagle") else "draft_model")
     if args.num_speculative_tokens is not None:
         spec["num_speculative_tokens"] = args.num_speculative_tokens
     if args.lookup_first:
         spec["lookup_first"] = True
     return spec
+
+
+def _draft_method(name: str) -> str:
+    """eagle for a feature-level draft folder, else draft_model (an unknown name fails validation later)."""
+    from specray.kernels.drafters.eagle import is_eagle_folder
+    from specray.kernels.loader import ModelNotFoundError, resolve
+
+    try:
+        return "eagle" if is_eagle_folder(resolve(name).path) else "draft_model"
+    except ModelNotFoundError:
+        return "draft_model"
 
 
 def local_resources(cfg) -> dict[str, float]:

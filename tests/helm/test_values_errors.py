@@ -9,7 +9,7 @@ from helm_render import render
     ({"target": {"replicas": -1}}, "at '/target/replicas': minimum: got -1, want 0"),
     ({"draft": {"minReplicas": -2}}, "at '/draft/minReplicas': minimum: got -2, want 0"),
     ({"speculation": {"method": "medusa"}},
-     "at '/speculation/method': value must be one of 'ngram', 'draft_model', 'none'"),
+     "at '/speculation/method': value must be one of 'default', 'ngram', 'draft_model', 'eagle', 'none'"),
     ({"transport": {"kind": "nccl"}},
      "at '/transport/kind': value must be one of 'ray', 'torch_distributed', 'grpc', 'inline'"),
     ({"target": {"tensorParalel": 2}}, "additional properties 'tensorParalel' not allowed"),
@@ -25,6 +25,7 @@ def test_schema_rejects(values, message):
 
 @pytest.mark.parametrize("values, message", [
     ({"speculation": {"method": "draft_model"}}, "speculation.method draft_model needs speculation.draftModel"),
+    ({"speculation": {"method": "eagle"}}, "speculation.method eagle needs speculation.draftModel"),
     ({"target": {"tensorParallel": 2}}, "target.replicas (1) must be at least target.tensorParallel (2)"),
     ({"draft": {"replicas": 3}}, "draft: need minReplicas <= replicas <= maxReplicas, got 1, 3, 1"),
     ({"transport": {"kind": "grpc"}}, "transport.kind grpc needs transport.drafterAddress"),

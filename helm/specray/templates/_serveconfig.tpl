@@ -7,7 +7,7 @@ so the two cannot drift.
 {{- define "specray.speculativeConfig" -}}
 {{- $s := .Values.speculation }}
 {{- $c := dict "method" $s.method "num_speculative_tokens" (int $s.numSpeculativeTokens) }}
-{{- if eq $s.method "draft_model" }}
+{{- if or (eq $s.method "draft_model") (eq $s.method "eagle") }}
 {{- $_ := set $c "model" $s.draftModel }}
 {{- if $s.draftNumLayers }}{{ $_ := set $c "draft_num_layers" (int $s.draftNumLayers) }}{{ end }}
 {{- else }}
@@ -41,7 +41,7 @@ so the two cannot drift.
 {{- if $v.model.servedModelName }}{{ $_ := set $c "served_model_name" $v.model.servedModelName }}{{ end }}
 {{- if eq $v.speculation.method "none" }}
 {{- $_ := set $c "speculative_config" nil }}
-{{- else }}
+{{- else if ne $v.speculation.method "default" }}{{/* default: no key, so the Serve config picks the target's own */}}
 {{- $_ := set $c "speculative_config" (include "specray.speculativeConfig" . | fromYaml) }}
 {{- end }}
 {{- toYaml (mustMergeOverwrite $c (deepCopy $v.serve.configOverrides)) }}

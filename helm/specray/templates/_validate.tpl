@@ -3,8 +3,8 @@ Cross-field checks that values.schema.json cannot express; each fails the render
 */}}
 {{- define "specray.validate" -}}
 {{- $v := .Values }}
-{{- if and (eq $v.speculation.method "draft_model") (not $v.speculation.draftModel) }}
-{{- fail "speculation.method draft_model needs speculation.draftModel (alias, HF folder or .gguf path)" }}
+{{- if and (or (eq $v.speculation.method "draft_model") (eq $v.speculation.method "eagle")) (not $v.speculation.draftModel) }}
+{{- fail (printf "speculation.method %s needs speculation.draftModel (alias, HF folder or .gguf path)" $v.speculation.method) }}
 {{- end }}
 {{- $speculating := ne $v.speculation.method "none" }}
 {{- if and $speculating (eq $v.transport.kind "grpc") (not $v.transport.drafterAddress) }}

@@ -1,0 +1,96 @@
+"""Paired speed-up of speculative configs over plain decoding, robust to a noisy shared machine.
+
+Every prompt group runs under every config back to back (the order rotating per group and repeat),
+so slow spells of the machine hit all configs alike; the figure of merit is the median over groups
+of the per-group time ratio (plain / config), next to the pooled tokens/s. Greedy, exactly N new
+tokens, outputs checked equal to plain decoding's.
+
+    python benchmarks/paired_speedup.py --configs '[{"method": "eagle", "model": "smollm2-135m-eagle",
+        "num_speculative_tokens": 1}]' --num-prompts 13 --repeats 3 --batch-size 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+
+def run_group(llm, group: list[list[int]], max_tokens: int):
+    """One prompt group as one batch -> (outputs, seconds, emitted tokens, rounds)."""
+    from specray import SamplingParams
+
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in group], sp)
+    seconds = time.perf_counter() - start
+    rounds = sum(o.metrics.num_rounds for o in outs)
+    emitted = sum(o.metrics.num_emitted_tokens for o in outs)
+    return [o.outputs[0].token_ids for o in outs], seconds, emitted, rounds
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from specray import LLM, SamplingParams
+    from specray.cluster.bench_prompts import SHARED_PROMPTS, load_prompts
+    from specray.kernels.loader import resolve
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--configs", required=True, help="JSON list of speculative_config dicts")
+    ap.add_argument("--dataset", default=str(SHARED_PROMPTS))
+    ap.add_argument("--num-prompts", type=int, default=13)
+    ap.add_argument("--batch-size", type=int, default=1, help="prompts per group (one batch)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default="bench_out/paired_speedup.json")
+    args = ap.parse_args(argv)
+    configs = json.loads(args.configs)
+    if not isinstance(configs, list) or not configs or not all(isinstance(c, dict) for c in configs):
+        raise SystemExit("--configs must be a non-empty JSON list of speculative_config objects")
+    if args.batch_size < 1 or args.repeats < 1 or args.num_prompts < args.batch_size:
+        raise SystemExit("need --batch-size >= 1, --repeats >= 1 and --num-prompts >= --batch-size")
+
+    tok = resolve(args.model).tokenizer()
+    prompts = load_prompts(Path(args.dataset), args.num_prompts)
+    ids = [list(tok.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True))
+           for p in prompts]
+    groups = [ids[i:i + args.batch_size] for i in range(0, len(ids) - args.batch_size + 1, args.batch_size)]
+    names = ["plain"] + [json.dumps(c, sort_keys=True) for c in configs]
+    llms = [LLM(args.model, max_num_seqs=args.batch_size)] + [
+        LLM(args.model, max_num_seqs=args.batch_size, speculative_config=c) for c in configs]
+    for llm in llms:  # warm-up
+        llm.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))
+    want = [run_group(llms[0], g, args.max_tokens)[0] for g in groups]
+    seconds = {n: [] for n in names}  # per (repeat, group)
+    emitted = {n: [0, 0] for n in names}  # emitted tokens, rounds
+    lossless = {n: True for n in names}
+    for r in range(args.repeats):
+        for gi, group in enumerate(groups):
+            shift = (r + gi) % len(names)
+            for j in list(range(len(names)))[shift:] + list(range(len(names)))[:shift]:
+                outs, s, e, rounds = run_group(llms[j], group, args.max_tokens)
+                seconds[names[j]].append(s)
+                emitted[names[j]][0] += e
+                emitted[names[j]][1] += rounds
+                lossless[names[j]] &= outs == want[gi]
+    tokens = args.repeats * sum(len(o) for w in want for o in w)
+    rows = []
+    for n in names:
+        ratios = [p / s for p, s in zip(seconds["plain"], seconds[n], strict=True)]
+        rows.append({"config": n, "tokens_per_s": round(tokens / sum(seconds[n]), 2),
+                     "median_group_speedup": round(statistics.median(ratios), 3),
+                     "pooled_speedup": round(sum(seconds["plain"]) / sum(seconds[n]), 3),
+                     "acceptance_length": round(emitted[n][0] / max(emitted[n][1], 1), 3),
+                     "lossless": lossless[n]})
+        print(json.dumps(rows[-1]), flush=True)
+    result = {"config": vars(args), "groups": len(groups), "tokens_per_config": tokens, "rows": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
