@@ -176,6 +176,11 @@ def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
     so a long run leaves its finished rows on disk whatever happens later."""
     from tqdm import tqdm
 
+    if args.eagle_model is None:  # the target's default feature-level draft, where it has one
+        from specray.cluster.draft_defaults import default_speculative_config
+
+        default = default_speculative_config(args.model)
+        args.eagle_model = default["model"] if default["method"] == "eagle" else None
     methods = [m for m in (args.methods or default_methods(args)).split(",") if m]
     args.methods = ",".join(methods)
     unknown = sorted(set(methods) - set(METHODS))
@@ -267,14 +272,15 @@ def add_bench_parser(sub) -> None:
     off.add_argument("--num-prompts", type=int, default=16)
     off.add_argument("--max-tokens", type=int, default=128)
     off.add_argument("--methods", default=None, help=f"comma-separated from {list(METHODS)} (default: all; "
-                     "specray_eagle with --eagle-model)")
+                     "specray_eagle with a feature-level draft)")
     off.add_argument("--batch-sizes", type=int_list, default=[1, 4, 8, 16])
     off.add_argument("--temperatures", type=float_list, default=[0.0, 1.0])
     off.add_argument("--num-speculative-tokens", type=int, default=2)
     off.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
     off.add_argument("--draft-model", default=None, help="draft checkpoint (default: the target, truncated)")
     off.add_argument("--draft-num-layers", type=int, default=4)
-    off.add_argument("--eagle-model", default=None, help="feature-level draft for specray_eagle (method 'eagle')")
+    off.add_argument("--eagle-model", default=None, help="feature-level draft for specray_eagle (method 'eagle'; "
+                     "default: the target's packaged one, smollm2-135m-eagle for smollm2-135m)")
     off.add_argument("--eagle-k", type=int, default=None,
                      help="num_speculative_tokens for specray_eagle (default: --num-speculative-tokens)")
     off.add_argument("--quick", action="store_true", help="4 prompts, 48 tokens, batch sizes <= 4 (~5 min)")
