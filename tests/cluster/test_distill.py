@@ -193,8 +193,15 @@ def test_packaged_smollm2_eagle_speculates_losslessly():
 
     from specray.kernels.loader import resolve
 
+    from transformers import LlamaModel
+
+    from specray.cluster.eagle_model import load_eagle_draft
+
     folder = resolve("smollm2-135m-eagle").path
     assert AutoConfig.from_pretrained(folder).num_hidden_layers == 1
+    assert sum(f.stat().st_size for f in folder.iterdir()) <= 40e6
+    # the training module, a transformers LlamaModel plus fc, loads the very weights specray serves
+    assert isinstance(load_eagle_draft("smollm2-135m-eagle", resolve("smollm2-135m").hf_config()).model, LlamaModel)
     prompts = [{"prompt_token_ids": ids} for ids in ([1, 4093, 314, 253, 1345, 30], [1, 10576, 2583, 1041, 28])]
     sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in LLM("smollm2-135m").generate(prompts, sp)]
