@@ -29,8 +29,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--draft-quantization", default=None, choices=["q8_0", "none"],
                    help="draft weights: q8_0 (default on CPU: faster drafting, still lossless) or none")
     s.add_argument("--num-speculative-tokens", type=int, default=None,
-                   help="draft tokens per round (default: 1 with a packaged draft, else 2; CPUs favour short "
-                        "chains, where each extra verified row costs ~1.3x a decode step; GPUs take 3-4)")
+                   help="draft tokens per round (default 2; CPUs favour short chains, where each extra verified "
+                        "row costs ~1.3x a decode step; GPUs take 3-4)")
     s.add_argument("--disable-by-batch-size", type=int, default=None,
                    help="speculation off once this many sequences run (default: 2 with the packaged draft, "
                         "where batches of 2+ decode faster without it on CPU; else never)")
@@ -57,12 +57,12 @@ def speculative_config(args) -> dict | None:
         for key in ("draft_num_layers", "draft_vocab_trim", "draft_quantization"):
             if getattr(args, key) is not None:
                 cfg[key] = getattr(args, key)
+    if method == default["method"] and cfg.get("model") == default.get("model"):  # the default draft's extras
+        cfg.update({key: default[key] for key in ("lookup_first", "disable_by_batch_size") if key in default})
     disable = getattr(args, "disable_by_batch_size", None)  # callers' namespaces may predate the flag
-    if disable is None and method == default["method"] and cfg.get("model") == default.get("model"):
-        disable = default.get("disable_by_batch_size")
     if disable is not None:
         cfg["disable_by_batch_size"] = disable
-    if getattr(args, "lookup_first", False):  # callers' namespaces may predate the flag
+    if getattr(args, "lookup_first", False) and not cfg.get("lookup_first"):
         cfg["lookup_first"] = True  # SpeculativeConfig refuses it for methods without a draft model
     return cfg
 

@@ -6,12 +6,15 @@ from typing import Any
 
 from specray.kernels.loader import DEFAULT_DRAFTS
 
-# With a packaged trained draft: one draft token a round, and none once two sequences run. Paired,
-# interleaved runs on a 2-core CPU (docs/bench_default_draft_cpu.json) put smollm2-135m-eagle at
-# k=1 level with plain decoding at batch 1 (0.98-1.0x; k=2 0.89x, k=3 0.77x: each extra verified row
-# costs ~1.3x a decode step there) and at 0.81x at batch 4; the default n-gram at 0.96x and 0.72x.
-# On accelerators, where verifying a few rows costs about one, ask for more (num_speculative_tokens 3-4).
-DEFAULT_DRAFT_TOKENS = 1
+# With a packaged trained draft: prompt lookup first (up to 2 tokens where the last tokens occurred
+# before), else one draft-model token; off once two sequences run. Paired, interleaved runs on a
+# 2-core CPU (docs/bench_default_draft_cpu.json, 26 Spec-Bench prompts, batch 1): this 1.04-1.08x plain
+# decoding (tau 1.64), eagle k=1 alone 0.95-0.97x, n-gram k=2 1.02x, lookup first k=4 1.02x; eagle k=2
+# and k=3 0.89x and 0.77x (13 prompts): each extra verified row costs ~1.3x a decode step there. At
+# batch 2 and 4 every method tried lost (eagle k=1 0.95x, 0.81x; n-gram 0.89x, 0.72x).
+# On accelerators, where verifying a few rows costs about one, ask for more tokens.
+DEFAULT_DRAFT_TOKENS = 2
+DEFAULT_LOOKUP_FIRST = {"model_tokens": 1}
 DEFAULT_DISABLE_BY_BATCH_SIZE = 2
 
 
@@ -24,7 +27,8 @@ def default_speculative_config(model: str) -> dict[str, Any]:
 
         draft = DEFAULT_DRAFTS[model]
         return {"method": "eagle" if is_eagle_folder(resolve(draft).path) else "draft_model", "model": draft,
-                "num_speculative_tokens": DEFAULT_DRAFT_TOKENS, "disable_by_batch_size": DEFAULT_DISABLE_BY_BATCH_SIZE}
+                "num_speculative_tokens": DEFAULT_DRAFT_TOKENS, "lookup_first": dict(DEFAULT_LOOKUP_FIRST),
+                "disable_by_batch_size": DEFAULT_DISABLE_BY_BATCH_SIZE}
     return {"method": "ngram", "num_speculative_tokens": 2}
 
 

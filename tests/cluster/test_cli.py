@@ -37,17 +37,18 @@ def test_draft_quantization_reaches_the_speculative_config():
 
 
 def test_generate_defaults_to_the_packaged_eagle_draft():
-    """`specray generate` on smollm2-135m: the packaged feature-level draft, one token a round, off
+    """`specray generate` on smollm2-135m: the packaged feature-level draft behind prompt lookup, off
     from two running sequences; the flags override each part, and other targets keep n-gram."""
     from specray.cluster.cli import build_parser, speculative_config
 
     def spec(*flags):
         return speculative_config(build_parser().parse_args(["generate", "w3", *flags]))
 
-    assert spec() == {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 1,
-                      "disable_by_batch_size": 2}
+    default = {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 2,
+               "lookup_first": {"model_tokens": 1}, "disable_by_batch_size": 2}
+    assert spec() == spec("--lookup-first") == default
     assert spec("--num-speculative-tokens", "3", "--disable-by-batch-size", "8") == {
-        "method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 3, "disable_by_batch_size": 8}
+        **default, "num_speculative_tokens": 3, "disable_by_batch_size": 8}
     assert spec("--draft-model", "smollm2-135m-draft", "--speculative-method", "draft_model") == {
         "method": "draft_model", "model": "smollm2-135m-draft", "num_speculative_tokens": 2}
     assert spec("--model", "other")["method"] == "ngram" and spec("--speculative-method", "none") is None

@@ -76,17 +76,19 @@ def test_speculation_flags(capsys):
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"]["method"] == "draft_model"
     assert main(["serve", "--speculative-method", "ngram", "--dry-run"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {"method": "ngram",
-                                                                             "num_speculative_tokens": 1}
+                                                                             "num_speculative_tokens": 2}
 
 
 def test_default_speculation_is_the_packaged_eagle_draft(capsys):
-    """smollm2-135m speculates with its trained feature-level draft, one token a round, and stops
-    speculating once two sequences run (measured: cluster/draft_defaults.py); another target keeps n-gram."""
+    """smollm2-135m speculates with its trained feature-level draft behind prompt lookup (one draft-model
+    token a round) and stops speculating once two sequences run (measured: cluster/draft_defaults.py);
+    another target keeps n-gram."""
     import yaml
 
     assert main(["serve", "--dry-run"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {
-        "method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 1, "disable_by_batch_size": 2}
+        "method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 2,
+        "lookup_first": {"model_tokens": 1}, "disable_by_batch_size": 2}
     assert main(["serve", "--model", "other-model", "--dry-run"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {"method": "ngram",
                                                                              "num_speculative_tokens": 2}
