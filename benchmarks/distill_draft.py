@@ -77,7 +77,8 @@ def main() -> None:
     ap.add_argument("--draft", default="smollm2-135m-draft")
     ap.add_argument("--method", default="draft_model", choices=["draft_model", "eagle"],
                     help="eagle: a feature-level draft (no transformers assisted baseline: it has no such mode)")
-    ap.add_argument("--dataset", default=str(SHARED_PROMPTS))
+    ap.add_argument("--dataset", default=str(SHARED_PROMPTS) if SHARED_PROMPTS.exists() else None,
+                    help="JSONL of prompts (default: Spec-Bench if present, else the packaged subset)")
     ap.add_argument("--num-prompts", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--ks", default="2,3,4,5,6")
@@ -95,7 +96,7 @@ def main() -> None:
     ks = [int(x) for x in args.ks.split(",") if x]
     trim_off = [int(x) for x in args.trim_off_ks.split(",") if x]
 
-    prompts = load_prompts(Path(args.dataset), args.num_prompts)
+    prompts = load_prompts(Path(args.dataset) if args.dataset else None, args.num_prompts)
     tok = resolve(args.model).tokenizer()
     ids = [list(tok.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True))
            for p in prompts]

@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--configs", required=True, help="JSON list of speculative_config dicts")
-    ap.add_argument("--dataset", default=str(SHARED_PROMPTS))
+    ap.add_argument("--dataset", default=str(SHARED_PROMPTS) if SHARED_PROMPTS.exists() else None,
+                    help="JSONL of prompts (default: Spec-Bench if present, else the packaged subset)")
     ap.add_argument("--num-prompts", type=int, default=13)
     ap.add_argument("--batch-size", type=int, default=1, help="prompts per group (one batch)")
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("need --batch-size >= 1, --repeats >= 1 and --num-prompts >= --batch-size")
 
     tok = resolve(args.model).tokenizer()
-    prompts = load_prompts(Path(args.dataset), args.num_prompts)
+    prompts = load_prompts(Path(args.dataset) if args.dataset else None, args.num_prompts)
     ids = [list(tok.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True))
            for p in prompts]
     groups = [ids[i:i + args.batch_size] for i in range(0, len(ids) - args.batch_size + 1, args.batch_size)]
