@@ -137,11 +137,12 @@ class ServeConfig(_Strict):
     @property
     def pipelined(self) -> bool:
         """Two groups in flight pay off only when drafting costs compute the target could overlap:
-        with an n-gram draft they halve the verified batch for nothing."""
+        with an n-gram draft, or a schedule that stops drafting once two sequences run (smollm2-135m's
+        default), they halve the verified batch for nothing."""
         if self.router.pipelined != "auto":
             return self.router.pipelined
         spec = self.speculative
-        return spec is not None and spec.method in ("draft_model", "eagle")
+        return spec is not None and spec.method in ("draft_model", "eagle") and spec.draft_cap(2) > 0
 
     @property
     def model_name(self) -> str:

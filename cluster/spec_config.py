@@ -137,6 +137,10 @@ class SpeculativeConfig:
             merged[t] = min(k, merged.get(t, k))
         return tuple(sorted(merged.items()))
 
+    def draft_cap(self, num_running: int) -> int:
+        """Draft tokens per sequence the schedule allows while `num_running` sequences run."""
+        return min([self.num_speculative_tokens] + [k for t, k in self.schedule() if num_running >= t])
+
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> "SpeculativeConfig | None":
         if not raw:

@@ -28,7 +28,7 @@ def test_dry_run_merges_file_and_flags(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, pipelined", [
-    ([], True),  # smollm2-135m's default: its packaged feature-level draft, worth overlapping
+    ([], False),  # smollm2-135m's default drafts for a lone sequence only: two groups would never both draft
     (["--speculative-method", "ngram"], False),  # n-gram costs nothing to overlap: one group
     (["--speculative-method", "draft_model", "--draft-model", "d"], True),
     (["--speculative-method", "draft_model", "--draft-model", "d", "--pipeline", "off"], False),
@@ -89,6 +89,12 @@ def test_default_speculation_is_the_packaged_eagle_draft(capsys):
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {
         "method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 2,
         "lookup_first": {"model_tokens": 1}, "disable_by_batch_size": 2}
+    from specray.cluster.serve_config import ServeConfig
+
+    eagle = {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 2}
+    assert ServeConfig().pipelined is False  # it drafts for a lone sequence only: nothing to overlap
+    assert ServeConfig.from_dict({"speculative_config": eagle}).pipelined is True
+    assert ServeConfig.from_dict({"speculative_config": {**eagle, "disable_by_batch_size": 3}}).pipelined is True
     assert main(["serve", "--model", "other-model", "--dry-run"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {"method": "ngram",
                                                                              "num_speculative_tokens": 2}
