@@ -12,9 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
+from specray.cluster.bench_bound import Bandwidth
 from specray.cluster.bench_prompts import load_prompts
 
 HF_METHODS = ("hf", "hf_prompt_lookup", "hf_assisted")
@@ -122,53 +120,6 @@ class Runner:
             cell.accepted += m.num_accepted_tokens
         llm.target.pad_batches = False
         return [o.outputs[0].token_ids for o in outs]
-
-
-def _best_seconds(run, repeats: int) -> float:
-    run()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def gemv_bytes_per_s(model, repeats: int = 10) -> float:
-    """One-row fp32 GEMVs (MKL) streaming every weight matrix of `model`: what a dense decode step reads."""
-    mats = [p.detach() for p in {id(p): p for p in model.parameters()}.values() if p.dim() == 2]
-    mats = [m for m in mats if m is not model.embed_tokens or model.config.tie_word_embeddings]
-    xs = {m.shape[1]: torch.randn(1, m.shape[1], dtype=m.dtype) for m in mats}
-    seconds = _best_seconds(lambda: [F.linear(xs[m.shape[1]], m) for m in mats], repeats)
-    return sum(m.numel() * m.element_size() for m in mats) / seconds
-
-
-def stream_bytes_per_s(num_bytes: int = 256 << 20, repeats: int = 10) -> float:
-    """A plain read: the max of a buffer far larger than the caches. On some CPUs MKL's GEMV streams
-    at half of this, so a bound from the GEMV alone sits below what memory can really deliver."""
-    buffer = torch.ones(num_bytes // 4, dtype=torch.int32)  # [num_bytes / 4]
-    return num_bytes / _best_seconds(lambda: buffer.max(), repeats)
-
-
-@dataclass
-class Bandwidth:
-    """This run's memory bandwidth, read two ways; the bound uses the faster (the memory's real limit)."""
-
-    weight_bytes: int  # a decode step's weights at their packed size
-    gemv_bytes_per_s: float
-    stream_bytes_per_s: float
-
-    def __post_init__(self) -> None:
-        assert self.weight_bytes > 0 and self.gemv_bytes_per_s > 0 and self.stream_bytes_per_s > 0
-
-    @property
-    def step_s(self) -> float:
-        """The bound's step time: every weight byte read once at the best bandwidth seen."""
-        return self.weight_bytes / max(self.gemv_bytes_per_s, self.stream_bytes_per_s)
-
-    @classmethod
-    def measure(cls, model) -> "Bandwidth":
-        return cls(model.weight_bytes(), gemv_bytes_per_s(model), stream_bytes_per_s())
 
 
 def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:

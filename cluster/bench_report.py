@@ -1,19 +1,25 @@
 """Benchmark output: JSON (schema below), a Markdown table and PNG plots.
 
-JSON schema `specray.bench.offline/4`:
+JSON schema `specray.bench.offline/5` (/4 had no arithmetic floor nor raw counts, and bounds at
+batch 1 only):
 - `config`: model, max_tokens, num_speculative_tokens, batch_sizes, temperatures, methods,
   sequences_per_batch {batch size: sequences a group really held (min of it and the prompts)};
 - `machine`: platform, torch version, threads; `prompts`: [{category, prompt (first 80 chars)}];
 - `bandwidth`: weight_bytes (read by a decode step; packed weights at their packed size),
   gemv_gb_per_s (one-row fp32 MKL GEMVs over every weight, this run), stream_gb_per_s (a plain read
   of a 256 MB buffer, this run), gb_per_s (the larger: the bound's), seconds_per_step (weight_bytes
-  / gb_per_s: the bound's step time). /3 had the GEMV alone, which on some CPUs reads at half the
-  memory's speed and so flattered every fraction; /2 timed the model's own GEMVs;
+  / gb_per_s: the bound's step time), hot_gemv_seconds_per_step (the step's projections with their
+  weights in cache: its arithmetic alone, `bench_bound`), roofline_seconds_per_step (the larger of
+  the two), limited_by ("memory" or "compute"). /3 had the GEMV alone, which on some CPUs reads at
+  half the memory's speed and so flattered every fraction; /2 timed the model's own GEMVs;
 - `cells`: one per (method, batch_size, temperature): `skipped` (reason or null), requests, tokens,
-  seconds, tokens_per_s, acceptance_length (emitted per round), acceptance_rate (accepted/drafted),
+  seconds, tokens_per_s, rounds / emitted / drafted / accepted (specray: summed over its sequences;
+  emitted = tokens - requests, as each request's first token comes from its prefill), acceptance_length (emitted per round), acceptance_rate (accepted/drafted),
   draft_ms_per_round, verify_ms_per_round, speedup_vs_hf (vs transformers plain, same batch size and
-  temperature), bound_tokens_per_s and fraction_of_bound (batch 1: acceptance length /
-  seconds_per_step),
+  temperature), bound_tokens_per_s and fraction_of_bound (sequences a group holds x
+  acceptance length / seconds_per_step; a step reads the weights once for the whole group, and its
+  KV reads are left out, so large batches overstate the bound), roofline_tokens_per_s and
+  fraction_of_roofline (batch 1: acceptance length / roofline_seconds_per_step),
   greedy_matches_hf (batch 1, temperature 0), per_category {category: tokens_per_s} (batch 1);
 - `summary`: the headline ratios (each null when its cells are missing);
 - `partial`: true while the run is still going (written after every finished (batch size,
@@ -28,19 +34,22 @@ from pathlib import Path
 
 import torch
 
-SCHEMA = "specray.bench.offline/4"
+SCHEMA = "specray.bench.offline/5"
 
 
-def cell_json(cell, hf_cell, step_s: float | None) -> dict:
+def cell_json(cell, hf_cell, step_s: float | None, roofline_s: float | None = None) -> dict:
     out = {"method": cell.method, "batch_size": cell.batch_size, "temperature": cell.temperature,
            "skipped": cell.skipped}
     if cell.skipped:
         return out
     tps = cell.tokens / cell.seconds if cell.seconds else 0.0
     tau = cell.emitted / cell.rounds if cell.rounds else None
-    bound = (tau or 1.0) / step_s if step_s and cell.batch_size == 1 else None
+    sequences = min(cell.batch_size, cell.requests)  # a step reads the weights once for all of them
+    bound = sequences * (tau or 1.0) / step_s if step_s else None
+    roofline = (tau or 1.0) / roofline_s if roofline_s and cell.batch_size == 1 else None
     out.update(
         requests=cell.requests, tokens=cell.tokens, seconds=round(cell.seconds, 6), tokens_per_s=round(tps, 2),
+        rounds=cell.rounds, emitted=cell.emitted, drafted=cell.drafted, accepted=cell.accepted,
         acceptance_length=round(tau, 3) if tau else None,
         acceptance_rate=round(cell.accepted / cell.drafted, 3) if cell.drafted else None,
         draft_ms_per_round=round(1e3 * cell.draft_seconds / cell.steps, 2) if cell.steps else None,
@@ -48,6 +57,8 @@ def cell_json(cell, hf_cell, step_s: float | None) -> dict:
         speedup_vs_hf=round(tps * hf_cell.seconds / hf_cell.tokens, 3) if hf_cell and hf_cell.tokens else None,
         bound_tokens_per_s=round(bound, 2) if bound else None,
         fraction_of_bound=round(tps / bound, 3) if bound else None,
+        roofline_tokens_per_s=round(roofline, 2) if roofline else None,
+        fraction_of_roofline=round(tps / roofline, 3) if roofline else None,
         greedy_matches_hf=(cell.outputs == hf_cell.outputs) if hf_cell and cell.batch_size == 1
         and cell.temperature == 0 and cell.method != "hf" else None,
         per_category={c: round(t / s, 2) for c, (t, s) in cell.per_category.items() if s} or None,
@@ -72,6 +83,7 @@ def summary(rows: list[dict]) -> dict:
         "best_specray_vs_best_hf_batch1": ratio(best_specray and best_specray["tokens_per_s"],
                                                 best_hf and best_hf["tokens_per_s"]),
         "best_specray_fraction_of_bound_batch1": best_specray and best_specray["fraction_of_bound"],
+        "best_specray_fraction_of_roofline_batch1": best_specray and best_specray["fraction_of_roofline"],
         "ragged_vs_padded_draft_batch16": ratio(tps("specray_draft", 16), tps("specray_draft_padded", 16)),
         "ragged_vs_padded_ngram_batch16": ratio(tps("specray_ngram", 16), tps("specray_ngram_padded", 16)),
     }
@@ -80,18 +92,21 @@ def summary(rows: list[dict]) -> dict:
 def bandwidth_json(bw) -> dict:
     if bw is None:  # no specray engine in the run: no bound
         return {"weight_bytes": None, "gemv_gb_per_s": None, "stream_gb_per_s": None, "gb_per_s": None,
-                "seconds_per_step": None}
+                "seconds_per_step": None, "hot_gemv_seconds_per_step": None, "roofline_seconds_per_step": None,
+                "limited_by": None}
     return {"weight_bytes": bw.weight_bytes, "gemv_gb_per_s": round(bw.gemv_bytes_per_s / 1e9, 2),
             "stream_gb_per_s": round(bw.stream_bytes_per_s / 1e9, 2),
             "gb_per_s": round(max(bw.gemv_bytes_per_s, bw.stream_bytes_per_s) / 1e9, 2),
-            "seconds_per_step": bw.step_s}
+            "seconds_per_step": bw.step_s, "hot_gemv_seconds_per_step": bw.hot_gemv_s,
+            "roofline_seconds_per_step": bw.roofline_step_s, "limited_by": bw.limited_by}
 
 
 def build_report(args, cells, prompts, bandwidth, partial: bool = False) -> dict:
     """`bandwidth`: a `bench_offline.Bandwidth` (None when no specray engine ran)."""
     hf = {(c.batch_size, c.temperature): c for c in cells if c.method == "hf" and not c.skipped}
     step_s = bandwidth.step_s if bandwidth is not None else None
-    rows = [cell_json(c, hf.get((c.batch_size, c.temperature)), step_s) for c in cells]
+    roofline_s = bandwidth.roofline_step_s if bandwidth is not None else None
+    rows = [cell_json(c, hf.get((c.batch_size, c.temperature)), step_s, roofline_s) for c in cells]
     return {
         "schema": SCHEMA,
         "config": {"model": args.model, "max_tokens": args.max_tokens, "methods": args.methods.split(","),
@@ -109,14 +124,21 @@ def build_report(args, cells, prompts, bandwidth, partial: bool = False) -> dict
 
 
 COLUMNS = ("temperature", "batch_size", "method", "tokens_per_s", "acceptance_length", "acceptance_rate",
-           "draft_ms_per_round", "verify_ms_per_round", "speedup_vs_hf", "fraction_of_bound", "greedy_matches_hf")
+           "draft_ms_per_round", "verify_ms_per_round", "speedup_vs_hf", "fraction_of_bound", "fraction_of_roofline",
+           "greedy_matches_hf")
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1e3 * seconds:.2f}"
 
 
 def markdown(report: dict) -> str:
     cfg, bw = report["config"], report["bandwidth"]
     lines = [f"model {cfg['model']}, {cfg['max_tokens']} new tokens, {len(report['prompts'])} prompts, "
              f"k = {cfg['num_speculative_tokens']}; bandwidth {bw['gb_per_s']} GB/s (plain read "
-             f"{bw['stream_gb_per_s']}, fp32 GEMV {bw['gemv_gb_per_s']}), {bw['weight_bytes']} weight bytes a step",
+             f"{bw['stream_gb_per_s']}, fp32 GEMV {bw['gemv_gb_per_s']}), {bw['weight_bytes']} weight bytes a step; "
+             f"step at least {_ms(bw['seconds_per_step'])} ms by memory, {_ms(bw['hot_gemv_seconds_per_step'])} ms "
+             f"by the projections' arithmetic (weights in cache): {bw['limited_by']}-bound",
              "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in report["cells"]:

@@ -2,6 +2,8 @@
 
 import json
 
+from eagle_helpers import save_tiny_eagle
+
 from specray.cluster.bench_report import SCHEMA
 from specray.cluster.cli import main
 
@@ -12,21 +14,33 @@ def test_bench_offline_end_to_end(tiny_target, tmp_path):
             for i, c in enumerate(["writing", "math", "writing", "coding", "math"])]
     data.write_text("\n".join(json.dumps(r) for r in rows))
     out = tmp_path / "out"
+    eagle = save_tiny_eagle(tmp_path / "eagle", tiny_target)
     code = main(["bench", "offline", "--model", str(tiny_target), "--dataset", str(data), "--num-prompts", "4",
                  "--max-tokens", "5", "--batch-sizes", "1,2", "--temperatures", "0,1", "--draft-num-layers", "1",
-                 "--out", str(out)])
+                 "--eagle-model", str(eagle), "--out", str(out)])
     assert code == 0
     report = json.loads((out / "offline.json").read_text())
     assert report["schema"] == SCHEMA and (out / "offline.md").read_text().startswith("model ")
     assert (out / "offline.png").read_bytes()[:4] == b"\x89PNG"
     cells = {(c["method"], c["batch_size"], c["temperature"]): c for c in report["cells"]}
-    assert len(cells) == 8 * 2 * 2
+    assert len(cells) == 9 * 2 * 2
     assert cells[("hf_assisted", 2, 0.0)]["skipped"] and cells[("specray_draft_padded", 1, 0.0)]["skipped"]
     for c in report["cells"]:
         if not c["skipped"]:
             assert c["requests"] == 4 and c["tokens"] == 4 * 5  # every request generated max_tokens
             assert abs(c["tokens_per_s"] - c["tokens"] / c["seconds"]) < 0.01 * c["tokens_per_s"] + 0.01
-    for m in ("specray", "specray_ngram", "specray_draft"):  # greedy, batch 1: token-identical to transformers
+        if not c["skipped"] and c["method"].startswith("specray"):  # the metrics count the outputs' tokens
+            assert c["emitted"] == c["tokens"] - c["requests"] and c["accepted"] <= c["drafted"]  # prefill: 1st
+            assert c["rounds"] <= c["emitted"] <= c["rounds"] + c["accepted"]  # a round: accepted + 1, cut at max_tokens
+            assert abs(c["acceptance_length"] - c["emitted"] / c["rounds"]) < 1e-3
+            if c["drafted"]:
+                assert abs(c["acceptance_rate"] - c["accepted"] / c["drafted"]) < 1e-3
+            assert c["drafted"] > 0 or c["accepted"] == 0
+            # a step reads the weights once for the group's sequences, each emitting its acceptance length
+            sequences = min(c["batch_size"], 4)
+            assert abs(c["bound_tokens_per_s"] * bw_step(report) - sequences * c["acceptance_length"]) < 0.01
+    assert all(cells[("specray", b, t)]["drafted"] == 0 for b in (1, 2) for t in (0.0, 1.0))
+    for m in ("specray", "specray_ngram", "specray_draft", "specray_eagle"):  # greedy, batch 1: as transformers
         assert cells[(m, 1, 0.0)]["greedy_matches_hf"] is True
     assert cells[("specray_draft", 2, 0.0)]["acceptance_length"] >= 1.0
     assert set(cells[("specray", 1, 0.0)]["per_category"]) == {"writing", "math", "coding"}
@@ -38,15 +52,39 @@ def test_bench_offline_end_to_end(tiny_target, tmp_path):
     plain = cells[("specray", 1, 0.0)]
     assert abs(plain["bound_tokens_per_s"] * bw["seconds_per_step"] - 1.0) < 0.01  # acceptance 1: one step a token
     assert abs(plain["fraction_of_bound"] - plain["tokens_per_s"] / plain["bound_tokens_per_s"]) < 0.01
+    # the roofline: no faster than memory nor than the projections' arithmetic (weights in cache)
+    assert bw["hot_gemv_seconds_per_step"] > 0 and bw["limited_by"] in ("memory", "compute")
+    assert bw["roofline_seconds_per_step"] == max(bw["seconds_per_step"], bw["hot_gemv_seconds_per_step"])
+    assert plain["fraction_of_roofline"] >= plain["fraction_of_bound"] - 1e-3
+    assert cells[("specray", 2, 0.0)]["fraction_of_roofline"] is None  # batch 1 only
+
+
+def bw_step(report) -> float:
+    return report["bandwidth"]["seconds_per_step"]
 
 
 def test_stream_bandwidth_reads_the_whole_buffer():
     """The plain read is a real reading; the bound takes the faster of the two."""
-    from specray.cluster.bench_offline import Bandwidth, stream_bytes_per_s
+    from specray.cluster.bench_bound import Bandwidth, stream_bytes_per_s
 
     assert stream_bytes_per_s(16 << 20, repeats=2) > 1e8  # > 0.1 GB/s on any machine
     bw = Bandwidth(weight_bytes=10**6, gemv_bytes_per_s=2e9, stream_bytes_per_s=4e9)
-    assert bw.step_s == 10**6 / 4e9
+    assert bw.step_s == bw.roofline_step_s == 10**6 / 4e9 and bw.limited_by == "memory"  # no arithmetic floor
+    slow = Bandwidth(weight_bytes=10**6, gemv_bytes_per_s=2e9, stream_bytes_per_s=4e9, hot_gemv_s=1e-3)
+    assert slow.roofline_step_s == 1e-3 and slow.limited_by == "compute"
+
+
+def test_hot_gemv_scales_the_slices_to_the_whole_step(tiny_target):
+    """The arithmetic floor runs on fp32 weights (F.linear) and on packed blocks (the C kernel, which
+    gets raw pointers: the slices must outlive the timing loop)."""
+    from specray.cluster.bench_bound import hot_gemv_seconds
+    from specray.kernels.loader import load_model, resolve
+
+    model = load_model(resolve(str(tiny_target)))
+    assert hot_gemv_seconds(model, repeats=2, inner=3) > 0
+    model.enable_cpu_kernels()
+    if model.round_weights_to_q8_0():  # a C compiler: the packed kernel's floor
+        assert model.packed_weights and hot_gemv_seconds(model, repeats=2, inner=3) > 0
 
 
 def test_bench_offline_writes_each_finished_row(tiny_target, tmp_path, monkeypatch, capsys):
