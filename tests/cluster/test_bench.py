@@ -125,23 +125,50 @@ def test_bench_serve_against_a_live_server(tiny_target, tmp_path):
     engine = AsyncEngine(llm.engine)
     out = tmp_path / "serve"
     data = tmp_path / "words.jsonl"
-    data.write_text("\n".join(json.dumps({"prompt": f"w{i} w{i + 1} w{i + 2}"}) for i in range(10, 16)))
+    data.write_text("\n".join(json.dumps({"category": ["math", "qa"][i % 2], "prompt": f"w{i} w{i + 1} w{i + 2}"})
+                              for i in range(10, 16)))
     with BackgroundServer(OpenAIServer(engine, llm.get_tokenizer(), "tiny", api_key="k").app) as http:
         for extra in ([], ["--request-rate", "50", "--endpoint", "completions"]):
             code = main(["bench", "serve", "--url", http.url, "--api-key", "k", "--concurrency", "1,4",
                          "--num-requests", "6", "--max-tokens", "5", "--dataset", str(data), "--out", str(out),
-                         "--temperature", "1.0", *extra])
+                         "--temperature", "1.0", "--ignore-eos", *extra])
             assert code == 0
             report = json.loads((out / "serve.json").read_text())
             for level in report["levels"]:
                 assert level["completed"] == 6 and level["errors"] == 0
-                assert 0 < level["output_tokens"] <= 6 * 5 and level["e2e_s"]["p50"] > 0  # EOS may end early
+                assert level["output_tokens"] == 6 * 5 and level["e2e_s"]["p50"] > 0  # ignore_eos: all run to 5
                 assert level["ttft_s"]["p50"] <= level["e2e_s"]["p99"]
+                assert abs(level["throughput_tokens_per_s"] * level["seconds"] - 30) < 0.1  # seconds: 4 decimals
+                cats = level["per_category"]
+                assert set(cats) == {"math", "qa"} and sum(c["completed"] for c in cats.values()) == 6
+                assert all(c["output_tokens"] == 3 * 5 and c["e2e_p50_s"] > 0 for c in cats.values())
+            assert "| 4 | qa | 3 | 0 | 15 |" in (out / "serve.md").read_text()
         wrong_key = main(["bench", "serve", "--url", http.url, "--model", "tiny", "--concurrency", "2",
                           "--num-requests", "3", "--out", str(out)])
         assert wrong_key == 0 and json.loads((out / "serve.json").read_text())["levels"][0]["errors"] == 3
     engine.shutdown()
     assert (out / "serve.png").read_bytes()[:4] == b"\x89PNG" and (out / "serve.md").exists()
+
+
+def test_open_loop_latency_counts_the_wait_for_a_slot():
+    """Open loop: a request's clock starts on arrival, so waiting behind the concurrency cap is
+    latency; closed loop: it starts when the request is sent."""
+    import asyncio
+    import time
+
+    from specray.cluster.bench_serve import Sample, drive
+
+    async def send(body, start):
+        s = Sample(ok=True, start=start or time.perf_counter())
+        await asyncio.sleep(0.05)
+        s.end = time.perf_counter()
+        return s
+
+    open_loop, _ = asyncio.run(drive(send, [{}] * 3, 1, 1000.0, seed=0))
+    assert max(s.end - s.start for s in open_loop) >= 0.14  # the third waited behind two
+    closed, _ = asyncio.run(drive(send, [{}] * 3, 1, None, seed=0))
+    starts = sorted(s.start for s in closed)  # each clock starts as its request is sent, after the last ends
+    assert all(b - a >= 0.045 for a, b in zip(starts, starts[1:]))
 
 
 def test_bench_cluster_closed_loop_and_table(tiny_target, tiny_draft):
