@@ -92,6 +92,8 @@ class TargetWorker:
             if res.accepted_nodes is not None:
                 self.cache.compact(item.seq_id, base, [base + node for node in res.accepted_nodes])
             self.cache.set_cached(item.seq_id, base + res.num_accepted)
+            if chunk.parents is not None:  # the rejected branches' blocks go back to the pool
+                self.cache.release_unused(item.seq_id)
         self._attach_logprobs(items, logits, results)
         return results
 

@@ -72,6 +72,18 @@ class PagedKVCache:
         if table is not None:
             self._free.extend(reversed(table.blocks))
 
+    def release_unused(self, seq_id: object) -> int:
+        """Give the blocks past the sequence's cached tokens back to the pool (a verified tree's
+        rejected branches): -> how many. Its next round reserves what it needs again."""
+        table = self.tables[seq_id]
+        keep = -(-table.num_cached // self.block_size)
+        extra = table.blocks[keep:]
+        if extra:
+            del table.blocks[keep:]
+            self._free.extend(reversed(extra))
+            self._block_slots.pop(seq_id, None)  # a later block may get another id at the same index
+        return len(extra)
+
     # -- lengths ----------------------------------------------------------------------------
     def num_cached(self, seq_id: object) -> int:
         table = self.tables.get(seq_id)
@@ -86,8 +98,9 @@ class PagedKVCache:
     def slots(self, seq_id: object, start: int, end: int) -> torch.Tensor:
         """[end - start] slot indices of the sequence's token positions start..end-1 (a read-only view).
 
-        Every step asks for a sequence's whole history; blocks only ever get appended (or all freed),
-        so the slots of its blocks are kept per sequence and rebuilt only when it gains a block."""
+        Every step asks for a sequence's whole history; blocks get appended, or released from the end
+        (which drops this copy), so the slots of its blocks are kept per sequence and rebuilt only
+        when its blocks change."""
         blocks = self.tables[seq_id].blocks
         assert 0 <= start <= end <= len(blocks) * self.block_size
         cached = self._block_slots.get(seq_id)

@@ -60,6 +60,9 @@ def test_tree_verification_compacts_the_accepted_path(model):
     want_kv = fresh.cache.kv[:, :, fresh.cache.slots("a", 0, n)]
     assert w.cache.num_cached("a") == n
     torch.testing.assert_close(got_kv, want_kv, atol=1e-5, rtol=1e-5)
+    # the rejected branches' blocks are free again: "a" holds just the blocks its tokens fill
+    assert len(w.cache.tables["a"].blocks) == -(-n // 4)
+    assert w.cache.num_free_blocks == 64 - len(w.cache.tables["a"].blocks) - len(w.cache.tables["b"].blocks)
     # and decoding continues exactly
     res = w.step([TargetItem("a", want["a"][4:5], decoy_tree(want["a"][5:7])),
                   TargetItem("b", want["b"][2:3], Proposal([]))])

@@ -32,6 +32,20 @@ def test_blocks_free_list_and_rollback():
     assert cache.slots("b", 0, 4).tolist() == [0, 1, 2, 3]
 
 
+def test_release_unused_returns_blocks_past_the_cached_tokens():
+    """After a tree round: blocks past the kept tokens go back; slots then follow the new blocks."""
+    cache = PagedKVCache(CFG, num_blocks=6, block_size=3)
+    cache.reserve("b", 3)  # another sequence holds block 0
+    cache.reserve("a", 9)  # blocks 1, 2, 3
+    assert cache.slots("a", 0, 9).tolist() == list(range(3, 12))
+    cache.set_cached("a", 4)  # 4 tokens kept: 2 blocks
+    assert cache.release_unused("a") == 1 and cache.num_free_blocks == 3
+    assert cache.release_unused("a") == 0 and cache.slots("a", 0, 4).tolist() == [3, 4, 5, 6]
+    cache.reserve("b", 6)  # "b" takes the released block 3
+    cache.reserve("a", 7)  # "a" gets another block at the same index: its slots must follow
+    assert cache.tables["a"].blocks == [1, 2, 4] and cache.slots("a", 6, 7).tolist() == [12]
+
+
 def test_slots_follow_new_blocks_and_reuse():
     """`slots` keeps each sequence's block slots between steps: a new block, or the same id reused
     after `free` with other blocks, must show up."""
