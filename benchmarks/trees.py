@@ -19,12 +19,12 @@ from pathlib import Path
 def configs(draft: str, depth: int, budget: int, method: str = "draft_model") -> dict[str, dict | None]:
     """name -> speculative_config; `depth/...` share the depth, `budget/...` verify at most `budget` tokens.
     `method`: the chain's and the trees' drafter (draft_model, or eagle for a feature-level draft)."""
+    from specray.cluster.bench_offline import tree_shapes
+
     chain = {"method": method, "model": draft}
     out: dict[str, dict | None] = {"none": None}
     for group, k, cap in (("depth", depth, None), ("budget", depth + 1, budget)):
-        trees = {"rsd_c": {"kind": "rsd_c", "branching": [2, 2] + [1] * max(0, k - 2)},
-                 "rsd_s": {"kind": "rsd_s", "width": 2}, "spectr": {"kind": "spectr", "k": 2},
-                 "topk": {"kind": "topk", "k": 2, "width": 2}}
+        trees = tree_shapes(k)
         capped = {"verify_budget": cap} if cap else {}
         out[f"{group}/chain"] = {**chain, "num_speculative_tokens": cap or k}
         for name, tree in trees.items():

@@ -16,9 +16,27 @@ from specray.cluster.bench_bound import Bandwidth
 from specray.cluster.bench_prompts import load_prompts
 
 HF_METHODS = ("hf", "hf_prompt_lookup", "hf_assisted")
+# Trees and multi-draft (issue: tree speculation), drafted by the eagle draft where there is one.
+TREE_METHODS = ("specray_rsd_c", "specray_rsd_s", "specray_spectr", "specray_topk", "specray_aded")
 SPECRAY_METHODS = ("specray", "specray_ngram", "specray_draft", "specray_eagle", "specray_ngram_padded",
-                   "specray_draft_padded")
+                   "specray_draft_padded") + TREE_METHODS
 METHODS = HF_METHODS + SPECRAY_METHODS
+
+
+def tree_shapes(depth: int) -> dict[str, dict]:
+    """Each tree kind at `depth` with two candidates a level: RSD-C branches twice at the first two
+    depths and then chains; RSD-S keeps a beam of 2, SpecTr draws 2 chains, top-k expands 2 nodes."""
+    return {"rsd_c": {"kind": "rsd_c", "branching": [2, 2][:depth] + [1] * max(0, depth - 2)},
+            "rsd_s": {"kind": "rsd_s", "width": 2}, "spectr": {"kind": "spectr", "k": 2},
+            "topk": {"kind": "topk", "k": 2, "width": 2}}
+
+
+def tree_configs(k: int, draft: dict) -> dict[str, dict]:
+    """TREE_METHODS -> speculative_config: `draft` ({method, model}) drafts the trees; ADED needs none."""
+    configs = {f"specray_{kind}": {**draft, "num_speculative_tokens": k, "tree": shape}
+               for kind, shape in tree_shapes(k).items()}
+    configs["specray_aded"] = {"method": "aded", "num_speculative_tokens": k}
+    return configs
 
 
 @dataclass
@@ -68,6 +86,9 @@ class Runner:
                    "specray_draft": draft,
                    "specray_eagle": {"method": "eagle", "model": args.eagle_model,
                                      "num_speculative_tokens": args.eagle_k or k}}
+        tree_draft = ({"method": "eagle", "model": args.eagle_model} if args.eagle_model
+                      else {key: draft[key] for key in ("method", "model", "draft_num_layers")})
+        configs.update(tree_configs(k, tree_draft))
         wanted = {m.replace("_padded", "") for m in methods}  # a padded method reuses its engine
         kv_tokens = max_seqs * (longest_prompt + args.max_tokens + k + 32)  # every group fits at once
         self.llms = {m: LLM(args.model, speculative_config=configs[m], max_num_seqs=max_seqs,
@@ -198,8 +219,9 @@ def cmd_bench_offline(args) -> int:
 
 
 def default_methods(args) -> str:
-    """Every method; specray_eagle only with a feature-level draft to run it."""
-    return ",".join(m for m in METHODS if m != "specray_eagle" or args.eagle_model)
+    """Every method (--quick: no trees); specray_eagle only with a feature-level draft to run it."""
+    return ",".join(m for m in METHODS if (m != "specray_eagle" or args.eagle_model)
+                    and not (args.quick and m in TREE_METHODS))
 
 
 def int_list(text: str) -> list[int]:
@@ -223,7 +245,8 @@ def add_bench_parser(sub) -> None:
     off.add_argument("--num-prompts", type=int, default=16)
     off.add_argument("--max-tokens", type=int, default=128)
     off.add_argument("--methods", default=None, help=f"comma-separated from {list(METHODS)} (default: all; "
-                     "specray_eagle with a feature-level draft)")
+                     "specray_eagle with a feature-level draft; trees, drafted by it where there is one, "
+                     "else by --draft-model, not in --quick)")
     off.add_argument("--batch-sizes", type=int_list, default=[1, 4, 8, 16])
     off.add_argument("--temperatures", type=float_list, default=[0.0, 1.0])
     off.add_argument("--num-speculative-tokens", type=int, default=2)

@@ -4,6 +4,7 @@ import json
 
 from eagle_helpers import save_tiny_eagle
 
+from specray.cluster.bench_offline import TREE_METHODS
 from specray.cluster.bench_report import SCHEMA
 from specray.cluster.cli import main
 
@@ -23,7 +24,7 @@ def test_bench_offline_end_to_end(tiny_target, tmp_path):
     assert report["schema"] == SCHEMA and (out / "offline.md").read_text().startswith("model ")
     assert (out / "offline.png").read_bytes()[:4] == b"\x89PNG"
     cells = {(c["method"], c["batch_size"], c["temperature"]): c for c in report["cells"]}
-    assert len(cells) == 9 * 2 * 2
+    assert len(cells) == 14 * 2 * 2  # transformers' 3, specray's 6 and its 5 tree methods
     assert cells[("hf_assisted", 2, 0.0)]["skipped"] and cells[("specray_draft_padded", 1, 0.0)]["skipped"]
     for c in report["cells"]:
         if not c["skipped"]:
@@ -40,8 +41,10 @@ def test_bench_offline_end_to_end(tiny_target, tmp_path):
             sequences = min(c["batch_size"], 4)
             assert abs(c["bound_tokens_per_s"] * bw_step(report) - sequences * c["acceptance_length"]) < 0.01
     assert all(cells[("specray", b, t)]["drafted"] == 0 for b in (1, 2) for t in (0.0, 1.0))
-    for m in ("specray", "specray_ngram", "specray_draft", "specray_eagle"):  # greedy, batch 1: as transformers
+    for m in ("specray", "specray_ngram", "specray_draft", "specray_eagle", *TREE_METHODS):  # greedy: as transformers
         assert cells[(m, 1, 0.0)]["greedy_matches_hf"] is True
+    for m in TREE_METHODS:  # they ran as trees (several draft tokens a round), at every batch size
+        assert all(cells[(m, b, t)]["drafted"] > 0 for b in (1, 2) for t in (0.0, 1.0))
     assert cells[("specray_draft", 2, 0.0)]["acceptance_length"] >= 1.0
     assert set(cells[("specray", 1, 0.0)]["per_category"]) == {"writing", "math", "coding"}
     assert report["summary"]["specray_plain_vs_hf_plain_batch1"] is not None
