@@ -148,11 +148,12 @@ def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
     so a long run leaves its finished rows on disk whatever happens later."""
     from tqdm import tqdm
 
-    if args.eagle_model is None:  # the target's default feature-level draft, where it has one
-        from specray.cluster.draft_defaults import default_speculative_config
+    from specray.cluster.draft_defaults import packaged_draft
 
-        default = default_speculative_config(args.model)
-        args.eagle_model = default["model"] if default["method"] == "eagle" else None
+    if args.eagle_model is None:  # the target's packaged drafts, where it has them
+        args.eagle_model = packaged_draft(args.model, "eagle")
+    if args.draft_model is None:  # else specray_draft and hf_assisted run the target, truncated
+        args.draft_model = packaged_draft(args.model, "draft_model")
     methods = [m for m in (args.methods or default_methods(args)).split(",") if m]
     args.methods = ",".join(methods)
     unknown = sorted(set(methods) - set(METHODS))
@@ -251,7 +252,9 @@ def add_bench_parser(sub) -> None:
     off.add_argument("--temperatures", type=float_list, default=[0.0, 1.0])
     off.add_argument("--num-speculative-tokens", type=int, default=2)
     off.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
-    off.add_argument("--draft-model", default=None, help="draft checkpoint (default: the target, truncated)")
+    off.add_argument("--draft-model", default=None, help="draft checkpoint for specray_draft and hf_assisted "
+                     "(default: the target's packaged standalone draft, smollm2-135m-draft for smollm2-135m; "
+                     "else the target, truncated to --draft-num-layers)")
     off.add_argument("--draft-num-layers", type=int, default=4)
     off.add_argument("--eagle-model", default=None, help="feature-level draft for specray_eagle (method 'eagle'; "
                      "default: the target's packaged one, smollm2-135m-eagle for smollm2-135m)")

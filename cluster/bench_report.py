@@ -2,7 +2,9 @@
 
 JSON schema `specray.bench.offline/5` (/4 had no arithmetic floor nor raw counts, and bounds at
 batch 1 only):
-- `config`: model, max_tokens, num_speculative_tokens, batch_sizes, temperatures, methods,
+- `config`: model, max_tokens, num_speculative_tokens, draft_num_layers, draft_model (null: the
+  target, truncated), eagle_model (also the trees' drafter; null: trees use the draft model),
+  batch_sizes, temperatures, methods,
   sequences_per_batch {batch size: sequences a group really held (min of it and the prompts)};
 - `machine`: platform, torch version, threads; `prompts`: [{category, prompt (first 80 chars)}];
 - `bandwidth`: weight_bytes (read by a decode step; packed weights at their packed size),
@@ -112,6 +114,7 @@ def build_report(args, cells, prompts, bandwidth, partial: bool = False) -> dict
         "config": {"model": args.model, "max_tokens": args.max_tokens, "methods": args.methods.split(","),
                    "batch_sizes": args.batch_sizes, "temperatures": args.temperatures,
                    "num_speculative_tokens": args.num_speculative_tokens, "draft_num_layers": args.draft_num_layers,
+                   "draft_model": args.draft_model, "eagle_model": args.eagle_model,
                    # what each batch-size row really ran at once: fewer prompts than the batch size cap it
                    "sequences_per_batch": {b: min(b, len(prompts)) for b in args.batch_sizes}},
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
