@@ -72,7 +72,7 @@ def skip_reason(method: str, batch_size: int) -> str | None:
 class Runner:
     """Loads every model once; `run(method, group, temperature)` generates for a group of prompts."""
 
-    def __init__(self, args, methods: list[str], longest_prompt: int):
+    def __init__(self, args, methods: list[str], kv_tokens: int):
         from specray import LLM
         from specray.cluster.hf_baselines import load_hf, truncated_assistant
         from specray.kernels.loader import resolve
@@ -90,7 +90,6 @@ class Runner:
                       else {key: draft[key] for key in ("method", "model", "draft_num_layers")})
         configs.update(tree_configs(k, tree_draft))
         wanted = {m.replace("_padded", "") for m in methods}  # a padded method reuses its engine
-        kv_tokens = max_seqs * (longest_prompt + args.max_tokens + k + 32)  # every group fits at once
         self.llms = {m: LLM(args.model, speculative_config=configs[m], max_num_seqs=max_seqs,
                             kv_cache_tokens=kv_tokens) for m in configs if m in wanted}
         self.hf = load_hf(self.ckpt.path) if any(m in HF_METHODS for m in methods) else None
@@ -143,6 +142,16 @@ class Runner:
         return [o.outputs[0].token_ids for o in outs]
 
 
+def kv_tokens_needed(encoded: list[list[int]], batch_sizes: list[int], max_tokens: int, k: int,
+                     block_size: int = 16) -> int:
+    """KV slots for the largest group at once: its prompts, new tokens, a round's draft tree (at most
+    4k nodes in these shapes) and a partly filled block each. Sized per group, not as batch size x the
+    longest prompt: one engine per method, fourteen of them, must fit in memory together."""
+    extra = max_tokens + 4 * k + 2 * block_size
+    return max(sum(len(ids) + extra for ids in encoded[g:g + b])
+               for b in batch_sizes for g in range(0, len(encoded), b))
+
+
 def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
     """Every (batch size, temperature) row in turn; `on_row(cells so far, prompts, runner)` after each,
     so a long run leaves its finished rows on disk whatever happens later."""
@@ -173,7 +182,8 @@ def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
         if b > len(encoded):  # the row is real, but its groups are smaller than its label says
             print(f"specray bench offline: warning: batch size {b} > {len(encoded)} prompts; that row runs "
                   f"{len(encoded)} sequences at once (raise --num-prompts)", file=sys.stderr)
-    runner = Runner(args, methods, max(len(ids) for ids in encoded))
+    runner = Runner(args, methods, kv_tokens_needed(encoded, args.batch_sizes, args.max_tokens,
+                                                     max(args.num_speculative_tokens, args.eagle_k or 0)))
     cells = []
     for m in methods:  # warm-up: first calls pay one-off allocation costs
         if skip_reason(m, 1) is None:
