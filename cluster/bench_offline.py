@@ -72,7 +72,7 @@ def skip_reason(method: str, batch_size: int) -> str | None:
 class Runner:
     """Loads every model once; `run(method, group, temperature)` generates for a group of prompts."""
 
-    def __init__(self, args, methods: list[str], kv_tokens: int):
+    def __init__(self, args, methods: list[str], encoded: list[list[int]]):
         from specray import LLM
         from specray.cluster.hf_baselines import load_hf, truncated_assistant
         from specray.kernels.loader import resolve
@@ -90,8 +90,11 @@ class Runner:
                       else {key: draft[key] for key in ("method", "model", "draft_num_layers")})
         configs.update(tree_configs(k, tree_draft))
         wanted = {m.replace("_padded", "") for m in methods}  # a padded method reuses its engine
+        kv_k = max(k, args.eagle_k or 0)
         self.llms = {m: LLM(args.model, speculative_config=configs[m], max_num_seqs=max_seqs,
-                            kv_cache_tokens=kv_tokens) for m in configs if m in wanted}
+                            kv_cache_tokens=kv_tokens_needed(encoded, args.batch_sizes, args.max_tokens, kv_k,
+                                                             padded=f"{m}_padded" in methods))
+                     for m in configs if m in wanted}
         self.hf = load_hf(self.ckpt.path) if any(m in HF_METHODS for m in methods) else None
         self.assistant = None
         if "hf_assisted" in methods:  # the very draft specray_draft uses
@@ -143,13 +146,16 @@ class Runner:
 
 
 def kv_tokens_needed(encoded: list[list[int]], batch_sizes: list[int], max_tokens: int, k: int,
-                     block_size: int = 16) -> int:
+                     padded: bool = False, block_size: int = 16) -> int:
     """KV slots for the largest group at once: its prompts, new tokens, a round's draft tree (at most
-    4k nodes in these shapes) and a partly filled block each. Sized per group, not as batch size x the
-    longest prompt: one engine per method, fourteen of them, must fit in memory together."""
+    4k nodes in these shapes) and a partly filled block each; `padded` (the baseline pads every
+    sequence to the group's longest): group size x its longest. Sized per group, not as the largest
+    batch x the longest prompt: one engine per method, fourteen of them, must fit in memory together."""
     extra = max_tokens + 4 * k + 2 * block_size
-    return max(sum(len(ids) + extra for ids in encoded[g:g + b])
-               for b in batch_sizes for g in range(0, len(encoded), b))
+    groups = [encoded[g:g + b] for b in batch_sizes for g in range(0, len(encoded), b)]
+    if padded:
+        return max(len(group) * (max(len(ids) for ids in group) + extra) for group in groups)
+    return max(sum(len(ids) + extra for ids in group) for group in groups)
 
 
 def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
@@ -182,8 +188,7 @@ def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
         if b > len(encoded):  # the row is real, but its groups are smaller than its label says
             print(f"specray bench offline: warning: batch size {b} > {len(encoded)} prompts; that row runs "
                   f"{len(encoded)} sequences at once (raise --num-prompts)", file=sys.stderr)
-    runner = Runner(args, methods, kv_tokens_needed(encoded, args.batch_sizes, args.max_tokens,
-                                                     max(args.num_speculative_tokens, args.eagle_k or 0)))
+    runner = Runner(args, methods, encoded)
     cells = []
     for m in methods:  # warm-up: first calls pay one-off allocation costs
         if skip_reason(m, 1) is None:

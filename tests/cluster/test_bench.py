@@ -66,6 +66,18 @@ def bw_step(report) -> float:
     return report["bandwidth"]["seconds_per_step"]
 
 
+def test_kv_sizing_covers_each_group_and_the_padded_baseline():
+    """Each engine holds its largest group at once; an engine that also runs the padded baseline
+    holds every sequence padded to its group's longest (the full run once ran out of blocks there)."""
+    from specray.cluster.bench_offline import kv_tokens_needed
+
+    encoded = [[0] * n for n in (40, 769, 53, 660)]
+    extra = 10 + 4 * 2 + 32  # new tokens, a tree of depth 2, block rounding
+    assert kv_tokens_needed(encoded, [1, 2], 10, 2) == 40 + 769 + 2 * extra  # the first pair
+    assert kv_tokens_needed(encoded, [1, 4], 10, 2) == sum(map(len, encoded)) + 4 * extra
+    assert kv_tokens_needed(encoded, [1, 4], 10, 2, padded=True) == 4 * (769 + extra)
+
+
 def test_stream_bandwidth_reads_the_whole_buffer():
     """The plain read is a real reading; the bound takes the faster of the two."""
     from specray.cluster.bench_bound import Bandwidth, stream_bytes_per_s
