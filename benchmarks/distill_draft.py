@@ -43,7 +43,29 @@ def speculate(llm, ids, sp: dict, k: int, want):
     return outs, seconds, {
         "acceptance_length": round(sum(o.metrics.num_emitted_tokens for o in outs) / max(rounds, 1), 3),
         "acceptance_rate": round(sum(o.metrics.num_accepted_tokens for o in outs) / max(drafted, 1), 3),
+        "drafted_per_round": round(drafted / max(rounds, 1), 2),
         "lossless": all(o.outputs[0].token_ids == w for o, w in zip(outs, want, strict=True))}
+
+
+def tree_rows(args, ids, sp: dict, want, record) -> None:
+    """The draft's trees (speculative_config['tree'] = --tree) at each depth in --tree-ks, alone and,
+    with --lookup-first, behind prompt lookup; at most --tree-budget draft tokens verified a round."""
+    from specray import LLM, SamplingParams
+
+    tree = json.loads(args.tree)
+    depths = [int(x) for x in args.tree_ks.split(",") if x]
+    budget = {"verify_budget": args.tree_budget} if args.tree_budget else {}
+    for lookup in (False, True) if args.lookup_first else (False,):
+        llm = LLM(args.model, max_num_seqs=1, speculative_config={
+            "method": args.method, "model": args.draft, "num_speculative_tokens": max(depths), "tree": tree,
+            **budget, **({"lookup_first": True} if lookup else {})})
+        llm.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))
+        for k in depths:
+            outs, seconds, figures = speculate(llm, ids, sp, k, want)
+            name = "specray + draft, lookup first, tree" if lookup else "specray + draft, tree"
+            record(name, [o.outputs[0].token_ids for o in outs], seconds, k=k, tree=tree,
+                   verify_budget=args.tree_budget, **figures)
+        del llm
 
 
 def eagle_step_seconds(folder, vocab_trim: int, repeats: int = 30) -> float:
@@ -65,7 +87,7 @@ def eagle_step_seconds(folder, vocab_trim: int, repeats: int = 30) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     from specray import LLM, SamplingParams
     from specray.cluster.bench_prompts import SHARED_PROMPTS, load_prompts
     from specray.cluster.hf_baselines import hf_generate, load_hf
@@ -90,9 +112,14 @@ def main() -> None:
     ap.add_argument("--lookup-ks", default=None, help="num_speculative_tokens for the lookup_first rows (default: --ks)")
     ap.add_argument("--lookup-model-tokens", type=int, default=None,
                     help="lookup_first model_tokens: the draft's chain length at most (default: k)")
+    ap.add_argument("--tree", default=None,
+                    help="also measure the draft's trees: a speculative_config['tree'] JSON, e.g. "
+                         "'{\"kind\": \"topk\", \"k\": 3, \"width\": 4}' (EAGLE-2 style)")
+    ap.add_argument("--tree-ks", default="6", help="tree depths (num_speculative_tokens) for the --tree rows")
+    ap.add_argument("--tree-budget", type=int, default=None, help="verify_budget of the --tree rows")
     ap.add_argument("--ngram-ks", default="", help="also measure method ngram (prompt lookup alone) at these k")
     ap.add_argument("--out", default="bench_out/distill_draft.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     ks = [int(x) for x in args.ks.split(",") if x]
     trim_off = [int(x) for x in args.trim_off_ks.split(",") if x]
 
@@ -149,6 +176,8 @@ def main() -> None:
                    lookup_share=round(llm.draft.drafter.lookup_rounds / max(rounds, 1), 3), **figures)
             llm.draft.drafter.lookup_rounds = llm.draft.drafter.model_rounds = 0
         del llm
+    if args.tree:
+        tree_rows(args, ids, sp, want, record)
     ngram_ks = [int(x) for x in args.ngram_ks.split(",") if x]
     if ngram_ks:
         llm = LLM(args.model, max_num_seqs=1, speculative_config={"method": "ngram",
@@ -196,6 +225,7 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
+    return result
 
 
 if __name__ == "__main__":

@@ -270,3 +270,31 @@ def test_paired_speedup_benchmark_runs_and_counts(tiny_target, tmp_path):
     assert ngram["lossless"] and ngram["acceptance_length"] >= 1.0 and ngram["tokens_per_s"] > 0
     with pytest.raises(SystemExit, match="--configs"):
         paired.main(["--model", str(tiny_target), "--configs", "{}"])
+
+
+def test_distill_draft_benchmark_measures_chains_lookup_and_trees(tiny_target, tiny_draft, tmp_path):
+    """benchmarks/distill_draft.py: chain, lookup-first and tree rows (alone and behind lookup) all
+    equal plain decoding, and a tree row verifies more draft tokens a round than its depth."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "benchmarks" / "distill_draft.py"
+    spec = importlib.util.spec_from_file_location("bench_distill_draft", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "d.json"
+    result = bench.main(["--model", str(tiny_target), "--draft", str(tiny_draft), "--num-prompts", "2",
+                         "--max-tokens", "6", "--ks", "2", "--trim-off-ks", "", "--skip-hf", "--lookup-first",
+                         "--tree", json.dumps({"kind": "topk", "k": 2, "width": 2}), "--tree-ks", "2,3",
+                         "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    rows = {(r["method"], r.get("k")): r for r in result["runs"]}
+    assert set(rows) == {("specray (no speculation)", None), ("specray + draft", 2),
+                         ("specray + draft, lookup first", 2), ("specray + draft, tree", 2),
+                         ("specray + draft, tree", 3), ("specray + draft, lookup first, tree", 2),
+                         ("specray + draft, lookup first, tree", 3)}
+    assert all(r["lossless"] for r in result["runs"] if "lossless" in r)
+    assert rows[("specray + draft", 2)]["drafted_per_round"] <= 2
+    assert 3 < rows[("specray + draft, tree", 3)]["drafted_per_round"] <= 2 + 2 * 2 * 2  # top-2 of 2 nodes a level
+    assert all(r["tokens"] == 2 * 6 for r in result["runs"])

@@ -90,13 +90,15 @@ def test_the_feature_draft_keeps_target_features_through_lookup_rounds(tiny_targ
 
 
 TREE = {"kind": "rsd_c", "branching": [2, 2]}
+TOPK = {"kind": "topk", "k": 3, "width": 4}  # EAGLE-2 style, under a verify budget (README's tree row)
 
 
-@pytest.mark.parametrize("method,tree,pipelined", [("draft_model", None, False), ("eagle", None, False),
-                                                   ("draft_model", TREE, False), ("eagle", TREE, True)])
+@pytest.mark.parametrize("method,tree,pipelined,budget", [
+    ("draft_model", None, False, None), ("eagle", None, False, None), ("draft_model", TREE, False, None),
+    ("eagle", TREE, True, None), ("eagle", TOPK, False, 8)])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_lookup_first_equals_non_speculative(tiny_target, tiny_draft, tmp_path_factory, method, tree,
-                                                    pipelined, batch):
+                                                    pipelined, budget, batch):
     """Chains, and trees beside lookup chains in one verification batch; pipelined or not."""
     from eagle_helpers import save_tiny_eagle
 
@@ -104,7 +106,7 @@ def test_greedy_lookup_first_equals_non_speculative(tiny_target, tiny_draft, tmp
     draft = (str(tiny_draft) if method == "draft_model"
              else str(save_tiny_eagle(tmp_path_factory.mktemp("eagle"), tiny_target, seed=3, noise=0.2)))
     llm = LLM(str(tiny_target), kv_cache_tokens=8192, pipelined=pipelined, speculative_config={
-        "method": method, "model": draft, "num_speculative_tokens": 4, "tree": tree,
+        "method": method, "model": draft, "num_speculative_tokens": 4, "tree": tree, "verify_budget": budget,
         "lookup_first": {"min_match": 1, "model_tokens": 2}})
     outs = llm.generate(prompts(batch), GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == want
