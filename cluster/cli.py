@@ -18,7 +18,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="cpu")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--kv-cache-tokens", type=int, default=16384, help="target KV cache size in tokens")
+    from specray.cluster.serve_cli import json_object
+
     s = p.add_argument_group("speculation")
+    s.add_argument("--speculative-config", type=json_object, default=None,
+                   help="the whole speculative_config as JSON, as vLLM takes it (trees, budgets, lookup_first, "
+                        "...); not with the other speculation flags")
     s.add_argument("--speculative-method", default=None, choices=["ngram", "draft_model", "eagle", "none"],
                    help="default: the target's packaged trained draft (smollm2-135m: eagle), else ngram")
     s.add_argument("--draft-model", default=None,
@@ -39,9 +44,17 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--prompt-lookup-max", type=int, default=4)
 
 
+GENERATE_SPEC_FLAGS = ("speculative_method", "draft_model", "num_speculative_tokens", "draft_vocab_trim",
+                       "draft_num_layers", "draft_quantization", "disable_by_batch_size", "lookup_first")
+
+
 def speculative_config(args) -> dict | None:
     from specray.cluster.draft_defaults import default_speculative_config, packaged_draft
+    from specray.cluster.serve_cli import refuse_beside_speculative_config
 
+    if getattr(args, "speculative_config", None) is not None:  # callers' namespaces may predate the flag
+        refuse_beside_speculative_config(args, GENERATE_SPEC_FLAGS)
+        return args.speculative_config
     if args.speculative_method == "none":
         return None
     default = default_speculative_config(args.model)

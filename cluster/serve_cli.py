@@ -22,8 +22,9 @@ FLAG_KEYS = {
 
 def add_serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP and gRPC APIs on Ray",
-                       description="With no flags: a local Ray cluster, SmolLM2-135M as the target, n-gram "
-                                   "drafting. Flags override the --config file, which overrides defaults.")
+                       description="With no flags: a local Ray cluster, SmolLM2-135M as the target, its packaged "
+                                   "eagle draft behind prompt lookup. Flags override the --config file, which "
+                                   "overrides defaults.")
     add_serve_flags(p)
     p.add_argument("--dry-run", action="store_true", help="print the resolved config as YAML and exit")
     p.set_defaults(func=cmd_serve)
@@ -39,6 +40,9 @@ def add_serve_flags(p) -> None:
     p.add_argument("--port", type=int, help="HTTP port (default 8000)")
     p.add_argument("--grpc-port", type=int, help="gRPC port (default 9000)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer <key>' (or set SPECRAY_API_KEY)")
+    p.add_argument("--speculative-config", type=json_object,
+                   help="the whole speculative_config as JSON, as vLLM takes it (trees, budgets, lookup_first, ...); "
+                        "not with the other speculation flags")
     p.add_argument("--speculative-method", choices=["ngram", "draft_model", "eagle", "none"])
     p.add_argument("--draft-model")
     p.add_argument("--num-speculative-tokens", type=int)
@@ -78,6 +82,9 @@ def _speculative_override(args, current: dict | None, target: str):
     """The speculative_config the flags ask for, or False when they ask for nothing."""
     from specray.cluster.draft_defaults import packaged_draft
 
+    if args.speculative_config is not None:
+        refuse_beside_speculative_config(args, SERVE_SPEC_FLAGS)
+        return args.speculative_config
     if args.speculative_method == "none":
         return None
     if (args.speculative_method is None and args.draft_model is None and args.num_speculative_tokens is None
@@ -99,6 +106,17 @@ def _speculative_override(args, current: dict | None, target: str):
     if args.lookup_first:
         spec["lookup_first"] = True
     return spec
+
+
+SERVE_SPEC_FLAGS = ("speculative_method", "draft_model", "num_speculative_tokens", "lookup_first")
+
+
+def refuse_beside_speculative_config(args, flags: tuple[str, ...]) -> None:
+    """--speculative-config is the whole config: a flag beside it would be ambiguous (which wins?)."""
+    given = [f"--{f.replace('_', '-')}" for f in flags if getattr(args, f, None) not in (None, False)]
+    if given:
+        raise ValueError(f"--speculative-config is the whole speculative_config; put {', '.join(given)} "
+                         "inside it instead")
 
 
 def _draft_method(name: str) -> str:
@@ -180,7 +198,7 @@ def endpoint_banner(cfg, handle) -> str:
     return "\n".join(lines)
 
 
-def _json_object(text: str) -> dict:
+def json_object(text: str) -> dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
@@ -196,9 +214,9 @@ def add_drafter_parser(sub) -> None:
                                    "--transport grpc --drafter-address host:port` at it.")
     p.add_argument("--method", default="ngram", choices=["ngram", "draft_model", "eagle", "aded"])
     p.add_argument("--model", help="draft checkpoint (draft_model, eagle); the target's tokenizer folder (aded)")
-    p.add_argument("--tree", type=_json_object, help="draft_model trees, as in speculative_config, e.g. "
+    p.add_argument("--tree", type=json_object, help="draft_model trees, as in speculative_config, e.g. "
                                                      "'{\"kind\": \"rsd_c\", \"branching\": [2, 2, 1]}'")
-    p.add_argument("--aded", type=_json_object, help="ADED options as in speculative_config (method aded)")
+    p.add_argument("--aded", type=json_object, help="ADED options as in speculative_config (method aded)")
     p.add_argument("--vocab-trim", type=int, help="VocabTrim size (0 = off; default: the draft folder's)")
     p.add_argument("--quantization", choices=["q8_0", "none"],
                    help="draft weights (default: q8_0 on CPU in fp32; lossless either way)")

@@ -71,3 +71,25 @@ def test_bad_input_is_a_clear_error(tiny_target, capsys):
     with pytest.raises(SystemExit) as exit_info:  # argparse's own check of a choice
         main(["generate", "w3", "--model", str(tiny_target), "--draft-quantization", "int4"])
     assert exit_info.value.code == 2 and "--draft-quantization" in capsys.readouterr().err
+
+
+def test_speculative_config_json_is_the_whole_config(tiny_target, tiny_draft, capsys):
+    """--speculative-config (vLLM's flag) passes trees, budgets and lookup_first through as given; a
+    tree config generates; beside another speculation flag, or not a JSON object, it is refused."""
+    from specray.cluster.cli import build_parser, speculative_config
+
+    tree = {"method": "draft_model", "model": str(tiny_draft), "num_speculative_tokens": 3,
+            "tree": {"kind": "topk", "k": 2, "width": 2}, "verify_budget": 5, "lookup_first": True}
+    flags = ["--speculative-config", json.dumps(tree)]
+    assert speculative_config(build_parser().parse_args(["generate", "w3", *flags])) == tree
+    code = main(["generate", "w10 w11 w12", "--model", str(tiny_target), "--max-tokens", "6", "--ignore-eos",
+                 "--no-chat-template", *flags])
+    assert code == 0 and "1 request(s), 6 tokens" in capsys.readouterr().err
+    assert main(["generate", "w3", "--model", str(tiny_target), *flags, "--num-speculative-tokens", "2"]) == 2
+    assert "put --num-speculative-tokens inside it" in capsys.readouterr().err
+    bad_tree = json.dumps({**tree, "tree": {"kind": "magic"}})
+    assert main(["generate", "w3", "--model", str(tiny_target), "--speculative-config", bad_tree]) == 2
+    assert "unknown tree kind" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "w3", "--speculative-config", "[1, 2]"])
+    assert exit_info.value.code == 2 and "expected a JSON object" in capsys.readouterr().err

@@ -83,6 +83,25 @@ def test_speculation_flags(capsys):
         "num_speculative_tokens": 2, "method": "draft_model", "model": "smollm2-135m-draft"}
 
 
+def test_speculative_config_json_replaces_the_files(tmp_path, capsys):
+    """--speculative-config is the whole speculative_config (over the --config file's); beside another
+    speculation flag it is refused, and a bad one is refused with the reason."""
+    import json
+
+    import yaml
+
+    path = tmp_path / "serve.yaml"
+    path.write_text("speculative_config: {method: ngram, num_speculative_tokens: 3}\n")
+    tree = {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 4,
+            "tree": {"kind": "topk", "k": 3, "width": 4}, "verify_budget": 24, "lookup_first": True}
+    assert main(["serve", "--config", str(path), "--speculative-config", json.dumps(tree), "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == tree
+    assert main(["serve", "--speculative-config", json.dumps(tree), "--lookup-first", "--dry-run"]) == 2
+    assert "put --lookup-first inside it" in capsys.readouterr().err
+    assert main(["serve", "--speculative-config", json.dumps({**tree, "verify_budget": 0}), "--dry-run"]) == 2
+    assert "verify_budget" in capsys.readouterr().err
+
+
 def test_default_speculation_is_the_packaged_eagle_draft(capsys):
     """smollm2-135m speculates with its trained feature-level draft behind prompt lookup (one draft-model
     token a round) and stops speculating once two sequences run (measured: cluster/draft_defaults.py);
