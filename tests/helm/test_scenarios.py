@@ -146,3 +146,17 @@ def test_explicit_eagle_draft():
     assert cfg["speculative_config"] == {"method": "eagle", "model": "smollm2-135m-eagle",
                                          "num_speculative_tokens": 1, "disable_by_batch_size": 2}
     assert ServeConfig.from_dict(cfg).speculative_config == cfg["speculative_config"]
+
+
+def test_trees_through_config_overrides():
+    """speculation keys the values do not cover (a tree, its verify budget, lookup first) reach the
+    Serve config through serve.configOverrides, merged into the rendered speculative_config."""
+    from helm_render import render
+
+    extra = {"tree": {"kind": "topk", "k": 3, "width": 4}, "verify_budget": 24, "lookup_first": True}
+    r = render({"speculation": {"method": "eagle", "draftModel": "smollm2-135m-eagle", "numSpeculativeTokens": 4},
+                "serve": {"configOverrides": {"speculative_config": extra}}}, files=("values-cpu.yaml",))
+    cfg = app_config(r.rayservice)
+    assert cfg["speculative_config"] == {"method": "eagle", "model": "smollm2-135m-eagle",
+                                         "num_speculative_tokens": 4, **extra}
+    assert ServeConfig.from_dict(cfg).speculative_config == cfg["speculative_config"]
