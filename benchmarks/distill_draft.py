@@ -35,8 +35,11 @@ def speculate(llm, ids, sp: dict, k: int, want):
     """Every prompt at num_speculative_tokens k -> outputs, seconds, and the acceptance figures."""
     from specray import SamplingParams
 
+    sampled = sp["temperature"] > 0  # seeded per prompt; exactness there is the statistical tests' job
     start = time.perf_counter()
-    outs = [llm.generate({"prompt_token_ids": p}, SamplingParams(**sp, num_speculative_tokens=k))[0] for p in ids]
+    outs = [llm.generate({"prompt_token_ids": p}, SamplingParams(**sp, num_speculative_tokens=k,
+                                                                 seed=i if sampled else None))[0]
+            for i, p in enumerate(ids)]
     seconds = time.perf_counter() - start
     rounds = sum(o.metrics.num_rounds for o in outs)
     drafted = sum(o.metrics.num_draft_tokens for o in outs)
@@ -44,7 +47,7 @@ def speculate(llm, ids, sp: dict, k: int, want):
         "acceptance_length": round(sum(o.metrics.num_emitted_tokens for o in outs) / max(rounds, 1), 3),
         "acceptance_rate": round(sum(o.metrics.num_accepted_tokens for o in outs) / max(drafted, 1), 3),
         "drafted_per_round": round(drafted / max(rounds, 1), 2),
-        "lossless": all(o.outputs[0].token_ids == w for o, w in zip(outs, want, strict=True))}
+        "lossless": None if sampled else all(o.outputs[0].token_ids == w for o, w in zip(outs, want, strict=True))}
 
 
 def tree_rows(args, ids, sp: dict, want, record) -> None:
@@ -104,6 +107,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--num-prompts", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--ks", default="2,3,4,5,6")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="> 0: seeded sampled requests (outputs are then not compared: the tests check sampling)")
     ap.add_argument("--trim-off-ks", default="3", help="ks also measured with VocabTrim off")
     ap.add_argument("--vocab-trim", type=int, default=None, help="default: the draft folder's k")
     ap.add_argument("--skip-hf", action="store_true")
@@ -121,6 +126,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default="bench_out/distill_draft.json")
     args = ap.parse_args(argv)
     ks = [int(x) for x in args.ks.split(",") if x]
+    if args.temperature > 0:
+        args.skip_hf = True  # the transformers rows decode greedily
     trim_off = [int(x) for x in args.trim_off_ks.split(",") if x]
 
     prompts = load_prompts(Path(args.dataset) if args.dataset else None, args.num_prompts)
@@ -137,11 +144,12 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(row), flush=True)
         return outs_tokens
 
-    sp = dict(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    sp = dict(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=True)
     base = LLM(args.model, max_num_seqs=1)
     base.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
     start = time.perf_counter()
-    want = [base.generate({"prompt_token_ids": p}, SamplingParams(**sp))[0].outputs[0].token_ids for p in ids]
+    want = [base.generate({"prompt_token_ids": p}, SamplingParams(**sp, seed=i))[0].outputs[0].token_ids
+            for i, p in enumerate(ids)]
     record("specray (no speculation)", want, time.perf_counter() - start)
     target_step = step_seconds(base.target.model)
     del base

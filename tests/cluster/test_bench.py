@@ -298,3 +298,10 @@ def test_distill_draft_benchmark_measures_chains_lookup_and_trees(tiny_target, t
     assert rows[("specray + draft", 2)]["drafted_per_round"] <= 2
     assert 3 < rows[("specray + draft, tree", 3)]["drafted_per_round"] <= 2 + 2 * 2 * 2  # top-2 of 2 nodes a level
     assert all(r["tokens"] == 2 * 6 for r in result["runs"])
+    sampled = bench.main(["--model", str(tiny_target), "--draft", str(tiny_draft), "--num-prompts", "2",
+                          "--max-tokens", "6", "--ks", "2", "--trim-off-ks", "", "--temperature", "1",
+                          "--tree", json.dumps({"kind": "rsd_c", "branching": [2, 1]}), "--tree-ks", "2",
+                          "--out", str(out)])
+    assert [r["method"] for r in sampled["runs"]] == ["specray (no speculation)", "specray + draft",
+                                                      "specray + draft, tree"]
+    assert all(r["lossless"] is None and r["tokens"] == 12 for r in sampled["runs"][1:])
