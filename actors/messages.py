@@ -33,7 +33,7 @@ class TargetItem:
     new_token_ids: list[int]
     proposal: Proposal
     spec: SeqSpec | None = None  # set on the first step of a sequence
-    # Verification rule the router picked from the proposal's kind (kernels/proposal.py RULES);
+    # Verification rule the router picked from the proposal's kind (kernels/verify/rules.py);
     # None: the worker picks it the same way. A rule that cannot verify the proposal is an error.
     rule: str | None = None
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specray.kernels.drafters.options import DraftOptions
+
 
 @dataclass(frozen=True)
 class TargetSpec:
@@ -30,18 +32,7 @@ class TargetSpec:
 
 
 @dataclass(frozen=True)
-class DraftSpec:
-    method: str  # "ngram" | "draft_model" | "aded"
-    model: str | None = None
-    num_layers: int | None = None
-    prompt_lookup_min: int = 1
-    prompt_lookup_max: int = 4
-    dtype: str = "float32"
-    device: str = "cpu"
-    num_blocks: int = 1024
-    threads: int | None = None
-    tree: dict | None = None  # speculative_config['tree'] (draft_model trees)
-    aded: dict | None = None  # speculative_config['aded'] (ADED options)
-    vocab_trim: int | None = None  # VocabTrim size: None = the draft folder's default, 0 = off
-    quantization: str | None = None  # draft weights: "q8_0", "none"; None = q8_0 on CPU in fp32
-    lookup_first: bool | dict | None = None  # speculative_config['lookup_first']: prompt lookup before the model
+class DraftSpec(DraftOptions):
+    """A drafter's options (kernels/drafters/options.py) and the worker's threads."""
+
+    threads: int | None = None  # torch intra-op threads; None: torch's default

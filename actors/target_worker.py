@@ -12,11 +12,11 @@ from specray.actors.specs import TargetSpec
 from specray.kernels.loader import DTYPES, load_model, resolve
 from specray.kernels.batch import RaggedBatch, SeqChunk, pad_uniform
 from specray.kernels.model import LlamaModel
-from specray.kernels.proposal import RULES, VerifyResult, pick_rule
-from specray.kernels.sampling import make_generator, processed_probs
+from specray.kernels.proposal import VerifyResult
+from specray.kernels.sampling import make_generator
 from specray.kernels.tensor_parallel import check_shardable, init_distributed, shard_model
-from specray.kernels.verify import verify_greedy, verify_speculative
-from specray.kernels.verify_tree import check_rule, verify_trees
+from specray.kernels.verify.batch import verify_batch
+from specray.kernels.verify.rules import check_rule, pick_rule
 
 
 @dataclass
@@ -98,13 +98,10 @@ class TargetWorker:
         return results
 
     def _rule(self, item: TargetItem) -> str:
+        """The router's rule for this item (or the one its kind needs), checked before any KV is written."""
         greedy = self.seqs[item.seq_id].spec.sampling.greedy
         rule = item.rule or pick_rule(item.proposal, greedy)
-        if rule not in RULES:
-            raise ValueError(f"unknown verification rule {rule!r}; choose one of {RULES}")
-        if greedy and rule != "greedy":
-            raise ValueError(f"a greedy request is verified by the greedy rule, not {rule!r}")
-        check_rule(rule, item.proposal)
+        check_rule(rule, item.proposal, greedy)
         return rule
 
     def _chunk(self, item: TargetItem) -> SeqChunk:
@@ -117,38 +114,9 @@ class TargetWorker:
                         self.cache.num_cached(item.seq_id), parents, num_logits=proposal.num_draft_tokens + 1)
 
     def _verify(self, items: list[TargetItem], rules: list[str], logits: torch.Tensor) -> list[VerifyResult]:
-        """Dispatch each sequence to its rule; chains go through the vectorised chain rules."""
-        row0, rows = 0, []
-        for item in items:
-            rows.append(torch.arange(row0, row0 + item.proposal.num_draft_tokens + 1))
-            row0 += item.proposal.num_draft_tokens + 1
-        groups: dict[str, list[int]] = {}
-        for b, (item, rule) in enumerate(zip(items, rules, strict=True)):
-            shape = "tree" if item.proposal.is_tree else ("dense" if item.proposal.draft_probs is not None else "point")
-            groups.setdefault(f"{rule}/{shape}", []).append(b)
-        results: list[VerifyResult | None] = [None] * len(items)
-        for key, members in groups.items():
-            rule, shape = key.split("/")
-            whole = len(members) == len(items)  # one group (the usual case): every row, in order
-            sub_logits = logits if whole else logits[torch.cat([rows[b] for b in members])]
-            drafts = [items[b].proposal for b in members]
-            gens = [self.seqs[items[b].seq_id].generator for b in members]
-            if rule == "greedy" and shape == "tree":
-                out = verify_trees("greedy", sub_logits, drafts, gens)
-            elif rule == "greedy":
-                out = verify_greedy(sub_logits, _draft_ids(drafts), _cu(drafts))
-            else:
-                configs = [self.seqs[items[b].seq_id].spec.sampling for b in members
-                           for _ in range(items[b].proposal.num_draft_tokens + 1)]
-                q = processed_probs(sub_logits, configs)
-                if shape == "tree":
-                    out = verify_trees(rule, q, drafts, gens)
-                else:
-                    p = torch.cat([d.draft_probs for d in drafts]) if shape == "dense" else None
-                    out = verify_speculative(q, _draft_ids(drafts), _cu(drafts), p, gens)
-            for b, res in zip(members, out, strict=True):
-                results[b] = res
-        return results  # type: ignore[return-value]
+        seqs = [self.seqs[i.seq_id] for i in items]
+        return verify_batch(logits, [i.proposal for i in items], rules, [s.spec.sampling for s in seqs],
+                            [s.generator for s in seqs])
 
     def _attach_logprobs(self, items, logits, results) -> None:
         row0 = 0
@@ -184,13 +152,3 @@ def _attach_features(items: list[TargetItem], results: list[VerifyResult], wants
             res.features = features[row0 + torch.tensor(rows)]  # [num_new + num_accepted, hidden_size]
         row0 += num_new + item.proposal.num_draft_tokens
 
-
-def _draft_ids(drafts) -> torch.Tensor:
-    return torch.tensor([t for d in drafts for t in d.draft_token_ids], dtype=torch.long)  # [num_draft]
-
-
-def _cu(drafts) -> list[int]:
-    cu = [0]
-    for d in drafts:
-        cu.append(cu[-1] + d.num_draft_tokens)
-    return cu

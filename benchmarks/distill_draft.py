@@ -92,8 +92,8 @@ def eagle_step_seconds(folder, vocab_trim: int, repeats: int = 30) -> float:
 
 def main(argv: list[str] | None = None) -> dict:
     from specray import LLM, SamplingParams
-    from specray.cluster.bench_prompts import SHARED_PROMPTS, load_prompts
-    from specray.cluster.hf_baselines import hf_generate, load_hf
+    from specray.cluster.bench.prompts import SHARED_PROMPTS, load_prompts
+    from specray.cluster.bench.hf_baselines import hf_generate, load_hf
     from specray.kernels.drafters.vocab_trim import trim_lm_head, load_vocab_trim
     from specray.kernels.loader import load_model, resolve
 

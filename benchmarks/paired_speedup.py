@@ -33,7 +33,7 @@ def run_group(llm, group: list[list[int]], max_tokens: int):
 
 def main(argv: list[str] | None = None) -> dict:
     from specray import LLM, SamplingParams
-    from specray.cluster.bench_prompts import SHARED_PROMPTS, load_prompts
+    from specray.cluster.bench.prompts import SHARED_PROMPTS, load_prompts
     from specray.kernels.loader import resolve
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -19,7 +19,7 @@ from pathlib import Path
 def configs(draft: str, depth: int, budget: int, method: str = "draft_model") -> dict[str, dict | None]:
     """name -> speculative_config; `depth/...` share the depth, `budget/...` verify at most `budget` tokens.
     `method`: the chain's and the trees' drafter (draft_model, or eagle for a feature-level draft)."""
-    from specray.cluster.bench_offline import tree_shapes
+    from specray.cluster.bench.offline import tree_shapes
 
     chain = {"method": method, "model": draft}
     out: dict[str, dict | None] = {"none": None}
@@ -35,7 +35,7 @@ def configs(draft: str, depth: int, budget: int, method: str = "draft_model") ->
 
 def run(args) -> dict:
     from specray import LLM, SamplingParams
-    from specray.cluster.bench_prompts import load_prompts
+    from specray.cluster.bench.prompts import load_prompts
     from specray.kernels.loader import resolve
 
     prompts = load_prompts(Path(args.dataset) if args.dataset else None, args.num_prompts)
@@ -81,8 +81,8 @@ def markdown(report: dict) -> str:
 
 
 def main() -> None:
-    from specray.cluster.bench_offline import float_list
-    from specray.cluster.bench_prompts import SHARED_PROMPTS
+    from specray.cluster.bench.offline import float_list
+    from specray.cluster.bench.prompts import SHARED_PROMPTS
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")

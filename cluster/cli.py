@@ -18,7 +18,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="cpu")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--kv-cache-tokens", type=int, default=16384, help="target KV cache size in tokens")
-    from specray.cluster.serve_cli import json_object
+    from specray.cluster.serve.cli import json_object
 
     s = p.add_argument_group("speculation")
     s.add_argument("--speculative-config", type=json_object, default=None,
@@ -49,8 +49,8 @@ GENERATE_SPEC_FLAGS = ("speculative_method", "draft_model", "num_speculative_tok
 
 
 def speculative_config(args) -> dict | None:
-    from specray.cluster.draft_defaults import default_speculative_config, packaged_draft
-    from specray.cluster.serve_cli import refuse_beside_speculative_config
+    from specray.cluster.config.defaults import default_speculative_config, packaged_draft
+    from specray.cluster.serve.cli import refuse_beside_speculative_config
 
     if getattr(args, "speculative_config", None) is not None:  # callers' namespaces may predate the flag
         refuse_beside_speculative_config(args, GENERATE_SPEC_FLAGS)
@@ -155,13 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true")
     add_model_args(gen)
     gen.set_defaults(func=cmd_generate)
-    from specray.cluster.bench_offline import add_bench_parser
-    from specray.cluster.serve_cli import add_drafter_parser, add_serve_parser
+    from specray.cluster.bench.offline import add_bench_parser
+    from specray.cluster.serve.cli import add_drafter_parser, add_serve_parser
 
     add_serve_parser(sub)
     add_drafter_parser(sub)
     add_bench_parser(sub)
-    from specray.cluster.distill import add_distill_parser
+    from specray.cluster.distill.cli import add_distill_parser
 
     add_distill_parser(sub)
     return parser

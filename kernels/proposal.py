@@ -6,15 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-# The kind of a proposal names the verification rule a sampled request needs (DESIGN §3):
-#   chain               speculative sampling (a chain; draft_probs dense or None)
-#   wor_tree            recursive rejection sampling: siblings drawn without replacement (RSD)
-#   iid                 K-SEQ: k i.i.d. draft chains sharing their prefix trie (SpecTr)
-#   deterministic_tree  one-sample-per-node descent: tokens chosen deterministically (top-k, ADED)
-# Greedy requests use the greedy longest path for every kind.
-KINDS = ("chain", "wor_tree", "iid", "deterministic_tree")
-RULE_FOR_KIND = {"chain": "chain", "wor_tree": "rrs", "iid": "kseq", "deterministic_tree": "descent"}
-RULES = ("greedy", *RULE_FOR_KIND.values())
+KINDS = ("chain", "wor_tree", "iid", "deterministic_tree")  # the rule each needs: kernels/verify/rules.py
 
 
 @dataclass
@@ -117,7 +109,3 @@ class VerifyResult:
         """[num_accepted] accepted node indices, chains included."""
         return self.accepted_nodes if self.accepted_nodes is not None else list(range(self.num_accepted))
 
-
-def pick_rule(proposal: Proposal, greedy: bool) -> str:
-    """The rule that verifies `proposal` exactly: greedy for greedy requests, else by its kind."""
-    return "greedy" if greedy else RULE_FOR_KIND[proposal.kind]

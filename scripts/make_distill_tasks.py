@@ -1,4 +1,4 @@
-"""Write `cluster/data/distill_tasks.jsonl`: task-style seed prompts for `specray distill`.
+"""Write `cluster/distill/data/distill_tasks.jsonl`: task-style seed prompts for `specray distill`.
 
 The first seed file (`distill_prompts.json`, template x topic) holds open questions only. Drafts
 trained on it agreed with the target on 51 % of held-out tokens but on 4-19 % of Spec-Bench's
@@ -12,7 +12,7 @@ This file adds them, all written here (nothing taken from Spec-Bench, MT-Bench o
 - coding, math word problems (random numbers, seeded), short factual questions, role play and
   small reasoning puzzles from the templates below.
 
-    python scripts/make_distill_tasks.py --passages runs/gen2/data --out cluster/data/distill_tasks.jsonl
+    python scripts/make_distill_tasks.py --passages runs/gen2/data --out cluster/distill/data/distill_tasks.jsonl
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ PUZZLES = [
 
 def passages(folder: Path, limit: int, rng: random.Random) -> list[str]:
     """Target-written answers of 60+ tokens from a distill data folder, decoded."""
-    from specray.cluster.distill_data import load_samples
+    from specray.cluster.distill.data import load_samples
     from specray.kernels.loader import resolve
 
     tok = resolve("smollm2-135m").tokenizer()
@@ -174,7 +174,7 @@ def main() -> None:
     ap.add_argument("--passages", required=True, help="a `specray distill` data folder (OUT/data)")
     ap.add_argument("--num-passages", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="cluster/data/distill_tasks.jsonl")
+    ap.add_argument("--out", default="cluster/distill/data/distill_tasks.jsonl")
     args = ap.parse_args()
     prompts = build(Path(args.passages), args.num_passages, args.seed)
     Path(args.out).write_text("".join(json.dumps({"prompt": p}, ensure_ascii=False) + "\n" for p in prompts))

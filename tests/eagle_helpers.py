@@ -2,7 +2,7 @@
 
 import torch
 
-from specray.cluster.eagle_model import init_eagle, save_eagle
+from specray.cluster.distill.eagle_model import init_eagle, save_eagle
 from specray.kernels.loader import _read_safetensors, resolve
 
 

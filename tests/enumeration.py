@@ -10,7 +10,7 @@ from collections import defaultdict
 
 import torch
 
-from specray.kernels import verify_tree as vt
+from specray.kernels.verify import tree as vt
 from specray.kernels.proposal import VerifyResult
 
 

@@ -195,3 +195,8 @@ def load_corpus(opts: AdedOptions, tokenizer_source: str | None) -> TrigramTable
         if line.strip():
             table.add(list(tok(line.strip(), add_special_tokens=False).input_ids))
     return table
+
+
+def build(options) -> AdedDrafter:
+    """The registry's builder (`options`: a DraftOptions); the corpus tokenises with `model` (the target)."""
+    return AdedDrafter.from_options(options.aded or {}, tokenizer_source=options.model)

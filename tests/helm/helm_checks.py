@@ -17,7 +17,7 @@ import kubernetes_validate
 import yaml
 from referencing import Registry, Resource
 
-from specray.cluster.serve_config import ServeConfig
+from specray.cluster.config.serve import ServeConfig
 
 HERE = Path(__file__).parent
 K8S_VERSION = "1.30"  # the chart's floor is 1.25; 1.30 is a common supported cluster version

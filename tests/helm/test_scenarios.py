@@ -2,7 +2,7 @@
 
 from helm_checks import app_config, serve_deploy_config
 
-from specray.cluster.serve_config import ServeConfig
+from specray.cluster.config.serve import ServeConfig
 
 RAY_CONTAINERS = ("ray-head", "ray-draft", "ray-target")
 
@@ -110,7 +110,7 @@ def test_serve_ports_and_services(rendered):
         "port": 9000,
         "grpc_servicer_functions": ["specray.protos.specray.v1.generate_pb2_grpc.add_GenerationServicer_to_server"]}
     (app,) = deploy["applications"]
-    assert app["import_path"] == "specray.cluster.serve_app:build_app"
+    assert app["import_path"] == "specray.cluster.serve.app:build_app"
     ports = {s["spec"]["ports"][0]["name"]: s for s in r.of_kind("Service")}
     assert ports["http"]["spec"]["ports"][0]["targetPort"] == "serve"
     assert ports["grpc"]["spec"]["ports"][0]["targetPort"] == "serve-grpc"

@@ -6,7 +6,7 @@ import yaml
 from helm_checks import app_config, schema_errors, serve_deploy_config
 from helm_scenarios import SCENARIOS
 
-from specray.cluster.serve_config import ServeConfig
+from specray.cluster.config.serve import ServeConfig
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))

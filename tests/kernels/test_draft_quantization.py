@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specray.actors.draft_worker import build_drafter
-from specray.cluster.spec_config import SpeculativeConfig
+from specray.cluster.config.speculative import SpeculativeConfig
 from specray.kernels import cpu_ops
 from specray.kernels.batch import RaggedBatch, SeqChunk
 from specray.kernels.loader import Checkpoint, load_model

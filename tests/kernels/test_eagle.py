@@ -8,7 +8,7 @@ import torch
 from specray import LLM, SamplingParams
 from specray.actors.messages import DraftItem, SeqSpec, TargetItem
 from specray.actors.target_worker import TargetWorker
-from specray.cluster.eagle_model import EagleDraft, init_eagle
+from specray.cluster.distill.eagle_model import EagleDraft, init_eagle
 from specray.kernels.drafters.base import DraftRequest
 from specray.kernels.drafters.eagle import EagleDrafter, load_eagle
 from specray.kernels.loader import _read_safetensors, load_model, resolve
@@ -108,8 +108,8 @@ def test_eagle_greedy_equals_target_token_for_token(tiny_target, tiny_eagle, k, 
 
 
 def test_wire_and_grpc_carry_features_bit_for_bit():
-    from specray.cluster.grpc_drafter import items_from_proto, items_to_proto
-    from specray.cluster.wire import decode_items, encode_items
+    from specray.cluster.pools.grpc_transport import items_from_proto, items_to_proto
+    from specray.cluster.pools.wire import decode_items, encode_items
 
     f = torch.randn(3, 8)
     items = [DraftItem("a", [1, 2, 3, 4], 2, features=f), DraftItem("b", [5], 1), DraftItem("c", [6], 0, features=f[:1])]

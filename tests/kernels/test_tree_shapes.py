@@ -84,7 +84,7 @@ def test_tree_options_are_validated(raw, match):
 def test_rsd_s_trees_under_rrs_are_lossless():
     """Stochastic beam search trees (their Gumbels are continuous, so sampled rather than
     enumerated): the first two emitted tokens follow the target's joint distribution."""
-    from specray.kernels import verify_tree as vt
+    from specray.kernels.verify import tree as vt
 
     vocab, n = 4, 5_000
     g = torch.Generator().manual_seed(4)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from enumeration import compose_rounds, enumerate_outcomes, longest_match_over_independent_samples
-from specray.kernels import verify_tree as vt
+from specray.kernels.verify import tree as vt
 from specray.kernels.proposal import Proposal
 
 

@@ -11,7 +11,7 @@ from specray.kernels.drafters.draft_model import DraftModelDrafter
 from specray.kernels.drafters.vocab_trim import VocabTrimDrafter, expand_trimmed_logits
 from specray.kernels.loader import Checkpoint, load_model
 from specray.kernels.sampling import SamplingConfig, processed_probs, sample_rows
-from specray.kernels.verify import verify_speculative
+from specray.kernels.verify.chain import verify_speculative
 
 SUBSET = torch.tensor([3, 17, 40, 41, 5, 60, 88, 23, 9, 70, 11, 2])  # not sorted on purpose
 

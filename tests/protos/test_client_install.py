@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from specray import LLM
-from specray.cluster.async_engine import AsyncEngine
-from specray.cluster.grpc_server import GrpcServerThread
-from specray.cluster.grpc_service import GenerationService
+from specray.cluster.router.async_router import AsyncRouter
+from specray.cluster.serve.grpc_server import GrpcServerThread
+from specray.cluster.serve.grpc_service import GenerationService
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_INDEX = ("Could not find a version", "No matching distribution", "Failed to establish", "Temporary failure",
@@ -67,10 +67,10 @@ def test_client_installs_alone_and_works(venv_python, tiny_target):
     assert not names & {"torch", "ray", "transformers", "specray"}
 
     llm = LLM(str(tiny_target), speculative_config={"method": "ngram", "num_speculative_tokens": 3})
-    engine = AsyncEngine(llm.engine)
-    with GrpcServerThread(GenerationService(engine, llm.get_tokenizer(), "tiny", api_key="k")) as server:
+    router = AsyncRouter(llm.router)
+    with GrpcServerThread(GenerationService(router, llm.get_tokenizer(), "tiny", api_key="k")) as server:
         used = run(venv_python, "-c", USE_THE_SDK, server.target, timeout=120, cwd=venv_python.parent)
-    engine.shutdown()
+    router.shutdown()
     assert used.returncode == 0, used.stderr
     got = json.loads(used.stdout)
     assert got["tokens"] == got["streamed"] and len(got["tokens"]) == 5

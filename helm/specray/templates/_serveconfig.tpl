@@ -1,5 +1,5 @@
 {{/*
-The ServeConfig dict (cluster/serve_config.py) handed to specray.cluster.serve_app:build_app.
+The ServeConfig dict (cluster/config/serve.py) handed to specray.cluster.serve.app:build_app.
 Pool resources come from the same values keys as the worker groups' rayStartParams.resources,
 so the two cannot drift.
 */}}

@@ -1,0 +1,241 @@
+"""`specray bench cluster`: the served path against the in-process engine, in one run.
+
+1. In-process engine, closed loop at each concurrency (a new request starts when one finishes).
+2. `specray serve`'s stack on a local Ray cluster (Serve HTTP -> router -> Ray pools), the same
+   closed loop over HTTP with streaming: pipelined router, then one group in flight.
+   With --repeats the two steps alternate that many times and the median pass is reported.
+3. Each draft transport (ray, torch_distributed, grpc): bytes and latency per propose round,
+   read from the router's side of the link while the engine runs the same prompts.
+Writes cluster.json and cluster.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from specray.cluster.bench.prompts import load_prompts
+from specray.cluster.bench.serve import percentiles, run_level, run_level_grpc, summarise
+
+SCHEMA = "specray.bench.cluster/1"
+
+
+def chat_ids(tokenizer, prompt: str) -> list[int]:
+    return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                              tokenize=True))
+
+
+def closed_loop(router, requests: list[list[int]], params, concurrency: int) -> dict:
+    """Keep `concurrency` requests in flight on an Router; latency from each request's start."""
+    pending, started, e2e, tokens, first, tpot = list(requests), {}, [], 0, {}, []
+    start = time.perf_counter()
+    while pending or router.has_unfinished():
+        while pending and len(started) < concurrency:
+            rid = router.add_request(pending.pop(0), params)
+            started[rid] = time.perf_counter()
+        for out in router.step():
+            now, n = time.perf_counter(), len(out.outputs[0].token_ids)
+            if n and out.request_id not in first:
+                first[out.request_id] = now
+            if out.finished:
+                e2e.append(now - started.pop(out.request_id))
+                if n > 1:
+                    tpot.append((now - first.pop(out.request_id)) / (n - 1))
+                tokens += n
+    seconds = time.perf_counter() - start
+    return {"concurrency": concurrency, "completed": len(e2e), "output_tokens": tokens, "seconds": round(seconds, 3),
+            "throughput_tokens_per_s": round(tokens / seconds, 3), "e2e_s": percentiles(e2e),
+            "tpot_s": percentiles(tpot)}
+
+
+def in_process(cfg, requests, params, levels) -> list[dict]:
+    from specray import LLM
+
+    rows = []
+    for c in levels:
+        llm = LLM(cfg.model, speculative_config=cfg.speculative_config, max_num_seqs=c,
+                  kv_cache_tokens=cfg.router.kv_cache_tokens, pipelined=False)
+        closed_loop(llm.router, requests[:2], params, 2)  # warm-up, as the served path gets
+        rows.append(closed_loop(llm.router, requests, params, c))
+        print(f"in-process c={c}: {rows[-1]['throughput_tokens_per_s']} tokens/s", flush=True)
+    return rows
+
+
+def served(cfg, bodies, levels, label, grpc: bool = False) -> tuple[list[dict], list[dict]]:
+    """HTTP levels (and, with `grpc`, the same levels through the gRPC API) on one deployment."""
+    from ray import serve
+
+    from specray.cluster.serve.run import run_serve
+
+    started = run_serve(cfg)
+    url, target = f"http://127.0.0.1:{cfg.http.port}", f"127.0.0.1:{cfg.grpc.port}"
+    asyncio.run(run_level(url, {}, bodies[:2], True, 2, None, 0))  # warm-up
+    protocols = [("HTTP", lambda c: run_level(url, {}, bodies, True, c, None, seed=c))]
+    if grpc and started["grpc"]:
+        protocols.append(("gRPC", lambda c: run_level_grpc(target, None, bodies, True, c, None, seed=c)))
+    out: dict[str, list[dict]] = {"HTTP": [], "gRPC": []}
+    for name, level in protocols:
+        for c in levels:
+            samples, seconds = asyncio.run(level(c))
+            out[name].append(summarise(c, None, samples, seconds))
+            row = out[name][-1]
+            print(f"{label} {name} c={c}: {row['throughput_tokens_per_s']} tokens/s, {row['errors']} errors",
+                  flush=True)
+    serve.delete("specray")
+    return out["HTTP"], out["gRPC"]
+
+
+def transports(cfg, requests, params, concurrency: int) -> list[dict]:
+    """Bytes and latency per propose round for each draft transport, same prompts."""
+    from specray.cluster.router.router import Router, router_limits
+    from specray.cluster.serve.http_server import free_port
+    from specray.cluster.config.worker_specs import num_blocks, serve_target_spec
+    from specray.cluster.pools.build import build_draft_pool, placement
+    from specray.cluster.pools.ray_pools import RayTargetPool
+    from specray.kernels.config import ModelConfig
+    from specray.kernels.loader import resolve
+
+    checkpoint = resolve(cfg.model)
+    tok = checkpoint.tokenizer()
+    target = RayTargetPool(serve_target_spec(cfg), placement(cfg.pools.target))  # one worker: no TP
+    rows = []
+    for kind in ("ray", "torch_distributed", "grpc", "inline"):  # inline: no bytes travel
+        drafter, overrides = None, {"transport.kind": kind}
+        if kind == "grpc":
+            port = free_port()
+            spec = cfg.speculative
+            drafter = subprocess.Popen([sys.executable, "-m", "specray.cluster.cli", "drafter", "--method", spec.method,
+                                        "--host", "127.0.0.1", "--port", str(port)] +
+                                       (["--model", spec.model] if spec.model else []), stdout=subprocess.DEVNULL)
+            overrides["transport.drafter_address"] = f"127.0.0.1:{port}"
+        kcfg = cfg.with_overrides(**overrides)
+        pool = build_draft_pool(kcfg)
+        pool.ready()
+        limits, eos = router_limits(ModelConfig.from_hf(checkpoint.hf_config()), tok, kcfg.speculative, None,
+                                     concurrency, num_blocks(kcfg.router.kv_cache_tokens, kcfg.router.block_size),
+                                    kcfg.router.block_size, pipelined=False)
+        result = closed_loop(Router(target, pool, tok, eos, limits), requests, params, concurrency)
+        s = pool.stats
+        rows.append({"transport": kind, "rounds": s.rounds, "bytes_sent_per_round": round(s.bytes_sent / s.rounds, 1),
+                     "bytes_received_per_round": round(s.bytes_received / s.rounds, 1),
+                     "round_trip_ms": round(1000 * s.seconds / s.rounds, 3),
+                     "throughput_tokens_per_s": result["throughput_tokens_per_s"]})
+        print(f"transport {kind}: {rows[-1]}", flush=True)
+        if hasattr(pool, "close"):
+            pool.close()
+        if drafter is not None:
+            drafter.terminate()
+    target.close()
+    return rows
+
+
+LABELS = ("in_process", "served_pipelined", "served_pipelined_grpc", "served_one_group", "served_one_group_grpc")
+
+
+def one_pass(cfg, requests, params, bodies, levels) -> dict:
+    """In-process, then served pipelined, then served with one group in flight; gRPC as well in the
+    router mode the config resolves to (`router.pipelined`, auto by default)."""
+    out = {"in_process": in_process(cfg, requests, params, levels)}
+    for name, pipelined in (("served_pipelined", True), ("served_one_group", False)):
+        grpc = cfg.pipelined == pipelined
+        out[name], rows = served(cfg.with_overrides(**{"router.pipelined": pipelined}), bodies, levels,
+                                 name.replace("_", " "), grpc=grpc)
+        if grpc:
+            out[f"{name}_grpc"] = rows
+    return out
+
+
+def median_rows(passes: list[dict]) -> dict:
+    """Per path and concurrency, the pass with the median throughput (the lower one of an even count),
+    with `vs_in_process`: the median over passes of the path's throughput over the in-process
+    engine's in the same pass (paired, so a noisy neighbour during one pass cancels out)."""
+    merged = {}
+    for label in (x for x in LABELS if x in passes[0]):
+        rows = list(zip(*(p[label] for p in passes)))  # [level][pass]
+        merged[label] = [dict(_median(level)) for level in rows]
+        for level, row in enumerate(merged[label]):
+            ratios = [p[label][level]["throughput_tokens_per_s"] / p["in_process"][level]["throughput_tokens_per_s"]
+                      for p in passes if p["in_process"][level]["throughput_tokens_per_s"]]
+            if ratios:
+                row["vs_in_process"] = round(statistics.median_low(ratios), 3)
+    return merged
+
+
+def _median(rows: list[dict]) -> dict:
+    return sorted(rows, key=lambda r: r["throughput_tokens_per_s"])[(len(rows) - 1) // 2]
+
+
+def markdown(report: dict) -> str:
+    lines = [f"model {report['model']}, speculation {report['speculative_config']}, {report['max_tokens']} max "
+             f"tokens, {report['num_requests']} requests per level, median of {report.get('repeats', 1)} "
+             "interleaved passes (vs in-process: median of the per-pass ratios)", "",
+             "| path | concurrency | tokens/s | vs in-process | E2E p50/p99 s | TPOT p50 s |",
+             "|---|---|---|---|---|---|"]
+    base = {r["concurrency"]: r["throughput_tokens_per_s"] for r in report["in_process"]}
+    for label in LABELS:
+        for r in report.get(label, []):
+            ratio = r.get("vs_in_process") or (r["throughput_tokens_per_s"] / base[r["concurrency"]]
+                                               if base.get(r["concurrency"]) else 0)
+            e, tpot = r["e2e_s"], r.get("tpot_s", {}).get("p50")
+            lines.append(f"| {label} | {r['concurrency']} | {r['throughput_tokens_per_s']} | {ratio:.2f}x | "
+                         f"{e['p50']}/{e['p99']} | {tpot if tpot is not None else '-'} |")
+    if report.get("transports"):
+        lines += ["", "| draft transport | bytes sent/round | bytes received/round | round trip ms | tokens/s |",
+                  "|---|---|---|---|---|"]
+        for t in report["transports"]:
+            lines.append(f"| {t['transport']} | {t['bytes_sent_per_round']} | {t['bytes_received_per_round']} | "
+                         f"{t['round_trip_ms']} | {t['throughput_tokens_per_s']} |")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_bench_cluster(args) -> int:
+    from specray.cluster.params import SamplingParams
+    from specray.cluster.serve.cli import resolve_config, start_ray
+    from specray.kernels.loader import resolve
+
+    cfg = resolve_config(args).with_overrides(**{"http.host": "127.0.0.1"})
+    prompts = [p["prompt"] for p in load_prompts(Path(args.dataset) if args.dataset else None, args.num_requests)]
+    prompts = (prompts * (1 + args.num_requests // max(1, len(prompts))))[:args.num_requests]
+    tok = resolve(cfg.model).tokenizer()
+    requests = [chat_ids(tok, p) for p in prompts]
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    bodies = [{"model": cfg.model_name, "messages": [{"role": "user", "content": p}], "max_tokens": args.max_tokens,
+               "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}} for p in prompts]
+    report = {"schema": SCHEMA, "model": cfg.model, "speculative_config": cfg.speculative_config,
+              "max_tokens": args.max_tokens, "num_requests": args.num_requests, "repeats": args.repeats}
+    start_ray(cfg)
+    passes = [one_pass(cfg, requests, params, bodies, args.concurrency) for _ in range(args.repeats)]
+    report.update(median_rows(passes))
+    if args.repeats > 1:
+        report["passes"] = passes
+    if cfg.speculative_config and not args.skip_transports:
+        report["transports"] = transports(cfg, requests[:8], params, min(8, max(args.concurrency)))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cluster.json").write_text(json.dumps(report, indent=2))
+    (out / "cluster.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+def add_cluster_bench_parser(kinds) -> None:
+    from specray.cluster.bench.offline import int_list
+    from specray.cluster.serve.cli import add_serve_flags
+
+    p = kinds.add_parser("cluster", help="served (Ray Serve + pools) vs in-process, and the draft transports",
+                         description="Takes every `specray serve` flag; runs both router modes itself.")
+    add_serve_flags(p)
+    p.add_argument("--concurrency", type=int_list, default=[1, 8, 16])
+    p.add_argument("--num-requests", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--dataset", default=None, help="JSONL of prompts (default: the packaged Spec-Bench subset)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run every path this many times, interleaved, and report each one's median pass")
+    p.add_argument("--skip-transports", action="store_true")
+    p.add_argument("--out", default="bench_out")
+    p.set_defaults(func=cmd_bench_cluster)

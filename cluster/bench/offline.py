@@ -1,0 +1,286 @@
+"""`specray bench offline`: specray against transformers on the same prompts, machine and run.
+
+The matrix is methods x batch sizes x temperatures. Within one (batch size, temperature) the
+methods run round-robin per group of prompts, so machine noise hits them alike and ratios stay
+meaningful. Results go to JSON (`bench_report.SCHEMA`), Markdown and PNG (see bench_report).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specray.cluster.bench.bound import Bandwidth
+from specray.cluster.bench.prompts import load_prompts
+from specray.kernels.ints import ceil_div
+
+HF_METHODS = ("hf", "hf_prompt_lookup", "hf_assisted")
+# Trees and multi-draft (issue: tree speculation), drafted by the eagle draft where there is one.
+TREE_METHODS = ("specray_rsd_c", "specray_rsd_s", "specray_spectr", "specray_topk", "specray_aded")
+SPECRAY_METHODS = ("specray", "specray_ngram", "specray_draft", "specray_eagle", "specray_ngram_padded",
+                   "specray_draft_padded") + TREE_METHODS
+METHODS = HF_METHODS + SPECRAY_METHODS
+
+
+def tree_shapes(depth: int) -> dict[str, dict]:
+    """Each tree kind at `depth` with two candidates a level: RSD-C branches twice at the first two
+    depths and then chains; RSD-S keeps a beam of 2, SpecTr draws 2 chains, top-k expands 2 nodes."""
+    return {"rsd_c": {"kind": "rsd_c", "branching": [2, 2][:depth] + [1] * max(0, depth - 2)},
+            "rsd_s": {"kind": "rsd_s", "width": 2}, "spectr": {"kind": "spectr", "k": 2},
+            "topk": {"kind": "topk", "k": 2, "width": 2}}
+
+
+def tree_configs(k: int, draft: dict) -> dict[str, dict]:
+    """TREE_METHODS -> speculative_config: `draft` ({method, model}) drafts the trees; ADED needs none."""
+    configs = {f"specray_{kind}": {**draft, "num_speculative_tokens": k, "tree": shape}
+               for kind, shape in tree_shapes(k).items()}
+    configs["specray_aded"] = {"method": "aded", "num_speculative_tokens": k}
+    return configs
+
+
+@dataclass
+class Cell:
+    """One (method, batch size, temperature) measurement, summed over its prompt groups."""
+
+    method: str
+    batch_size: int
+    temperature: float
+    skipped: str | None = None  # why this combination was not run
+    requests: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    rounds: int = 0
+    emitted: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    outputs: list[list[int]] = field(default_factory=list)
+    per_category: dict[str, list[float]] = field(default_factory=dict)  # category -> [tokens, seconds]
+
+
+def skip_reason(method: str, batch_size: int) -> str | None:
+    if method in ("hf_prompt_lookup", "hf_assisted") and batch_size > 1:
+        return "transformers runs prompt lookup and assisted generation at batch size 1 only"
+    if method.endswith("_padded") and batch_size == 1:
+        return "padding changes nothing at batch size 1"
+    return None
+
+
+class Runner:
+    """Loads every model once; `run(method, group, temperature)` generates for a group of prompts."""
+
+    def __init__(self, args, methods: list[str], encoded: list[list[int]]):
+        from specray import LLM
+        from specray.cluster.bench.hf_baselines import load_hf, truncated_assistant
+        from specray.kernels.loader import resolve
+
+        self.args, self.ckpt = args, resolve(args.model)
+        self.bandwidth: Bandwidth | None = None  # this run's; sets the bound
+        k, max_seqs = args.num_speculative_tokens, max(args.batch_sizes)
+        draft = {"method": "draft_model", "model": args.draft_model or args.model,
+                 "draft_num_layers": args.draft_num_layers, "num_speculative_tokens": k}
+        configs = {"specray": None, "specray_ngram": {"method": "ngram", "num_speculative_tokens": k},
+                   "specray_draft": draft,
+                   "specray_eagle": {"method": "eagle", "model": args.eagle_model,
+                                     "num_speculative_tokens": args.eagle_k or k}}
+        tree_draft = ({"method": "eagle", "model": args.eagle_model} if args.eagle_model
+                      else {key: draft[key] for key in ("method", "model", "draft_num_layers")})
+        configs.update(tree_configs(k, tree_draft))
+        wanted = {m.replace("_padded", "") for m in methods}  # a padded method reuses its engine
+        kv_k = max(k, args.eagle_k or 0)
+        self.llms = {m: LLM(args.model, speculative_config=configs[m], max_num_seqs=max_seqs,
+                            kv_cache_tokens=kv_tokens_needed(encoded, args.batch_sizes, args.max_tokens, kv_k,
+                                                             padded=f"{m}_padded" in methods))
+                     for m in configs if m in wanted}
+        self.hf = load_hf(self.ckpt.path) if any(m in HF_METHODS for m in methods) else None
+        self.assistant = None
+        if "hf_assisted" in methods:  # the very draft specray_draft uses
+            base = load_hf(resolve(args.draft_model).path) if args.draft_model else self.hf
+            self.assistant = truncated_assistant(base, args.draft_num_layers)
+
+    def run(self, method: str, group: list[list[int]], temperature: float, seed: int, cell: Cell) -> None:
+        start = time.perf_counter()
+        if method in HF_METHODS:
+            outs = self._run_hf(method, group, temperature, seed)
+        else:
+            outs = self._run_specray(method, group, temperature, seed, cell)
+        cell.seconds += time.perf_counter() - start
+        cell.requests += len(group)
+        cell.tokens += sum(len(o) for o in outs)
+        cell.outputs.extend(outs)
+
+    def _run_hf(self, method, group, temperature, seed) -> list[list[int]]:
+        from specray.cluster.bench.hf_baselines import hf_generate
+
+        kw = {}
+        if method == "hf_prompt_lookup":
+            kw["prompt_lookup_num_tokens"] = self.args.hf_prompt_lookup_tokens
+        elif method == "hf_assisted":
+            kw["assistant_model"] = self.assistant
+        return hf_generate(self.hf, group, self.args.max_tokens, temperature, seed, **kw)
+
+    def _run_specray(self, method, group, temperature, seed, cell: Cell) -> list[list[int]]:
+        from specray import SamplingParams
+
+        llm = self.llms[method.replace("_padded", "")]
+        llm.target.pad_batches = method.endswith("_padded")
+        params = [SamplingParams(temperature=temperature, max_tokens=self.args.max_tokens, ignore_eos=True,
+                                 seed=seed + i) for i in range(len(group))]
+        before = (llm.router.stats.steps, llm.router.stats.draft_seconds, llm.router.stats.target_seconds)
+        outs = llm.generate([{"prompt_token_ids": ids} for ids in group], params)
+        stats = llm.router.stats
+        cell.steps += stats.steps - before[0]
+        cell.draft_seconds += stats.draft_seconds - before[1]
+        cell.target_seconds += stats.target_seconds - before[2]
+        for o in outs:
+            m = o.metrics
+            cell.rounds += m.num_rounds
+            cell.emitted += m.num_emitted_tokens
+            cell.drafted += m.num_draft_tokens
+            cell.accepted += m.num_accepted_tokens
+        llm.target.pad_batches = False
+        return [o.outputs[0].token_ids for o in outs]
+
+
+def kv_tokens_needed(encoded: list[list[int]], batch_sizes: list[int], max_tokens: int, k: int,
+                     padded: bool = False, block_size: int = 16) -> int:
+    """KV slots for the largest group at once: its prompts, new tokens, a round's draft tree (at most
+    4k nodes in these shapes) and a partly filled block each; `padded` (the baseline pads every
+    sequence to the group's longest): group size x its longest. Sized per group, not as the largest
+    batch x the longest prompt: one engine per method, fourteen of them, must fit in memory together."""
+    extra = max_tokens + 4 * k + 2 * block_size
+    groups = [encoded[g:g + b] for b in batch_sizes for g in range(0, len(encoded), b)]
+    if padded:
+        return max(len(group) * (max(len(ids) for ids in group) + extra) for group in groups)
+    return max(sum(len(ids) + extra for ids in group) for group in groups)
+
+
+def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
+    """Every (batch size, temperature) row in turn; `on_row(cells so far, prompts, runner)` after each,
+    so a long run leaves its finished rows on disk whatever happens later."""
+    from tqdm import tqdm
+
+    from specray.cluster.config.defaults import packaged_draft
+
+    if args.eagle_model is None:  # the target's packaged drafts, where it has them
+        args.eagle_model = packaged_draft(args.model, "eagle")
+    if args.draft_model is None:  # else specray_draft and hf_assisted run the target, truncated
+        args.draft_model = packaged_draft(args.model, "draft_model")
+    methods = [m for m in (args.methods or default_methods(args)).split(",") if m]
+    args.methods = ",".join(methods)
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
+    if "specray_eagle" in methods and not args.eagle_model:
+        raise ValueError("method specray_eagle needs --eagle-model (a feature-level draft, `specray distill --kind eagle`)")
+    if not args.batch_sizes or min(args.batch_sizes) < 1:
+        raise ValueError("batch sizes must be positive integers")
+    from specray.kernels.loader import resolve
+
+    prompts = load_prompts(Path(args.dataset) if args.dataset else None, args.num_prompts)
+    tok = resolve(args.model).tokenizer()
+    encoded = [list(tok.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True))
+               for p in prompts]
+    for b in args.batch_sizes:
+        if b > len(encoded):  # the row is real, but its groups are smaller than its label says
+            print(f"specray bench offline: warning: batch size {b} > {len(encoded)} prompts; that row runs "
+                  f"{len(encoded)} sequences at once (raise --num-prompts)", file=sys.stderr)
+    runner = Runner(args, methods, encoded)
+    cells = []
+    for m in methods:  # warm-up: first calls pay one-off allocation costs
+        if skip_reason(m, 1) is None:
+            runner.run(m, encoded[:1], 0.0, 0, Cell(m, 1, 0.0))
+    target = next(iter(runner.llms.values())).target.model if runner.llms else None
+    if target is not None:  # the bandwidth, this run; the bound's step reads weight_bytes at it
+        runner.bandwidth = Bandwidth.measure(target)
+    plan = [(b, t) for t in args.temperatures for b in args.batch_sizes]
+    bar = tqdm(total=sum(ceil_div(len(encoded), b) for b, _ in plan), desc="bench offline (prompt groups)")
+    for batch_size, temperature in plan:
+        row = {m: Cell(m, batch_size, temperature, skip_reason(m, batch_size)) for m in methods}
+        for g in range(0, len(encoded), batch_size):
+            group = encoded[g:g + batch_size]
+            for m, cell in row.items():
+                if cell.skipped is None:
+                    tokens_before, seconds_before = cell.tokens, cell.seconds
+                    runner.run(m, group, temperature, seed=g, cell=cell)
+                    if batch_size == 1:  # per category only where a group is one prompt
+                        cat = cell.per_category.setdefault(prompts[g]["category"], [0, 0.0])
+                        cat[0] += cell.tokens - tokens_before
+                        cat[1] += cell.seconds - seconds_before
+            bar.update(1)
+        cells.extend(row.values())
+        if on_row is not None:
+            on_row(cells, prompts, runner)
+    bar.close()
+    return cells, prompts, runner
+
+
+def cmd_bench_offline(args) -> int:
+    from specray.cluster.bench.report import build_report, write_outputs
+
+    if args.quick:
+        args.num_prompts, args.max_tokens = min(args.num_prompts, 4), min(args.max_tokens, 48)
+        args.batch_sizes = [b for b in args.batch_sizes if b <= 4] or [1]
+    def report(cells, prompts, runner, partial: bool) -> dict:
+        return build_report(args, cells, prompts, runner.bandwidth, partial)
+
+    cells, prompts, runner = run_matrix(
+        args, on_row=lambda c, p, r: write_outputs(report(c, p, r, True), Path(args.out), partial=True))
+    for path in write_outputs(report(cells, prompts, runner, False), Path(args.out)):
+        print(f"wrote {path}")
+    return 0
+
+
+def default_methods(args) -> str:
+    """Every method (--quick: no trees); specray_eagle only with a feature-level draft to run it."""
+    return ",".join(m for m in METHODS if (m != "specray_eagle" or args.eagle_model)
+                    and not (args.quick and m in TREE_METHODS))
+
+
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def float_list(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x]
+
+
+def add_bench_parser(sub) -> None:
+    from specray.cluster.bench.prompts import SHARED_PROMPTS
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    kinds = bench.add_subparsers(dest="bench_kind", required=True)
+    off = kinds.add_parser("offline", help="specray vs transformers: methods x batch sizes x temperatures, one run")
+    off.add_argument("--model", default="smollm2-135m")
+    off.add_argument("--dataset", default=str(SHARED_PROMPTS) if SHARED_PROMPTS.exists() else None,
+                     help="JSONL with Spec-Bench 'turns' or 'prompt' (default: Spec-Bench if present, else "
+                          "the packaged subset)")
+    off.add_argument("--num-prompts", type=int, default=16)
+    off.add_argument("--max-tokens", type=int, default=128)
+    off.add_argument("--methods", default=None, help=f"comma-separated from {list(METHODS)} (default: all; "
+                     "specray_eagle with a feature-level draft; trees, drafted by it where there is one, "
+                     "else by --draft-model, not in --quick)")
+    off.add_argument("--batch-sizes", type=int_list, default=[1, 4, 8, 16])
+    off.add_argument("--temperatures", type=float_list, default=[0.0, 1.0])
+    off.add_argument("--num-speculative-tokens", type=int, default=2)
+    off.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
+    off.add_argument("--draft-model", default=None, help="draft checkpoint for specray_draft and hf_assisted "
+                     "(default: the target's packaged standalone draft, smollm2-135m-draft for smollm2-135m; "
+                     "else the target, truncated to --draft-num-layers)")
+    off.add_argument("--draft-num-layers", type=int, default=4)
+    off.add_argument("--eagle-model", default=None, help="feature-level draft for specray_eagle (method 'eagle'; "
+                     "default: the target's packaged one, smollm2-135m-eagle for smollm2-135m)")
+    off.add_argument("--eagle-k", type=int, default=None,
+                     help="num_speculative_tokens for specray_eagle (default: --num-speculative-tokens)")
+    off.add_argument("--quick", action="store_true", help="4 prompts, 48 tokens, batch sizes <= 4 (~5 min)")
+    off.add_argument("--out", default="bench_out")
+    off.set_defaults(func=cmd_bench_offline)
+    from specray.cluster.bench.cluster import add_cluster_bench_parser
+    from specray.cluster.bench.serve import add_serve_bench_parser
+
+    add_serve_bench_parser(kinds)
+    add_cluster_bench_parser(kinds)

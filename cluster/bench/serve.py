@@ -1,0 +1,300 @@
+"""`specray bench serve`: a load generator for any OpenAI-compatible HTTP server.
+
+Streams chat (or completion) requests built from the benchmark prompts, either closed-loop at a
+fixed concurrency (a sweep of levels) or open-loop with Poisson arrivals at a request rate, and
+reports per level: throughput, TTFT, time per output token and end-to-end latency (p50/p90/p99)
+and error counts, overall and per prompt category. Writes serve.{json,md,png}; the PNG plots
+latency against throughput.
+
+Open loop: a request's clock starts when it arrives, so a server (or the --concurrency cap) that
+falls behind shows as latency; closed loop: when a slot frees and it is sent.
+
+JSON schema `specray.bench.serve/2` (/1 had no per-category results, no ignore_eos, and started
+the open-loop clock only once a request got a concurrency slot):
+- url, grpc (HOST:PORT or null), model, endpoint ("chat" | "completions"), max_tokens,
+  temperature, ignore_eos, dataset (path or null: the packaged prompts);
+- `levels`: one per concurrency level: concurrency, request_rate (arrivals/s, null: closed loop),
+  requests, completed, errors, error_examples (up to 3 messages), seconds (the level's wall time),
+  output_tokens (completed requests' completion tokens: the server's usage, else one per streamed
+  chunk), throughput_tokens_per_s, requests_per_s, ttft_s / tpot_s / e2e_s {p50, p90, p99} (seconds;
+  TPOT over tokens after the first), per_category {category: {requests, completed, errors,
+  output_tokens, ttft_p50_s, e2e_p50_s}}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from specray.cluster.bench.prompts import load_prompts
+
+SCHEMA = "specray.bench.serve/2"
+
+
+@dataclass
+class Sample:
+    ok: bool
+    start: float  # open loop: the arrival; closed loop: when sent
+    first: float | None = None
+    end: float = 0.0
+    tokens: int = 0
+    error: str | None = None
+
+
+async def one_request(client, url: str, body: dict, chat: bool, start: float | None = None) -> Sample:
+    s = Sample(ok=False, start=start or time.perf_counter())
+    chunks = 0
+    try:
+        async with client.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                s.error = f"HTTP {resp.status_code}"
+                await resp.aread()
+                return s
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    s.error = chunk["error"].get("message", "error in stream")
+                    return s
+                if chunk.get("usage"):
+                    s.tokens = chunk["usage"]["completion_tokens"]
+                for choice in chunk.get("choices", []):
+                    text = choice.get("delta", {}).get("content") if chat else choice.get("text")
+                    if text:
+                        chunks += 1
+                        s.first = s.first or time.perf_counter()
+        s.ok = True
+    except Exception as e:  # a refused connection or a timeout counts as an error, not a crash
+        s.error = f"{type(e).__name__}: {e}"
+    finally:
+        s.end = time.perf_counter()
+        s.tokens = s.tokens or chunks  # servers without stream usage: one chunk ~ one token
+    return s
+
+
+async def drive(send, bodies: list[dict], concurrency: int, rate: float | None, seed: int, progress=None):
+    """Issue `send(body, start)` for every body, at most `concurrency` at once: all at the start
+    (closed loop) or with exponential gaps (open loop, `rate` arrivals a second). -> (samples in
+    the bodies' order, seconds)."""
+    gate, rng = asyncio.Semaphore(concurrency), random.Random(seed)
+
+    async def guarded(body):
+        arrival = time.perf_counter()
+        async with gate:
+            sample = await send(body, arrival if rate else None)
+        if progress is not None:
+            progress.update(1)
+        return sample
+
+    start, tasks = time.perf_counter(), []
+    for body in bodies:
+        tasks.append(asyncio.create_task(guarded(body)))
+        if rate:  # open loop: exponential gaps between arrivals
+            await asyncio.sleep(rng.expovariate(rate))
+    samples = await asyncio.gather(*tasks)
+    return samples, time.perf_counter() - start
+
+
+async def run_level(base: str, headers: dict, bodies: list[dict], chat: bool, concurrency: int,
+                    rate: float | None, seed: int, progress=None) -> tuple[list[Sample], float]:
+    import httpx
+
+    url = base.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
+    async with httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(600.0)) as client:
+        return await drive(lambda body, start: one_request(client, url, _wire(body), chat, start), bodies,
+                           concurrency, rate, seed, progress)
+
+
+def _wire(body: dict) -> dict:
+    """The HTTP body: without the bookkeeping keys (category)."""
+    return {k: v for k, v in body.items() if k != "category"}
+
+
+async def one_grpc_request(client, body: dict, chat: bool, start: float | None = None) -> Sample:
+    """The same request through specray's gRPC API (`specray.client.AsyncClient.stream`)."""
+    from specray.client import Sampling, SpecrayError
+
+    s = Sample(ok=False, start=start or time.perf_counter())
+    sampling = Sampling(max_tokens=body["max_tokens"], temperature=body["temperature"], seed=body.get("seed"),
+                        ignore_eos=body.get("ignore_eos", False))
+    prompt = None if chat else body["prompt"]
+    try:
+        stream = client.stream(prompt, messages=body.get("messages") if chat else None, sampling=sampling,
+                               model=body.get("model"))
+        async for delta in stream:
+            if delta.token_ids:
+                s.first = s.first or time.perf_counter()
+                s.tokens += len(delta.token_ids)
+        s.end, s.ok = time.perf_counter(), True
+    except SpecrayError as e:
+        s.error = f"gRPC {e.code.name}: {e.details}"
+    return s
+
+
+async def run_level_grpc(target: str, api_key: str | None, bodies: list[dict], chat: bool, concurrency: int,
+                         rate: float | None, seed: int, progress=None) -> tuple[list[Sample], float]:
+    from specray.client import AsyncClient
+
+    async with AsyncClient(target, api_key=api_key, timeout=600) as client:
+        return await drive(lambda body, start: one_grpc_request(client, body, chat, start), bodies,
+                           concurrency, rate, seed, progress)
+
+
+def percentiles(values: list[float]) -> dict:
+    if not values:
+        return {"p50": None, "p90": None, "p99": None}
+    v = sorted(values)
+    pick = lambda q: round(v[min(len(v) - 1, int(q * len(v)))], 4)  # noqa: E731
+    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
+
+
+def per_category(samples: list[Sample], categories: list[str]) -> dict:
+    groups: dict[str, list[Sample]] = {}
+    for sample, category in zip(samples, categories, strict=True):
+        groups.setdefault(category, []).append(sample)
+    out = {}
+    for category, group in sorted(groups.items()):
+        ok = [s for s in group if s.ok]
+        out[category] = {"requests": len(group), "completed": len(ok), "errors": len(group) - len(ok),
+                         "output_tokens": sum(s.tokens for s in ok),
+                         "ttft_p50_s": percentiles([s.first - s.start for s in ok if s.first])["p50"],
+                         "e2e_p50_s": percentiles([s.end - s.start for s in ok])["p50"]}
+    return out
+
+
+def summarise(concurrency: int, rate: float | None, samples: list[Sample], seconds: float,
+              categories: list[str] | None = None) -> dict:
+    ok = [s for s in samples if s.ok]
+    tokens = sum(s.tokens for s in ok)
+    return {
+        "concurrency": concurrency, "request_rate": rate, "requests": len(samples), "completed": len(ok),
+        "errors": len(samples) - len(ok), "error_examples": sorted({s.error for s in samples if s.error})[:3],
+        "seconds": round(seconds, 4), "output_tokens": tokens,
+        "throughput_tokens_per_s": round(tokens / seconds, 3) if seconds else 0.0,
+        "requests_per_s": round(len(ok) / seconds, 3) if seconds else 0.0,
+        "ttft_s": percentiles([s.first - s.start for s in ok if s.first]),
+        "tpot_s": percentiles([(s.end - s.first) / (s.tokens - 1) for s in ok if s.first and s.tokens > 1]),
+        "e2e_s": percentiles([s.end - s.start for s in ok]),
+        "per_category": per_category(samples, categories or ["all"] * len(samples)),
+    }
+
+
+def request_bodies(args, model: str) -> list[dict]:
+    prompts = load_prompts(Path(args.dataset) if args.dataset else None, args.num_requests)
+    bodies = []
+    for i in range(args.num_requests):
+        p, category = prompts[i % len(prompts)]["prompt"], prompts[i % len(prompts)]["category"]
+        common = {"model": model, "max_tokens": args.max_tokens, "temperature": args.temperature, "stream": True,
+                  "stream_options": {"include_usage": True}, "seed": i, "category": category}
+        if args.ignore_eos:  # vLLM's extension: every request runs to max_tokens
+            common["ignore_eos"] = True
+        bodies.append({**common, "messages": [{"role": "user", "content": p}]} if args.endpoint == "chat"
+                      else {**common, "prompt": p})
+    return bodies
+
+
+def markdown(report: dict) -> str:
+    lines = [f"{report['url']} model {report['model']}, {report['endpoint']}, {report['max_tokens']} max tokens", "",
+             "| concurrency | rate | completed | errors | tokens/s | req/s | TTFT p50/p99 s | TPOT p50/p99 s | E2E p50/p90/p99 s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in report["levels"]:
+        t, p, e = r["ttft_s"], r["tpot_s"], r["e2e_s"]
+        lines.append(f"| {r['concurrency']} | {r['request_rate'] or 'closed loop'} | {r['completed']} | {r['errors']} | "
+                     f"{r['throughput_tokens_per_s']} | {r['requests_per_s']} | {t['p50']}/{t['p99']} | "
+                     f"{p['p50']}/{p['p99']} | {e['p50']}/{e['p90']}/{e['p99']} |")
+    lines += ["", "| concurrency | category | completed | errors | output tokens | TTFT p50 s | E2E p50 s |",
+              "|---|---|---|---|---|---|---|"]
+    for r in report["levels"]:
+        for cat, c in r["per_category"].items():
+            lines.append(f"| {r['concurrency']} | {cat} | {c['completed']} | {c['errors']} | {c['output_tokens']} | "
+                         f"{c['ttft_p50_s']} | {c['e2e_p50_s']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [(r["throughput_tokens_per_s"], r["e2e_s"]["p50"], r["concurrency"]) for r in report["levels"]
+           if r["e2e_s"]["p50"] is not None]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if pts:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+        for x, y, c in pts:
+            ax.annotate(f"c={c}", (x, y), fontsize=8)
+    ax.set(xlabel="throughput (output tokens/s)", ylabel="p50 end-to-end latency (s)", title="latency vs throughput")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def cmd_bench_serve(args) -> int:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    try:
+        model = args.model or httpx.get(args.url.rstrip("/") + "/v1/models", headers=headers,
+                                        timeout=30).json()["data"][0]["id"]
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
+        raise ValueError(f"cannot list models at {args.url}: {e}") from None
+    if args.quick:
+        args.num_requests, args.max_tokens = min(args.num_requests, 8), min(args.max_tokens, 32)
+    from tqdm import tqdm
+
+    bodies = request_bodies(args, model)
+    categories = [b["category"] for b in bodies]
+    levels = []
+    chat = args.endpoint == "chat"
+    for c in args.concurrency:
+        with tqdm(total=len(bodies), desc=f"bench serve (concurrency {c})", mininterval=1) as bar:
+            if args.grpc:
+                level = run_level_grpc(args.grpc, args.api_key, bodies, chat, c, args.request_rate, c, bar)
+            else:
+                level = run_level(args.url, headers, bodies, chat, c, args.request_rate, c, bar)
+            samples, seconds = asyncio.run(level)
+        levels.append(summarise(c, args.request_rate, samples, seconds, categories))
+        print(f"concurrency {c}: {levels[-1]['throughput_tokens_per_s']} tokens/s, {levels[-1]['errors']} errors")
+    report = {"schema": SCHEMA, "url": args.url, "grpc": args.grpc, "model": model, "endpoint": args.endpoint,
+              "max_tokens": args.max_tokens, "temperature": args.temperature, "ignore_eos": args.ignore_eos,
+              "dataset": args.dataset, "levels": levels}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "serve.json").write_text(json.dumps(report, indent=2))
+    (out / "serve.md").write_text(markdown(report))
+    plot(report, out / "serve.png")
+    print(markdown(report))
+    return 0
+
+
+def add_serve_bench_parser(kinds) -> None:
+    from specray.cluster.bench.offline import int_list
+    from specray.cluster.bench.prompts import SHARED_PROMPTS
+
+    srv = kinds.add_parser("serve", help="load-test any OpenAI-compatible HTTP server")
+    srv.add_argument("--url", default="http://127.0.0.1:8000")
+    srv.add_argument("--model", default=None, help="model name to send (default: the server's first)")
+    srv.add_argument("--api-key", default=None)
+    srv.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
+    srv.add_argument("--concurrency", type=int_list, default=[1, 8, 16], help="closed-loop levels, e.g. 1,8,16")
+    srv.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals per second (open loop)")
+    srv.add_argument("--num-requests", type=int, default=32)
+    srv.add_argument("--max-tokens", type=int, default=128)
+    srv.add_argument("--temperature", type=float, default=0.0)
+    srv.add_argument("--dataset", default=str(SHARED_PROMPTS) if SHARED_PROMPTS.exists() else None,
+                     help="JSONL of prompts (default: Spec-Bench beside the checkout if present, else the "
+                          "packaged subset)")
+    srv.add_argument("--ignore-eos", action="store_true",
+                     help="ask every request to run to max_tokens (vLLM's extension; specray honours it)")
+    srv.add_argument("--quick", action="store_true", help="8 requests, 32 tokens")
+    srv.add_argument("--grpc", default=None, metavar="HOST:PORT",
+                     help="drive specray's gRPC API at HOST:PORT instead of HTTP (same prompts and report)")
+    srv.add_argument("--out", default="bench_out")
+    srv.set_defaults(func=cmd_bench_serve)

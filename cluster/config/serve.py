@@ -1,0 +1,193 @@
+"""The one user-facing serving config: YAML file, CLI flags, the Helm chart's serveConfigV2 args.
+
+Pydantic models with unknown keys rejected; `ServeConfig.from_yaml` / `from_dict` raise ValueError
+with every problem listed. The pools read their Ray resources from `pools.draft.resources` and
+`pools.target.resources`; the Helm chart writes the same keys, and a test checks they agree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from specray.cluster.config.defaults import default_speculative_config, is_default_for_other
+from specray.cluster.config.speculative import SpeculativeConfig
+
+TRANSPORTS = ("ray", "torch_distributed", "grpc", "inline")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PoolConfig(_Strict):
+    """Where and how one pool's workers run."""
+
+    num_workers: int = Field(1, ge=1, description="target: tensor-parallel degree; draft: 1")
+    num_cpus: float = Field(1.0, ge=0, description="CPUs each worker reserves")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs each worker reserves")
+    resources: dict[str, float] = Field(default_factory=dict,
+                                        description="custom Ray resources the worker's node must advertise")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads per worker; unset: a target "
+                                "worker uses its node's cores / num_workers, a draft worker its num_cpus")
+    dtype: str = "float32"
+    device: str = "cpu"
+
+    @field_validator("resources")
+    @classmethod
+    def _positive(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: x for k, x in v.items() if x <= 0}
+        if bad:
+            raise ValueError(f"resource amounts must be > 0, got {bad}")
+        return v
+
+
+class TargetPoolConfig(PoolConfig):
+    resources: dict[str, float] = Field(default_factory=lambda: {"target": 1.0},
+                                        description="custom Ray resources the worker's node must advertise")
+
+
+class DraftPoolConfig(PoolConfig):
+    resources: dict[str, float] = Field(default_factory=lambda: {"draft": 1.0},
+                                        description="custom Ray resources the worker's node must advertise")
+
+
+class PoolsConfig(_Strict):
+    # each pool's default resources apply whether or not the pool's block is given
+    target: TargetPoolConfig = TargetPoolConfig()
+    draft: DraftPoolConfig = DraftPoolConfig()
+
+
+class RouterConfig(_Strict):
+    pipelined: bool | Literal["auto"] = Field(
+        "auto", description="two groups in flight: draft B while verifying A; auto: only when the draft is a model")
+    max_num_seqs: int = Field(32, ge=1, description="running sequences at most")
+    max_waiting: int = Field(256, ge=1, description="queued requests before 429 / RESOURCE_EXHAUSTED")
+    kv_cache_tokens: int = Field(16384, ge=16, description="target KV cache size in tokens")
+    block_size: int = Field(16, ge=1)
+    max_model_len: int | None = Field(None, ge=2)
+    draft_timeout_s: float = Field(60.0, gt=0, description="a slower draft pool counts as lost")
+
+
+class TransportConfig(_Strict):
+    # inline: the draft worker runs in the router's process (no hop a round; for n-gram and ADED,
+    # whose drafting is cheap CPU work, or a small draft on a router with cores to spare)
+    kind: Literal["ray", "torch_distributed", "grpc", "inline"] = "ray"
+    drafter_address: str | None = Field(None, description="grpc: host:port of an external Drafter service")
+    master_port: int | None = Field(None, ge=1, le=65535, description="torch_distributed rendezvous port")
+
+
+class HttpConfig(_Strict):
+    host: str = "0.0.0.0"
+    port: int = Field(8000, ge=1, le=65535)
+    api_key: str | None = Field(None, description="require 'Authorization: Bearer <key>' on /v1/*")
+    api_key_env: str | None = Field("SPECRAY_API_KEY", description="read the API key from this variable")
+    default_max_tokens: int = Field(256, ge=1)
+
+
+class GrpcConfig(_Strict):
+    port: int = Field(9000, ge=1, le=65535)
+    enabled: bool = True
+
+
+class ServeConfig(_Strict):
+    model: str = Field("smollm2-135m", description="target: alias, HF folder or .gguf file")
+    served_model_name: str | None = None
+    speculative_config: dict[str, Any] | None = Field(
+        default_factory=lambda: {"method": "ngram", "num_speculative_tokens": 2},
+        description="vLLM-style keys; null serves without speculation")
+    router: RouterConfig = RouterConfig()
+    pools: PoolsConfig = PoolsConfig()
+    transport: TransportConfig = TransportConfig()
+    http: HttpConfig = HttpConfig()
+    grpc: GrpcConfig = GrpcConfig()
+    ray_address: str | None = Field(None, description="join this Ray cluster; None starts a local one")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_speculation(cls, raw: Any) -> Any:
+        # Unset: the target's packaged trained draft (smollm2-135m), else n-gram (draft_defaults).
+        # A default made for another target (a --model override of the defaults) follows the model.
+        if isinstance(raw, dict):
+            model = raw.get("model") or "smollm2-135m"
+            spec = raw.get("speculative_config", "unset")
+            if spec == "unset" or (spec != default_speculative_config(model) and spec in is_default_for_other(model)):
+                raw = {**raw, "speculative_config": default_speculative_config(model)}
+        return raw
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _spec(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        SpeculativeConfig.from_dict(v)  # raises ValueError with the reason
+        return v
+
+    @model_validator(mode="after")
+    def _transport(self) -> "ServeConfig":
+        if self.transport.kind == "grpc" and self.speculative_config and not self.transport.drafter_address:
+            raise ValueError("transport.kind 'grpc' needs transport.drafter_address (host:port)")
+        return self
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        return SpeculativeConfig.from_dict(self.speculative_config)
+
+    @property
+    def pipelined(self) -> bool:
+        """Two groups in flight pay off only when drafting costs compute the target could overlap:
+        with an n-gram draft, or a schedule that stops drafting once two sequences run (smollm2-135m's
+        default), they halve the verified batch for nothing."""
+        if self.router.pipelined != "auto":
+            return self.router.pipelined
+        spec = self.speculative
+        return spec is not None and spec.method in ("draft_model", "eagle") and spec.draft_cap(2) > 0
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+    def with_overrides(self, **overrides: Any) -> "ServeConfig":
+        """A copy with dotted keys replaced, e.g. {"http.port": 8080}; None values are skipped."""
+        raw = self.model_dump()
+        for dotted, value in overrides.items():
+            if value is None:
+                continue
+            node = raw
+            *parents, leaf = dotted.split(".")
+            for p in parents:
+                node = node[p]
+            node[leaf] = value
+        return ServeConfig.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> "ServeConfig":
+        try:
+            return cls.model_validate(raw or {})
+        except ValidationError as e:
+            raise ValueError(_explain(e)) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "ServeConfig":
+        path = Path(path)
+        if not path.exists():
+            raise ValueError(f"config file {path} does not exist")
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ValueError(f"config file {path} is not valid YAML: {e}") from None
+        if raw is not None and not isinstance(raw, dict):
+            raise ValueError(f"config file {path} must hold a mapping at the top level")
+        return cls.from_dict(raw)
+
+
+def _explain(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        where = ".".join(str(x) for x in err["loc"]) or "config"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{where}: {msg}")
+    return "invalid config: " + "; ".join(lines)

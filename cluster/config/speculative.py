@@ -1,0 +1,128 @@
+"""`speculative_config`: vLLM's keys plus specray's own; unknown keys are rejected.
+
+`num_speculative_tokens` is a chain's length, or a tree's depth; `verify_budget` caps the draft
+tokens a round verifies (a tree's node count); a request's SamplingParams.num_speculative_tokens
+overrides the length/depth (0: off) and SamplingParams.verify_budget lowers the budget for one
+request; both stay within the global budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from specray.kernels.drafters import registry
+from specray.kernels.drafters.aded import AdedOptions
+from specray.kernels.drafters.tree_shapes import TreeSpec
+from specray.kernels.verify.rules import SAMPLED_RULES
+
+METHODS = tuple(registry.METHODS)
+VERIFY_CHOICES = ("auto", *SAMPLED_RULES)
+DRAFT_QUANTIZATIONS = (None, "none", "q8_0")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str = "ngram"
+    model: str | None = None  # draft checkpoint (draft_model; eagle: a feature-level draft folder)
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+    draft_num_layers: int | None = None  # keep only the draft's first layers (specray)
+    # VocabTrim (specray): the draft's LM head keeps its folder's k most frequent tokens; None uses
+    # the folder's recommended k (distill.json) where it has a VocabTrim table, 0 turns it off
+    draft_vocab_trim: int | None = None
+    # Draft weights (specray): "q8_0" rounds the draft to Q8_0 blocks at load (2.5x faster drafting
+    # on CPU through the packed C kernels; lossless, since verification uses the draft's own
+    # probabilities), "none" keeps the checkpoint's values; None: "q8_0" on CPU in fp32
+    draft_quantization: str | None = None
+    disable_by_batch_size: int | None = None  # speculation off once this many sequences run
+    # [[min running sequences, draft tokens at most], ...]: shorter, then off, as the batch grows
+    batch_size_schedule: list[list[int]] | None = None
+    # Trees (specray), method draft_model or eagle: {kind: rsd_c, branching: [2, 2, 1]} | {kind: rsd_s, width: W}
+    # | {kind: spectr, k: K} | {kind: topk, k: K, width: W}; the depth is num_speculative_tokens
+    tree: dict | None = None
+    # Draft tokens (tree nodes) the target verifies per sequence per round, for every method: trees
+    # and chains compared at equal target compute. None: no cap beyond the tree's shape.
+    verify_budget: int | None = None
+    aded: dict | None = None  # ADED options (kernels/drafters/aded.py AdedOptions), method aded
+    # Verification rule for sampled requests: "auto" picks it from each proposal's kind; naming one
+    # ("chain", "rrs", "kseq", "descent") makes a proposal of another kind an error, never a fallback
+    verify: str = "auto"
+    # Prompt lookup first (specray), method draft_model or eagle: a sequence whose last n >= min_match
+    # tokens occurred before gets that occurrence's continuation as its proposal (free, point masses);
+    # the draft model proposes only where none does. true, or {min_match: 2, max_match: 8, model_tokens:
+    # the model's chain length / tree depth at most (the lookup's is num_speculative_tokens)}
+    lookup_first: bool | dict | None = None
+
+    def __post_init__(self) -> None:
+        registry.check_options(self.method, self.model, self.tree, self.lookup_first, aded=self.aded)
+        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {self.num_speculative_tokens}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
+        if self.draft_num_layers is not None and self.draft_num_layers < 1:
+            raise ValueError(f"draft_num_layers must be >= 1, got {self.draft_num_layers}")
+        if self.draft_vocab_trim is not None and (not isinstance(self.draft_vocab_trim, int)
+                                                  or self.draft_vocab_trim < 0):
+            raise ValueError(f"draft_vocab_trim must be an integer >= 0, got {self.draft_vocab_trim}")
+        if self.draft_quantization not in DRAFT_QUANTIZATIONS:
+            raise ValueError(f"draft_quantization must be one of {DRAFT_QUANTIZATIONS}, got {self.draft_quantization!r}")
+        if self.aded is not None:
+            AdedOptions.from_dict(self.aded)
+        if self.verify not in VERIFY_CHOICES:
+            raise ValueError(f"unknown verify rule {self.verify!r}; choose one of {VERIFY_CHOICES}")
+        if self.lookup_first not in (None, False) and self.verify not in ("auto", "chain"):
+            raise ValueError(f"'lookup_first' proposes chains, which verify {self.verify!r} refuses; use 'auto'")
+        if self.verify_budget is not None and (not isinstance(self.verify_budget, int) or self.verify_budget < 1):
+            raise ValueError(f"verify_budget must be an integer >= 1, got {self.verify_budget}")
+        if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
+            raise ValueError(f"disable_by_batch_size must be >= 1, got {self.disable_by_batch_size}")
+        self._check_schedule()
+
+    def max_draft_tokens(self) -> int:
+        """The most draft tokens (tree nodes) one round verifies per sequence: KV to reserve."""
+        if self.tree is not None:
+            n = TreeSpec.from_dict(self.tree).max_nodes(self.num_speculative_tokens, self.verify_budget)
+        elif self.method == "aded":
+            n = AdedOptions.from_dict(self.aded or {}).tree_nodes(self.num_speculative_tokens)
+        else:
+            n = self.num_speculative_tokens
+        return n if self.verify_budget is None else min(n, self.verify_budget)
+
+    def _check_schedule(self) -> None:
+        rows = self.batch_size_schedule or []
+        ok = all(isinstance(r, (list, tuple)) and len(r) == 2 and all(isinstance(x, int) for x in r)
+                 and r[0] >= 1 and 0 <= r[1] <= self.num_speculative_tokens for r in rows)
+        thresholds = [r[0] for r in rows] if ok else []
+        if not ok or thresholds != sorted(set(thresholds)):
+            raise ValueError("batch_size_schedule must be [[min_running_seqs, num_draft_tokens], ...] with "
+                             "ascending thresholds >= 1 and 0 <= num_draft_tokens <= num_speculative_tokens, "
+                             f"got {self.batch_size_schedule}")
+
+    def schedule(self) -> tuple[tuple[int, int], ...]:
+        """The load schedule, with disable_by_batch_size folded in as a final (N, 0) step."""
+        rows = [(int(t), int(k)) for t, k in self.batch_size_schedule or []]
+        if self.disable_by_batch_size is not None:
+            rows.append((self.disable_by_batch_size, 0))
+        merged: dict[int, int] = {}
+        for t, k in rows:
+            merged[t] = min(k, merged.get(t, k))
+        return tuple(sorted(merged.items()))
+
+    def draft_cap(self, num_running: int) -> int:
+        """Draft tokens per sequence the schedule allows while `num_running` sequences run."""
+        return min([self.num_speculative_tokens] + [k for t, k in self.schedule() if num_running >= t])
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> "SpeculativeConfig | None":
+        if not raw:
+            return None
+        raw = dict(raw)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"unknown speculative_config keys {unknown}; known keys: {sorted(known)}")
+        if "method" not in raw:  # vLLM: a draft model without a method means draft_model
+            raw["method"] = "draft_model" if raw.get("model") else "ngram"
+        return cls(**raw)

@@ -1,0 +1,37 @@
+"""Start the pools a ServeConfig asks for on the connected Ray cluster, with its draft transport."""
+
+from __future__ import annotations
+
+from specray.cluster.config.serve import PoolConfig, ServeConfig
+from specray.cluster.config.worker_specs import serve_draft_spec, serve_target_spec
+from specray.cluster.pools.ray_pools import Placement, RayDraftPool, RayTargetPool
+
+
+def placement(pool: PoolConfig) -> Placement:
+    return Placement(dict(pool.resources), pool.num_cpus, pool.num_gpus)
+
+
+def build_target_pool(cfg: ServeConfig) -> RayTargetPool:
+    return RayTargetPool(serve_target_spec(cfg), placement(cfg.pools.target), cfg.pools.target.num_workers)
+
+
+def build_draft_pool(cfg: ServeConfig):
+    """The draft pool behind `transport.kind` (ray, grpc, torch_distributed, inline); None without speculation."""
+    spec = serve_draft_spec(cfg)
+    if spec is None:
+        return None
+    kind, timeout = cfg.transport.kind, cfg.router.draft_timeout_s
+    if kind == "inline":
+        from specray.actors.draft_worker import DraftWorker
+        from specray.cluster.pools.in_process import InlineDraftPool
+
+        return InlineDraftPool(DraftWorker.from_spec(spec))
+    if kind == "grpc":
+        from specray.cluster.pools.grpc_transport import GrpcDraftPool
+
+        return GrpcDraftPool(cfg.transport.drafter_address, timeout)
+    if kind == "torch_distributed":
+        from specray.cluster.pools.dist_transport import DistDraftPool
+
+        return DistDraftPool(spec, placement(cfg.pools.draft), timeout)
+    return RayDraftPool(spec, placement(cfg.pools.draft), timeout)

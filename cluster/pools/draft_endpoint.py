@@ -1,0 +1,64 @@
+"""A DraftWorker behind the wire format (cluster/pools/wire.py). It runs wherever the draft pool runs:
+in a Ray actor (ray and torch_distributed transports) or in a `specray drafter` process (grpc)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from specray.actors.draft_worker import DraftWorker
+from specray.actors.specs import DraftSpec
+from specray.cluster.pools.ray_pools import wire
+
+
+@dataclass
+class TransportStats:
+    """Bytes and waits of the router <-> draft link (benchmarks read it)."""
+
+    rounds: int = 0
+    bytes_sent: int = 0  # router -> draft: items with calibration deltas
+    bytes_received: int = 0  # draft -> router: proposals
+    seconds: float = 0.0  # submit to result, draft compute included
+
+    def record(self, sent: int, received: int, seconds: float) -> None:
+        self.rounds += 1
+        self.bytes_sent += sent
+        self.bytes_received += received
+        self.seconds += seconds
+
+
+class DraftEndpoint:
+    def __init__(self, worker: DraftWorker, method: str = "draft"):
+        self.worker, self.method = worker, method
+        self.lock = threading.Lock()  # gRPC serves calls on a thread pool; the worker is single-threaded
+        self.compute_seconds = 0.0
+        self.channel = None
+
+    @classmethod
+    def from_spec(cls, spec: DraftSpec) -> "DraftEndpoint":
+        return cls(DraftWorker.from_spec(spec), spec.method)
+
+    def ping(self) -> str:
+        return self.method
+
+    def propose_bytes(self, payload: bytes) -> bytes:
+        with self.lock:
+            start = time.perf_counter()
+            out = wire.encode_proposals(self.worker.propose(wire.decode_items(payload)))
+            self.compute_seconds += time.perf_counter() - start
+            return out
+
+    def release_many(self, seq_ids: list) -> None:
+        with self.lock:
+            for seq_id in seq_ids:
+                self.worker.release(seq_id)
+
+    # -- torch.distributed transport --------------------------------------------------------
+    def connect(self, address: str, backend: str, timeout_s: float) -> None:
+        """Join the router's two-rank group as rank 1 and serve requests on a thread."""
+        from specray.cluster.pools.dist_transport import DistChannel, serve_channel
+
+        self.channel = DistChannel(address, rank=1, backend=backend, timeout_s=timeout_s)
+        threading.Thread(target=serve_channel, args=(self, self.channel), name="specray-dist-draft",
+                         daemon=True).start()

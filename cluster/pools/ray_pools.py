@@ -1,0 +1,164 @@
+"""Draft and target pools on Ray: workers in placement groups on nodes that advertise the `draft`
+or `target` resource (or GPUs). They implement `pool_api`'s TargetPool / DraftPool, so the router
+drives them exactly as it drives in-process workers.
+
+A draft worker that dies costs nothing but speed: the pending proposal raises DraftUnavailable,
+the router decodes target-only and resynchronises the draft from the full history once Ray has
+restarted the worker. A target worker that dies loses its KV cache: the pending step raises
+TargetUnavailable (the router fails those requests with a retryable error) and the pool starts
+fresh workers at once, so the service recovers without a restart.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, replace
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+from specray.actors.specs import DraftSpec, TargetSpec
+from specray.actors.target_worker import TargetWorker
+from specray.cluster.pools.ray_pools import wire
+from specray.cluster.pools.builder import kill_worker, release_group, rendezvous_address, reserve, start_worker
+from specray.cluster.pools.draft_endpoint import DraftEndpoint, TransportStats
+from specray.cluster.pools.api import DraftUnavailable, TargetUnavailable
+
+ActorFailure = (RayActorError, GetTimeoutError)
+
+
+@dataclass(frozen=True)
+class Placement:
+    resources: dict  # custom resources each worker's node must advertise, e.g. {"target": 1}
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+
+    def bundle(self) -> dict:
+        gpus = {"GPU": self.num_gpus} if self.num_gpus else {}
+        return {"CPU": self.num_cpus, **gpus, **self.resources}
+
+
+class _RayPending:
+    """An ObjectRef (or several, one per tensor-parallel rank) and what a failure means."""
+
+    def __init__(self, refs: list, on_failure, timeout_s: float | None = None, on_result=None):
+        self.refs, self.on_failure, self.timeout_s, self.on_result = refs, on_failure, timeout_s, on_result
+
+    def result(self):
+        try:
+            value = ray.get(self.refs, timeout=self.timeout_s)[0]  # every rank agrees; rank 0 speaks
+        except ActorFailure as e:
+            raise self.on_failure(e) from None
+        return value if self.on_result is None else self.on_result(value)
+
+
+class RayTargetPool:
+    """The target: one worker, or `spec.tp_size` tensor-parallel ranks that all run every step."""
+
+    def __init__(self, spec: TargetSpec, placement: Placement = Placement({"target": 1}), tp_size: int = 1):
+        self.spec, self.placement, self.tp_size = spec, placement, tp_size
+        self.name = f"specray-target-{uuid.uuid4().hex[:8]}"
+        self.group = reserve([placement.bundle()] * tp_size)
+        self.starts = 0
+        self.actors = self._start()
+
+    def _start(self) -> list:
+        specs = [self.spec]
+        if self.tp_size > 1:  # a fresh rendezvous each start, so restarted ranks never meet stale ones
+            address = rendezvous_address(self.group)
+            specs = [replace(self.spec, tp_rank=r, tp_size=self.tp_size, dist_init_method=address)
+                     for r in range(self.tp_size)]
+        self.starts += 1
+        return [start_worker(TargetWorker.from_spec, s, self.group, self.placement, bundle_index=r,
+                             name=f"{self.name}-s{self.starts}-r{r}") for r, s in enumerate(specs)]
+
+    def submit_step(self, items) -> _RayPending:
+        ref = ray.put(items) if self.tp_size > 1 else items
+        return _RayPending([a.call.remote("step", ref) for a in self.actors], self._failed)
+
+    def _failed(self, error: Exception) -> TargetUnavailable:
+        for actor in self.actors:  # a lost rank strands the others mid-collective: restart all
+            kill_worker(actor)
+        self.actors = self._start()
+        return TargetUnavailable(f"a target worker failed; its requests were lost, retry them ({error})")
+
+    def release(self, seq_id) -> None:
+        for actor in self.actors:
+            actor.call.remote("release", seq_id)  # fire and forget; ordered after in-flight steps
+
+    def node_ids(self) -> list[str]:
+        return ray.get([a.node_id.remote() for a in self.actors])
+
+    def worker_names(self) -> list[str]:
+        return [f"{self.name}-s{self.starts}-r{r}" for r in range(len(self.actors))]
+
+    def close(self) -> None:
+        for actor in self.actors:
+            kill_worker(actor)
+        release_group(self.group)
+
+    def ready(self, timeout_s: float = 300.0) -> None:
+        ray.get([a.call.remote("ping") for a in self.actors], timeout=timeout_s)
+
+
+class RayDraftPool:
+    """The draft worker as a Ray actor; items and proposals travel in wire format as object refs."""
+
+    def __init__(self, spec: DraftSpec, placement: Placement = Placement({"draft": 1}),
+                 propose_timeout_s: float = 60.0):
+        self.group = reserve([placement.bundle()])
+        self.name = f"specray-draft-{uuid.uuid4().hex[:8]}"
+        self.actor = start_worker(DraftEndpoint.from_spec, spec, self.group, placement, max_restarts=-1,
+                                  name=self.name)
+        self.propose_timeout_s = propose_timeout_s
+        self.stats = TransportStats()
+        self._revival = None  # a pending ping while the worker is down
+
+    @property
+    def healthy(self) -> bool:
+        if self._revival is None:
+            return True
+        done, _ = ray.wait([self._revival], timeout=0)
+        if not done:
+            return False
+        try:
+            ray.get(self._revival)
+            self._revival = None
+            return True
+        except (RayTaskError, *ActorFailure):
+            self._revival = self.actor.node_id.remote()
+            return False
+
+    def submit_propose(self, items) -> _RayPending:
+        if not self.healthy:
+            raise DraftUnavailable("draft worker is restarting")
+        payload, start = wire.encode_items(items), time.perf_counter()
+
+        def decode(reply: bytes):
+            self.stats.record(len(payload), len(reply), time.perf_counter() - start)
+            return wire.decode_proposals(reply)
+
+        ref = self.actor.call.remote("propose_bytes", payload)
+        return _RayPending([ref], self._failed, self.propose_timeout_s, decode)
+
+    def _failed(self, error: Exception) -> DraftUnavailable:
+        self._revival = self.actor.node_id.remote()  # answers once Ray has restarted the worker
+        return DraftUnavailable(str(error))
+
+    def release(self, seq_id) -> None:
+        if self._revival is None:
+            self.actor.call.remote("release_many", [seq_id])
+
+    def node_id(self) -> str:
+        return ray.get(self.actor.node_id.remote())
+
+    def worker_names(self) -> list[str]:
+        return [self.name]
+
+    def ready(self, timeout_s: float = 300.0) -> None:
+        ray.get(self.actor.call.remote("ping"), timeout=timeout_s)
+
+    def close(self) -> None:
+        kill_worker(self.actor)
+        release_group(self.group)

@@ -1,0 +1,120 @@
+"""AsyncRouter: runs the Router's rounds on a background thread and streams each request's
+outputs to asyncio consumers. The Router itself is single-threaded; every mutation (add, abort)
+is queued to the loop thread and applied between rounds."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+from collections.abc import AsyncIterator
+
+from specray.cluster.router.router import Router
+from specray.cluster.outputs import RequestOutput
+from specray.cluster.params import SamplingParams
+from specray.cluster.pools.api import TargetUnavailable
+
+
+class QueueFullError(RuntimeError):
+    """More requests are waiting than the server accepts (HTTP 429, gRPC RESOURCE_EXHAUSTED)."""
+
+
+class AsyncRouter:
+    def __init__(self, router: Router, max_waiting: int = 256):
+        self.router = router
+        self.max_waiting = max_waiting
+        self._commands: queue.Queue = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._ids = itertools.count()
+        self._wake = threading.Event()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="specray-router", daemon=True)
+        self._thread.start()
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.router.waiting) + self._commands.qsize()
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
+                       prompt: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Yield the request's output after every round until it finishes. Raises ValueError for
+        bad input and QueueFullError when the queue is full; cancelling the consumer aborts it."""
+        self.router.check_prompt(prompt_token_ids, params)
+        if self.num_waiting >= self.max_waiting:
+            raise QueueFullError(f"{self.num_waiting} requests are already waiting; retry later")
+        request_id = f"req-{next(self._ids)}"
+        stream: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (asyncio.get_running_loop(), stream)
+        self._submit(("add", request_id, prompt_token_ids, params, prompt))
+        finished = False
+        try:
+            while not finished:
+                item = await stream.get()
+                if isinstance(item, Exception):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:  # the client went away or the consumer was cancelled: free the sequence
+                self._submit(("abort", request_id))
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def shutdown(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    # -- the engine thread ------------------------------------------------------------------
+    def _submit(self, command: tuple) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    def _apply_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "add":
+                _, request_id, ids, params, prompt = command
+                try:
+                    self.router.add_request(ids, params, prompt, request_id=request_id)
+                except ValueError as e:
+                    self._deliver(request_id, e)
+            else:
+                self.router.abort(command[1])
+
+    def _loop(self) -> None:
+        while not self._stopped:
+            self._apply_commands()
+            if not self.router.has_unfinished():
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.router.step()
+            except TargetUnavailable as e:  # KV lost: fail (retryably) what ran; the pool restarts
+                for request_id in self.router.fail_all():
+                    self._deliver(request_id, e)
+                continue
+            except Exception as e:  # a failed round fails its requests, never the server
+                self._fail_running(e)
+                continue
+            for out in outputs:
+                self._deliver(out.request_id, out)
+
+    def _fail_running(self, error: Exception) -> None:
+        for request_id in list(self.router.requests):
+            self.router.abort(request_id)
+            self._deliver(request_id, RuntimeError(f"generation failed: {error}"))
+
+    def _deliver(self, request_id: str, item) -> None:
+        target = self._streams.get(request_id)
+        if target is not None:
+            loop, stream = target
+            loop.call_soon_threadsafe(stream.put_nowait, item)

@@ -1,0 +1,79 @@
+"""The router's frozen limits and its running statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specray.kernels.proposal import VerifyResult
+
+
+@dataclass(frozen=True)
+class RouterLimits:
+    max_model_len: int
+    vocab_size: int
+    kv_capacity_tokens: int  # target KV slots; admission reserves a request's worst case
+    block_size: int = 16
+    max_num_seqs: int = 32
+    num_speculative_tokens: int = 0  # 0 without a drafter
+    # (min running sequences, draft tokens at most), ascending: speculation shortens, then stops, under load
+    speculation_schedule: tuple[tuple[int, int], ...] = ()
+    pipelined: bool = False  # two groups in flight: draft one while the target verifies the other
+    verify_budget: int | None = None  # draft tokens (tree nodes) verified per sequence per round at most
+    max_draft_tokens: int = 0  # the most draft tokens (tree nodes) one round verifies: KV reserved for them
+    verify_rule: str = "auto"  # sampled requests: "auto" (from the proposal's kind) or a fixed rule
+    draft_features: bool = False  # the draft reads the target's final hidden states (method eagle)
+
+    def __post_init__(self) -> None:
+        assert self.max_model_len >= 2 and self.max_num_seqs >= 1 and self.num_speculative_tokens >= 0
+        thresholds = [t for t, _ in self.speculation_schedule]
+        assert thresholds == sorted(set(thresholds)) and all(k >= 0 for _, k in self.speculation_schedule)
+
+    def draft_cap(self, num_running: int) -> int:
+        """Draft tokens allowed per sequence while `num_running` sequences run."""
+        cap = self.num_speculative_tokens
+        for threshold, k in self.speculation_schedule:
+            if num_running >= threshold:
+                cap = min(cap, k)
+        return cap
+
+
+def router_limits(model_config, tokenizer, spec, max_model_len: int | None, max_num_seqs: int,
+                  num_blocks: int, block_size: int, pipelined: bool = False) -> tuple[RouterLimits, set[int]]:
+    """The router's limits from the target's ModelConfig and the SpeculativeConfig (or None)."""
+    limit = model_config.max_position_embeddings
+    if max_model_len is not None and not 2 <= max_model_len <= limit:
+        raise ValueError(f"max_model_len must be in [2, {limit}], got {max_model_len}")
+    eos = set(model_config.eos_token_ids) or {tokenizer.eos_token_id}
+    return RouterLimits(
+        max_model_len=max_model_len or limit, vocab_size=model_config.vocab_size,
+        kv_capacity_tokens=num_blocks * block_size, block_size=block_size, max_num_seqs=max_num_seqs,
+        num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+        speculation_schedule=spec.schedule() if spec else (), pipelined=pipelined and spec is not None,
+        verify_budget=spec.verify_budget if spec else None,
+        max_draft_tokens=spec.max_draft_tokens() if spec else 0, verify_rule=spec.verify if spec else "auto",
+        draft_features=spec is not None and spec.method == "eagle"), eos
+
+
+@dataclass
+class RouterStats:
+    """Wall time the router spent waiting on each pool (benchmarks read it)."""
+
+    steps: int = 0
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    num_drafts: int = 0  # rounds in which a sequence had draft tokens verified
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)  # [max k] acceptances at draft position i
+    draft_fallbacks: int = 0  # rounds decoded target-only because the draft pool was unavailable
+    target_failures: int = 0
+
+    def record_round(self, res: VerifyResult) -> None:
+        if res.num_draft_tokens == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += res.num_draft_tokens
+        self.num_accepted_tokens += res.num_accepted
+        self.accepted_per_pos.extend([0] * (res.num_draft_tokens - len(self.accepted_per_pos)))
+        for pos in range(res.num_accepted):
+            self.accepted_per_pos[pos] += 1

@@ -1,0 +1,84 @@
+"""The pipelined router: two groups in flight, so neither pool waits for the other.
+
+Each slot, the target pool verifies one group while the draft pool proposes for the other; then
+they swap. A group's round is still propose -> verify -> commit in that order, so outputs are the
+same as unpipelined rounds: pipelining changes when work runs, never what is computed.
+
+    slot s:    target: verify(A)            draft: propose(B)
+    slot s+1:  target: verify(B)            draft: propose(A)   (A's calibration rides on it)
+
+Newly admitted sequences join the group about to be verified (their prefill needs no proposal),
+sized to keep the two groups even; when finished sequences leave the groups uneven, the larger
+drafting group hands a few sequences to the verifying group for one target-only round.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from specray.cluster.outputs import RequestOutput
+from specray.cluster.pools.api import Pending
+from specray.cluster.router.sequence import Sequence
+from specray.kernels.proposal import Proposal
+from specray.kernels.ints import ceil_div
+
+if TYPE_CHECKING:
+    from specray.cluster.router.router import Router
+
+
+class Pipeline:
+    def __init__(self, router: "Router"):
+        self.router = router
+        self.verifying: tuple[list[Sequence], Pending] | None = None  # group on the target pool
+        self.drafting: tuple[list[Sequence], Pending | None] | None = None  # group on the draft pool
+
+    def reset(self) -> None:
+        self.verifying = self.drafting = None
+
+    def slot(self) -> list[RequestOutput]:
+        """Wait for both groups in flight, commit the verified one, and submit the next pair."""
+        e = self.router
+        committed = self._finish_verify()  # group A: committed, to be drafted next
+        to_verify, proposals = self._finish_draft()  # group B: proposals ready
+        to_verify += e.admit(limit=self._admission_limit(len(committed), len(to_verify)))
+        moved = self._rebalance(committed, to_verify)
+        committed = [s for s in committed if s not in moved]
+        if to_verify:
+            self.verifying = (to_verify, e.submit_verify(to_verify, proposals))
+        if committed:
+            self.drafting = (committed, e.submit_propose(committed))
+        return e.outputs(self._touched)
+
+    def _finish_verify(self) -> list[Sequence]:
+        self._touched: list[Sequence] = []
+        if self.verifying is None:
+            return []
+        seqs, pending = self.verifying
+        self.verifying = None
+        self._touched = self.router.collect_verify(seqs, pending)
+        return [s for s in self._touched if s in self.router.running]
+
+    def _finish_draft(self) -> tuple[list[Sequence], dict[str, Proposal]]:
+        if self.drafting is None:
+            return [], {}
+        seqs, pending = self.drafting
+        self.drafting = None
+        proposals = self.router.collect_proposals(seqs, pending)
+        return [s for s in seqs if s in self.router.running], proposals
+
+    def _admission_limit(self, num_drafting: int, num_verifying: int) -> int:
+        """Admit enough to bring the verifying group to half of everything that could run."""
+        e = self.router
+        room = max(0, e.config.max_num_seqs - len(e.running))
+        total = num_drafting + num_verifying + min(room, len(e.waiting))
+        return max(0, ceil_div(total, 2) - num_verifying)
+
+    @staticmethod
+    def _rebalance(drafting: list[Sequence], verifying: list[Sequence]) -> list[Sequence]:
+        """Move sequences from a much larger drafting group into this slot's verify (target-only)."""
+        surplus = (len(drafting) - len(verifying)) // 2
+        if surplus < 1 or len(drafting) - len(verifying) < 2:
+            return []
+        moved = drafting[-surplus:]
+        verifying.extend(moved)
+        return moved

@@ -1,0 +1,288 @@
+"""The router: continuous batching over a target pool and an optional draft pool.
+
+A round for a group of sequences is propose -> verify -> commit: the draft pool proposes (the
+calibration delta of the last round rides on the same call), then one ragged target pass
+prefills newly admitted sequences and verifies everyone else's proposals. `step` runs one round
+for every running sequence, or, pipelined, one slot of the two-group pipeline (cluster/router/pipeline.py).
+The pools may be in-process workers or Ray actors; the router only sees `pools/api.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from specray.actors.messages import DraftItem, TargetItem
+from specray.cluster.router.limits import RouterLimits, RouterStats, router_limits  # noqa: F401 (re-export)
+from specray.cluster.outputs import RequestOutput, SpecMetrics
+from specray.cluster.params import SamplingParams
+from specray.cluster.router.pipeline import Pipeline
+from specray.cluster.pools.api import (DraftPool, DraftUnavailable, Pending, TargetPool,  # noqa: F401
+                                      TargetUnavailable)
+from specray.cluster.router.sequence import Sequence
+from specray.kernels.proposal import Proposal, VerifyResult
+from specray.kernels.verify.rules import pick_rule
+from specray.kernels.ints import ceil_div
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    seqs: list[Sequence]
+
+
+class Router:
+    def __init__(self, target: TargetPool, draft: DraftPool | None, tokenizer, eos_token_ids,
+                 config: RouterLimits):
+        self.target, self.draft, self.tokenizer, self.config = target, draft, tokenizer, config
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.requests: dict[str, _Request] = {}
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.reserved_tokens = 0
+        self.stats = RouterStats()
+        self._ids = itertools.count()
+        self.pipeline = Pipeline(self) if config.pipelined and draft is not None else None
+
+    # -- requests ---------------------------------------------------------------------------
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None,
+                    request_id: str | None = None) -> str:
+        """Validate and queue a request; a bad one raises ValueError and touches nothing else."""
+        self.check_prompt(prompt_token_ids, params)
+        request_id = request_id or str(next(self._ids))
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already running")
+        seqs = [Sequence(f"{request_id}/{i}", request_id, i, list(prompt_token_ids), params,
+                         self.eos_token_ids, self.config.max_model_len) for i in range(params.n)]
+        self.requests[request_id] = _Request(request_id, prompt, list(prompt_token_ids), seqs)
+        self.waiting.extend(seqs)
+        return request_id
+
+    def check_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"expected SamplingParams, got {type(params).__name__}")
+        if not prompt_token_ids:
+            raise ValueError("prompt is empty: it must contain at least one token")
+        if len(prompt_token_ids) >= self.config.max_model_len:
+            raise ValueError(f"prompt has {len(prompt_token_ids)} tokens; the model's context is "
+                             f"{self.config.max_model_len} tokens, leaving no room to generate")
+        if self._reservation(len(prompt_token_ids), params) > self.config.kv_capacity_tokens:
+            raise ValueError("request can never fit in the KV cache; lower max_tokens or raise the cache size")
+        if any(not isinstance(t, int) or not 0 <= t < self.config.vocab_size for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {self.config.vocab_size})")
+
+    def abort(self, request_id: str) -> None:
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return
+        for seq in req.seqs:
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+            if seq in self.running:
+                self._retire(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def fail_all(self) -> list[str]:
+        """After a target failure: forget every request (their KV is gone); returns their ids."""
+        lost = list(self.requests)
+        for seq in list(self.running):
+            self._retire(seq, target_alive=False)
+        self.waiting.clear()
+        self.requests.clear()
+        if self.pipeline is not None:
+            self.pipeline.reset()
+        self.stats.target_failures += 1
+        return lost
+
+    # -- scheduling -------------------------------------------------------------------------
+    def _reservation(self, prompt_len: int, params: SamplingParams) -> int:
+        spec_tokens = max(self.config.num_speculative_tokens, self.config.max_draft_tokens)  # a tree's nodes
+        tokens = min(prompt_len + params.max_tokens, self.config.max_model_len) + spec_tokens + 1
+        bs = self.config.block_size
+        return ceil_div(tokens, bs) * bs
+
+    def admit(self, limit: int | None = None) -> list[Sequence]:
+        """Move waiting sequences to running while KV and `max_num_seqs` allow (at most `limit`)."""
+        admitted: list[Sequence] = []
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            if limit is not None and len(admitted) >= limit:
+                break
+            seq = self.waiting[0]
+            need = self._reservation(len(seq.prompt_token_ids), seq.params)
+            if self.reserved_tokens + need > self.config.kv_capacity_tokens:
+                break
+            self.waiting.popleft()
+            self.reserved_tokens += need
+            self.running.append(seq)
+            admitted.append(seq)
+        return admitted
+
+    def num_draft_tokens(self, seq: Sequence) -> int:
+        """This round's speculation length (a chain's length, a tree's depth): the request's own or
+        the default, capped by load, by what the request may still emit and by the verify budget
+        (a tree of depth L holds at least L nodes)."""
+        if self.draft is None:
+            return 0
+        k = seq.params.num_speculative_tokens
+        k = self.config.num_speculative_tokens if k is None else k
+        budget = self.verify_budget(seq)
+        return min(k, self.config.draft_cap(len(self.running)), seq.max_draft_tokens(),
+                   k if budget is None else budget)
+
+    def verify_budget(self, seq: Sequence) -> int | None:
+        """The request's budget of verified draft tokens per round, within the global one."""
+        budgets = [b for b in (seq.params.verify_budget, self.config.verify_budget) if b is not None]
+        return min(budgets) if budgets else None
+
+    # -- the round's parts (shared by the sync round and the pipeline) ----------------------
+    def submit_propose(self, seqs: list[Sequence]) -> Pending[list[Proposal]] | None:
+        """Ask the draft pool for proposals; sequences with 0 draft tokens only calibrate."""
+        if self.draft is None or not seqs:
+            return None
+        items = []
+        for seq in seqs:
+            delta = seq.token_ids[seq.draft_sent:]
+            features = torch.cat(seq.draft_features) if seq.draft_features else None  # [rows, hidden_size]
+            items.append(DraftItem(seq.seq_id, delta, self.num_draft_tokens(seq),
+                                   seq.spec() if seq.draft_sent == 0 else None, self.verify_budget(seq), features))
+            seq.draft_sent, seq.draft_features = seq.num_tokens, []
+        start = time.perf_counter()
+        try:
+            return self.draft.submit_propose(items)
+        except DraftUnavailable:
+            self._lose_draft_state()
+            return None
+        finally:  # in-process pools compute here; remote ones only send
+            self.stats.draft_seconds += time.perf_counter() - start
+
+    def collect_proposals(self, seqs: list[Sequence], pending: Pending | None) -> dict[str, Proposal]:
+        proposals = {s.seq_id: Proposal([]) for s in seqs}
+        if pending is None:
+            return proposals
+        start = time.perf_counter()
+        try:
+            drafted = pending.result()
+        except DraftUnavailable:
+            self._lose_draft_state()
+            return proposals
+        finally:
+            self.stats.draft_seconds += time.perf_counter() - start
+        for seq, proposal in zip(seqs, drafted, strict=True):
+            proposals[seq.seq_id] = proposal
+        return proposals
+
+    def _lose_draft_state(self) -> None:
+        """Target-only decoding this round; the draft side is rebuilt from the full history
+        (prompt, committed tokens, sampling spec) once it answers again."""
+        self.stats.draft_fallbacks += 1
+        for seq in self.running:
+            seq.draft_sent = 0
+
+    def submit_verify(self, seqs: list[Sequence], proposals: dict[str, Proposal]) -> Pending[list[VerifyResult]]:
+        items = []
+        for seq in seqs:
+            if seq.output_token_ids:
+                proposal = proposals.get(seq.seq_id, Proposal([]))
+                self._check_budget(seq, proposal)
+                rule = self._rule(seq, proposal)
+                items.append(TargetItem(seq.seq_id, seq.output_token_ids[-1:], proposal, rule=rule))
+            else:  # prefill: the first token comes from the prompt's last position
+                spec = dataclasses.replace(seq.spec(), features=self.config.draft_features)
+                items.append(TargetItem(seq.seq_id, list(seq.prompt_token_ids), Proposal([]), spec))
+        start = time.perf_counter()
+        try:
+            return self.target.submit_step(items)
+        finally:
+            self.stats.target_seconds += time.perf_counter() - start
+
+    def _rule(self, seq: Sequence, proposal: Proposal) -> str:
+        """The rule for this round (kernels/verify/rules.py); the target worker checks it again."""
+        return pick_rule(proposal, seq.params.temperature == 0.0, self.config.verify_rule)
+
+    def _check_budget(self, seq: Sequence, proposal: Proposal) -> None:
+        budget = self.verify_budget(seq)
+        if budget is not None and proposal.num_draft_tokens > budget:
+            raise ValueError(f"a proposal of {proposal.num_draft_tokens} draft tokens exceeds verify_budget {budget}")
+
+    def collect_verify(self, seqs: list[Sequence], pending: Pending[list[VerifyResult]]) -> list[Sequence]:
+        """Commit the results of still-running sequences; returns the ones committed."""
+        start = time.perf_counter()
+        try:
+            results = pending.result()
+        finally:
+            self.stats.target_seconds += time.perf_counter() - start
+        committed = []
+        for seq, res in zip(seqs, results, strict=True):
+            if seq in self.running:  # aborted while in flight: nothing to commit
+                self._commit(seq, res)
+                committed.append(seq)
+        return committed
+
+    # -- the round --------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One round for every running sequence (or one pipeline slot); returns changed requests."""
+        self.stats.steps += 1
+        if self.pipeline is not None:
+            return self.pipeline.slot()
+        self.admit()
+        if not self.running:
+            return []
+        group = list(self.running)
+        decoding = [s for s in group if s.output_token_ids]
+        proposals = self.collect_proposals(decoding, self.submit_propose(decoding))
+        return self.outputs(self.collect_verify(group, self.submit_verify(group, proposals)))
+
+    def _commit(self, seq: Sequence, res: VerifyResult) -> None:
+        if seq.output_token_ids:  # a decode round (the prefill's first token is not one)
+            self.stats.record_round(res)
+            m = seq.metrics
+            m.num_rounds += 1
+            m.num_draft_tokens += res.num_draft_tokens
+            m.num_accepted_tokens += res.num_accepted
+            m.num_emitted_tokens += len(res.emitted_token_ids)
+        seq.append(res.emitted_token_ids, res.logprobs)
+        if res.features is not None:
+            seq.draft_features.append(res.features)
+        seq.detokenize(self.tokenizer)
+        if seq.finished:
+            self._retire(seq)
+
+    def _retire(self, seq: Sequence, target_alive: bool = True) -> None:
+        self.running.remove(seq)
+        self.reserved_tokens -= self._reservation(len(seq.prompt_token_ids), seq.params)
+        if target_alive:
+            self.target.release(seq.seq_id)
+        if self.draft is not None and seq.draft_sent:
+            self.draft.release(seq.seq_id)
+
+    def outputs(self, seqs: list[Sequence]) -> list[RequestOutput]:
+        out = []
+        for request_id in dict.fromkeys(s.request_id for s in seqs):
+            req = self.requests.get(request_id)
+            if req is None:  # aborted meanwhile
+                continue
+            finished = all(s.finished for s in req.seqs)
+            out.append(RequestOutput(request_id, req.prompt, req.prompt_token_ids,
+                                     [s.completion() for s in req.seqs], finished, _merged_metrics(req.seqs)))
+            if finished:
+                del self.requests[request_id]
+        return out
+
+
+def _merged_metrics(seqs: list[Sequence]) -> SpecMetrics:
+    m = SpecMetrics()
+    for s in seqs:
+        m.num_rounds += s.metrics.num_rounds
+        m.num_draft_tokens += s.metrics.num_draft_tokens
+        m.num_accepted_tokens += s.metrics.num_accepted_tokens
+        m.num_emitted_tokens += s.metrics.num_emitted_tokens
+    return m

@@ -1,0 +1,81 @@
+"""The Ray Serve application: one deployment that owns the router and serves the OpenAI HTTP API
+(and the gRPC API through Serve's gRPC ingress) over it.
+
+The router is stateful (running sequences, in-flight groups), so the deployment runs one replica;
+the pools it drives scale separately. `build_app` is the import path a RayService's serveConfigV2
+points at: `specray.cluster.serve.app:build_app` with args `{"config": {...ServeConfig...}}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specray.cluster.serve.grpc_service import GenerationService, serve_stream, serve_unary
+from specray.cluster.serve.openai_api import OpenAIServer
+from specray.cluster.serve.runtime import build_runtime
+from specray.cluster.config.serve import ServeConfig
+
+
+class SpecrayServer:
+    """A plain class; cluster/pools/builder.py turns it into the Serve deployment. HTTP and gRPC share
+    one router and one Prometheus registry."""
+
+    def __init__(self, config: dict[str, Any]):
+        self.config = ServeConfig.from_dict(config)
+        self.runtime = build_runtime(self.config)
+        rt, cfg = self.runtime, self.config
+        self.http = OpenAIServer(rt.async_router, rt.tokenizer, cfg.model_name, rt.api_key, cfg.http.default_max_tokens)
+        spec = cfg.speculative
+        self.generation = GenerationService(rt.async_router, rt.tokenizer, cfg.model_name, api_key=rt.api_key,
+                                            metrics=self.http.metrics, default_max_tokens=cfg.http.default_max_tokens,
+                                            speculative_method=spec.method if spec else "")
+
+    def __serve_build_asgi_app__(self):
+        return self.http.app
+
+    # -- gRPC through Serve's gRPC ingress: method names are the rpc names -------------------
+    async def Generate(self, request, grpc_context=None):
+        async for msg in serve_stream(self.generation.generate, request, grpc_context):
+            yield msg
+
+    async def Complete(self, request, grpc_context=None):
+        return await serve_unary(self.generation.complete, request, grpc_context)
+
+    async def ListModels(self, request, grpc_context=None):
+        return await serve_unary(self.generation.list_models, request, grpc_context)
+
+    async def Check(self, request, grpc_context=None):  # grpc.health.v1.Health
+        return await serve_unary(self.generation.check_health, request, grpc_context)
+
+    def placement(self) -> dict:
+        """Where the pools' workers run: names (for `ray.get_actor`), namespace and node ids."""
+        from specray.cluster.pools.builder import namespace
+
+        rt = self.runtime
+        out = {"namespace": namespace(), "target": list(zip(rt.target_pool.worker_names(), rt.target_pool.node_ids()))}
+        if rt.draft_pool is not None and hasattr(rt.draft_pool, "node_id"):
+            try:
+                node = rt.draft_pool.node_id()
+            except Exception:  # noqa: BLE001 - restarting: its node is not known right now
+                node = None
+            out["draft"] = list(zip(rt.draft_pool.worker_names(), [node]))
+        return out
+
+    def check_health(self) -> None:
+        """Serve's health probe: the router thread must be alive."""
+        if not self.runtime.async_router.alive:
+            raise RuntimeError("the router thread stopped")
+
+    def __del__(self):
+        runtime = getattr(self, "runtime", None)
+        if runtime is not None:
+            runtime.shutdown()
+
+
+def build_app(args: dict[str, Any] | None = None):
+    """Serve application builder (RayService serveConfigV2 `import_path`)."""
+    from specray.cluster.pools.builder import serve_deployment
+
+    raw = dict((args or {}).get("config") or {})
+    cfg = ServeConfig.from_dict(raw)  # fail fast, before any replica starts
+    return serve_deployment(SpecrayServer, cfg).bind(cfg.model_dump())

@@ -1,0 +1,263 @@
+"""`specray serve`: the main job. Starts (or joins) a Ray cluster, deploys the Serve application
+and prints its endpoints."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+# flag -> dotted ServeConfig key; flags left unset keep the config file's (or the default) value
+FLAG_KEYS = {
+    "model": "model", "served_model_name": "served_model_name", "host": "http.host", "port": "http.port",
+    "api_key": "http.api_key", "grpc_port": "grpc.port", "max_num_seqs": "router.max_num_seqs",
+    "max_waiting": "router.max_waiting", "kv_cache_tokens": "router.kv_cache_tokens",
+    "max_model_len": "router.max_model_len", "transport": "transport.kind",
+    "drafter_address": "transport.drafter_address", "tensor_parallel_size": "pools.target.num_workers",
+    "address": "ray_address",
+}
+
+
+def add_serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP and gRPC APIs on Ray",
+                       description="With no flags: a local Ray cluster, SmolLM2-135M as the target, its packaged "
+                                   "eagle draft behind prompt lookup. Flags override the --config file, which "
+                                   "overrides defaults.")
+    add_serve_flags(p)
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config as YAML and exit")
+    p.set_defaults(func=cmd_serve)
+
+
+def add_serve_flags(p) -> None:
+    """Every flag that shapes a ServeConfig (shared with `specray bench cluster`)."""
+    p.add_argument("--config", help="YAML file with ServeConfig keys (see README)")
+    p.add_argument("--address", help="join this Ray cluster (e.g. auto or ray://host:10001) instead of starting one")
+    p.add_argument("--model", help="target: alias, HF folder or .gguf file (default smollm2-135m)")
+    p.add_argument("--served-model-name")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int, help="HTTP port (default 8000)")
+    p.add_argument("--grpc-port", type=int, help="gRPC port (default 9000)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer <key>' (or set SPECRAY_API_KEY)")
+    p.add_argument("--speculative-config", type=json_object,
+                   help="the whole speculative_config as JSON, as vLLM takes it (trees, budgets, lookup_first, ...); "
+                        "not with the other speculation flags")
+    p.add_argument("--speculative-method", choices=["ngram", "draft_model", "eagle", "none"])
+    p.add_argument("--draft-model")
+    p.add_argument("--num-speculative-tokens", type=int)
+    p.add_argument("--lookup-first", action="store_true", help="draft_model / eagle: prompt lookup first: a draft model proposes only where the last tokens never occurred before")
+    p.add_argument("--pipeline", dest="pipelined", choices=["auto", "on", "off"],
+                   help="two groups in flight (on), one (off), or two only with a draft model (auto, default)")
+    p.add_argument("--no-pipeline", dest="pipelined", action="store_const", const="off",
+                   help="same as --pipeline off")
+    p.add_argument("--transport", choices=["ray", "torch_distributed", "grpc", "inline"],
+                   help="inline: the draft worker in the router process (no hop a round; suits ngram)")
+    p.add_argument("--drafter-address", help="host:port of a `specray drafter` (grpc transport)")
+    p.add_argument("--tensor-parallel-size", type=int, help="target workers sharing the model")
+    p.add_argument("--max-num-seqs", type=int)
+    p.add_argument("--max-waiting", type=int)
+    p.add_argument("--kv-cache-tokens", type=int)
+    p.add_argument("--max-model-len", type=int)
+
+
+def resolve_config(args):
+    from specray.cluster.config.serve import ServeConfig
+
+    cfg = ServeConfig.from_yaml(args.config) if args.config else ServeConfig()
+    overrides = {key: getattr(args, flag) for flag, key in FLAG_KEYS.items()}
+    overrides["router.pipelined"] = {"on": True, "off": False}.get(args.pipelined, args.pipelined)
+    spec = _speculative_override(args, cfg.speculative_config, args.model or cfg.model)
+    if spec is not False:
+        overrides["speculative_config"] = spec
+    cfg = cfg.with_overrides(**{k: v for k, v in overrides.items() if k != "speculative_config"})
+    if "speculative_config" in overrides:
+        raw = cfg.model_dump()
+        raw["speculative_config"] = overrides["speculative_config"]
+        cfg = ServeConfig.from_dict(raw)
+    return cfg
+
+
+def _speculative_override(args, current: dict | None, target: str):
+    """The speculative_config the flags ask for, or False when they ask for nothing."""
+    from specray.cluster.config.defaults import packaged_draft
+
+    if args.speculative_config is not None:
+        refuse_beside_speculative_config(args, SERVE_SPEC_FLAGS)
+        return args.speculative_config
+    if args.speculative_method == "none":
+        return None
+    if (args.speculative_method is None and args.draft_model is None and args.num_speculative_tokens is None
+            and not args.lookup_first):
+        return False
+    spec = dict(current or {})
+    if args.speculative_method:
+        if args.speculative_method != spec.get("method"):
+            spec = {k: v for k, v in spec.items() if k == "num_speculative_tokens"}
+        spec["method"] = args.speculative_method
+    if args.draft_model:  # a draft model means a method that uses one (as vLLM infers it)
+        method = args.speculative_method or _draft_method(args.draft_model)
+        spec.update(model=args.draft_model, method=method if method in ("draft_model", "eagle") else "draft_model")
+    draft = packaged_draft(target, spec.get("method", ""))
+    if draft and not spec.get("model"):  # e.g. --speculative-method draft_model alone
+        spec["model"] = draft
+    if args.num_speculative_tokens is not None:
+        spec["num_speculative_tokens"] = args.num_speculative_tokens
+    if args.lookup_first:
+        spec["lookup_first"] = True
+    return spec
+
+
+SERVE_SPEC_FLAGS = ("speculative_method", "draft_model", "num_speculative_tokens", "lookup_first")
+
+
+def refuse_beside_speculative_config(args, flags: tuple[str, ...]) -> None:
+    """--speculative-config is the whole config: a flag beside it would be ambiguous (which wins?)."""
+    given = [f"--{f.replace('_', '-')}" for f in flags if getattr(args, f, None) not in (None, False)]
+    if given:
+        raise ValueError(f"--speculative-config is the whole speculative_config; put {', '.join(given)} "
+                         "inside it instead")
+
+
+def _draft_method(name: str) -> str:
+    """eagle for a feature-level draft folder, else draft_model (an unknown name fails validation later)."""
+    from specray.kernels.drafters.eagle import is_eagle_folder
+    from specray.kernels.loader import ModelNotFoundError, resolve
+
+    try:
+        return "eagle" if is_eagle_folder(resolve(name).path) else "draft_model"
+    except ModelNotFoundError:
+        return "draft_model"
+
+
+def local_resources(cfg) -> dict[str, float]:
+    """Custom resources a one-machine cluster must advertise for the pools to place."""
+    need: dict[str, float] = {}
+    pools = [(cfg.pools.target, cfg.pools.target.num_workers)]
+    if cfg.speculative_config and cfg.transport.kind not in ("grpc", "inline"):  # no draft actor
+        pools.append((cfg.pools.draft, 1))
+    for pool, count in pools:
+        for name, amount in pool.resources.items():
+            need[name] = need.get(name, 0) + amount * count
+    return need
+
+
+def start_ray(cfg) -> None:
+    import ray
+
+    if ray.is_initialized():  # embedded in a process that already joined a cluster
+        return
+    if cfg.ray_address:
+        ray.init(address=cfg.ray_address)
+        return
+    pools = [cfg.pools.target] * cfg.pools.target.num_workers + [cfg.pools.draft]
+    cpus = max(os.cpu_count() or 1, int(sum(p.num_cpus for p in pools) + 0.999))
+    # "local": always a new cluster, never one some other job left running on this machine
+    ray.init(address="local", num_cpus=cpus, resources=local_resources(cfg), include_dashboard=False)
+
+
+def cmd_serve(args) -> int:
+    import yaml
+
+    cfg = resolve_config(args)
+    if args.dry_run:
+        print(yaml.safe_dump(cfg.model_dump(), sort_keys=False), end="")
+        return 0
+    from specray.cluster.serve.run import run_serve
+
+    start_ray(cfg)
+    handle = run_serve(cfg)
+    print(endpoint_banner(cfg, handle), flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("specray serve: shutting down", file=sys.stderr)
+        from ray import serve
+
+        serve.shutdown()
+        return 0
+
+
+def endpoint_banner(cfg, handle) -> str:
+    host = "127.0.0.1" if cfg.http.host in ("0.0.0.0", "::") else cfg.http.host
+    url = f"http://{host}:{cfg.http.port}"
+    auth = ' -H "Authorization: Bearer $SPECRAY_API_KEY"' if handle.get("api_key") else ""
+    lines = [
+        f"specray is serving {cfg.model_name!r} "
+        f"(speculation: {(cfg.speculative_config or {}).get('method', 'off')}, transport: {cfg.transport.kind})",
+        f"  HTTP (OpenAI-compatible): {url}/v1   health: {url}/health   metrics: {url}/metrics",
+    ]
+    if handle.get("grpc"):
+        lines.append(f"  gRPC (specray.v1.Generation): {host}:{cfg.grpc.port}")
+    lines += ["  try:",
+              f"    curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\",
+              f"      -d '{{\"model\": \"{cfg.model_name}\", \"messages\": [{{\"role\": \"user\", "
+              f"\"content\": \"What is speculative decoding?\"}}], \"max_tokens\": 64}}'",
+              "  Ctrl-C stops the server."]
+    return "\n".join(lines)
+
+
+def json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
+DRAFTER_BLOCK_SIZE = 16  # the router's default block size; the drafter's KV is its own
+
+
+def add_drafter_parser(sub) -> None:
+    p = sub.add_parser("drafter", help="serve a draft pool over gRPC (the router's grpc transport)",
+                       description="Runs a Drafter service outside the Ray cluster; point `specray serve "
+                                   "--transport grpc --drafter-address host:port` at it.")
+    p.add_argument("--method", default="ngram", choices=["ngram", "draft_model", "eagle", "aded"])
+    p.add_argument("--model", help="draft checkpoint (draft_model, eagle); the target's tokenizer folder (aded)")
+    p.add_argument("--tree", type=json_object, help="draft_model trees, as in speculative_config, e.g. "
+                                                     "'{\"kind\": \"rsd_c\", \"branching\": [2, 2, 1]}'")
+    p.add_argument("--aded", type=json_object, help="ADED options as in speculative_config (method aded)")
+    p.add_argument("--vocab-trim", type=int, help="VocabTrim size (0 = off; default: the draft folder's)")
+    p.add_argument("--quantization", choices=["q8_0", "none"],
+                   help="draft weights (default: q8_0 on CPU in fp32; lossless either way)")
+    p.add_argument("--num-layers", type=int, help="keep only the draft's first layers")
+    p.add_argument("--prompt-lookup-min", type=int, default=1)
+    p.add_argument("--prompt-lookup-max", type=int, default=4)
+    p.add_argument("--lookup-first", action="store_true", help="draft_model / eagle: prompt lookup first: a draft model proposes only where the last tokens never occurred before")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--kv-cache-tokens", type=int, default=16384)
+    p.add_argument("--host", default="[::]")
+    p.add_argument("--port", type=int, default=50061)
+    p.set_defaults(func=cmd_drafter)
+
+
+def drafter_spec(args):
+    """The DraftSpec `specray drafter` serves, validated as the router validates speculative_config."""
+    from specray.cluster.config.speculative import SpeculativeConfig
+    from specray.cluster.config.worker_specs import draft_spec
+
+    if args.method == "aded" and not args.model:
+        raise ValueError("--method aded needs --model: the target whose tokenizer the tri-gram table uses")
+    spec = SpeculativeConfig(method=args.method, model=args.model, draft_num_layers=args.num_layers,
+                             prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
+                             tree=args.tree, aded=args.aded, draft_vocab_trim=args.vocab_trim,
+                             draft_quantization=args.quantization, lookup_first=args.lookup_first or None)
+    return draft_spec(spec, args.model, args.dtype, args.device, args.kv_cache_tokens, DRAFTER_BLOCK_SIZE)
+
+
+def cmd_drafter(args) -> int:
+    from specray.cluster.pools.draft_endpoint import DraftEndpoint
+    from specray.cluster.pools.grpc_transport import serve_drafter
+
+    spec = drafter_spec(args)
+    server, port = serve_drafter(DraftEndpoint.from_spec(spec), f"{args.host}:{args.port}")
+    print(f"specray drafter ({args.method}) listening on {args.host}:{port}", flush=True)
+    try:
+        server.wait_for_termination()
+    except KeyboardInterrupt:
+        server.stop(grace=2)
+    return 0

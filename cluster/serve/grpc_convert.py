@@ -1,0 +1,144 @@
+"""Translation between the `specray.v1` wire messages and the router's types (SamplingParams,
+RequestOutput). Bad input raises GrpcAbort(INVALID_ARGUMENT) with the same rules as the HTTP API."""
+
+from __future__ import annotations
+
+import typing
+
+import grpc
+
+from specray.cluster.serve.openai_protocol import ChatMessage
+from specray.cluster.outputs import CompletionOutput, RequestOutput, SpecMetrics
+from specray.cluster.params import SamplingParams
+from specray.protos.specray.v1 import generate_pb2 as pb
+
+CHAT_ROLES = typing.get_args(ChatMessage.model_fields["role"].annotation)
+FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORT}
+
+
+class GrpcAbort(Exception):
+    """Ends an rpc with `code` and `details`. Picklable (Ray Serve ships it to its proxy)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(code, details)
+        self.code, self.details = code, details
+
+    def __str__(self) -> str:
+        return f"{self.code.name}: {self.details}"
+
+
+def invalid(details: str) -> GrpcAbort:
+    return GrpcAbort(grpc.StatusCode.INVALID_ARGUMENT, details)
+
+
+# -- requests -------------------------------------------------------------------------------
+def sampling_params(sp: pb.SamplingParams, default_max_tokens: int) -> SamplingParams:
+    """SamplingParams from the wire; unset optionals take the documented defaults."""
+    def opt(name, default):
+        return getattr(sp, name) if sp.HasField(name) else default
+
+    try:
+        return SamplingParams(
+            n=opt("n", 1), temperature=opt("temperature", 1.0), top_p=opt("top_p", 1.0), top_k=sp.top_k,
+            seed=opt("seed", None), max_tokens=opt("max_tokens", default_max_tokens), stop=list(sp.stop),
+            stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos, logprobs=opt("logprobs", None),
+            num_speculative_tokens=opt("num_speculative_tokens", None))
+    except ValueError as e:
+        raise invalid(str(e)) from None
+
+
+def chat_prompt(tokenizer, chat: pb.ChatMessages) -> list[int]:
+    """Token ids of a conversation rendered with the tokenizer's chat template."""
+    if not chat.messages:
+        raise invalid("chat.messages is empty: give at least one message")
+    for i, m in enumerate(chat.messages):
+        if m.role not in CHAT_ROLES:
+            raise invalid(f"chat.messages[{i}].role must be one of {list(CHAT_ROLES)}, got {m.role!r}")
+    if not getattr(tokenizer, "chat_template", None):
+        raise invalid("this model has no chat template; send text or token_ids instead")
+    messages = [{"role": m.role, "content": m.content} for m in chat.messages]
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+
+
+def prompt_input(tokenizer, request: pb.GenerateRequest) -> tuple[str | None, list[int]]:
+    """(prompt text or None, prompt token ids) of a request."""
+    which = request.WhichOneof("prompt")
+    if which is None:
+        raise invalid("no prompt: set one of text, token_ids or chat")
+    if which == "text":
+        return request.text, list(tokenizer(request.text).input_ids)
+    if which == "token_ids":
+        return None, list(request.token_ids.ids)
+    return None, chat_prompt(tokenizer, request.chat)
+
+
+# -- outputs --------------------------------------------------------------------------------
+def token_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, float]] | None) -> list[pb.TokenLogprob]:
+    if not logprobs:
+        return []
+    out = []
+    for tok, lp in zip(token_ids, logprobs):
+        top = sorted(((t, v) for t, v in lp.items() if t != tok), key=lambda x: -x[1])
+        out.append(pb.TokenLogprob(token_id=tok, token=tokenizer.decode([tok]), logprob=lp[tok],
+                                   top=[pb.TopLogprob(token_id=t, token=tokenizer.decode([t]), logprob=v)
+                                        for t, v in top]))
+    return out
+
+
+def choice_finish(c: CompletionOutput) -> pb.ChoiceFinish:
+    msg = pb.ChoiceFinish(index=c.index, finish_reason=FINISH.get(c.finish_reason, pb.FINISH_REASON_UNSPECIFIED))
+    if isinstance(c.stop_reason, str):
+        msg.stop_string = c.stop_reason
+    elif isinstance(c.stop_reason, int):
+        msg.stop_token_id = c.stop_reason
+    return msg
+
+
+def usage(out: RequestOutput) -> pb.Usage:
+    prompt, completion = len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs)
+    return pb.Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def speculative(m: SpecMetrics) -> pb.SpeculativeMetrics:
+    return pb.SpeculativeMetrics(num_rounds=m.num_rounds, num_draft_tokens=m.num_draft_tokens,
+                                 num_accepted_tokens=m.num_accepted_tokens, num_emitted_tokens=m.num_emitted_tokens,
+                                 acceptance_length=m.acceptance_length, acceptance_rate=m.acceptance_rate)
+
+
+def complete_response(tokenizer, request_id: str, model: str, out: RequestOutput) -> pb.CompleteResponse:
+    choices = [pb.Choice(index=c.index, text=c.text, token_ids=c.token_ids, finish=choice_finish(c),
+                         logprobs=token_logprobs(tokenizer, c.token_ids, c.logprobs)) for c in out.outputs]
+    return pb.CompleteResponse(request_id=request_id, model=model, choices=choices, usage=usage(out),
+                               speculative=speculative(out.metrics))
+
+
+def summary(request_id: str, out: RequestOutput) -> pb.GenerateResponse:
+    return pb.GenerateResponse(request_id=request_id, summary=pb.GenerateSummary(
+        choices=[choice_finish(c) for c in out.outputs], usage=usage(out), speculative=speculative(out.metrics)))
+
+
+class DeltaTracker:
+    """Turns successive RequestOutputs of one request into per-choice deltas."""
+
+    def __init__(self, tokenizer, request_id: str):
+        self.tokenizer, self.request_id = tokenizer, request_id
+        self.text_sent: dict[int, int] = {}
+        self.tokens_sent: dict[int, int] = {}
+        self.done: set[int] = set()  # choices whose last delta went out
+
+    def deltas(self, out: RequestOutput) -> list[pb.GenerateResponse]:
+        msgs = []
+        for c in out.outputs:
+            t0, k0 = self.text_sent.get(c.index, 0), self.tokens_sent.get(c.index, 0)
+            text, tokens = c.text[t0:], c.token_ids[k0:]
+            if c.index in self.done or not (text or tokens or c.finish_reason):
+                continue
+            # a stop string may cut text already sent; never resend it
+            self.text_sent[c.index], self.tokens_sent[c.index] = max(t0, len(c.text)), len(c.token_ids)
+            if c.finish_reason:
+                self.done.add(c.index)
+            lps = token_logprobs(self.tokenizer, tokens, c.logprobs[k0:] if c.logprobs else None)
+            msgs.append(pb.GenerateResponse(request_id=self.request_id, delta=pb.ChoiceDelta(
+                index=c.index, text=text, token_ids=tokens, logprobs=lps,
+                finish_reason=FINISH.get(c.finish_reason, pb.FINISH_REASON_UNSPECIFIED))))
+        return msgs

@@ -1,0 +1,81 @@
+"""A standalone `grpc.aio` server for the Generation service, with the standard health service
+(`grpc.health.v1`: NOT_SERVING until the router is attached) and server reflection. Ray Serve
+deployments do not use this module: they call GenerationService through cluster/serve/grpc_service.py."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from specray.cluster.serve.grpc_service import SERVICE_NAME, GenerationService, GenerationServicer
+from specray.cluster.serve.http_server import free_port
+from specray.protos.specray.v1 import generate_pb2_grpc
+
+
+async def serve_grpc(service: GenerationService, port: int, host: str = "0.0.0.0",
+                     credentials: grpc.ServerCredentials | None = None,
+                     options: list[tuple[str, object]] | None = None) -> grpc.aio.Server:
+    """Start serving `service` on host:port (TLS with `credentials`); returns the started server.
+    Call it inside the event loop that runs the server; `await server.stop(grace)` ends it."""
+    server = grpc.aio.server(options=options)
+    generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(service), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    address = f"{host}:{port}"
+    bound = (server.add_secure_port(address, credentials) if credentials
+             else server.add_insecure_port(address))
+    if bound == 0:
+        raise RuntimeError(f"could not bind the gRPC server to {address}")
+    await _track_readiness(service, health_servicer)
+    await server.start()
+    return server
+
+
+async def _track_readiness(service: GenerationService, servicer) -> None:
+    """Overall and per-service health: NOT_SERVING until the service is ready, then SERVING."""
+    async def set_all(status) -> None:
+        for name in ("", SERVICE_NAME):
+            await servicer.set(name, status)
+
+    await set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
+    loop = asyncio.get_running_loop()
+    # `attach` may run on another thread (the model loads off the loop)
+    service.on_ready(lambda: asyncio.run_coroutine_threadsafe(
+        set_all(health_pb2.HealthCheckResponse.SERVING), loop))
+
+
+class GrpcServerThread:
+    """Runs `serve_grpc` on its own event loop in a background thread, for blocking callers
+    (tests, the CLI). Use as a context manager; `target` is "host:port" for clients."""
+
+    def __init__(self, service: GenerationService, host: str = "127.0.0.1", port: int | None = None,
+                 credentials: grpc.ServerCredentials | None = None):
+        self.service, self.host, self.port = service, host, port or free_port(host)
+        self.credentials = credentials
+        self.loop = asyncio.new_event_loop()
+        self.server: grpc.aio.Server | None = None
+        self.thread = threading.Thread(target=self.loop.run_forever, name="specray-grpc", daemon=True)
+
+    @property
+    def target(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def __enter__(self) -> "GrpcServerThread":
+        self.thread.start()
+        started = asyncio.run_coroutine_threadsafe(
+            serve_grpc(self.service, self.port, self.host, self.credentials), self.loop)
+        self.server = started.result(timeout=30)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.server is not None:
+            asyncio.run_coroutine_threadsafe(self.server.stop(grace=1), self.loop).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()

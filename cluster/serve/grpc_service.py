@@ -1,0 +1,251 @@
+"""The `specray.v1.Generation` gRPC service over an AsyncRouter.
+
+`GenerationService` is a plain class whose core methods take the request and a `CallInfo`
+(metadata, time left) and raise `GrpcAbort(code, details)` on errors. Two thin adapters turn
+them into rpc handlers: `GenerationServicer` for a standalone `grpc.aio` server
+(cluster/serve/grpc_server.py) and `serve_unary` / `serve_stream` for Ray Serve's gRPC ingress, whose
+deployment methods receive `(request, grpc_context: RayServegRPCContext)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from specray.cluster.serve import grpc_convert as conv
+from specray.cluster.router.async_router import AsyncRouter, QueueFullError
+from specray.cluster.serve.grpc_convert import GrpcAbort
+from specray.cluster.serve.metrics import ServingMetrics
+from specray.cluster.outputs import RequestOutput
+from specray.cluster.pools.api import TargetUnavailable
+from specray.protos.specray.v1 import generate_pb2 as pb
+from specray.protos.specray.v1 import generate_pb2_grpc
+
+Code = grpc.StatusCode
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name  # "specray.v1.Generation"
+# `specray_request_failure{status=...}` counts HTTP and gRPC failures alike, by HTTP-equivalent status.
+HTTP_STATUS = {Code.INVALID_ARGUMENT: "400", Code.UNAUTHENTICATED: "401", Code.NOT_FOUND: "404",
+               Code.RESOURCE_EXHAUSTED: "429", Code.CANCELLED: "499", Code.INTERNAL: "500",
+               Code.UNAVAILABLE: "503", Code.DEADLINE_EXCEEDED: "504"}
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    """What the service needs from an rpc's context."""
+
+    metadata: Sequence[tuple[str, str | bytes]] = ()
+    time_remaining: float | None = None  # seconds until the client's deadline; None: no deadline
+
+
+class GenerationService:
+    """Generate / Complete / ListModels over an AsyncRouter. Built without a router it answers
+    UNAVAILABLE until `attach` hands it one (the model is still loading)."""
+
+    def __init__(self, router: AsyncRouter | None, tokenizer, model_name: str, api_key: str | None = None,
+                 metrics: ServingMetrics | None = None, default_max_tokens: int = 256,
+                 speculative_method: str = ""):
+        self.model_name, self.api_key, self.default_max_tokens = model_name, api_key, default_max_tokens
+        self.speculative_method = speculative_method
+        self.router, self.tokenizer, self.metrics = None, tokenizer, metrics
+        self._on_ready: list[Callable[[], None]] = []
+        if router is not None:
+            self.attach(router, tokenizer, metrics)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.router is not None
+
+    def attach(self, router: AsyncRouter, tokenizer, metrics: ServingMetrics | None = None) -> None:
+        """Start serving with `router` (pass the HTTP app's ServingMetrics to share one registry)."""
+        self.tokenizer, self.metrics = tokenizer, metrics or self.metrics or ServingMetrics(router)
+        self.router = router
+        for callback in self._on_ready:
+            callback()
+
+    def on_ready(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the service is ready (now, if it already is)."""
+        self._on_ready.append(callback)
+        if self.ready:
+            callback()
+
+    # -- rpcs -------------------------------------------------------------------------------
+    async def generate(self, request: pb.GenerateRequest, call: CallInfo) -> AsyncIterator[pb.GenerateResponse]:
+        """Generate: deltas as rounds commit tokens, then one summary."""
+        request_id, ids, params, prompt = self._admit(request, call)
+        tracker, last = conv.DeltaTracker(self.tokenizer, request_id), None
+        async for out in self._run(ids, params, prompt, call):
+            last = out
+            for msg in tracker.deltas(out):
+                yield msg
+        yield conv.summary(request_id, last)
+
+    async def complete(self, request: pb.GenerateRequest, call: CallInfo) -> pb.CompleteResponse:
+        """Complete: the full result."""
+        request_id, ids, params, prompt = self._admit(request, call)
+        last = None
+        async for out in self._run(ids, params, prompt, call):
+            last = out
+        return conv.complete_response(self.tokenizer, request_id, self.model_name, last)
+
+    async def list_models(self, request: pb.ListModelsRequest, call: CallInfo) -> pb.ListModelsResponse:
+        self._authorize(call)
+        self._require_ready()
+        max_len = getattr(getattr(self.router.router, "config", None), "max_model_len", 0)
+        return pb.ListModelsResponse(models=[pb.Model(id=self.model_name, owned_by="specray", max_model_len=max_len,
+                                                      speculative_method=self.speculative_method)])
+
+    async def check_health(self, request: health_pb2.HealthCheckRequest,
+                           call: CallInfo) -> health_pb2.HealthCheckResponse:
+        """`grpc.health.v1.Health/Check`, for Ray Serve, whose gRPC proxy has no health service
+        (the standalone server uses grpcio-health-checking's servicer instead)."""
+        if request.service not in ("", SERVICE_NAME):
+            raise GrpcAbort(Code.NOT_FOUND, f"unknown service {request.service!r}")
+        status = health_pb2.HealthCheckResponse.SERVING if self.ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        return health_pb2.HealthCheckResponse(status=status)
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _fail(self, code: grpc.StatusCode, details: str) -> GrpcAbort:
+        if self.metrics is not None:
+            self.metrics.failures.labels(HTTP_STATUS.get(code, "500")).inc()
+        return GrpcAbort(code, details)
+
+    def _authorize(self, call: CallInfo) -> None:
+        if not self.api_key:
+            return
+        sent = dict(call.metadata).get("authorization", "")
+        sent = sent.decode() if isinstance(sent, bytes) else sent
+        if not hmac.compare_digest(sent.encode(), f"Bearer {self.api_key}".encode()):
+            raise self._fail(Code.UNAUTHENTICATED, "missing or wrong API key (metadata authorization: Bearer <key>)")
+
+    def _require_ready(self) -> None:
+        if not self.ready:
+            raise self._fail(Code.UNAVAILABLE, "server is starting: the model is still loading; retry shortly")
+
+    def _admit(self, request: pb.GenerateRequest, call: CallInfo):
+        """Check access and translate the request; bad input raises INVALID_ARGUMENT or NOT_FOUND."""
+        self._authorize(call)
+        self._require_ready()
+        if request.model not in ("", self.model_name):
+            raise self._fail(Code.NOT_FOUND, f"model {request.model!r} does not exist; "
+                                             f"this server serves {self.model_name!r}")
+        try:
+            prompt, ids = conv.prompt_input(self.tokenizer, request)
+            params = conv.sampling_params(request.sampling, self.default_max_tokens)
+        except GrpcAbort as e:
+            raise self._fail(e.code, e.details) from None
+        return f"gen-{uuid.uuid4().hex[:24]}", ids, params, prompt
+
+    async def _run(self, ids: list[int], params, prompt: str | None, call: CallInfo) -> AsyncIterator[RequestOutput]:
+        """The router's outputs for one request, within the call's deadline. Leaving early
+        (error, deadline, cancellation) closes the router stream, which frees the sequence."""
+        start, first, last = time.monotonic(), None, None
+        end = None if call.time_remaining is None else start + call.time_remaining
+        try:
+            async with aclosing(self.router.generate(ids, params, prompt)) as outputs:
+                while True:
+                    try:
+                        out = await self._next(outputs, end)
+                    except StopAsyncIteration:
+                        break
+                    if first is None and any(c.token_ids for c in out.outputs):
+                        first = time.monotonic()
+                    last = out
+                    yield out
+        except asyncio.TimeoutError:
+            raise self._fail(Code.DEADLINE_EXCEEDED, f"deadline exceeded after {time.monotonic() - start:.2f}s; "
+                                                     "the request was aborted") from None
+        except QueueFullError as e:
+            raise self._fail(Code.RESOURCE_EXHAUSTED, str(e)) from None
+        except TargetUnavailable as e:  # the target lost its KV; the client may retry at once
+            raise self._fail(Code.UNAVAILABLE, str(e)) from None
+        except ValueError as e:
+            raise self._fail(Code.INVALID_ARGUMENT, str(e)) from None
+        except asyncio.CancelledError:
+            self._fail(Code.CANCELLED, "")
+            raise
+        except RuntimeError as e:  # a failed round
+            raise self._fail(Code.INTERNAL, str(e)) from None
+        if last is not None:
+            tokens = max(len(c.token_ids) for c in last.outputs)
+            self.metrics.observe(start, first, time.monotonic(), tokens, [c.finish_reason for c in last.outputs])
+
+    @staticmethod
+    async def _next(outputs: AsyncIterator[RequestOutput], end: float | None) -> RequestOutput:
+        if end is None:
+            return await outputs.__anext__()
+        # on timeout wait_for cancels the pending step, which aborts the request in the engine
+        return await asyncio.wait_for(outputs.__anext__(), max(0.0, end - time.monotonic()))
+
+
+# -- adapters -------------------------------------------------------------------------------
+class GenerationServicer(generate_pb2_grpc.GenerationServicer):
+    """The service as `grpc.aio` handlers: GrpcAbort becomes `context.abort`."""
+
+    def __init__(self, service: GenerationService):
+        self.service = service
+
+    async def Generate(self, request, context: grpc.aio.ServicerContext):
+        try:
+            async with aclosing(self.service.generate(request, aio_call_info(context))) as stream:
+                async for msg in stream:
+                    yield msg
+        except GrpcAbort as e:
+            await context.abort(e.code, e.details)
+
+    async def Complete(self, request, context: grpc.aio.ServicerContext):
+        try:
+            return await self.service.complete(request, aio_call_info(context))
+        except GrpcAbort as e:
+            await context.abort(e.code, e.details)
+
+    async def ListModels(self, request, context: grpc.aio.ServicerContext):
+        try:
+            return await self.service.list_models(request, aio_call_info(context))
+        except GrpcAbort as e:
+            await context.abort(e.code, e.details)
+
+
+def aio_call_info(context: grpc.aio.ServicerContext) -> CallInfo:
+    return CallInfo(tuple(context.invocation_metadata() or ()), context.time_remaining())
+
+
+def serve_call_info(grpc_context) -> CallInfo:
+    """Ray Serve's RayServegRPCContext carries metadata but no deadline: the Serve proxy
+    enforces the client's deadline by cancelling the replica call, which frees the request."""
+    return CallInfo(tuple(grpc_context.invocation_metadata()) if grpc_context is not None else ())
+
+
+def _set_status(grpc_context, error: GrpcAbort) -> None:
+    # Serve returns the code/details set on the context when the method then raises.
+    if grpc_context is not None:
+        grpc_context.set_code(error.code)
+        grpc_context.set_details(error.details)
+
+
+async def serve_unary(method, request, grpc_context):
+    """Run a unary core method (`service.complete`, `service.list_models`) for Ray Serve."""
+    try:
+        return await method(request, serve_call_info(grpc_context))
+    except GrpcAbort as e:
+        _set_status(grpc_context, e)
+        raise
+
+
+async def serve_stream(method, request, grpc_context) -> AsyncIterator:
+    """Run a streaming core method (`service.generate`) for Ray Serve."""
+    try:
+        async with aclosing(method(request, serve_call_info(grpc_context))) as stream:
+            async for msg in stream:
+                yield msg
+    except GrpcAbort as e:
+        _set_status(grpc_context, e)
+        raise

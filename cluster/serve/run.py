@@ -1,0 +1,29 @@
+"""Deploy the Serve application on the connected Ray cluster (used by `specray serve` and tests)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+GRPC_SERVICERS = ["specray.protos.specray.v1.generate_pb2_grpc.add_GenerationServicer_to_server",
+                  "grpc_health.v1.health_pb2_grpc.add_HealthServicer_to_server"]
+
+
+def grpc_available() -> bool:
+    return importlib.util.find_spec("specray.protos.specray.v1.generate_pb2_grpc") is not None
+
+
+def run_serve(cfg, app_name: str = "specray", proxy_location: str | None = None) -> dict:
+    """Start Serve's HTTP (and gRPC) proxies and deploy; returns what was started."""
+    from ray import serve
+    from ray.serve.config import gRPCOptions, HTTPOptions
+
+    from specray.cluster.serve.app import build_app
+
+    grpc = cfg.grpc.enabled and grpc_available()
+    grpc_options = gRPCOptions(port=cfg.grpc.port, grpc_servicer_functions=GRPC_SERVICERS) if grpc else None
+    extra = {"proxy_location": proxy_location} if proxy_location else {}
+    serve.start(http_options=HTTPOptions(host=cfg.http.host, port=cfg.http.port), grpc_options=grpc_options, **extra)
+    serve.run(build_app({"config": cfg.model_dump()}), name=app_name, route_prefix="/")
+    api_key = cfg.http.api_key or (cfg.http.api_key_env and os.environ.get(cfg.http.api_key_env))
+    return {"grpc": grpc, "api_key": bool(api_key)}

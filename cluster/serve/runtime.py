@@ -1,0 +1,54 @@
+"""Turn a ServeConfig into a running router: Ray pools (or an external gRPC drafter), the router
+and its asyncio driver. Used by the Serve deployment, and by tests and benchmarks directly."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from specray.cluster.config.serve import ServeConfig
+from specray.cluster.config.worker_specs import num_blocks
+from specray.cluster.pools.build import build_draft_pool, build_target_pool
+from specray.cluster.router.async_router import AsyncRouter
+from specray.cluster.router.router import Router, router_limits
+from specray.kernels.config import ModelConfig
+from specray.kernels.loader import resolve
+
+
+@dataclass
+class Runtime:
+    config: ServeConfig
+    router: Router
+    async_router: AsyncRouter
+    tokenizer: object
+    target_pool: object
+    draft_pool: object | None
+
+    @property
+    def api_key(self) -> str | None:
+        http = self.config.http
+        return http.api_key or (os.environ.get(http.api_key_env) if http.api_key_env else None) or None
+
+    def shutdown(self) -> None:
+        self.async_router.shutdown()
+        for pool in (self.draft_pool, self.target_pool):
+            if hasattr(pool, "close"):
+                pool.close()
+
+
+def build_runtime(cfg: ServeConfig, wait_ready: bool = True) -> Runtime:
+    """Start the pools on the connected Ray cluster and a router driving them."""
+    checkpoint = resolve(cfg.model)  # converts a GGUF once per node; workers then find it cached
+    tokenizer = checkpoint.tokenizer()
+    model_config = ModelConfig.from_hf(checkpoint.hf_config())
+    target = build_target_pool(cfg)
+    draft = build_draft_pool(cfg)
+    if wait_ready:
+        for pool in (target, draft):
+            if pool is not None:
+                pool.ready()
+    r = cfg.router
+    limits, eos = router_limits(model_config, tokenizer, cfg.speculative, r.max_model_len, r.max_num_seqs,
+                                num_blocks(r.kv_cache_tokens, r.block_size), r.block_size, cfg.pipelined)
+    router = Router(target, draft, tokenizer, eos, limits)
+    return Runtime(cfg, router, AsyncRouter(router, cfg.router.max_waiting), tokenizer, target, draft)

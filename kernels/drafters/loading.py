@@ -1,0 +1,87 @@
+"""Loading a draft checkpoint into a drafter: the `draft_model` and `eagle` methods' builders.
+
+Both share the draft's numeric mode (`draft_quantization`) and VocabTrim size (`draft_vocab_trim`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from specray.kernels.drafters.base import Drafter
+from specray.kernels.drafters.draft_model import DraftModelDrafter
+from specray.kernels.drafters.eagle import EagleDrafter, eagle_target, is_eagle_folder, load_eagle
+from specray.kernels.drafters.eagle_tree import EagleTreeDrafter
+from specray.kernels.drafters.options import DraftOptions
+from specray.kernels.drafters.tree_draft import TreeDraftModelDrafter
+from specray.kernels.drafters.tree_shapes import TreeSpec
+from specray.kernels.drafters.vocab_trim import VOCAB_TRIM_FILE, VocabTrimDrafter, load_vocab_trim
+from specray.kernels.loader import DTYPES, load_model, resolve
+
+
+def default_vocab_trim(folder) -> int:
+    """The VocabTrim size a draft folder recommends (`distill.json`, or `eagle.json` for a
+    feature-level draft), 0 when it has no table."""
+    folder = Path(folder)
+    info = next((folder / n for n in ("distill.json", "eagle.json") if (folder / n).exists()), None)
+    if not (folder / VOCAB_TRIM_FILE).exists() or info is None:
+        return 0
+    return int(json.loads(info.read_text()).get("vocab_trim_k") or 0)
+
+
+def rounds_to_q8_0(options: DraftOptions) -> bool:
+    """`draft_quantization`: "q8_0" rounds the draft's weights to Q8_0 blocks, "none" keeps them;
+    None means q8_0 where the draft runs on CPU in fp32 (the packed C kernels' mode)."""
+    mode = options.draft_quantization
+    if mode is None:
+        mode = "q8_0" if str(options.device) == "cpu" and DTYPES[options.dtype] == torch.float32 else "none"
+    if mode not in ("q8_0", "none"):
+        raise ValueError(f"draft quantization must be 'q8_0' or 'none', got {mode!r}")
+    return mode == "q8_0"
+
+
+def _vocab_trim_ids(options: DraftOptions, folder: Path) -> torch.Tensor | None:
+    k = default_vocab_trim(folder) if options.draft_vocab_trim is None else options.draft_vocab_trim
+    return load_vocab_trim(folder, k) if k else None
+
+
+def build_draft_model(options: DraftOptions) -> Drafter:
+    """A standalone draft checkpoint: a chain, a VocabTrim chain, or a tree."""
+    if options.model is None:
+        raise ValueError("method 'draft_model' needs speculative_config['model']")
+    checkpoint = resolve(options.model)
+    ids = _vocab_trim_ids(options, checkpoint.path)
+    draft = load_model(checkpoint, DTYPES[options.dtype], options.device, options.draft_num_layers,
+                       gemv_weights=False if ids is not None else None)
+    if rounds_to_q8_0(options):  # before trimming: the kept head rows are then exact blocks
+        draft.round_weights_to_q8_0()
+    blocks = (options.num_blocks, options.block_size)
+    if options.tree is not None:
+        drafter = TreeDraftModelDrafter(draft, TreeSpec.from_dict(options.tree), *blocks, vocab_trim_ids=ids)
+    elif ids is not None:
+        drafter = VocabTrimDrafter(draft, ids, *blocks)
+    else:
+        return DraftModelDrafter(draft, *blocks)
+    if ids is not None and str(options.device) == "cpu":  # GEMV copies after trimming: the full head's is never built
+        draft.add_gemv_weights()
+    return drafter
+
+
+def build_eagle(options: DraftOptions) -> Drafter:
+    """A feature-level draft folder (eagle.json) over its target's embedding and head."""
+    if options.model is None:
+        raise ValueError("method 'eagle' needs speculative_config['model'] (a feature-level draft folder)")
+    checkpoint = resolve(options.model)
+    if not is_eagle_folder(checkpoint.path):
+        raise ValueError(f"{options.model!r} is not a feature-level draft (no eagle.json); use method 'draft_model'")
+    draft = load_eagle(checkpoint.path, resolve(eagle_target(checkpoint.path)).path, DTYPES[options.dtype],
+                       options.device)
+    if str(options.device) == "cpu" and DTYPES[options.dtype] == torch.float32:
+        draft.enable_cpu_kernels()
+    if rounds_to_q8_0(options):
+        draft.round_weights_to_q8_0()
+    drafter = EagleDrafter(draft, options.num_blocks, options.block_size,
+                           vocab_trim_ids=_vocab_trim_ids(options, checkpoint.path))
+    return drafter if options.tree is None else EagleTreeDrafter(drafter, TreeSpec.from_dict(options.tree))

@@ -1,0 +1,88 @@
+"""The one table of speculative methods: a method name -> its builder and the options it takes.
+
+`speculative_config` validation, the CLI's choices, the draft worker and the README's method list
+all derive from `METHODS`. Adding a method: a module under kernels/drafters/ with a
+`build(options) -> Drafter`, one entry here, its tests. Builders are named "module:function" and
+imported on first use, so that the CLI can list the methods without loading torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from specray.kernels.drafters.options import DraftOptions
+
+if TYPE_CHECKING:
+    from specray.kernels.drafters.base import Drafter
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    builder: str  # "module:function" under specray.kernels.drafters, taking a DraftOptions
+    summary: str  # one line for --help and the README
+    needs_model: bool = False  # speculative_config['model'] names a draft checkpoint
+    grows_trees: bool = False  # takes speculative_config['tree']
+    takes_lookup_first: bool = False  # may sit behind prompt lookup
+    own_options: str | None = None  # the speculative_config key holding its own options
+
+    def build(self, options: DraftOptions) -> "Drafter":
+        module, function = self.builder.split(":")
+        return getattr(importlib.import_module(f"specray.kernels.drafters.{module}"), function)(options)
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("ngram", "ngram:build", "prompt lookup: the continuation of an earlier n-gram match"),
+    Method("draft_model", "loading:build_draft_model", "a standalone draft model (chains or trees)",
+           needs_model=True, grows_trees=True, takes_lookup_first=True),
+    Method("eagle", "loading:build_eagle", "a feature-level draft reading the target's hidden states",
+           needs_model=True, grows_trees=True, takes_lookup_first=True),
+    Method("aded", "aded:build", "adaptive tri-gram drafting with tree search (ADED)", own_options="aded"),
+)}
+
+
+def method(name: str) -> Method:
+    if name not in METHODS:
+        raise ValueError(f"unknown speculative method {name!r}; choose one of {tuple(METHODS)}")
+    return METHODS[name]
+
+
+def _methods_where(flag: str) -> str:
+    return " or ".join(repr(m.name) for m in METHODS.values() if getattr(m, flag))
+
+
+def check_options(name: str, model: str | None = None, tree: dict | None = None,
+                  lookup_first: bool | dict | None = None, **own: dict | None) -> Method:
+    """Refuse options the method does not take, naming the key; returns the method's entry."""
+    entry = method(name)
+    if entry.needs_model and not model:
+        raise ValueError(f"speculative method {name!r} needs a draft 'model'")
+    if tree is not None:
+        if not entry.grows_trees:
+            raise ValueError(f"'tree' needs method {_methods_where('grows_trees')} (got {name!r})")
+        from specray.kernels.drafters.tree_shapes import TreeSpec
+
+        TreeSpec.from_dict(tree)  # raises ValueError naming the bad key or kind
+    if lookup_first not in (None, False):
+        if not entry.takes_lookup_first:
+            raise ValueError(f"'lookup_first' needs method {_methods_where('takes_lookup_first')} (got {name!r})")
+        from specray.kernels.drafters.hybrid import LookupOptions
+
+        LookupOptions.from_dict(lookup_first)
+    for key, value in own.items():
+        if value is not None and entry.own_options != key:
+            raise ValueError(f"'{key}' options need method {key!r}, got {name!r}")
+    return entry
+
+
+def build_drafter(options: DraftOptions) -> "Drafter":
+    """The drafter `options` describe; a bad option raises ValueError naming it."""
+    entry = check_options(options.method, options.model, options.tree, options.lookup_first, aded=options.aded)
+    drafter = entry.build(options)
+    if options.lookup_first not in (None, False):
+        from specray.kernels.drafters.hybrid import LookupFirstDrafter, LookupOptions
+
+        return LookupFirstDrafter(drafter, LookupOptions.from_dict(options.lookup_first))
+    return drafter

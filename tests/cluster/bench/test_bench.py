@@ -1,0 +1,307 @@
+"""`specray bench offline` runs end to end on a tiny model and writes consistent JSON/Markdown/PNG."""
+
+import json
+
+from eagle_helpers import save_tiny_eagle
+
+from specray.cluster.bench.offline import TREE_METHODS
+from specray.cluster.bench.report import SCHEMA
+from specray.cluster.cli import main
+
+
+def test_bench_offline_end_to_end(tiny_target, tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    rows = [{"category": c, "turns": [f"w{10 + i} w{20 + i} w{10 + i} w{20 + i}"]}
+            for i, c in enumerate(["writing", "math", "writing", "coding", "math"])]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "out"
+    eagle = save_tiny_eagle(tmp_path / "eagle", tiny_target)
+    code = main(["bench", "offline", "--model", str(tiny_target), "--dataset", str(data), "--num-prompts", "4",
+                 "--max-tokens", "5", "--batch-sizes", "1,2", "--temperatures", "0,1", "--draft-num-layers", "1",
+                 "--eagle-model", str(eagle), "--out", str(out)])
+    assert code == 0
+    report = json.loads((out / "offline.json").read_text())
+    assert report["schema"] == SCHEMA and (out / "offline.md").read_text().startswith("model ")
+    assert (out / "offline.png").read_bytes()[:4] == b"\x89PNG"
+    cells = {(c["method"], c["batch_size"], c["temperature"]): c for c in report["cells"]}
+    assert len(cells) == 14 * 2 * 2  # transformers' 3, specray's 6 and its 5 tree methods
+    assert cells[("hf_assisted", 2, 0.0)]["skipped"] and cells[("specray_draft_padded", 1, 0.0)]["skipped"]
+    for c in report["cells"]:
+        if not c["skipped"]:
+            assert c["requests"] == 4 and c["tokens"] == 4 * 5  # every request generated max_tokens
+            assert abs(c["tokens_per_s"] - c["tokens"] / c["seconds"]) < 0.01 * c["tokens_per_s"] + 0.01
+        if not c["skipped"] and c["method"].startswith("specray"):  # the metrics count the outputs' tokens
+            assert c["emitted"] == c["tokens"] - c["requests"] and c["accepted"] <= c["drafted"]  # prefill: 1st
+            assert c["rounds"] <= c["emitted"] <= c["rounds"] + c["accepted"]  # a round: accepted + 1, cut at max_tokens
+            assert abs(c["acceptance_length"] - c["emitted"] / c["rounds"]) < 1e-3
+            if c["drafted"]:
+                assert abs(c["acceptance_rate"] - c["accepted"] / c["drafted"]) < 1e-3
+            assert c["drafted"] > 0 or c["accepted"] == 0
+            # a step reads the weights once for the group's sequences, each emitting its acceptance length
+            sequences = min(c["batch_size"], 4)
+            assert abs(c["bound_tokens_per_s"] * bw_step(report) - sequences * c["acceptance_length"]) < 0.01
+    assert all(cells[("specray", b, t)]["drafted"] == 0 for b in (1, 2) for t in (0.0, 1.0))
+    for m in ("specray", "specray_ngram", "specray_draft", "specray_eagle", *TREE_METHODS):  # greedy: as transformers
+        assert cells[(m, 1, 0.0)]["greedy_matches_hf"] is True
+    for m in TREE_METHODS:  # they ran as trees (several draft tokens a round), at every batch size
+        assert all(cells[(m, b, t)]["drafted"] > 0 for b in (1, 2) for t in (0.0, 1.0))
+    assert cells[("specray_draft", 2, 0.0)]["acceptance_length"] >= 1.0
+    assert set(cells[("specray", 1, 0.0)]["per_category"]) == {"writing", "math", "coding"}
+    assert report["summary"]["specray_plain_vs_hf_plain_batch1"] is not None
+    assert report["partial"] is False and report["config"]["sequences_per_batch"] == {"1": 1, "2": 2}
+    bw = report["bandwidth"]  # the bound reads every weight byte at the faster of the two readings
+    assert bw["gb_per_s"] == max(bw["gemv_gb_per_s"], bw["stream_gb_per_s"]) > 0
+    assert abs(bw["seconds_per_step"] * bw["gb_per_s"] * 1e9 - bw["weight_bytes"]) < 0.01 * bw["weight_bytes"]
+    plain = cells[("specray", 1, 0.0)]
+    assert abs(plain["bound_tokens_per_s"] * bw["seconds_per_step"] - 1.0) < 0.01  # acceptance 1: one step a token
+    assert abs(plain["fraction_of_bound"] - plain["tokens_per_s"] / plain["bound_tokens_per_s"]) < 0.01
+    # the roofline: no faster than memory nor than the projections' arithmetic (weights in cache)
+    assert bw["hot_gemv_seconds_per_step"] > 0 and bw["limited_by"] in ("memory", "compute")
+    assert bw["roofline_seconds_per_step"] == max(bw["seconds_per_step"], bw["hot_gemv_seconds_per_step"])
+    assert plain["fraction_of_roofline"] >= plain["fraction_of_bound"] - 1e-3
+    assert cells[("specray", 2, 0.0)]["fraction_of_roofline"] is None  # batch 1 only
+
+
+def bw_step(report) -> float:
+    return report["bandwidth"]["seconds_per_step"]
+
+
+def test_kv_sizing_covers_each_group_and_the_padded_baseline():
+    """Each engine holds its largest group at once; an engine that also runs the padded baseline
+    holds every sequence padded to its group's longest (the full run once ran out of blocks there)."""
+    from specray.cluster.bench.offline import kv_tokens_needed
+
+    encoded = [[0] * n for n in (40, 769, 53, 660)]
+    extra = 10 + 4 * 2 + 32  # new tokens, a tree of depth 2, block rounding
+    assert kv_tokens_needed(encoded, [1, 2], 10, 2) == 40 + 769 + 2 * extra  # the first pair
+    assert kv_tokens_needed(encoded, [1, 4], 10, 2) == sum(map(len, encoded)) + 4 * extra
+    assert kv_tokens_needed(encoded, [1, 4], 10, 2, padded=True) == 4 * (769 + extra)
+
+
+def test_stream_bandwidth_reads_the_whole_buffer():
+    """The plain read is a real reading; the bound takes the faster of the two."""
+    from specray.cluster.bench.bound import Bandwidth, stream_bytes_per_s
+
+    assert stream_bytes_per_s(16 << 20, repeats=2) > 1e8  # > 0.1 GB/s on any machine
+    bw = Bandwidth(weight_bytes=10**6, gemv_bytes_per_s=2e9, stream_bytes_per_s=4e9)
+    assert bw.step_s == bw.roofline_step_s == 10**6 / 4e9 and bw.limited_by == "memory"  # no arithmetic floor
+    slow = Bandwidth(weight_bytes=10**6, gemv_bytes_per_s=2e9, stream_bytes_per_s=4e9, hot_gemv_s=1e-3)
+    assert slow.roofline_step_s == 1e-3 and slow.limited_by == "compute"
+
+
+def test_hot_gemv_scales_the_slices_to_the_whole_step(tiny_target):
+    """The arithmetic floor runs on fp32 weights (F.linear) and on packed blocks (the C kernel, which
+    gets raw pointers: the slices must outlive the timing loop)."""
+    from specray.cluster.bench.bound import hot_gemv_seconds
+    from specray.kernels.loader import load_model, resolve
+
+    model = load_model(resolve(str(tiny_target)))
+    assert hot_gemv_seconds(model, repeats=2, inner=3) > 0
+    model.enable_cpu_kernels()
+    if model.round_weights_to_q8_0():  # a C compiler: the packed kernel's floor
+        assert model.packed_weights and hot_gemv_seconds(model, repeats=2, inner=3) > 0
+
+
+def test_bench_offline_writes_each_finished_row(tiny_target, tmp_path, monkeypatch, capsys):
+    """A run stopped part-way keeps the rows it finished (JSON + Markdown, marked partial)."""
+    from specray.cluster.bench import offline as bench_offline
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("\n".join(json.dumps({"category": "math", "turns": [f"w{i} w{i + 3}"]}) for i in range(2)))
+    out = tmp_path / "out"
+    real, calls = bench_offline.Runner.run, []
+
+    def stop_in_second_row(self, method, group, temperature, seed, cell):
+        calls.append(temperature)
+        if temperature == 1.0:
+            raise KeyboardInterrupt
+        return real(self, method, group, temperature, seed, cell)
+
+    monkeypatch.setattr(bench_offline.Runner, "run", stop_in_second_row)
+    code = main(["bench", "offline", "--model", str(tiny_target), "--dataset", str(data), "--num-prompts", "2",
+                 "--max-tokens", "3", "--batch-sizes", "1,4", "--temperatures", "0,1", "--methods", "hf,specray",
+                 "--out", str(out)])
+    assert code == 130  # Ctrl-C
+    assert "batch size 4 > 2 prompts" in capsys.readouterr().err  # said, not silent
+    report = json.loads((out / "offline.json").read_text())
+    assert report["config"]["sequences_per_batch"] == {"1": 1, "4": 2}
+    assert report["partial"] is True and not (out / "offline.png").exists()
+    assert {(c["method"], c["temperature"]) for c in report["cells"]} == {("hf", 0.0), ("specray", 0.0)}
+    assert all(c["tokens"] == 2 * 3 for c in report["cells"])
+
+
+def test_bench_serve_against_a_live_server(tiny_target, tmp_path):
+    from specray import LLM
+    from specray.cluster.router.async_router import AsyncRouter
+    from specray.cluster.serve.http_server import BackgroundServer
+    from specray.cluster.serve.openai_api import OpenAIServer
+
+    llm = LLM(str(tiny_target), speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    router = AsyncRouter(llm.router)
+    out = tmp_path / "serve"
+    data = tmp_path / "words.jsonl"
+    data.write_text("\n".join(json.dumps({"category": ["math", "qa"][i % 2], "prompt": f"w{i} w{i + 1} w{i + 2}"})
+                              for i in range(10, 16)))
+    with BackgroundServer(OpenAIServer(router, llm.get_tokenizer(), "tiny", api_key="k").app) as http:
+        for extra in ([], ["--request-rate", "50", "--endpoint", "completions"]):
+            code = main(["bench", "serve", "--url", http.url, "--api-key", "k", "--concurrency", "1,4",
+                         "--num-requests", "6", "--max-tokens", "5", "--dataset", str(data), "--out", str(out),
+                         "--temperature", "1.0", "--ignore-eos", *extra])
+            assert code == 0
+            report = json.loads((out / "serve.json").read_text())
+            for level in report["levels"]:
+                assert level["completed"] == 6 and level["errors"] == 0
+                assert level["output_tokens"] == 6 * 5 and level["e2e_s"]["p50"] > 0  # ignore_eos: all run to 5
+                assert level["ttft_s"]["p50"] <= level["e2e_s"]["p99"]
+                assert abs(level["throughput_tokens_per_s"] * level["seconds"] - 30) < 0.1  # seconds: 4 decimals
+                cats = level["per_category"]
+                assert set(cats) == {"math", "qa"} and sum(c["completed"] for c in cats.values()) == 6
+                assert all(c["output_tokens"] == 3 * 5 and c["e2e_p50_s"] > 0 for c in cats.values())
+            assert "| 4 | qa | 3 | 0 | 15 |" in (out / "serve.md").read_text()
+        wrong_key = main(["bench", "serve", "--url", http.url, "--model", "tiny", "--concurrency", "2",
+                          "--num-requests", "3", "--out", str(out)])
+        assert wrong_key == 0 and json.loads((out / "serve.json").read_text())["levels"][0]["errors"] == 3
+    router.shutdown()
+    assert (out / "serve.png").read_bytes()[:4] == b"\x89PNG" and (out / "serve.md").exists()
+
+
+def test_open_loop_latency_counts_the_wait_for_a_slot():
+    """Open loop: a request's clock starts on arrival, so waiting behind the concurrency cap is
+    latency; closed loop: it starts when the request is sent."""
+    import asyncio
+    import time
+
+    from specray.cluster.bench.serve import Sample, drive
+
+    async def send(body, start):
+        s = Sample(ok=True, start=start or time.perf_counter())
+        await asyncio.sleep(0.05)
+        s.end = time.perf_counter()
+        return s
+
+    open_loop, _ = asyncio.run(drive(send, [{}] * 3, 1, 1000.0, seed=0))
+    assert max(s.end - s.start for s in open_loop) >= 0.14  # the third waited behind two
+    closed, _ = asyncio.run(drive(send, [{}] * 3, 1, None, seed=0))
+    starts = sorted(s.start for s in closed)  # each clock starts as its request is sent, after the last ends
+    assert all(b - a >= 0.045 for a, b in zip(starts, starts[1:]))
+
+
+def test_bench_cluster_closed_loop_and_table(tiny_target, tiny_draft):
+    """The pieces of `specray bench cluster` that the served/transport tests (test_serve_app,
+    test_ray_pools) do not run: the in-process closed loop and the report table."""
+    from specray import LLM, SamplingParams
+    from specray.cluster.bench.cluster import closed_loop, markdown
+
+    llm = LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 2},
+              max_num_seqs=2)
+    requests = [[1, 5 + i, 9, 12] * 2 for i in range(5)]
+    row = closed_loop(llm.router, requests, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), 2)
+    assert row["completed"] == 5 and row["output_tokens"] == 30 and not llm.router.has_unfinished()
+    served = {**row, "throughput_tokens_per_s": row["throughput_tokens_per_s"] / 2}
+    table = markdown({"model": "tiny", "speculative_config": {}, "max_tokens": 6, "num_requests": 5,
+                      "in_process": [row], "served_pipelined": [served],
+                      "transports": [{"transport": "ray", "bytes_sent_per_round": 1, "bytes_received_per_round": 2,
+                                      "round_trip_ms": 3, "throughput_tokens_per_s": 4}]})
+    assert "| served_pipelined | 2 |" in table and "0.50x" in table and "| ray | 1 | 2 | 3 | 4 |" in table
+
+
+def test_bench_cluster_reports_each_paths_median_pass():
+    from specray.cluster.bench.cluster import LABELS, median_rows
+
+    def pass_(*speeds):  # one throughput per concurrency level, same for every path
+        return {label: [{"concurrency": c, "throughput_tokens_per_s": v} for c, v in zip((1, 8), speeds)]
+                for label in LABELS}
+
+    merged = median_rows([pass_(3, 30), pass_(1, 90), pass_(2, 60)])
+    assert [r["throughput_tokens_per_s"] for r in merged["served_one_group"]] == [2, 60]
+    assert [r["concurrency"] for r in merged["in_process"]] == [1, 8]
+    assert [r["throughput_tokens_per_s"] for r in median_rows([pass_(1, 9), pass_(2, 8)])["in_process"]] == [1, 8]
+    slow = pass_(3, 30)
+    slow["served_one_group"][1]["throughput_tokens_per_s"] = 15  # half of its pass's in-process
+    paired = median_rows([slow, pass_(1, 90), pass_(2, 60)])["served_one_group"]
+    assert [r["vs_in_process"] for r in paired] == [1.0, 1.0]  # the median pair, not median / median
+
+
+def test_tree_benchmark_configs_are_valid_and_comparable():
+    """benchmarks/trees.py: every config passes the router's validation; the budget group verifies
+    at most its budget per round and its chain has exactly that length."""
+    import importlib.util
+    from pathlib import Path
+
+    from specray.cluster.config.speculative import SpeculativeConfig
+
+    path = Path(__file__).parents[3] / "benchmarks" / "trees.py"
+    spec = importlib.util.spec_from_file_location("bench_trees", path)
+    trees = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trees)
+    configs = trees.configs("some-draft", depth=3, budget=6)
+    parsed = {name: SpeculativeConfig.from_dict(c) for name, c in configs.items()}
+    assert parsed["none"] is None
+    assert {n.split("/")[1] for n in configs if "/" in n} == {"chain", "rsd_c", "rsd_s", "spectr", "topk", "aded"}
+    assert all(parsed[n].max_draft_tokens() <= 6 for n in configs if n.startswith("budget/"))
+    assert parsed["budget/chain"].num_speculative_tokens == 6 and parsed["depth/chain"].num_speculative_tokens == 3
+    rows = [{"method": m, "temperature": 1.0, "tokens_per_s": s, "acceptance_length": 1.5, "verified_per_round": 2}
+            for m, s in (("none", 10.0), ("depth/chain", 20.0), ("depth/rsd_c", 25.0))]
+    table = trees.markdown({"rows": rows})
+    assert "| depth/rsd_c | 1.0 | 25.00 | 1.25x | 2.50x |" in table and "| none | 1.0 | 10.00 | - | 1.00x |" in table
+
+
+def test_paired_speedup_benchmark_runs_and_counts(tiny_target, tmp_path):
+    """benchmarks/paired_speedup.py: every config runs every group, outputs equal plain decoding's,
+    and the token count is prompts x tokens x repeats; a bad --configs is refused."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    import pytest
+
+    path = Path(__file__).parents[3] / "benchmarks" / "paired_speedup.py"
+    spec = importlib.util.spec_from_file_location("bench_paired", path)
+    paired = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(paired)
+    out = tmp_path / "p.json"
+    result = paired.main(["--model", str(tiny_target), "--num-prompts", "4", "--batch-size", "2", "--max-tokens", "4",
+                          "--repeats", "2", "--configs", json.dumps([{"method": "ngram", "num_speculative_tokens": 2}]),
+                          "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert result["groups"] == 2 and result["tokens_per_config"] == 4 * 4 * 2
+    plain, ngram = result["rows"]
+    assert plain["config"] == "plain" and plain["pooled_speedup"] == 1.0 and plain["acceptance_length"] == 1.0
+    assert ngram["lossless"] and ngram["acceptance_length"] >= 1.0 and ngram["tokens_per_s"] > 0
+    with pytest.raises(SystemExit, match="--configs"):
+        paired.main(["--model", str(tiny_target), "--configs", "{}"])
+
+
+def test_distill_draft_benchmark_measures_chains_lookup_and_trees(tiny_target, tiny_draft, tmp_path):
+    """benchmarks/distill_draft.py: chain, lookup-first and tree rows (alone and behind lookup) all
+    equal plain decoding, and a tree row verifies more draft tokens a round than its depth."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parents[3] / "benchmarks" / "distill_draft.py"
+    spec = importlib.util.spec_from_file_location("bench_distill_draft", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "d.json"
+    result = bench.main(["--model", str(tiny_target), "--draft", str(tiny_draft), "--num-prompts", "2",
+                         "--max-tokens", "6", "--ks", "2", "--trim-off-ks", "", "--skip-hf", "--lookup-first",
+                         "--tree", json.dumps({"kind": "topk", "k": 2, "width": 2}), "--tree-ks", "2,3",
+                         "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    rows = {(r["method"], r.get("k")): r for r in result["runs"]}
+    assert set(rows) == {("specray (no speculation)", None), ("specray + draft", 2),
+                         ("specray + draft, lookup first", 2), ("specray + draft, tree", 2),
+                         ("specray + draft, tree", 3), ("specray + draft, lookup first, tree", 2),
+                         ("specray + draft, lookup first, tree", 3)}
+    assert all(r["lossless"] for r in result["runs"] if "lossless" in r)
+    assert rows[("specray + draft", 2)]["drafted_per_round"] <= 2
+    assert 3 < rows[("specray + draft, tree", 3)]["drafted_per_round"] <= 2 + 2 * 2 * 2  # top-2 of 2 nodes a level
+    assert all(r["tokens"] == 2 * 6 for r in result["runs"])
+    sampled = bench.main(["--model", str(tiny_target), "--draft", str(tiny_draft), "--num-prompts", "2",
+                          "--max-tokens", "6", "--ks", "2", "--trim-off-ks", "", "--temperature", "1",
+                          "--tree", json.dumps({"kind": "rsd_c", "branching": [2, 1]}), "--tree-ks", "2",
+                          "--out", str(out)])
+    assert [r["method"] for r in sampled["runs"]] == ["specray (no speculation)", "specray + draft",
+                                                      "specray + draft, tree"]
+    assert all(r["lossless"] is None and r["tokens"] == 12 for r in sampled["runs"][1:])

@@ -1,0 +1,47 @@
+"""`specray drafter`: the external draft pool takes the router's speculative options (trees, ADED,
+VocabTrim), validates them the same way, and serves tree proposals over gRPC."""
+
+import pytest
+
+from specray.actors.messages import DraftItem, SeqSpec
+from specray.cluster.cli import build_parser, main
+from specray.cluster.serve.cli import drafter_spec
+from specray.kernels.sampling import SamplingConfig
+
+
+def test_drafter_serves_trees_over_grpc(tiny_draft):
+    from specray.cluster.pools.draft_endpoint import DraftEndpoint
+    from specray.cluster.pools.grpc_transport import GrpcDraftPool, serve_drafter
+
+    args = build_parser().parse_args(["drafter", "--method", "draft_model", "--model", str(tiny_draft),
+                                      "--tree", '{"kind": "rsd_c", "branching": [2, 1]}'])
+    spec = drafter_spec(args)
+    assert spec.tree == {"kind": "rsd_c", "branching": [2, 1]}
+    server, port = serve_drafter(DraftEndpoint.from_spec(spec), "127.0.0.1:0")
+    pool = GrpcDraftPool(f"127.0.0.1:{port}")
+    try:
+        pool.ready(timeout_s=30)
+        item = DraftItem("s", [1, 5, 9, 12], 2, SeqSpec(SamplingConfig(temperature=1.0), seed=3))
+        (proposal,) = pool.submit_propose([item]).result()
+        assert proposal.is_tree and proposal.num_draft_tokens == 4  # two roots, one child each
+        assert proposal.tree_parents() == [-1, -1, 0, 1]
+    finally:
+        pool.close()
+        server.stop(grace=0)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--method", "draft_model", "--model", "d", "--tree", '{"kind": "oak"}'], "oak"),
+    (["--method", "ngram", "--tree", '{"kind": "rsd_c", "branching": [2]}'], "needs method 'draft_model'"),
+    (["--method", "aded"], "needs --model"),
+    (["--method", "draft_model", "--model", "d", "--vocab-trim", "-1"], "draft_vocab_trim"),
+])
+def test_bad_drafter_options_exit_2_with_the_reason(capsys, flags, message):
+    assert main(["drafter", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_tree_flag_must_be_a_json_object(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["drafter", "--tree", "[1, 2]"])
+    assert "expected a JSON object" in capsys.readouterr().err

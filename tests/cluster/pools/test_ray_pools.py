@@ -1,0 +1,205 @@
+"""Draft and target pools on a multi-node Ray cluster on one machine: placement on the right nodes,
+outputs equal to the in-process engine for every draft transport, a draft worker killed
+mid-generation costs nothing, a target worker killed mid-generation fails its requests retryably
+and the pool recovers."""
+
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from specray import LLM, SamplingParams  # noqa: E402
+from specray.cluster.router.router import Router, router_limits  # noqa: E402
+from specray.cluster.pools.api import TargetUnavailable  # noqa: E402
+from specray.cluster.config.worker_specs import serve_target_spec  # noqa: E402
+from specray.cluster.pools.build import build_draft_pool, placement  # noqa: E402
+from specray.cluster.config.serve import ServeConfig  # noqa: E402
+from specray.kernels.config import ModelConfig  # noqa: E402
+from specray.kernels.loader import Checkpoint  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+SAMPLED = [SamplingParams(temperature=1.0, top_p=0.9, seed=7 + i, max_tokens=12, ignore_eos=True) for i in range(3)]
+PROMPTS = [[1, 3 + i, 17, 40 + 2 * i, 9] * (1 + i % 3) for i in range(6)]
+
+
+def config(tiny_target, tiny_draft, transport="ray", **router):
+    return ServeConfig.from_dict({
+        "model": str(tiny_target),
+        "speculative_config": {"method": "draft_model", "model": str(tiny_draft), "num_speculative_tokens": 3},
+        "router": {"kv_cache_tokens": 8192, "max_num_seqs": 8, **router},
+        "pools": {"target": {"threads": 1}, "draft": {"threads": 1}},
+        "transport": {"kind": transport, "drafter_address": "x:1" if transport == "grpc" else None}})
+
+
+@pytest.fixture(scope="module")
+def target_pool(ray_cluster, tiny_target, tiny_draft):
+    from specray.cluster.pools.ray_pools import RayTargetPool
+
+    cfg = config(tiny_target, tiny_draft)
+    pool = RayTargetPool(serve_target_spec(cfg), placement(cfg.pools.target))
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def draft_pool(ray_cluster, tiny_target, tiny_draft):
+    pool = build_draft_pool(config(tiny_target, tiny_draft))
+    yield pool
+    pool.close()
+
+
+def make_engine(target, draft, tiny_target, pipelined=False):
+    checkpoint = Checkpoint(tiny_target, "tiny")
+    tok = checkpoint.tokenizer()
+    spec = config(tiny_target, tiny_target).speculative
+    limits, eos = router_limits(ModelConfig.from_hf(checkpoint.hf_config()), tok, spec, None, 8, 512, 16, pipelined)
+    return Router(target, draft, tok, eos, limits)
+
+
+def run(router, prompts, params=GREEDY):
+    ids = [router.add_request(p, params if isinstance(params, SamplingParams) else params[i])
+           for i, p in enumerate(prompts)]
+    done = {}
+    while router.has_unfinished():
+        for out in router.step():
+            if out.finished:
+                done[out.request_id] = out
+    return [done[i] for i in ids]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_target, tiny_draft):
+    llm = LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 3})
+    greedy = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY)]
+    sampled = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": PROMPTS[0]}] * 3, SAMPLED)]
+    return greedy, sampled
+
+
+def test_workers_land_on_their_nodes(ray_cluster, target_pool, draft_pool):
+    assert target_pool.node_ids() == [ray_cluster["target"].node_id]
+    assert draft_pool.node_id() == ray_cluster["draft"].node_id
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_pooled_outputs_equal_in_process(target_pool, draft_pool, tiny_target, reference, pipelined):
+    outs = run(make_engine(target_pool, draft_pool, tiny_target, pipelined), PROMPTS)
+    assert [o.outputs[0].token_ids for o in outs] == reference[0]
+    accepted = [o.metrics.num_accepted_tokens for o in outs]
+    assert sum(o.metrics.num_draft_tokens for o in outs) > sum(accepted) > 0 and len(set(accepted)) > 1
+
+
+def test_killing_the_draft_worker_loses_nothing(target_pool, draft_pool, tiny_target, reference):
+    router = make_engine(target_pool, draft_pool, tiny_target, pipelined=True)
+    ids = [router.add_request(p, GREEDY) for p in PROMPTS]
+    done = {}
+    for _ in range(3):
+        router.step()
+    ray.kill(draft_pool.actor, no_restart=False)  # Ray restarts it; the engine decodes target-only meanwhile
+    drafted_at_kill = router.stats.num_draft_tokens
+    while router.has_unfinished():
+        for out in router.step():
+            if out.finished:
+                done[out.request_id] = out
+        time.sleep(0.01)
+    assert [done[i].outputs[0].token_ids for i in ids] == reference[0]
+    assert router.stats.draft_fallbacks >= 1
+    deadline = time.monotonic() + 180
+    while not draft_pool.healthy:  # Ray restarts the worker (a fresh process loads the draft again)
+        assert time.monotonic() < deadline, "the draft worker did not come back"
+        time.sleep(0.2)
+    again = run(router, PROMPTS)  # speculation resumes, rebuilt from the full histories
+    assert [o.outputs[0].token_ids for o in again] == reference[0]
+    assert router.stats.num_draft_tokens > drafted_at_kill
+
+
+@pytest.fixture()
+def grpc_drafter(tiny_draft):
+    from specray.actors.specs import DraftSpec
+    from specray.cluster.pools.draft_endpoint import DraftEndpoint
+    from specray.cluster.pools.grpc_transport import serve_drafter
+
+    server, port = serve_drafter(DraftEndpoint.from_spec(DraftSpec("draft_model", str(tiny_draft), threads=1)),
+                                 "127.0.0.1:0")
+    yield f"127.0.0.1:{port}"
+    server.stop(grace=0)
+
+
+@pytest.mark.parametrize("transport", ["ray", "torch_distributed", "grpc", "inline"])
+def test_every_transport_gives_identical_outputs(target_pool, tiny_target, tiny_draft, reference, transport,
+                                                 request):
+    cfg = config(tiny_target, tiny_draft, transport)
+    if transport == "grpc":
+        cfg = cfg.with_overrides(**{"transport.drafter_address": request.getfixturevalue("grpc_drafter")})
+    pool = build_draft_pool(cfg)
+    try:
+        router = make_engine(target_pool, pool, tiny_target, pipelined=True)
+        assert [o.outputs[0].token_ids for o in run(router, PROMPTS)] == reference[0]
+        assert [o.outputs[0].token_ids for o in run(router, [PROMPTS[0]] * 3, SAMPLED)] == reference[1]
+        stats = pool.stats
+        assert stats.rounds > 0 and (stats.bytes_sent > 0 and stats.bytes_received > 0) == (transport != "inline")
+    finally:
+        if hasattr(pool, "close"):
+            pool.close()
+
+
+def test_target_failure_is_retryable_and_the_pool_recovers(ray_cluster, tiny_target, tiny_draft, reference):
+    from specray.cluster.pools.ray_pools import RayTargetPool
+
+    cfg = config(tiny_target, tiny_draft)
+    pool = RayTargetPool(serve_target_spec(cfg), placement(cfg.pools.target))
+    try:
+        router = make_engine(pool, None, tiny_target)
+        for p in PROMPTS:
+            router.add_request(p, GREEDY)
+        router.step()
+        ray.kill(pool.actors[0], no_restart=True)
+        with pytest.raises(TargetUnavailable, match="retry"):
+            for _ in range(50):
+                router.step()
+        assert sorted(router.fail_all(), key=int) == [str(i) for i in range(len(PROMPTS))]
+        assert not router.has_unfinished() and router.reserved_tokens == 0
+        again = run(router, PROMPTS)  # fresh workers, same outputs
+        assert [o.outputs[0].token_ids for o in again] == reference[0]
+    finally:
+        pool.close()
+
+
+def test_tensor_parallel_target_pool_equals_single_worker(ray_cluster, tiny_target, tiny_draft, draft_pool,
+                                                          reference):
+    """Two target ranks on the target node, joined by torch.distributed (gloo): same tokens."""
+    from specray.cluster.pools.ray_pools import RayTargetPool
+
+    cfg = config(tiny_target, tiny_draft)
+    pool = RayTargetPool(serve_target_spec(cfg), placement(cfg.pools.target), tp_size=2)
+    try:
+        assert pool.node_ids() == [ray_cluster["target"].node_id] * 2
+        assert ray.get([a.call.remote("tp_info") for a in pool.actors]) == [(0, 2), (1, 2)]
+        outs = run(make_engine(pool, draft_pool, tiny_target, pipelined=True), PROMPTS)
+        assert [o.outputs[0].token_ids for o in outs] == reference[0]
+        sampled = run(make_engine(pool, draft_pool, tiny_target), [PROMPTS[0]] * 3, SAMPLED)
+        assert [o.outputs[0].token_ids for o in sampled] == reference[1]
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("spec", [{"method": "draft_model", "tree": {"kind": "rsd_c", "branching": [2, 2, 1]}},
+                                  {"method": "aded"}])
+def test_tree_and_aded_drafts_through_the_ray_pool(ray_cluster, target_pool, tiny_target, tiny_draft, reference,
+                                                   spec):
+    """Trees (and ADED) travel the Ray transport in the wire format; greedy output stays the same."""
+    raw = config(tiny_target, tiny_draft).model_dump()
+    raw["speculative_config"] = {**spec, "num_speculative_tokens": 3,
+                                 **({"model": str(tiny_draft)} if spec["method"] == "draft_model" else {})}
+    cfg = ServeConfig.from_dict(raw)
+    pool = build_draft_pool(cfg)
+    try:
+        checkpoint = Checkpoint(tiny_target, "tiny")
+        tok = checkpoint.tokenizer()
+        limits, eos = router_limits(ModelConfig.from_hf(checkpoint.hf_config()), tok, cfg.speculative, None, 8,
+                                     512, 16, True)
+        outs = run(Router(target_pool, pool, tok, eos, limits), PROMPTS)
+        assert [o.outputs[0].token_ids for o in outs] == reference[0]
+        assert sum(o.metrics.num_draft_tokens for o in outs) > 0
+    finally:
+        pool.close()

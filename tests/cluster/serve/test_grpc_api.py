@@ -1,0 +1,141 @@
+"""The gRPC API over a real engine (tiny model, n-gram speculation), driven by the client SDK:
+greedy outputs equal the offline API's token for token, sync and asyncio, text/ids/chat."""
+
+import asyncio
+import shutil
+import subprocess
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from specray import LLM, SamplingParams
+from specray.client import AsyncClient, Client, Sampling
+from specray.cluster.router.async_router import AsyncRouter
+from specray.cluster.serve.grpc_server import GrpcServerThread
+from specray.cluster.serve.grpc_service import GenerationService
+
+KEY = "sk-grpc"
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+MESSAGES = [{"role": "user", "content": "w10 w11 w12"}]
+PROMPT = "w20 w21 w22 w20 w21"
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_target):
+    return LLM(str(tiny_target))  # no speculation: the reference
+
+
+@pytest.fixture(scope="module")
+def served(tiny_target):
+    llm = LLM(str(tiny_target), speculative_config=NGRAM)
+    router = AsyncRouter(llm.router)
+    service = GenerationService(router, llm.get_tokenizer(), "tiny", api_key=KEY, speculative_method="ngram")
+    with GrpcServerThread(service) as server:
+        yield server, service
+    router.shutdown()
+
+
+@pytest.fixture()
+def client(served):
+    with Client(served[0].target, api_key=KEY, timeout=30) as c:
+        yield c
+
+
+def greedy(**kw):
+    return dict(temperature=0, max_tokens=12, ignore_eos=True, **kw)
+
+
+def test_unary_and_stream_match_offline_greedy(client, offline):
+    want = offline.generate(PROMPT, GREEDY)[0].outputs[0]
+    got = client.generate(PROMPT, **greedy())
+    assert got.choices[0].token_ids == want.token_ids and got.text == want.text
+    assert got.choices[0].finish_reason == "length" and got.usage.completion_tokens == 12
+    assert got.speculative.num_draft_tokens > 0 and got.speculative.num_rounds > 0
+    stream = client.stream(PROMPT, **greedy())
+    deltas = list(stream)
+    assert [t for d in deltas for t in d.token_ids] == want.token_ids
+    assert "".join(d.text for d in deltas) == want.text
+    assert deltas[-1].finish_reason == "length" and stream.summary.finish_reasons == ["length"]
+    assert stream.summary.usage == got.usage and stream.summary.request_id == stream.request_id
+
+
+def test_token_id_prompt_and_speculation_off_are_lossless(client, offline):
+    ids = offline.get_tokenizer()(PROMPT).input_ids
+    want = offline.generate({"prompt_token_ids": ids}, GREEDY)[0].outputs[0].token_ids
+    spec = client.generate(ids, **greedy())
+    plain = client.generate(ids, **greedy(num_speculative_tokens=0))
+    assert spec.choices[0].token_ids == plain.choices[0].token_ids == want
+    assert plain.speculative.num_draft_tokens == 0 and spec.speculative.num_draft_tokens > 0
+
+
+def test_chat_sync_and_stream(client, offline):
+    want = offline.chat(MESSAGES, GREEDY)[0].outputs[0]
+    assert client.chat(MESSAGES, sampling=Sampling(**greedy())).text == want.text
+    assert client.stream(messages=MESSAGES, **greedy()).collect().choices[0].token_ids == want.token_ids
+
+
+def test_async_client(served, offline):
+    want = offline.generate(PROMPT, GREEDY)[0].outputs[0]
+    chat_want = offline.chat(MESSAGES, GREEDY)[0].outputs[0]
+
+    async def main():
+        async with AsyncClient(served[0].target, api_key=KEY, timeout=30) as c:
+            got = await c.generate(PROMPT, **greedy())
+            streamed = await c.stream(PROMPT, **greedy()).collect()
+            chat = await c.chat(MESSAGES, **greedy())
+            return got, streamed, chat, await c.models(), await c.health()
+
+    got, streamed, chat, models, health = asyncio.run(main())
+    assert got.choices[0].token_ids == streamed.choices[0].token_ids == want.token_ids
+    assert chat.text == chat_want.text
+    assert [m.id for m in models] == ["tiny"] and models[0].speculative_method == "ngram"
+    assert models[0].max_model_len > 0 and health == "SERVING"
+
+
+def test_n_seed_stop_and_logprobs(client):
+    kw = dict(n=2, seed=5, max_tokens=6, logprobs=2)
+    first, again = client.generate(PROMPT, **kw), client.generate(PROMPT, **kw)
+    assert [c.token_ids for c in first.choices] == [c.token_ids for c in again.choices]
+    assert [c.index for c in first.choices] == [0, 1]
+    lp = first.choices[0].logprobs
+    assert len(lp) == len(first.choices[0].token_ids) and lp[0].logprob <= 0 and len(lp[0].top) == 2
+    streamed = client.stream(PROMPT, **kw).collect()
+    assert [c.token_ids for c in streamed.choices] == [c.token_ids for c in first.choices]
+    assert [x.token_id for x in streamed.choices[1].logprobs] == streamed.choices[1].token_ids
+    tok = first.choices[0].token_ids[1]
+    stopped = client.generate(PROMPT, n=2, seed=5, max_tokens=6, stop_token_ids=[tok]).choices[0]
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == tok and stopped.token_ids[-1] == tok
+
+
+def test_standard_health_service(served):
+    with grpc.insecure_channel(served[0].target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for name in ("", "specray.v1.Generation"):
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_metrics_count_grpc_requests(client, served):
+    service = served[1]
+
+    def count(name, **labels):
+        return service.metrics.registry.get_sample_value(name, labels) or 0
+
+    before = count("specray_request_success_total", finish_reason="length")
+    client.generate(PROMPT, **greedy())
+    assert count("specray_request_success_total", finish_reason="length") == before + 1
+    assert count("specray_time_to_first_token_seconds_count") > 0
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI to make a test certificate")
+def test_tls(tmp_path, served):
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    creds = grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
+    with GrpcServerThread(served[1], credentials=creds) as server:
+        with Client(server.target, api_key=KEY, root_certificates=cert, server_name="localhost", timeout=30) as c:
+            assert c.generate(PROMPT, max_tokens=3).usage.completion_tokens == 3

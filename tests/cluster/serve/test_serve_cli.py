@@ -1,0 +1,164 @@
+"""`specray serve`: config file + flags resolve into one ServeConfig, bad config exits 2 with the
+reason, and the real command starts a local Ray cluster and answers HTTP requests."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from specray.cluster.cli import main
+from specray.cluster.serve.http_server import free_port
+
+
+def test_dry_run_merges_file_and_flags(tmp_path, capsys):
+    import yaml
+
+    path = tmp_path / "serve.yaml"
+    path.write_text("model: some-model\nrouter: {max_num_seqs: 4}\nspeculative_config: {method: ngram, "
+                    "num_speculative_tokens: 3}\npools: {target: {threads: 2}}\n")
+    assert main(["serve", "--config", str(path), "--port", "8123", "--no-pipeline", "--dry-run"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["model"] == "some-model" and cfg["http"]["port"] == 8123 and cfg["router"]["max_num_seqs"] == 4
+    assert cfg["router"]["pipelined"] is False and cfg["speculative_config"]["num_speculative_tokens"] == 3
+    assert cfg["pools"]["target"]["threads"] == 2 and cfg["pools"]["target"]["resources"] == {"target": 1.0}
+
+
+@pytest.mark.parametrize("flags, pipelined", [
+    ([], False),  # smollm2-135m's default drafts for a lone sequence only: two groups would never both draft
+    (["--speculative-method", "ngram"], False),  # n-gram costs nothing to overlap: one group
+    (["--speculative-method", "draft_model", "--draft-model", "d"], True),
+    (["--speculative-method", "draft_model", "--draft-model", "d", "--pipeline", "off"], False),
+    (["--pipeline", "on"], True),
+    (["--speculative-method", "none"], False),
+])
+def test_pipeline_auto_pipelines_only_model_drafts(flags, pipelined):
+    from specray.cluster.cli import build_parser
+    from specray.cluster.serve.cli import resolve_config
+
+    args = build_parser().parse_args(["serve", *flags])
+    cfg = resolve_config(args)
+    assert cfg.pipelined is pipelined
+    assert cfg.router.pipelined == ("auto" if "--pipeline" not in flags else {"on": True, "off": False}[flags[-1]])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("routr: {}\n", "routr: unknown key"),
+    ("router: {pipelined: sometimes}\n", "router.pipelined"),
+    ("router: {max_num_seqs: 0}\n", "router.max_num_seqs"),
+    ("speculative_config: {method: magic}\n", "unknown speculative method"),
+    ("transport: {kind: grpc}\n", "drafter_address"),
+    ("- a\n- b\n", "mapping"),
+])
+def test_bad_config_exits_2_with_the_reason(tmp_path, capsys, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    assert main(["serve", "--config", str(path), "--dry-run"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_speculation_flags(capsys):
+    import yaml
+
+    assert main(["serve", "--speculative-method", "none", "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] is None
+    assert main(["serve", "--draft-model", "d", "--speculative-method", "draft_model",
+                 "--num-speculative-tokens", "4", "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {
+        "num_speculative_tokens": 4, "method": "draft_model", "model": "d"}
+    # a draft model without a method: its folder says which (the default's method is eagle)
+    assert main(["serve", "--draft-model", "d", "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"]["method"] == "draft_model"
+    assert main(["serve", "--draft-model", "smollm2-135m-draft", "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"]["method"] == "draft_model"
+    assert main(["serve", "--speculative-method", "ngram", "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {"method": "ngram",
+                                                                             "num_speculative_tokens": 2}
+    # a model-draft method alone: the target's packaged draft of that kind
+    assert main(["serve", "--speculative-method", "draft_model", "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {
+        "num_speculative_tokens": 2, "method": "draft_model", "model": "smollm2-135m-draft"}
+
+
+def test_speculative_config_json_replaces_the_files(tmp_path, capsys):
+    """--speculative-config is the whole speculative_config (over the --config file's); beside another
+    speculation flag it is refused, and a bad one is refused with the reason."""
+    import json
+
+    import yaml
+
+    path = tmp_path / "serve.yaml"
+    path.write_text("speculative_config: {method: ngram, num_speculative_tokens: 3}\n")
+    tree = {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 4,
+            "tree": {"kind": "topk", "k": 3, "width": 4}, "verify_budget": 24, "lookup_first": True}
+    assert main(["serve", "--config", str(path), "--speculative-config", json.dumps(tree), "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == tree
+    assert main(["serve", "--speculative-config", json.dumps(tree), "--lookup-first", "--dry-run"]) == 2
+    assert "put --lookup-first inside it" in capsys.readouterr().err
+    assert main(["serve", "--speculative-config", json.dumps({**tree, "verify_budget": 0}), "--dry-run"]) == 2
+    assert "verify_budget" in capsys.readouterr().err
+
+
+def test_default_speculation_is_the_packaged_eagle_draft(capsys):
+    """smollm2-135m speculates with its trained feature-level draft behind prompt lookup (one draft-model
+    token a round) and stops speculating once two sequences run (measured: cluster/config/defaults.py);
+    another target keeps n-gram."""
+    import yaml
+
+    assert main(["serve", "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {
+        "method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 2,
+        "lookup_first": {"model_tokens": 1}, "disable_by_batch_size": 2}
+    from specray.cluster.config.serve import ServeConfig
+
+    eagle = {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 2}
+    assert ServeConfig().pipelined is False  # it drafts for a lone sequence only: nothing to overlap
+    assert ServeConfig.from_dict({"speculative_config": eagle}).pipelined is True
+    assert ServeConfig.from_dict({"speculative_config": {**eagle, "disable_by_batch_size": 3}}).pipelined is True
+    assert main(["serve", "--model", "other-model", "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {"method": "ngram",
+                                                                             "num_speculative_tokens": 2}
+
+
+def test_inline_transport_places_no_draft_actor():
+    """transport inline: the draft worker lives in the router, so a local cluster advertises only
+    what the target pool needs."""
+    from specray.cluster.serve.cli import local_resources
+    from specray.cluster.config.serve import ServeConfig
+
+    pools = {"draft": {"resources": {"draft": 1}}, "target": {"resources": {"target": 1}}}
+    ray_cfg = ServeConfig.from_dict({"pools": pools, "transport": {"kind": "ray"}})
+    inline_cfg = ServeConfig.from_dict({"pools": pools, "transport": {"kind": "inline"}})
+    assert local_resources(ray_cfg) == {"draft": 1, "target": 1}
+    assert local_resources(inline_cfg) == {"target": 1}
+    assert main(["serve", "--transport", "inline", "--dry-run"]) == 0
+
+
+def test_specray_serve_starts_and_answers(tiny_target, tmp_path):
+    port = free_port()
+    env = {**os.environ, "RAY_ADDRESS": "", "SPECRAY_API_KEY": ""}
+    env.pop("RAY_ADDRESS")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specray.cluster.cli", "serve", "--model", str(tiny_target), "--host", "127.0.0.1",
+         "--port", str(port), "--grpc-port", str(free_port()), "--kv-cache-tokens", "4096"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+    banner = []
+    try:
+        deadline = time.monotonic() + 240
+        while not any("Ctrl-C" in line for line in banner):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(banner[-40:])
+            banner.append(proc.stdout.readline())
+        text = "".join(banner)
+        assert f"http://127.0.0.1:{port}/v1" in text and "curl" in text and "gRPC" in text
+        resp = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+                          json={"prompt": [1, 5, 9, 5, 9], "max_tokens": 8, "temperature": 0})
+        assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
