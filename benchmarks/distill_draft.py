@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
             record("specray ngram", [o.outputs[0].token_ids for o in outs], seconds, k=k, **figures)
         del llm
     if args.method == "eagle":
-        from specray.actors.draft_worker import default_vocab_trim
+        from specray.kernels.drafters.loading import default_vocab_trim
 
         k = default_vocab_trim(draft_ckpt.path) if args.vocab_trim is None else args.vocab_trim
         result["draft_step_over_target_step"] = {
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
         result["draft_step_over_target_step"] = {"target_step_ms": round(target_step * 1e3, 2),
                                                  "draft_full_vocab_ms": round(step_seconds(draft_full) * 1e3, 2)}
     if args.vocab_trim != 0 and args.method != "eagle":
-        from specray.actors.draft_worker import default_vocab_trim
+        from specray.kernels.drafters.loading import default_vocab_trim
 
         k = args.vocab_trim or default_vocab_trim(draft_ckpt.path)
         if k:

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from specray.kernels.drafters.registry import METHODS
+
 DEFAULT_PROMPT = "Explain speculative decoding to a new engineer in three short paragraphs."
 
 
@@ -24,7 +26,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--speculative-config", type=json_object, default=None,
                    help="the whole speculative_config as JSON, as vLLM takes it (trees, budgets, lookup_first, "
                         "...); not with the other speculation flags")
-    s.add_argument("--speculative-method", default=None, choices=["ngram", "draft_model", "eagle", "none"],
+    s.add_argument("--speculative-method", default=None, choices=[*METHODS, "none"],
                    help="default: the target's packaged trained draft (smollm2-135m: eagle), else ngram")
     s.add_argument("--draft-model", default=None,
                    help="draft checkpoint for draft_model or eagle (default: the packaged draft, else the target)")

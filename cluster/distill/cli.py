@@ -298,7 +298,7 @@ def add_distill_parser(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m specray.cluster.distill.cli ...`: the distill command alone (what a bare GPU box needs)."""
+    """`python -m specray.cluster.distill ...`: the distill command alone (what a bare GPU box needs)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="specray")

@@ -19,7 +19,7 @@ import ray
 import torch
 import torch.distributed as dist
 
-from specray.cluster.pools.ray_pools import wire
+from specray.cluster.pools import wire
 from specray.cluster.pools.builder import kill_worker, release_group, reserve, start_worker
 from specray.cluster.pools.draft_endpoint import DraftEndpoint, TransportStats
 from specray.cluster.pools.api import DraftUnavailable

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from specray.actors.draft_worker import DraftWorker
 from specray.actors.specs import DraftSpec
-from specray.cluster.pools.ray_pools import wire
+from specray.cluster.pools import wire
 
 
 @dataclass

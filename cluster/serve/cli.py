@@ -9,6 +9,8 @@ import os
 import sys
 import time
 
+from specray.kernels.drafters.registry import METHODS
+
 # flag -> dotted ServeConfig key; flags left unset keep the config file's (or the default) value
 FLAG_KEYS = {
     "model": "model", "served_model_name": "served_model_name", "host": "http.host", "port": "http.port",
@@ -43,7 +45,7 @@ def add_serve_flags(p) -> None:
     p.add_argument("--speculative-config", type=json_object,
                    help="the whole speculative_config as JSON, as vLLM takes it (trees, budgets, lookup_first, ...); "
                         "not with the other speculation flags")
-    p.add_argument("--speculative-method", choices=["ngram", "draft_model", "eagle", "none"])
+    p.add_argument("--speculative-method", choices=[*METHODS, "none"])
     p.add_argument("--draft-model")
     p.add_argument("--num-speculative-tokens", type=int)
     p.add_argument("--lookup-first", action="store_true", help="draft_model / eagle: prompt lookup first: a draft model proposes only where the last tokens never occurred before")
@@ -215,7 +217,7 @@ def add_drafter_parser(sub) -> None:
     p = sub.add_parser("drafter", help="serve a draft pool over gRPC (the router's grpc transport)",
                        description="Runs a Drafter service outside the Ray cluster; point `specray serve "
                                    "--transport grpc --drafter-address host:port` at it.")
-    p.add_argument("--method", default="ngram", choices=["ngram", "draft_model", "eagle", "aded"])
+    p.add_argument("--method", default="ngram", choices=list(METHODS))
     p.add_argument("--model", help="draft checkpoint (draft_model, eagle); the target's tokenizer folder (aded)")
     p.add_argument("--tree", type=json_object, help="draft_model trees, as in speculative_config, e.g. "
                                                      "'{\"kind\": \"rsd_c\", \"branching\": [2, 2, 1]}'")

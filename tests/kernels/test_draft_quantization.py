@@ -4,7 +4,8 @@ packed C kernels, and drafting with it stays lossless (the verifier uses its pro
 import pytest
 import torch
 
-from specray.actors.draft_worker import build_drafter
+from specray.kernels.drafters.options import DraftOptions
+from specray.kernels.drafters.registry import build_drafter
 from specray.cluster.config.speculative import SpeculativeConfig
 from specray.kernels import cpu_ops
 from specray.kernels.batch import RaggedBatch, SeqChunk
@@ -43,8 +44,8 @@ def test_a_rounded_model_runs_every_layer_natively_and_matches_its_reference(tin
 
 @needs_kernels
 def test_drafts_are_rounded_by_default_on_cpu(tiny_draft):
-    rounded = build_drafter("draft_model", str(tiny_draft), vocab_trim=0)
-    kept = build_drafter("draft_model", str(tiny_draft), vocab_trim=0, quantization="none")
+    rounded = build_drafter(DraftOptions("draft_model", str(tiny_draft), draft_vocab_trim=0))
+    kept = build_drafter(DraftOptions("draft_model", str(tiny_draft), draft_vocab_trim=0, draft_quantization="none"))
     assert rounded.model.packed_weights and not kept.model.packed_weights
     w = kept.model.layers[0].qkv_proj
     assert torch.equal(rounded.model.layers[0].qkv_proj, round_to_q8_0(w))
@@ -54,4 +55,4 @@ def test_bad_draft_quantization_is_a_clear_error(tiny_draft):
     with pytest.raises(ValueError, match="draft_quantization"):
         SpeculativeConfig(method="draft_model", model=str(tiny_draft), draft_quantization="int4")
     with pytest.raises(ValueError, match="quantization"):
-        build_drafter("draft_model", str(tiny_draft), quantization="int4")
+        build_drafter(DraftOptions("draft_model", str(tiny_draft), draft_quantization="int4"))

@@ -71,10 +71,11 @@ def test_no_draft_tokens_means_no_lookup_and_the_model_still_calibrates():
 def test_the_feature_draft_keeps_target_features_through_lookup_rounds(tiny_target, tmp_path):
     from eagle_helpers import save_tiny_eagle
 
-    from specray.actors.draft_worker import build_drafter
+    from specray.kernels.drafters.options import DraftOptions
+    from specray.kernels.drafters.registry import build_drafter
 
     eagle = save_tiny_eagle(tmp_path / "eagle", tiny_target, seed=3, noise=0.2)
-    drafter = build_drafter("eagle", str(eagle), lookup_first={"min_match": 2}, quantization="none")
+    drafter = build_drafter(DraftOptions("eagle", str(eagle), lookup_first={"min_match": 2}, draft_quantization="none"))
     assert isinstance(drafter, LookupFirstDrafter)
     h = drafter.model_drafter.model.config.hidden_size
     first = torch.randn(4, h)  # the prefill's 4 positions
