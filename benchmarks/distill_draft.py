@@ -50,33 +50,39 @@ def speculate(llm, ids, sp: dict, k: int, want):
         "lossless": None if sampled else all(o.outputs[0].token_ids == w for o, w in zip(outs, want, strict=True))}
 
 
+def speculated_rows(model: str, config: dict, name: str, ks: list[int], ids, sp: dict, want, record,
+                    extra=lambda llm, k, outs: {}) -> None:
+    """One LLM with speculative_config `config`, warmed up, then one row per k (`extra` adds fields)."""
+    from specray import LLM, SamplingParams
+
+    llm = LLM(model, max_num_seqs=1, speculative_config=config)
+    llm.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
+    for k in ks:
+        outs, seconds, figures = speculate(llm, ids, sp, k, want)
+        record(name, [o.outputs[0].token_ids for o in outs], seconds, k=k, **extra(llm, k, outs), **figures)
+
+
 def tree_rows(args, ids, sp: dict, want, record) -> None:
     """The draft's trees (speculative_config['tree'] = --tree) at each depth in --tree-ks, alone and,
     with --lookup-first, behind prompt lookup; at most --tree-budget draft tokens verified a round."""
-    from specray import LLM, SamplingParams
-
     tree = json.loads(args.tree)
     depths = [int(x) for x in args.tree_ks.split(",") if x]
     budget = {"verify_budget": args.tree_budget} if args.tree_budget else {}
     for lookup in (False, True) if args.lookup_first else (False,):
-        llm = LLM(args.model, max_num_seqs=1, speculative_config={
-            "method": args.method, "model": args.draft, "num_speculative_tokens": max(depths), "tree": tree,
-            **budget, **({"lookup_first": True} if lookup else {})})
-        llm.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))
-        for k in depths:
-            outs, seconds, figures = speculate(llm, ids, sp, k, want)
-            name = "specray + draft, lookup first, tree" if lookup else "specray + draft, tree"
-            record(name, [o.outputs[0].token_ids for o in outs], seconds, k=k, tree=tree,
-                   verify_budget=args.tree_budget, **figures)
-        del llm
+        config = {"method": args.method, "model": args.draft, "num_speculative_tokens": max(depths), "tree": tree,
+                  **budget, **({"lookup_first": True} if lookup else {})}
+        name = "specray + draft, lookup first, tree" if lookup else "specray + draft, tree"
+        speculated_rows(args.model, config, name, depths, ids, sp, want, record,
+                        lambda llm, k, outs: {"tree": tree, "verify_budget": args.tree_budget})
 
 
 def eagle_step_seconds(folder, vocab_trim: int, repeats: int = 30) -> float:
     """Median seconds of one batch-1 step of a feature-level draft as specray runs it (Q8_0 weights,
     VocabTrim head): fc on [feature; embedding], the layer, the head."""
-    from specray.actors.draft_worker import _eagle_drafter
+    from specray.kernels.drafters.loading import build_eagle
+    from specray.kernels.drafters.options import DraftOptions
 
-    drafter = _eagle_drafter(str(folder), torch.float32, "cpu", 8, vocab_trim, None, None)
+    drafter = build_eagle(DraftOptions("eagle", str(folder), num_blocks=8, draft_vocab_trim=vocab_trim))
     from specray.kernels.batch import SeqChunk
 
     h = drafter.model.config.hidden_size
@@ -90,12 +96,8 @@ def eagle_step_seconds(folder, vocab_trim: int, repeats: int = 30) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def main(argv: list[str] | None = None) -> dict:
-    from specray import LLM, SamplingParams
-    from specray.cluster.bench.prompts import SHARED_PROMPTS, load_prompts
-    from specray.cluster.bench.hf_baselines import hf_generate, load_hf
-    from specray.kernels.drafters.vocab_trim import trim_lm_head, load_vocab_trim
-    from specray.kernels.loader import load_model, resolve
+def build_parser() -> argparse.ArgumentParser:
+    from specray.cluster.bench.prompts import SHARED_PROMPTS
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
@@ -124,12 +126,105 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tree-budget", type=int, default=None, help="verify_budget of the --tree rows")
     ap.add_argument("--ngram-ks", default="", help="also measure method ngram (prompt lookup alone) at these k")
     ap.add_argument("--out", default="bench_out/distill_draft.json")
-    args = ap.parse_args(argv)
-    ks = [int(x) for x in args.ks.split(",") if x]
-    if args.temperature > 0:
-        args.skip_hf = True  # the transformers rows decode greedily
-    trim_off = [int(x) for x in args.trim_off_ks.split(",") if x]
+    return ap
 
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def plain_row(args, ids, sp: dict, record) -> tuple[list[list[int]], float]:
+    """specray without speculation: the outputs every row is compared with, and its step time."""
+    from specray import LLM, SamplingParams
+
+    base = LLM(args.model, max_num_seqs=1)
+    base.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
+    start = time.perf_counter()
+    want = [base.generate({"prompt_token_ids": p}, SamplingParams(**sp, seed=i))[0].outputs[0].token_ids
+            for i, p in enumerate(ids)]
+    record("specray (no speculation)", want, time.perf_counter() - start)
+    return want, step_seconds(base.target.model)
+
+
+def draft_rows(args, ids, sp: dict, want, record) -> None:
+    """The draft's chains per k (VocabTrim as configured, and off), behind lookup, and ngram alone."""
+    for trim, k_list in ((args.vocab_trim, ints(args.ks)), (0, ints(args.trim_off_ks))):
+        if k_list:
+            config = {"method": args.method, "model": args.draft, "num_speculative_tokens": max(k_list),
+                      "draft_vocab_trim": trim}
+            speculated_rows(args.model, config, "specray + draft", k_list, ids, sp, want, record,
+                            lambda llm, k, outs: {"vocab_trim": _trim_size(llm)})
+    if args.lookup_first:
+        lookup_ks = ints(args.lookup_ks or args.ks)
+        options = {"model_tokens": args.lookup_model_tokens} if args.lookup_model_tokens else True
+        config = {"method": args.method, "model": args.draft, "num_speculative_tokens": max(lookup_ks),
+                  "lookup_first": options}
+        speculated_rows(args.model, config, "specray + draft, lookup first", lookup_ks, ids, sp, want, record,
+                        lambda llm, k, outs: _lookup_share(llm, k, outs, args.lookup_model_tokens))
+    if args.tree:
+        tree_rows(args, ids, sp, want, record)
+    if ints(args.ngram_ks):
+        config = {"method": "ngram", "num_speculative_tokens": max(ints(args.ngram_ks))}
+        speculated_rows(args.model, config, "specray ngram", ints(args.ngram_ks), ids, sp, want, record)
+
+
+def _trim_size(llm) -> int:
+    ids = getattr(llm.draft.drafter, "token_ids", None)
+    return 0 if ids is None else int(ids.numel())
+
+
+def _lookup_share(llm, k: int, outs, model_tokens: int | None) -> dict:
+    """The share of proposals the lookup made (the counters restart for the next k)."""
+    drafter, rounds = llm.draft.drafter, sum(o.metrics.num_rounds for o in outs)
+    share = round(drafter.lookup_rounds / max(rounds, 1), 3)
+    drafter.lookup_rounds = drafter.model_rounds = 0
+    return {"model_tokens": min(k, model_tokens or k), "lookup_share": share}
+
+
+def step_ratios(args, target_step: float) -> dict:
+    """A draft step's cost against a target step (full vocabulary, and VocabTrim's head)."""
+    from specray.kernels.drafters.loading import default_vocab_trim
+    from specray.kernels.drafters.vocab_trim import load_vocab_trim, trim_lm_head
+    from specray.kernels.loader import load_model, resolve
+
+    draft_ckpt = resolve(args.draft)
+    out = {"target_step_ms": round(target_step * 1e3, 2)}
+    if args.method == "eagle":
+        k = default_vocab_trim(draft_ckpt.path) if args.vocab_trim is None else args.vocab_trim
+        out[f"eagle_vocab_trim_{k}_ms"] = round(eagle_step_seconds(args.draft, k) * 1e3, 2)
+        return out
+    out["draft_full_vocab_ms"] = round(step_seconds(load_model(draft_ckpt)) * 1e3, 2)
+    k = args.vocab_trim or default_vocab_trim(draft_ckpt.path) if args.vocab_trim != 0 else 0
+    if k:
+        trimmed = load_model(draft_ckpt, gemv_weights=False)
+        trim_lm_head(trimmed, load_vocab_trim(draft_ckpt.path, k))
+        trimmed.add_gemv_weights()
+        out[f"draft_vocab_trim_{k}_ms"] = round(step_seconds(trimmed) * 1e3, 2)
+    return out
+
+
+def hf_rows(args, ids, want, record) -> None:
+    """transformers generate, plain and assisted by the same draft folder (full vocabulary)."""
+    from specray.cluster.bench.hf_baselines import hf_generate, load_hf
+    from specray.kernels.loader import resolve
+
+    hf = load_hf(resolve(args.model).path)
+    assistant = load_hf(resolve(args.draft).path)
+    hf_generate(hf, [ids[0][:16]], 4)
+    for name, extra in (("transformers generate", {}),
+                        ("transformers assisted (same draft, full vocabulary)", {"assistant_model": assistant})):
+        start = time.perf_counter()
+        outs = [hf_generate(hf, [p], args.max_tokens, **extra)[0] for p in ids]
+        record(name, outs, time.perf_counter() - start, lossless=all(o == w for o, w in zip(outs, want, strict=True)))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from specray.cluster.bench.prompts import load_prompts
+    from specray.kernels.loader import resolve
+
+    args = build_parser().parse_args(argv)
+    # the transformers rows decode greedily; transformers' assisted generation takes a standalone model only
+    args.skip_hf = args.skip_hf or args.temperature > 0 or args.method == "eagle"
     prompts = load_prompts(Path(args.dataset) if args.dataset else None, args.num_prompts)
     tok = resolve(args.model).tokenizer()
     ids = [list(tok.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True))
@@ -142,94 +237,14 @@ def main(argv: list[str] | None = None) -> dict:
                "tokens_per_s": round(tokens / seconds, 2), **extra}
         result["runs"].append(row)
         print(json.dumps(row), flush=True)
-        return outs_tokens
 
     sp = dict(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=True)
-    base = LLM(args.model, max_num_seqs=1)
-    base.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
-    start = time.perf_counter()
-    want = [base.generate({"prompt_token_ids": p}, SamplingParams(**sp, seed=i))[0].outputs[0].token_ids
-            for i, p in enumerate(ids)]
-    record("specray (no speculation)", want, time.perf_counter() - start)
-    target_step = step_seconds(base.target.model)
-    del base
-
-    draft_ckpt = resolve(args.draft)
-    for trim, k_list in ((args.vocab_trim, ks), (0, trim_off)):
-        if not k_list:
-            continue
-        llm = LLM(args.model, max_num_seqs=1, speculative_config={
-            "method": args.method, "model": args.draft, "num_speculative_tokens": max(k_list),
-            "draft_vocab_trim": trim})
-        trim_k = getattr(llm.draft.drafter, "token_ids", None)
-        trim_k = 0 if trim_k is None else int(trim_k.numel())
-        llm.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))
-        for k in k_list:
-            outs, seconds, figures = speculate(llm, ids, sp, k, want)
-            record("specray + draft", [o.outputs[0].token_ids for o in outs], seconds, k=k, vocab_trim=trim_k,
-                   **figures)
-        del llm
-    if args.lookup_first:
-        lookup_ks = [int(x) for x in (args.lookup_ks or args.ks).split(",") if x]
-        options = {"model_tokens": args.lookup_model_tokens} if args.lookup_model_tokens else True
-        llm = LLM(args.model, max_num_seqs=1, speculative_config={
-            "method": args.method, "model": args.draft, "num_speculative_tokens": max(lookup_ks),
-            "lookup_first": options})
-        llm.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))
-        for k in lookup_ks:
-            outs, seconds, figures = speculate(llm, ids, sp, k, want)
-            rounds = sum(o.metrics.num_rounds for o in outs)
-            record("specray + draft, lookup first", [o.outputs[0].token_ids for o in outs], seconds, k=k,
-                   model_tokens=min(k, args.lookup_model_tokens or k),
-                   lookup_share=round(llm.draft.drafter.lookup_rounds / max(rounds, 1), 3), **figures)
-            llm.draft.drafter.lookup_rounds = llm.draft.drafter.model_rounds = 0
-        del llm
-    if args.tree:
-        tree_rows(args, ids, sp, want, record)
-    ngram_ks = [int(x) for x in args.ngram_ks.split(",") if x]
-    if ngram_ks:
-        llm = LLM(args.model, max_num_seqs=1, speculative_config={"method": "ngram",
-                                                                  "num_speculative_tokens": max(ngram_ks)})
-        llm.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))
-        for k in ngram_ks:
-            outs, seconds, figures = speculate(llm, ids, sp, k, want)
-            record("specray ngram", [o.outputs[0].token_ids for o in outs], seconds, k=k, **figures)
-        del llm
-    if args.method == "eagle":
-        from specray.kernels.drafters.loading import default_vocab_trim
-
-        k = default_vocab_trim(draft_ckpt.path) if args.vocab_trim is None else args.vocab_trim
-        result["draft_step_over_target_step"] = {
-            "target_step_ms": round(target_step * 1e3, 2),
-            f"eagle_vocab_trim_{k}_ms": round(eagle_step_seconds(args.draft, k) * 1e3, 2)}
-        args.skip_hf = True  # transformers' assisted generation takes a standalone model only
-    else:
-        draft_full = load_model(draft_ckpt)
-        result["draft_step_over_target_step"] = {"target_step_ms": round(target_step * 1e3, 2),
-                                                 "draft_full_vocab_ms": round(step_seconds(draft_full) * 1e3, 2)}
-    if args.vocab_trim != 0 and args.method != "eagle":
-        from specray.kernels.drafters.loading import default_vocab_trim
-
-        k = args.vocab_trim or default_vocab_trim(draft_ckpt.path)
-        if k:
-            trimmed = load_model(draft_ckpt, gemv_weights=False)
-            trim_lm_head(trimmed, load_vocab_trim(draft_ckpt.path, k))
-            trimmed.add_gemv_weights()
-            result["draft_step_over_target_step"][f"draft_vocab_trim_{k}_ms"] = round(step_seconds(trimmed) * 1e3, 2)
+    want, target_step = plain_row(args, ids, sp, record)
+    draft_rows(args, ids, sp, want, record)
+    result["draft_step_over_target_step"] = step_ratios(args, target_step)
     print(json.dumps(result["draft_step_over_target_step"]), flush=True)
-
     if not args.skip_hf:
-        hf = load_hf(resolve(args.model).path)
-        assistant = load_hf(draft_ckpt.path)
-        hf_generate(hf, [ids[0][:16]], 4)
-        start = time.perf_counter()
-        outs = [hf_generate(hf, [p], args.max_tokens)[0] for p in ids]
-        record("transformers generate", outs, time.perf_counter() - start,
-               lossless=all(o == w for o, w in zip(outs, want, strict=True)))
-        start = time.perf_counter()
-        outs = [hf_generate(hf, [p], args.max_tokens, assistant_model=assistant)[0] for p in ids]
-        record("transformers assisted (same draft, full vocabulary)", outs, time.perf_counter() - start,
-               lossless=all(o == w for o, w in zip(outs, want, strict=True)))
+        hf_rows(args, ids, want, record)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")

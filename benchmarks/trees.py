@@ -81,7 +81,7 @@ def markdown(report: dict) -> str:
 
 
 def main() -> None:
-    from specray.cluster.bench.offline import float_list
+    from specray.cluster.args import float_list
     from specray.cluster.bench.prompts import SHARED_PROMPTS
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

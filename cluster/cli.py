@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true")
     add_model_args(gen)
     gen.set_defaults(func=cmd_generate)
-    from specray.cluster.bench.offline import add_bench_parser
+    from specray.cluster.bench.cli import add_bench_parser
     from specray.cluster.serve.cli import add_drafter_parser, add_serve_parser
 
     add_serve_parser(sub)

@@ -5,7 +5,7 @@ arithmetic. These replace the norm (one call instead of about eight ops), the re
 RoPE + the KV write (a bmm, a cat and an index_copy_), and attention for steps of short sequences
 (decode and verification rows, chains or trees, any batch; `csrc/attention.c`) in one call instead
 of about ten ops per sequence group. `decoder_layers` then runs every layer of such a step in one
-call (`csrc/decoder.c`: the same kernels, the same order, 1.2-1.5x the op-by-op calls on SmolLM2).
+call (`csrc/decoder.c`: the same kernels, the same order, faster than the op-by-op calls).
 Callers use them only where `available()`: CPU, fp32, a compiled library. `attention`'s reference
 is `attention.reference_attention`; `decoder_layers`' is the model's op-by-op layer loop.
 """
@@ -66,7 +66,7 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """x [rows, n] -> int64 [rows], exactly `x.argmax(-1)` (the first maximum; a NaN wins) and its
-    reference; in C for CPU fp32 rows (torch's CPU argmax took 1 ms over a 16-row vocabulary step)."""
+    reference; in C for CPU fp32 rows (torch's CPU argmax is slow there: docs/performance.md)."""
     if not (available() and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2
             and x.shape[1] > 0):
         return x.argmax(-1)

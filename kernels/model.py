@@ -21,30 +21,13 @@ from specray.kernels.kv_cache import PagedKVCache
 from specray.kernels.quant_linear import (PackedWeight, kernel_available, pack_exact, packed_linear,
                                           round_to_q8_0)
 from specray.kernels.rope import RotaryTable
+from specray.kernels.tp_group import TPGroup
 
 
 SPLIT_ROWS = 1024  # weight rows per call for 4..12-row CPU steps (see LlamaModel.linear)
-# Steps of at most this many rows use packed weights (decode, verification, small batches): the
-# kernel was 2.2-2.8x MKL's fp32 at 1-12 rows and 1.1x at 32 on SmolLM2 (2-core CPU box).
+# Steps of at most this many rows use packed weights (decode, verification, small batches): there the
+# packed kernel beats MKL's fp32; the crossover is measured in docs/performance.md.
 PACKED_MAX_ROWS = 32
-
-
-class TPGroup:
-    """The collectives a tensor-parallel forward calls. This base is a single rank: both are identity.
-
-    `kernels/tensor_parallel.py` holds the torch.distributed and in-process (threads) groups.
-    """
-
-    rank: int = 0
-    size: int = 1
-
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum of `x` over the ranks (may reuse x); every rank must get the same bits back."""
-        return x
-
-    def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
-        """[..., n] on each rank -> [..., size * n], rank 0's slice first."""
-        return x
 
 
 class DecoderLayer(nn.Module):
@@ -127,9 +110,9 @@ class LlamaModel(nn.Module):
     def add_gemv_weights(self) -> None:
         """Keep a transposed copy of every projection for one-row steps (batch-1 decode).
 
-        MKL's x @ W^T with W [out, in] runs about 10 % below x @ Wt with Wt [in, out] contiguous
-        at one row (measured on the 2-core CPU box), while multi-row steps (verification,
-        batches) are fastest in the original layout. Costs a second copy of the weights.
+        MKL's x @ W^T with W [out, in] runs below x @ Wt with Wt [in, out] contiguous at one row
+        (docs/performance.md), while multi-row steps (verification, batches) are fastest in the
+        original layout. Costs a second copy of the weights.
         """
         self.gemv_weights = {id(w): w.detach().t().contiguous() for w in self.projections()
                              if id(w) not in self.packed_weights}
@@ -140,8 +123,8 @@ class LlamaModel(nn.Module):
         Weights with packed blocks take the packed kernel up to PACKED_MAX_ROWS rows. Otherwise, on
         CPU (where `gemv_weights` exist): one row takes the GEMV copy; 4..12 rows (verification,
         small batches) go through SPLIT_ROWS-row slices of the weight. MKL packs the whole weight for
-        those row counts, which runs about 1.2x slower than the same work on slices that fit in L2
-        (measured on the 2-core CPU box; the slices gave bit-identical logits there).
+        those row counts, which runs slower than the same work on slices that fit in L2
+        (docs/performance.md; the slices give bit-identical logits).
         """
         rows = x.shape[0]
         packed = self.packed_weights.get(id(weight)) if self.packed_weights else None

@@ -23,7 +23,8 @@ import torch.distributed as dist
 from torch import nn
 
 from specray.kernels.config import ModelConfig
-from specray.kernels.model import LlamaModel, TPGroup
+from specray.kernels.model import LlamaModel
+from specray.kernels.tp_group import TPGroup
 
 
 # -- sharding ---------------------------------------------------------------------------------

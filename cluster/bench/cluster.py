@@ -21,6 +21,7 @@ from pathlib import Path
 
 from specray.cluster.bench.prompts import load_prompts
 from specray.cluster.bench.serve import percentiles, run_level, run_level_grpc, summarise
+from specray.cluster.args import int_list
 
 SCHEMA = "specray.bench.cluster/1"
 
@@ -224,7 +225,6 @@ def cmd_bench_cluster(args) -> int:
 
 
 def add_cluster_bench_parser(kinds) -> None:
-    from specray.cluster.bench.offline import int_list
     from specray.cluster.serve.cli import add_serve_flags
 
     p = kinds.add_parser("cluster", help="served (Ray Serve + pools) vs in-process, and the draft transports",

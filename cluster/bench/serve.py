@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specray.cluster.bench.prompts import load_prompts
+from specray.cluster.args import int_list
 
 SCHEMA = "specray.bench.serve/2"
 
@@ -275,7 +276,6 @@ def cmd_bench_serve(args) -> int:
 
 
 def add_serve_bench_parser(kinds) -> None:
-    from specray.cluster.bench.offline import int_list
     from specray.cluster.bench.prompts import SHARED_PROMPTS
 
     srv = kinds.add_parser("serve", help="load-test any OpenAI-compatible HTTP server")

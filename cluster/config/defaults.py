@@ -7,12 +7,10 @@ from typing import Any
 from specray.kernels.loader import DEFAULT_DRAFTS, TARGET_DRAFTS
 
 # With a packaged trained draft: prompt lookup first (up to 2 tokens where the last tokens occurred
-# before), else one draft-model token; off once two sequences run. Paired, interleaved runs on a
-# 2-core CPU (docs/bench_default_draft_cpu.json, 26 Spec-Bench prompts, batch 1): this 1.04-1.08x plain
-# decoding (tau 1.64), eagle k=1 alone 0.95-0.97x, n-gram k=2 1.02x, lookup first k=4 1.02x; eagle k=2
-# and k=3 0.89x and 0.77x (13 prompts): each extra verified row costs ~1.3x a decode step there. At
-# batch 2 and 4 every method tried lost (eagle k=1 0.95x, 0.81x; n-gram 0.89x, 0.72x).
-# On accelerators, where verifying a few rows costs about one, ask for more tokens.
+# before), else one draft-model token; off once two sequences run. On a CPU each extra verified row
+# costs more than a draft saves, and batches of 2+ decode faster without speculation: the paired runs
+# behind this are in docs/performance.md ("Figures behind choices in the code"). On accelerators,
+# where verifying a few rows costs about one, ask for more tokens.
 DEFAULT_DRAFT_TOKENS = 2
 DEFAULT_LOOKUP_FIRST = {"model_tokens": 1}
 DEFAULT_DISABLE_BY_BATCH_SIZE = 2

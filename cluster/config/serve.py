@@ -7,6 +7,8 @@ with every problem listed. The pools read their Ray resources from `pools.draft.
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 from typing import Any, Literal
 
@@ -86,6 +88,10 @@ class HttpConfig(_Strict):
     api_key: str | None = Field(None, description="require 'Authorization: Bearer <key>' on /v1/*")
     api_key_env: str | None = Field("SPECRAY_API_KEY", description="read the API key from this variable")
     default_max_tokens: int = Field(256, ge=1)
+
+    def resolved_api_key(self) -> str | None:
+        """The key both APIs require: `api_key`, else the `api_key_env` variable; None: no key."""
+        return self.api_key or (os.environ.get(self.api_key_env) if self.api_key_env else None) or None
 
 
 class GrpcConfig(_Strict):

@@ -32,8 +32,8 @@ class SpeculativeConfig:
     # VocabTrim (specray): the draft's LM head keeps its folder's k most frequent tokens; None uses
     # the folder's recommended k (distill.json) where it has a VocabTrim table, 0 turns it off
     draft_vocab_trim: int | None = None
-    # Draft weights (specray): "q8_0" rounds the draft to Q8_0 blocks at load (2.5x faster drafting
-    # on CPU through the packed C kernels; lossless, since verification uses the draft's own
+    # Draft weights (specray): "q8_0" rounds the draft to Q8_0 blocks at load (faster drafting
+    # on CPU through the packed C kernels, docs/performance.md; lossless, since verification uses the draft's own
     # probabilities), "none" keeps the checkpoint's values; None: "q8_0" on CPU in fp32
     draft_quantization: str | None = None
     disable_by_batch_size: int | None = None  # speculation off once this many sequences run

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+import threading
 import time
 import uuid
 
@@ -69,6 +70,18 @@ def serve_channel(endpoint: DraftEndpoint, channel: DistChannel) -> None:
             endpoint.release_many(wire.decode_release(payload))
 
 
+class DistDraftEndpoint(DraftEndpoint):
+    """The draft actor of this transport: a DraftEndpoint that also serves a two-rank group."""
+
+    channel: DistChannel | None = None
+
+    def connect(self, address: str, backend: str, timeout_s: float) -> None:
+        """Join the router's two-rank group as rank 1 and serve requests on a thread."""
+        self.channel = DistChannel(address, rank=1, backend=backend, timeout_s=timeout_s)
+        threading.Thread(target=serve_channel, args=(self, self.channel), name="specray-dist-draft",
+                         daemon=True).start()
+
+
 def _router_address() -> str:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -98,7 +111,7 @@ class DistDraftPool:
         self.backend = "nccl" if spec.device.startswith("cuda") and torch.cuda.is_available() else "gloo"
         self.group = reserve([placement.bundle()])
         self.name = f"specray-draft-{uuid.uuid4().hex[:8]}"
-        self.actor = start_worker(DraftEndpoint.from_spec, spec, self.group, placement, max_restarts=-1,
+        self.actor = start_worker(DistDraftEndpoint.from_spec, spec, self.group, placement, max_restarts=-1,
                                   name=self.name)
         self.stats = TransportStats()
         self.channel: DistChannel | None = None

@@ -33,7 +33,6 @@ class DraftEndpoint:
         self.worker, self.method = worker, method
         self.lock = threading.Lock()  # gRPC serves calls on a thread pool; the worker is single-threaded
         self.compute_seconds = 0.0
-        self.channel = None
 
     @classmethod
     def from_spec(cls, spec: DraftSpec) -> "DraftEndpoint":
@@ -53,12 +52,3 @@ class DraftEndpoint:
         with self.lock:
             for seq_id in seq_ids:
                 self.worker.release(seq_id)
-
-    # -- torch.distributed transport --------------------------------------------------------
-    def connect(self, address: str, backend: str, timeout_s: float) -> None:
-        """Join the router's two-rank group as rank 1 and serve requests on a thread."""
-        from specray.cluster.pools.dist_transport import DistChannel, serve_channel
-
-        self.channel = DistChannel(address, rank=1, backend=backend, timeout_s=timeout_s)
-        threading.Thread(target=serve_channel, args=(self, self.channel), name="specray-dist-draft",
-                         daemon=True).start()

@@ -39,7 +39,7 @@ class InProcessDraftPool:
 
 class InlineDraftPool(InProcessDraftPool):
     """transport.kind inline: the draft worker in the router's process. Proposals cost no actor
-    call (about 1.3 ms a round on a 2-core node); the draft's compute runs on the router's cores."""
+    call (docs/performance.md has its cost); the draft's compute runs on the router's cores."""
 
     def __init__(self, worker):
         super().__init__(worker)

@@ -9,6 +9,7 @@ import itertools
 import queue
 import threading
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from specray.cluster.router.router import Router
 from specray.cluster.outputs import RequestOutput
@@ -18,6 +19,26 @@ from specray.cluster.pools.api import TargetUnavailable
 
 class QueueFullError(RuntimeError):
     """More requests are waiting than the server accepts (HTTP 429, gRPC RESOURCE_EXHAUSTED)."""
+
+
+@dataclass(frozen=True)
+class Add:
+    """Queue a request on the router (from the caller's event loop to the router thread)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    prompt: str | None
+
+
+@dataclass(frozen=True)
+class Abort:
+    """Free a request's sequences: its consumer went away or was cancelled."""
+
+    request_id: str
+
+
+Command = Add | Abort
 
 
 class AsyncRouter:
@@ -46,7 +67,7 @@ class AsyncRouter:
         request_id = f"req-{next(self._ids)}"
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), stream)
-        self._submit(("add", request_id, prompt_token_ids, params, prompt))
+        self._submit(Add(request_id, prompt_token_ids, params, prompt))
         finished = False
         try:
             while not finished:
@@ -58,7 +79,7 @@ class AsyncRouter:
         finally:
             self._streams.pop(request_id, None)
             if not finished:  # the client went away or the consumer was cancelled: free the sequence
-                self._submit(("abort", request_id))
+                self._submit(Abort(request_id))
 
     @property
     def alive(self) -> bool:
@@ -69,8 +90,8 @@ class AsyncRouter:
         self._wake.set()
         self._thread.join(timeout=10)
 
-    # -- the engine thread ------------------------------------------------------------------
-    def _submit(self, command: tuple) -> None:
+    # -- the router thread ------------------------------------------------------------------
+    def _submit(self, command: Command) -> None:
         self._commands.put(command)
         self._wake.set()
 
@@ -80,14 +101,14 @@ class AsyncRouter:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if command[0] == "add":
-                _, request_id, ids, params, prompt = command
+            if isinstance(command, Add):
                 try:
-                    self.router.add_request(ids, params, prompt, request_id=request_id)
+                    self.router.add_request(command.prompt_token_ids, command.params, command.prompt,
+                                            request_id=command.request_id)
                 except ValueError as e:
-                    self._deliver(request_id, e)
+                    self._deliver(command.request_id, e)
             else:
-                self.router.abort(command[1])
+                self.router.abort(command.request_id)
 
     def _loop(self) -> None:
         while not self._stopped:

@@ -14,20 +14,34 @@ drafting group hands a few sequences to the verifying group for one target-only 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import deque
+from typing import Protocol
 
 from specray.cluster.outputs import RequestOutput
 from specray.cluster.pools.api import Pending
+from specray.cluster.router.limits import RouterLimits
 from specray.cluster.router.sequence import Sequence
-from specray.kernels.proposal import Proposal
 from specray.kernels.ints import ceil_div
+from specray.kernels.proposal import Proposal, VerifyResult
 
-if TYPE_CHECKING:
-    from specray.cluster.router.router import Router
+
+class RoundSteps(Protocol):
+    """The router's half-rounds the pipeline interleaves (cluster/router/router.py implements them)."""
+
+    config: RouterLimits
+    running: list[Sequence]
+    waiting: deque[Sequence]
+
+    def admit(self, limit: int | None = None) -> list[Sequence]: ...
+    def submit_verify(self, seqs: list[Sequence], proposals: dict[str, Proposal]) -> Pending[list[VerifyResult]]: ...
+    def collect_verify(self, seqs: list[Sequence], pending: Pending[list[VerifyResult]]) -> list[Sequence]: ...
+    def submit_propose(self, seqs: list[Sequence]) -> Pending[list[Proposal]] | None: ...
+    def collect_proposals(self, seqs: list[Sequence], pending: Pending | None) -> dict[str, Proposal]: ...
+    def outputs(self, seqs: list[Sequence]) -> list[RequestOutput]: ...
 
 
 class Pipeline:
-    def __init__(self, router: "Router"):
+    def __init__(self, router: RoundSteps):
         self.router = router
         self.verifying: tuple[list[Sequence], Pending] | None = None  # group on the target pool
         self.drafting: tuple[list[Sequence], Pending | None] | None = None  # group on the draft pool
@@ -37,17 +51,17 @@ class Pipeline:
 
     def slot(self) -> list[RequestOutput]:
         """Wait for both groups in flight, commit the verified one, and submit the next pair."""
-        e = self.router
+        r = self.router
         committed = self._finish_verify()  # group A: committed, to be drafted next
         to_verify, proposals = self._finish_draft()  # group B: proposals ready
-        to_verify += e.admit(limit=self._admission_limit(len(committed), len(to_verify)))
+        to_verify += r.admit(limit=self._admission_limit(len(committed), len(to_verify)))
         moved = self._rebalance(committed, to_verify)
         committed = [s for s in committed if s not in moved]
         if to_verify:
-            self.verifying = (to_verify, e.submit_verify(to_verify, proposals))
+            self.verifying = (to_verify, r.submit_verify(to_verify, proposals))
         if committed:
-            self.drafting = (committed, e.submit_propose(committed))
-        return e.outputs(self._touched)
+            self.drafting = (committed, r.submit_propose(committed))
+        return r.outputs(self._touched)
 
     def _finish_verify(self) -> list[Sequence]:
         self._touched: list[Sequence] = []
@@ -68,9 +82,9 @@ class Pipeline:
 
     def _admission_limit(self, num_drafting: int, num_verifying: int) -> int:
         """Admit enough to bring the verifying group to half of everything that could run."""
-        e = self.router
-        room = max(0, e.config.max_num_seqs - len(e.running))
-        total = num_drafting + num_verifying + min(room, len(e.waiting))
+        r = self.router
+        room = max(0, r.config.max_num_seqs - len(r.running))
+        total = num_drafting + num_verifying + min(room, len(r.waiting))
         return max(0, ceil_div(total, 2) - num_verifying)
 
     @staticmethod

@@ -10,7 +10,6 @@ deployment methods receive `(request, grpc_context: RayServegRPCContext)`.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -21,20 +20,17 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from specray.cluster.serve import grpc_convert as conv
-from specray.cluster.router.async_router import AsyncRouter, QueueFullError
+from specray.cluster.router.async_router import AsyncRouter
+from specray.cluster.serve.auth import authorized
+from specray.cluster.serve.errors import CLIENT_ERRORS, http_status_label, status_of
 from specray.cluster.serve.grpc_convert import GrpcAbort
 from specray.cluster.serve.metrics import ServingMetrics
 from specray.cluster.outputs import RequestOutput
-from specray.cluster.pools.api import TargetUnavailable
 from specray.protos.specray.v1 import generate_pb2 as pb
 from specray.protos.specray.v1 import generate_pb2_grpc
 
 Code = grpc.StatusCode
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name  # "specray.v1.Generation"
-# `specray_request_failure{status=...}` counts HTTP and gRPC failures alike, by HTTP-equivalent status.
-HTTP_STATUS = {Code.INVALID_ARGUMENT: "400", Code.UNAUTHENTICATED: "401", Code.NOT_FOUND: "404",
-               Code.RESOURCE_EXHAUSTED: "429", Code.CANCELLED: "499", Code.INTERNAL: "500",
-               Code.UNAVAILABLE: "503", Code.DEADLINE_EXCEEDED: "504"}
 
 
 @dataclass(frozen=True)
@@ -115,15 +111,11 @@ class GenerationService:
     # -- plumbing ---------------------------------------------------------------------------
     def _fail(self, code: grpc.StatusCode, details: str) -> GrpcAbort:
         if self.metrics is not None:
-            self.metrics.failures.labels(HTTP_STATUS.get(code, "500")).inc()
+            self.metrics.failures.labels(http_status_label(code)).inc()
         return GrpcAbort(code, details)
 
     def _authorize(self, call: CallInfo) -> None:
-        if not self.api_key:
-            return
-        sent = dict(call.metadata).get("authorization", "")
-        sent = sent.decode() if isinstance(sent, bytes) else sent
-        if not hmac.compare_digest(sent.encode(), f"Bearer {self.api_key}".encode()):
+        if not authorized(dict(call.metadata).get("authorization"), self.api_key):
             raise self._fail(Code.UNAUTHENTICATED, "missing or wrong API key (metadata authorization: Bearer <key>)")
 
     def _require_ready(self) -> None:
@@ -163,12 +155,8 @@ class GenerationService:
         except asyncio.TimeoutError:
             raise self._fail(Code.DEADLINE_EXCEEDED, f"deadline exceeded after {time.monotonic() - start:.2f}s; "
                                                      "the request was aborted") from None
-        except QueueFullError as e:
-            raise self._fail(Code.RESOURCE_EXHAUSTED, str(e)) from None
-        except TargetUnavailable as e:  # the target lost its KV; the client may retry at once
-            raise self._fail(Code.UNAVAILABLE, str(e)) from None
-        except ValueError as e:
-            raise self._fail(Code.INVALID_ARGUMENT, str(e)) from None
+        except CLIENT_ERRORS as e:
+            raise self._fail(status_of(e).grpc, str(e)) from None
         except asyncio.CancelledError:
             self._fail(Code.CANCELLED, "")
             raise

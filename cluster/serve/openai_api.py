@@ -14,11 +14,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from specray.cluster.router.async_router import AsyncRouter, QueueFullError
+from specray.cluster.router.async_router import AsyncRouter
+from specray.cluster.serve import errors
+from specray.cluster.serve.auth import authorized
+from specray.cluster.serve.errors import CLIENT_ERRORS, status_of
 from specray.cluster.serve.metrics import ServingMetrics
 from specray.cluster.serve.openai_protocol import ApiError, ChatRequest, CompletionRequest
 from specray.cluster.outputs import RequestOutput
-from specray.cluster.pools.api import TargetUnavailable
 
 
 def _usage(outs: list[RequestOutput]) -> dict:
@@ -57,8 +59,8 @@ class OpenAIServer:
         @app.middleware("http")
         async def guard(request: Request, call_next):
             if self.api_key and request.url.path.startswith("/v1/"):
-                if request.headers.get("authorization") != f"Bearer {self.api_key}":
-                    return self._error(ApiError(401, "missing or wrong API key", "authentication_error"))
+                if not authorized(request.headers.get("authorization"), self.api_key):
+                    return self._error(ApiError.of(errors.UNAUTHENTICATED, "missing or wrong API key"))
             return await call_next(request)
 
         @app.exception_handler(ApiError)
@@ -80,13 +82,14 @@ class OpenAIServer:
 
     def _error(self, exc: ApiError) -> JSONResponse:
         self.metrics.failures.labels(str(exc.status)).inc()
-        headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
+        status = errors.BY_HTTP.get(exc.status)
+        headers = {"Retry-After": "1"} if status is not None and status.retryable else None
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     def _check_model(self, model: str | None) -> None:
         if model not in (None, self.model_name):
-            raise ApiError(404, f"model {model!r} does not exist; this server serves {self.model_name!r}",
-                           "not_found_error", "model")
+            raise ApiError.of(errors.NOT_FOUND, f"model {model!r} does not exist; this server serves "
+                              f"{self.model_name!r}", "model")
 
     async def _run(self, ids: list[int], params, prompt: str | None) -> AsyncIterator[RequestOutput]:
         start, first, last = time.monotonic(), None, None
@@ -96,12 +99,8 @@ class OpenAIServer:
                     first = time.monotonic()
                 last = out
                 yield out
-        except QueueFullError as e:
-            raise ApiError(429, str(e), "rate_limit_error") from None
-        except TargetUnavailable as e:
-            raise ApiError(503, str(e), "service_unavailable_error") from None
-        except ValueError as e:
-            raise ApiError(400, str(e)) from None
+        except CLIENT_ERRORS as e:
+            raise ApiError.of(status_of(e), str(e)) from None
         if last is not None:
             tokens = max(len(c.token_ids) for c in last.outputs)
             self.metrics.observe(start, first, time.monotonic(), tokens, [c.finish_reason for c in last.outputs])
@@ -119,7 +118,7 @@ class OpenAIServer:
             await asyncio.wait([task], timeout=0.5)
             if not task.done() and await request.is_disconnected():
                 task.cancel()
-                raise ApiError(499, "client disconnected")
+                raise ApiError.of(errors.CANCELLED, "client disconnected")
         return task.result()
 
     # -- routes -----------------------------------------------------------------------------

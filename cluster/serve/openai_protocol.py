@@ -20,6 +20,11 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.kind, self.param = status, message, kind, param
 
+    @classmethod
+    def of(cls, status, message: str, param: str | None = None) -> "ApiError":
+        """From one of cluster/serve/errors.py's statuses."""
+        return cls(status.http, message, status.openai_type, param)
+
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 
 GRPC_SERVICERS = ["specray.protos.specray.v1.generate_pb2_grpc.add_GenerationServicer_to_server",
                   "grpc_health.v1.health_pb2_grpc.add_HealthServicer_to_server"]
@@ -25,5 +24,4 @@ def run_serve(cfg, app_name: str = "specray", proxy_location: str | None = None)
     extra = {"proxy_location": proxy_location} if proxy_location else {}
     serve.start(http_options=HTTPOptions(host=cfg.http.host, port=cfg.http.port), grpc_options=grpc_options, **extra)
     serve.run(build_app({"config": cfg.model_dump()}), name=app_name, route_prefix="/")
-    api_key = cfg.http.api_key or (cfg.http.api_key_env and os.environ.get(cfg.http.api_key_env))
-    return {"grpc": grpc, "api_key": bool(api_key)}
+    return {"grpc": grpc, "api_key": cfg.http.resolved_api_key() is not None}

@@ -3,7 +3,6 @@ and its asyncio driver. Used by the Serve deployment, and by tests and benchmark
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from specray.cluster.config.serve import ServeConfig
@@ -26,8 +25,7 @@ class Runtime:
 
     @property
     def api_key(self) -> str | None:
-        http = self.config.http
-        return http.api_key or (os.environ.get(http.api_key_env) if http.api_key_env else None) or None
+        return self.config.http.resolved_api_key()
 
     def shutdown(self) -> None:
         self.async_router.shutdown()

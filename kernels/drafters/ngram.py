@@ -13,7 +13,7 @@ from specray.kernels.proposal import Proposal
 def lookup(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
     """tokens [seq_len] -> up to k tokens that followed an earlier match of the trailing n-gram:
     `lookup_reference`'s answer, from the earlier positions of the last token only (each extended
-    backwards while it matches) instead of a window scan per n (0.46 ms a call at 600 tokens)."""
+    backwards while it matches) instead of a window scan per n (slow on long sequences: docs/performance.md)."""
     length = tokens.shape[0]
     n_top = min(max_n, length - 1)
     if n_top < min_n:

@@ -8,7 +8,7 @@ import torch
 
 from specray.kernels.batch import RaggedBatch, SeqChunk
 from specray.kernels.loader import Checkpoint, load_model
-from specray.kernels.model import TPGroup
+from specray.kernels.tp_group import TPGroup
 from specray.kernels.tensor_parallel import check_shardable, shard_model, thread_groups
 
 pytestmark = pytest.mark.usefixtures("one_thread")

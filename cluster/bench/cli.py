@@ -1,0 +1,41 @@
+"""`specray bench offline|serve|cluster`: the command group; each benchmark adds its own flags."""
+
+from __future__ import annotations
+
+from specray.cluster.args import float_list, int_list
+from specray.cluster.bench.cluster import add_cluster_bench_parser
+from specray.cluster.bench.offline import METHODS, cmd_bench_offline
+from specray.cluster.bench.prompts import SHARED_PROMPTS
+from specray.cluster.bench.serve import add_serve_bench_parser
+
+
+def add_bench_parser(sub) -> None:
+    bench = sub.add_parser("bench", help="benchmarks")
+    kinds = bench.add_subparsers(dest="bench_kind", required=True)
+    off = kinds.add_parser("offline", help="specray vs transformers: methods x batch sizes x temperatures, one run")
+    off.add_argument("--model", default="smollm2-135m")
+    off.add_argument("--dataset", default=str(SHARED_PROMPTS) if SHARED_PROMPTS.exists() else None,
+                     help="JSONL with Spec-Bench 'turns' or 'prompt' (default: Spec-Bench if present, else "
+                          "the packaged subset)")
+    off.add_argument("--num-prompts", type=int, default=16)
+    off.add_argument("--max-tokens", type=int, default=128)
+    off.add_argument("--methods", default=None, help=f"comma-separated from {list(METHODS)} (default: all; "
+                     "specray_eagle with a feature-level draft; trees, drafted by it where there is one, "
+                     "else by --draft-model, not in --quick)")
+    off.add_argument("--batch-sizes", type=int_list, default=[1, 4, 8, 16])
+    off.add_argument("--temperatures", type=float_list, default=[0.0, 1.0])
+    off.add_argument("--num-speculative-tokens", type=int, default=2)
+    off.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
+    off.add_argument("--draft-model", default=None, help="draft checkpoint for specray_draft and hf_assisted "
+                     "(default: the target's packaged standalone draft, smollm2-135m-draft for smollm2-135m; "
+                     "else the target, truncated to --draft-num-layers)")
+    off.add_argument("--draft-num-layers", type=int, default=4)
+    off.add_argument("--eagle-model", default=None, help="feature-level draft for specray_eagle (method 'eagle'; "
+                     "default: the target's packaged one, smollm2-135m-eagle for smollm2-135m)")
+    off.add_argument("--eagle-k", type=int, default=None,
+                     help="num_speculative_tokens for specray_eagle (default: --num-speculative-tokens)")
+    off.add_argument("--quick", action="store_true", help="4 prompts, 48 tokens, batch sizes <= 4 (~5 min)")
+    off.add_argument("--out", default="bench_out")
+    off.set_defaults(func=cmd_bench_offline)
+    add_serve_bench_parser(kinds)
+    add_cluster_bench_parser(kinds)

@@ -1,0 +1,86 @@
+"""The scripts in benchmarks/ run on the tiny models and measure what they claim to."""
+
+
+def test_tree_benchmark_configs_are_valid_and_comparable():
+    """benchmarks/trees.py: every config passes the router's validation; the budget group verifies
+    at most its budget per round and its chain has exactly that length."""
+    import importlib.util
+    from pathlib import Path
+
+    from specray.cluster.config.speculative import SpeculativeConfig
+
+    path = Path(__file__).parents[2] / "benchmarks" / "trees.py"
+    spec = importlib.util.spec_from_file_location("bench_trees", path)
+    trees = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trees)
+    configs = trees.configs("some-draft", depth=3, budget=6)
+    parsed = {name: SpeculativeConfig.from_dict(c) for name, c in configs.items()}
+    assert parsed["none"] is None
+    assert {n.split("/")[1] for n in configs if "/" in n} == {"chain", "rsd_c", "rsd_s", "spectr", "topk", "aded"}
+    assert all(parsed[n].max_draft_tokens() <= 6 for n in configs if n.startswith("budget/"))
+    assert parsed["budget/chain"].num_speculative_tokens == 6 and parsed["depth/chain"].num_speculative_tokens == 3
+    rows = [{"method": m, "temperature": 1.0, "tokens_per_s": s, "acceptance_length": 1.5, "verified_per_round": 2}
+            for m, s in (("none", 10.0), ("depth/chain", 20.0), ("depth/rsd_c", 25.0))]
+    table = trees.markdown({"rows": rows})
+    assert "| depth/rsd_c | 1.0 | 25.00 | 1.25x | 2.50x |" in table and "| none | 1.0 | 10.00 | - | 1.00x |" in table
+
+
+def test_paired_speedup_benchmark_runs_and_counts(tiny_target, tmp_path):
+    """benchmarks/paired_speedup.py: every config runs every group, outputs equal plain decoding's,
+    and the token count is prompts x tokens x repeats; a bad --configs is refused."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    import pytest
+
+    path = Path(__file__).parents[2] / "benchmarks" / "paired_speedup.py"
+    spec = importlib.util.spec_from_file_location("bench_paired", path)
+    paired = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(paired)
+    out = tmp_path / "p.json"
+    result = paired.main(["--model", str(tiny_target), "--num-prompts", "4", "--batch-size", "2", "--max-tokens", "4",
+                          "--repeats", "2", "--configs", json.dumps([{"method": "ngram", "num_speculative_tokens": 2}]),
+                          "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert result["groups"] == 2 and result["tokens_per_config"] == 4 * 4 * 2
+    plain, ngram = result["rows"]
+    assert plain["config"] == "plain" and plain["pooled_speedup"] == 1.0 and plain["acceptance_length"] == 1.0
+    assert ngram["lossless"] and ngram["acceptance_length"] >= 1.0 and ngram["tokens_per_s"] > 0
+    with pytest.raises(SystemExit, match="--configs"):
+        paired.main(["--model", str(tiny_target), "--configs", "{}"])
+
+
+def test_distill_draft_benchmark_measures_chains_lookup_and_trees(tiny_target, tiny_draft, tmp_path):
+    """benchmarks/distill_draft.py: chain, lookup-first and tree rows (alone and behind lookup) all
+    equal plain decoding, and a tree row verifies more draft tokens a round than its depth."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "benchmarks" / "distill_draft.py"
+    spec = importlib.util.spec_from_file_location("bench_distill_draft", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "d.json"
+    result = bench.main(["--model", str(tiny_target), "--draft", str(tiny_draft), "--num-prompts", "2",
+                         "--max-tokens", "6", "--ks", "2", "--trim-off-ks", "", "--skip-hf", "--lookup-first",
+                         "--tree", json.dumps({"kind": "topk", "k": 2, "width": 2}), "--tree-ks", "2,3",
+                         "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    rows = {(r["method"], r.get("k")): r for r in result["runs"]}
+    assert set(rows) == {("specray (no speculation)", None), ("specray + draft", 2),
+                         ("specray + draft, lookup first", 2), ("specray + draft, tree", 2),
+                         ("specray + draft, tree", 3), ("specray + draft, lookup first, tree", 2),
+                         ("specray + draft, lookup first, tree", 3)}
+    assert all(r["lossless"] for r in result["runs"] if "lossless" in r)
+    assert rows[("specray + draft", 2)]["drafted_per_round"] <= 2
+    assert 3 < rows[("specray + draft, tree", 3)]["drafted_per_round"] <= 2 + 2 * 2 * 2  # top-2 of 2 nodes a level
+    assert all(r["tokens"] == 2 * 6 for r in result["runs"])
+    sampled = bench.main(["--model", str(tiny_target), "--draft", str(tiny_draft), "--num-prompts", "2",
+                          "--max-tokens", "6", "--ks", "2", "--trim-off-ks", "", "--temperature", "1",
+                          "--tree", json.dumps({"kind": "rsd_c", "branching": [2, 1]}), "--tree-ks", "2",
+                          "--out", str(out)])
+    assert [r["method"] for r in sampled["runs"]] == ["specray (no speculation)", "specray + draft",
+                                                      "specray + draft, tree"]
+    assert all(r["lossless"] is None and r["tokens"] == 12 for r in sampled["runs"][1:])
