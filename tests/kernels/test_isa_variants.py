@@ -23,7 +23,7 @@ def test_kernels_built_for_narrower_isas_match_their_references(flags, tmp_path)
     check = subprocess.run([sys.executable, "-c", "from specray.kernels import cpu_kernels; "
                             "import sys; sys.exit(cpu_kernels.library() is None)"], env=env, timeout=300)
     assert check.returncode == 0, f"the kernels did not build with {flags}"
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "0",
                           *[str(TESTS / s) for s in SUITES]], env=env, capture_output=True, text=True,
                          timeout=600, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]

@@ -8,6 +8,7 @@ import time
 import pytest
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")  # one Ray cluster at a time (tests/conftest.py)
 
 from specray import LLM, SamplingParams  # noqa: E402
 from specray.cluster.router.router import Router, router_limits  # noqa: E402

@@ -13,6 +13,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 openai = pytest.importorskip("openai")
+pytestmark = pytest.mark.xdist_group("ray")  # one Ray cluster at a time (tests/conftest.py)
 
 from specray import LLM, SamplingParams  # noqa: E402
 from specray.cluster.serve.http_server import free_port  # noqa: E402

@@ -12,6 +12,7 @@ import pytest
 
 from specray.cluster.cli import main
 from specray.cluster.serve.http_server import free_port
+pytestmark = pytest.mark.xdist_group("ray")  # one Ray cluster at a time (tests/conftest.py)
 
 
 def test_dry_run_merges_file_and_flags(tmp_path, capsys):

@@ -1,0 +1,62 @@
+"""kernels/drafters/registry.py is the one table of methods: the config, the CLI, the README and
+the Helm schema agree with it, its checks name the bad key, and one entry adds a method."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from specray.cluster.cli import build_parser
+from specray.cluster.config.speculative import METHODS as CONFIG_METHODS
+from specray.cluster.config.speculative import SpeculativeConfig
+from specray.kernels.drafters import registry
+from specray.kernels.drafters.ngram import NgramDrafter
+from specray.kernels.drafters.options import DraftOptions
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def readme_methods() -> list[tuple[str, str]]:
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- methods: generated from kernels/drafters/registry.py -->")[1].split("<!-- /methods -->")[0]
+    return re.findall(r"^\| `(\w+)` \| (.+?) \|$", block, re.M)
+
+
+def test_readme_lists_the_registry():
+    assert readme_methods() == [(m.name, m.summary) for m in registry.METHODS.values()]
+
+
+def test_config_cli_and_helm_derive_from_the_registry():
+    assert CONFIG_METHODS == tuple(registry.METHODS)
+    sub = build_parser()._subparsers._group_actions[0].choices
+    for command in ("generate", "serve"):
+        action = next(a for a in sub[command]._actions if a.dest == "speculative_method")
+        assert list(action.choices) == [*registry.METHODS, "none"]
+    drafter = next(a for a in sub["drafter"]._actions if a.dest == "method")
+    assert list(drafter.choices) == list(registry.METHODS)
+    schema = json.loads((ROOT / "helm/specray/values.schema.json").read_text())
+    helm = schema["properties"]["speculation"]["properties"]["method"]["enum"]
+    assert set(helm) - {"default", "none"} <= set(registry.METHODS)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"name": "medusa"}, "unknown speculative method 'medusa'"),
+    ({"name": "draft_model"}, "needs a draft 'model'"),
+    ({"name": "ngram", "tree": {"kind": "topk"}}, "'tree' needs method 'draft_model' or 'eagle'"),
+    ({"name": "aded", "lookup_first": True}, "'lookup_first' needs method 'draft_model' or 'eagle'"),
+    ({"name": "ngram", "aded": {}}, "'aded' options need method 'aded'"),
+    ({"name": "eagle", "model": "m", "tree": {"kind": "nope"}}, "kind"),
+])
+def test_check_options_names_the_bad_key(options, message):
+    with pytest.raises(ValueError, match=message):
+        registry.check_options(**options)
+
+
+def test_one_entry_adds_a_method(monkeypatch):
+    """A method is its builder and one entry: config validation and the worker's builder take it."""
+    entry = registry.Method("echo_ngram", "ngram:build", "n-gram again, under another name")
+    monkeypatch.setitem(registry.METHODS, "echo_ngram", entry)
+    SpeculativeConfig.from_dict({"method": "echo_ngram", "num_speculative_tokens": 2})
+    drafter = registry.build_drafter(DraftOptions("echo_ngram", prompt_lookup_max=3))
+    assert isinstance(drafter, NgramDrafter)
