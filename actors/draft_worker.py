@@ -8,7 +8,7 @@ import torch
 
 from specray.actors.messages import DraftItem, SeqSpec
 from specray.actors.specs import DraftSpec
-from specray.kernels.drafters.base import DraftRequest, Drafter
+from specray.kernels.drafters.base import Drafter, DraftRequest
 from specray.kernels.drafters.registry import build_drafter
 from specray.kernels.proposal import Proposal
 from specray.kernels.sampling import make_generator

@@ -8,13 +8,13 @@ from typing import Any
 import torch
 
 from specray.actors.draft_worker import DraftWorker
-from specray.cluster.config.worker_specs import draft_spec, num_blocks
 from specray.actors.target_worker import TargetWorker
-from specray.cluster.router.router import Router, router_limits
-from specray.cluster.pools.in_process import InProcessDraftPool, InProcessTargetPool
+from specray.cluster.config.speculative import SpeculativeConfig
+from specray.cluster.config.worker_specs import draft_spec, num_blocks
 from specray.cluster.outputs import CompletionOutput, RequestOutput
 from specray.cluster.params import SamplingParams
-from specray.cluster.config.speculative import SpeculativeConfig
+from specray.cluster.pools.in_process import InProcessDraftPool, InProcessTargetPool
+from specray.cluster.router.router import Router, router_limits
 from specray.kernels.drafters.registry import build_drafter
 from specray.kernels.loader import DTYPES, load_model, resolve
 

@@ -13,16 +13,26 @@ import torch.nn.functional as F
 from torch import nn
 
 from specray.kernels import cpu_ops
-from specray.kernels.attention import (batch_attention, build_attention_mask, is_causal_prefill,
-                                       plan_batch_attention, ragged_attention, reference_attention)
+from specray.kernels.attention import (
+    batch_attention,
+    build_attention_mask,
+    is_causal_prefill,
+    plan_batch_attention,
+    ragged_attention,
+    reference_attention,
+)
 from specray.kernels.batch import RaggedBatch
 from specray.kernels.config import ModelConfig
 from specray.kernels.kv_cache import PagedKVCache
-from specray.kernels.quant_linear import (PackedWeight, kernel_available, pack_exact, packed_linear,
-                                          round_to_q8_0)
+from specray.kernels.quant_linear import (
+    PackedWeight,
+    kernel_available,
+    pack_exact,
+    packed_linear,
+    round_to_q8_0,
+)
 from specray.kernels.rope import RotaryTable
 from specray.kernels.tp_group import TPGroup
-
 
 SPLIT_ROWS = 1024  # weight rows per call for 4..12-row CPU steps (see LlamaModel.linear)
 # Steps of at most this many rows use packed weights (decode, verification, small batches): there the

@@ -10,8 +10,8 @@ from collections import defaultdict
 
 import torch
 
-from specray.kernels.verify import tree as vt
 from specray.kernels.proposal import VerifyResult
+from specray.kernels.verify import tree as vt
 
 
 class _Branch(Exception):

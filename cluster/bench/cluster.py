@@ -19,9 +19,14 @@ import sys
 import time
 from pathlib import Path
 
-from specray.cluster.bench.prompts import load_prompts
-from specray.cluster.bench.serve import percentiles, run_level, run_level_grpc, summarise
 from specray.cluster.args import int_list
+from specray.cluster.bench.prompts import load_prompts
+from specray.cluster.bench.serve import (
+    percentiles,
+    run_level,
+    run_level_grpc,
+    summarise,
+)
 
 SCHEMA = "specray.bench.cluster/1"
 
@@ -93,11 +98,11 @@ def served(cfg, bodies, levels, label, grpc: bool = False) -> tuple[list[dict], 
 
 def transports(cfg, requests, params, concurrency: int) -> list[dict]:
     """Bytes and latency per propose round for each draft transport, same prompts."""
-    from specray.cluster.router.router import Router, router_limits
-    from specray.cluster.serve.http_server import free_port
     from specray.cluster.config.worker_specs import num_blocks, serve_target_spec
     from specray.cluster.pools.build import build_draft_pool, placement
     from specray.cluster.pools.ray_pools import RayTargetPool
+    from specray.cluster.router.router import Router, router_limits
+    from specray.cluster.serve.http_server import free_port
     from specray.kernels.config import ModelConfig
     from specray.kernels.loader import resolve
 

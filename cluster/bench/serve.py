@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specray.cluster.bench.prompts import load_prompts
 from specray.cluster.args import int_list
+from specray.cluster.bench.prompts import load_prompts
 
 SCHEMA = "specray.bench.serve/2"
 

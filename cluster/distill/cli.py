@@ -21,8 +21,16 @@ import torch
 
 from specray.cluster.args import int_list
 from specray.cluster.distill.data import chat_ids, load_samples
-from specray.cluster.distill.phases import (log, acceptance_eval, check_args, data_phase, eval_phase, prepare,
-                                            save_phase, train_phase)
+from specray.cluster.distill.phases import (
+    acceptance_eval,
+    check_args,
+    data_phase,
+    eval_phase,
+    log,
+    prepare,
+    save_phase,
+    train_phase,
+)
 
 
 def cmd_distill(args) -> int:

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from specray.cluster.distill.data import Sample
-from specray.cluster.distill.train import ScheduleConfig, warmup_cosine
 from specray.cluster.distill.eagle_model import EagleDraft
+from specray.cluster.distill.train import ScheduleConfig, warmup_cosine
 
 
 @dataclass

@@ -13,8 +13,13 @@ from pathlib import Path
 import torch
 
 from specray.cluster.distill.data import chat_ids, generate_shards, generate_shards_hf
-from specray.cluster.distill.model import (init_draft, park_untrained_rows, save_draft, vocab_trim_counts,
-                                           vocab_trim_table)
+from specray.cluster.distill.model import (
+    init_draft,
+    park_untrained_rows,
+    save_draft,
+    vocab_trim_counts,
+    vocab_trim_table,
+)
 from specray.cluster.distill.self_prompts import all_prompts
 from specray.cluster.distill.train import TrainConfig, evaluate, final_hidden, train
 

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from specray.actors.messages import DraftItem, SeqSpec
-from specray.cluster.pools.draft_endpoint import DraftEndpoint, TransportStats
 from specray.cluster.pools.api import DraftUnavailable
+from specray.cluster.pools.draft_endpoint import DraftEndpoint, TransportStats
 from specray.kernels.proposal import KINDS, Proposal
 from specray.kernels.sampling import SamplingConfig
 from specray.protos.specray.v1 import drafter_pb2 as pb

@@ -11,10 +11,10 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from specray.cluster.router.router import Router
 from specray.cluster.outputs import RequestOutput
 from specray.cluster.params import SamplingParams
 from specray.cluster.pools.api import TargetUnavailable
+from specray.cluster.router.router import Router
 
 
 class QueueFullError(RuntimeError):

@@ -18,16 +18,21 @@ from dataclasses import dataclass
 import torch
 
 from specray.actors.messages import DraftItem, TargetItem
-from specray.cluster.router.limits import RouterLimits, RouterStats, router_limits  # noqa: F401 (re-export)
 from specray.cluster.outputs import RequestOutput, SpecMetrics
 from specray.cluster.params import SamplingParams
+from specray.cluster.pools.api import (  # noqa: F401
+    DraftPool,
+    DraftUnavailable,
+    Pending,
+    TargetPool,
+    TargetUnavailable,
+)
+from specray.cluster.router.limits import RouterLimits, RouterStats, router_limits  # noqa: F401 (re-export)
 from specray.cluster.router.pipeline import Pipeline
-from specray.cluster.pools.api import (DraftPool, DraftUnavailable, Pending, TargetPool,  # noqa: F401
-                                      TargetUnavailable)
 from specray.cluster.router.sequence import Sequence
+from specray.kernels.ints import ceil_div
 from specray.kernels.proposal import Proposal, VerifyResult
 from specray.kernels.verify.rules import pick_rule
-from specray.kernels.ints import ceil_div
 
 
 @dataclass

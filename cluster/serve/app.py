@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from specray.cluster.serve.grpc_service import GenerationService, serve_stream, serve_unary
+from specray.cluster.config.serve import ServeConfig
+from specray.cluster.serve.grpc_service import (
+    GenerationService,
+    serve_stream,
+    serve_unary,
+)
 from specray.cluster.serve.openai_api import OpenAIServer
 from specray.cluster.serve.runtime import build_runtime
-from specray.cluster.config.serve import ServeConfig
 
 
 class SpecrayServer:

@@ -7,9 +7,9 @@ import typing
 
 import grpc
 
-from specray.cluster.serve.openai_protocol import ChatMessage
 from specray.cluster.outputs import CompletionOutput, RequestOutput, SpecMetrics
 from specray.cluster.params import SamplingParams
+from specray.cluster.serve.openai_protocol import ChatMessage
 from specray.protos.specray.v1 import generate_pb2 as pb
 
 CHAT_ROLES = typing.get_args(ChatMessage.model_fields["role"].annotation)

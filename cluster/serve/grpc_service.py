@@ -19,13 +19,13 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2
 
-from specray.cluster.serve import grpc_convert as conv
+from specray.cluster.outputs import RequestOutput
 from specray.cluster.router.async_router import AsyncRouter
+from specray.cluster.serve import grpc_convert as conv
 from specray.cluster.serve.auth import authorized
 from specray.cluster.serve.errors import CLIENT_ERRORS, http_status_label, status_of
 from specray.cluster.serve.grpc_convert import GrpcAbort
 from specray.cluster.serve.metrics import ServingMetrics
-from specray.cluster.outputs import RequestOutput
 from specray.protos.specray.v1 import generate_pb2 as pb
 from specray.protos.specray.v1 import generate_pb2_grpc
 

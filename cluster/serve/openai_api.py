@@ -14,13 +14,17 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from specray.cluster.outputs import RequestOutput
 from specray.cluster.router.async_router import AsyncRouter
 from specray.cluster.serve import errors
 from specray.cluster.serve.auth import authorized
 from specray.cluster.serve.errors import CLIENT_ERRORS, status_of
 from specray.cluster.serve.metrics import ServingMetrics
-from specray.cluster.serve.openai_protocol import ApiError, ChatRequest, CompletionRequest
-from specray.cluster.outputs import RequestOutput
+from specray.cluster.serve.openai_protocol import (
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+)
 
 
 def _usage(outs: list[RequestOutput]) -> dict:

@@ -15,7 +15,7 @@ def grpc_available() -> bool:
 def run_serve(cfg, app_name: str = "specray", proxy_location: str | None = None) -> dict:
     """Start Serve's HTTP (and gRPC) proxies and deploy; returns what was started."""
     from ray import serve
-    from ray.serve.config import gRPCOptions, HTTPOptions
+    from ray.serve.config import HTTPOptions, gRPCOptions
 
     from specray.cluster.serve.app import build_app
 

@@ -62,10 +62,9 @@ def load_eagle(folder: Path, target_folder: Path, dtype: torch.dtype = torch.flo
                device: str = "cpu") -> EagleModel:
     """The draft folder's fc and layer(s), the target folder's embedding (also the tied head)."""
     from safetensors.torch import load_file
+    from transformers import AutoConfig
 
     from specray.kernels.loader import _read_safetensors
-
-    from transformers import AutoConfig
 
     config = ModelConfig.from_hf(AutoConfig.from_pretrained(folder))
     state = load_file(str(Path(folder) / "model.safetensors"))

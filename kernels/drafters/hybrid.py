@@ -21,10 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specray.kernels.drafters.base import DraftRequest, Drafter
+from specray.kernels.drafters.base import Drafter, DraftRequest
 from specray.kernels.drafters.ngram import lookup
 from specray.kernels.proposal import Proposal
-
 
 KEYS = ("min_match", "max_match", "model_tokens")
 

@@ -17,8 +17,15 @@ import torch
 from specray.kernels.batch import RaggedBatch, SeqChunk
 from specray.kernels.drafters.base import DraftRequest
 from specray.kernels.drafters.draft_model import DraftModelDrafter
-from specray.kernels.drafters.tree_shapes import (TreeBuild, TreeSpec, grow_rsd_c, grow_rsd_s, grow_spectr,
-                                                  grow_topk, keep_most_likely)
+from specray.kernels.drafters.tree_shapes import (
+    TreeBuild,
+    TreeSpec,
+    grow_rsd_c,
+    grow_rsd_s,
+    grow_spectr,
+    grow_topk,
+    keep_most_likely,
+)
 from specray.kernels.drafters.vocab_trim import VocabTrimDrafter
 from specray.kernels.model import LlamaModel
 from specray.kernels.proposal import Proposal

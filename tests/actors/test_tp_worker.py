@@ -7,6 +7,7 @@ import torch
 from specray.actors.specs import TargetSpec
 from specray.actors.target_worker import TargetWorker
 from specray.kernels.tensor_parallel import free_init_method
+
 from tp_helpers import join_ranks, run_script, start_ranks, tp_rank_main
 
 pytestmark = pytest.mark.usefixtures("one_thread")

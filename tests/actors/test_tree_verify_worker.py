@@ -6,10 +6,10 @@ import torch
 
 from specray.actors.messages import SeqSpec, TargetItem
 from specray.actors.target_worker import TargetWorker
+from specray.kernels.ints import ceil_div
 from specray.kernels.loader import Checkpoint, load_model
 from specray.kernels.proposal import Proposal
 from specray.kernels.sampling import SamplingConfig
-from specray.kernels.ints import ceil_div
 
 GREEDY = SeqSpec(SamplingConfig(0.0))
 

@@ -5,7 +5,9 @@ import json
 
 import pytest
 import torch
+
 from smollm2_helpers import DATA, REFERENCE_PROMPTS, REFERENCE_TOKENS
+
 
 @pytest.fixture(scope="session")
 def smollm2_prompt_ids() -> list[list[int]]:

@@ -3,10 +3,11 @@
 
 import pytest
 import torch
-from smollm2_helpers import REFERENCE_TOKENS, needs_smollm2
 
 from specray import LLM, SamplingParams
 from specray.kernels.loader import resolve
+
+from smollm2_helpers import REFERENCE_TOKENS, needs_smollm2
 
 pytestmark = needs_smollm2
 NEW_TOKENS = REFERENCE_TOKENS

@@ -3,9 +3,10 @@
 24 new tokens, one batch)."""
 
 import pytest
-from smollm2_helpers import needs_smollm2
 
 from specray import LLM, SamplingParams
+
+from smollm2_helpers import needs_smollm2
 
 pytestmark = needs_smollm2
 NUM_PROMPTS, NEW_TOKENS = 3, 24

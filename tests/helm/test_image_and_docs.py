@@ -2,9 +2,9 @@
 
 import json
 import re
-import tomllib
 
 import pytest
+import tomllib
 import yaml
 from helm_render import CHART, REPO
 from packaging.requirements import Requirement

@@ -6,6 +6,7 @@ import torch
 from specray.kernels import cpu_ops
 from specray.kernels.batch import RaggedBatch, SeqChunk
 from specray.kernels.loader import Checkpoint, load_model
+
 from helpers import save_tiny_llama
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler for the CPU ops")

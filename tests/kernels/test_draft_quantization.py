@@ -4,11 +4,11 @@ packed C kernels, and drafting with it stays lossless (the verifier uses its pro
 import pytest
 import torch
 
-from specray.kernels.drafters.options import DraftOptions
-from specray.kernels.drafters.registry import build_drafter
 from specray.cluster.config.speculative import SpeculativeConfig
 from specray.kernels import cpu_ops
 from specray.kernels.batch import RaggedBatch, SeqChunk
+from specray.kernels.drafters.options import DraftOptions
+from specray.kernels.drafters.registry import build_drafter
 from specray.kernels.loader import Checkpoint, load_model
 from specray.kernels.quant_linear import dequantize, pack_exact, round_to_q8_0
 

@@ -14,6 +14,7 @@ from specray.kernels.drafters.eagle import EagleDrafter, load_eagle
 from specray.kernels.loader import _read_safetensors, load_model, resolve
 from specray.kernels.proposal import Proposal
 from specray.kernels.sampling import SamplingConfig
+
 from eagle_helpers import save_tiny_eagle
 
 

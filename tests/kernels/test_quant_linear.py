@@ -5,10 +5,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import gguf_exact
 from specray.kernels import quant_linear as ql
 from specray.kernels.batch import RaggedBatch, SeqChunk
 from specray.kernels.loader import Checkpoint, load_model
+
+from helpers import gguf_exact
 
 needs_kernel = pytest.mark.skipif(not ql.kernel_available(), reason="no C compiler for the packed kernel")
 

@@ -8,8 +8,8 @@ import torch
 
 from specray.kernels.batch import RaggedBatch, SeqChunk
 from specray.kernels.loader import Checkpoint, load_model
-from specray.kernels.tp_group import TPGroup
 from specray.kernels.tensor_parallel import check_shardable, shard_model, thread_groups
+from specray.kernels.tp_group import TPGroup
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

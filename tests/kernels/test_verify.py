@@ -6,8 +6,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specray.kernels.verify import chain as verify
 from specray.kernels.sampling import SamplingConfig, processed_probs, sample_rows
+from specray.kernels.verify import chain as verify
 from specray.kernels.verify.chain import verify_greedy, verify_speculative
 
 

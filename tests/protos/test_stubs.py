@@ -5,10 +5,10 @@ import importlib
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTO_DIR = ROOT / "protos" / "specray" / "v1"

@@ -2,11 +2,11 @@
 
 import json
 
-from eagle_helpers import save_tiny_eagle
-
 from specray.cluster.bench.offline import TREE_METHODS
 from specray.cluster.bench.report import SCHEMA
 from specray.cluster.cli import main
+
+from eagle_helpers import save_tiny_eagle
 
 
 def test_bench_offline_end_to_end(tiny_target, tmp_path):

@@ -1,9 +1,10 @@
 """Shared by the distill tests: one tiny distillation run for the session."""
 
 import pytest
-from distill_helpers import ARGS
 
 from specray.cluster.cli import main
+
+from distill_helpers import ARGS
 
 
 @pytest.fixture(scope="session")

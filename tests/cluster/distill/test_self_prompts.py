@@ -6,6 +6,7 @@ import pytest
 
 from specray import LLM
 from specray.cluster.cli import main
+
 from distill_helpers import ARGS
 
 

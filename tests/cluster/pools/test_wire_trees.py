@@ -5,7 +5,12 @@ import pytest
 import torch
 
 from specray.actors.messages import DraftItem, SeqSpec
-from specray.cluster.pools.wire import decode_items, decode_proposals, encode_items, encode_proposals
+from specray.cluster.pools.wire import (
+    decode_items,
+    decode_proposals,
+    encode_items,
+    encode_proposals,
+)
 from specray.kernels.proposal import Proposal
 from specray.kernels.sampling import SamplingConfig
 
@@ -48,8 +53,12 @@ def test_wire_items_carry_the_budget():
 
 def test_grpc_messages_round_trip_trees():
     pytest.importorskip("grpc")
-    from specray.cluster.pools.grpc_transport import (items_from_proto, items_to_proto, proposals_from_proto,
-                                              proposals_to_proto)
+    from specray.cluster.pools.grpc_transport import (
+        items_from_proto,
+        items_to_proto,
+        proposals_from_proto,
+        proposals_to_proto,
+    )
 
     sent = proposals()
     for a, b in zip(sent, proposals_from_proto(proposals_to_proto(sent)), strict=True):

@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from specray import LLM, SamplingParams
-from specray.kernels.verify import chain as verify
 from specray.kernels.drafters.base import DraftRequest
 from specray.kernels.drafters.hybrid import LookupFirstDrafter, LookupOptions
 from specray.kernels.proposal import Proposal
 from specray.kernels.sampling import SamplingConfig
+from specray.kernels.verify import chain as verify
+
 from router_helpers import GREEDY, chi2, exact_second_token_distribution, prompts
 
 GREEDY_CFG = SamplingConfig(temperature=0.0)
@@ -69,10 +70,10 @@ def test_no_draft_tokens_means_no_lookup_and_the_model_still_calibrates():
 
 
 def test_the_feature_draft_keeps_target_features_through_lookup_rounds(tiny_target, tmp_path):
-    from eagle_helpers import save_tiny_eagle
-
     from specray.kernels.drafters.options import DraftOptions
     from specray.kernels.drafters.registry import build_drafter
+
+    from eagle_helpers import save_tiny_eagle
 
     eagle = save_tiny_eagle(tmp_path / "eagle", tiny_target, seed=3, noise=0.2)
     drafter = build_drafter(DraftOptions("eagle", str(eagle), lookup_first={"min_match": 2}, draft_quantization="none"))

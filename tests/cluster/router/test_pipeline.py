@@ -4,8 +4,8 @@ change a single output token."""
 import pytest
 
 from specray import LLM, SamplingParams
-from specray.cluster.router.limits import RouterLimits
 from specray.cluster.config.speculative import SpeculativeConfig
+from specray.cluster.router.limits import RouterLimits
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 

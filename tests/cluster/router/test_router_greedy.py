@@ -4,6 +4,7 @@ token for token, at batch sizes 1, 3 and 16, with ragged acceptance and continuo
 import pytest
 
 from specray import LLM, SamplingParams
+
 from router_helpers import GREEDY, prompts
 
 

@@ -7,6 +7,7 @@ import torch
 
 from specray import LLM, SamplingParams
 from specray.kernels.verify import chain as verify
+
 from router_helpers import PROMPT, chi2, exact_second_token_distribution
 
 

@@ -11,14 +11,27 @@ import pytest
 from grpc_health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
 from specray import LLM
-from specray.client import (AsyncClient, Client, DeadlineExceededError, InvalidArgumentError,
-                            NotFoundError, ResourceExhaustedError, RetryPolicy, UnauthenticatedError,
-                            UnavailableError)
+from specray.client import (
+    AsyncClient,
+    Client,
+    DeadlineExceededError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+    RetryPolicy,
+    UnauthenticatedError,
+    UnavailableError,
+)
 from specray.client.types import build_request
 from specray.cluster.router.async_router import AsyncRouter
 from specray.cluster.serve.grpc_convert import GrpcAbort
 from specray.cluster.serve.grpc_server import GrpcServerThread
-from specray.cluster.serve.grpc_service import CallInfo, GenerationService, serve_stream, serve_unary
+from specray.cluster.serve.grpc_service import (
+    CallInfo,
+    GenerationService,
+    serve_stream,
+    serve_unary,
+)
 from specray.protos.specray.v1 import generate_pb2 as pb
 from specray.protos.specray.v1.generate_pb2_grpc import GenerationStub
 

@@ -16,8 +16,8 @@ openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.xdist_group("ray")  # one Ray cluster at a time (tests/conftest.py)
 
 from specray import LLM, SamplingParams  # noqa: E402
-from specray.cluster.serve.http_server import free_port  # noqa: E402
 from specray.cluster.config.serve import ServeConfig  # noqa: E402
+from specray.cluster.serve.http_server import free_port  # noqa: E402
 
 PROMPTS = [[1, 3 + i, 17, 40 + 2 * i, 9] * (1 + i % 3) for i in range(6)]
 MESSAGES = [{"role": "user", "content": "w10 w11 w12 w10 w11"}]

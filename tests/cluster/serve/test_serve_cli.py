@@ -12,6 +12,7 @@ import pytest
 
 from specray.cluster.cli import main
 from specray.cluster.serve.http_server import free_port
+
 pytestmark = pytest.mark.xdist_group("ray")  # one Ray cluster at a time (tests/conftest.py)
 
 
@@ -127,8 +128,8 @@ def test_default_speculation_is_the_packaged_eagle_draft(capsys):
 def test_inline_transport_places_no_draft_actor():
     """transport inline: the draft worker lives in the router, so a local cluster advertises only
     what the target pool needs."""
-    from specray.cluster.serve.cli import local_resources
     from specray.cluster.config.serve import ServeConfig
+    from specray.cluster.serve.cli import local_resources
 
     pools = {"draft": {"resources": {"draft": 1}}, "target": {"resources": {"target": 1}}}
     ray_cfg = ServeConfig.from_dict({"pools": pools, "transport": {"kind": "ray"}})
