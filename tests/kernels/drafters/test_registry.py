@@ -14,7 +14,7 @@ from specray.kernels.drafters import registry
 from specray.kernels.drafters.ngram import NgramDrafter
 from specray.kernels.drafters.options import DraftOptions
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def readme_methods() -> list[tuple[str, str]]:
