@@ -34,7 +34,7 @@ def add_serve_parser(sub) -> None:
 
 def add_serve_flags(p) -> None:
     """Every flag that shapes a ServeConfig (shared with `specray bench cluster`)."""
-    p.add_argument("--config", help="YAML file with ServeConfig keys (see README)")
+    p.add_argument("--config", help="YAML file with ServeConfig keys (see docs/serving.md)")
     p.add_argument("--address", help="join this Ray cluster (e.g. auto or ray://host:10001) instead of starting one")
     p.add_argument("--model", help="target: alias, HF folder or .gguf file (default smollm2-135m)")
     p.add_argument("--served-model-name")
