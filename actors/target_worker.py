@@ -14,11 +14,7 @@ from specray.kernels.loader import DTYPES, load_model, resolve
 from specray.kernels.model import LlamaModel
 from specray.kernels.proposal import VerifyResult
 from specray.kernels.sampling import make_generator
-from specray.kernels.tensor_parallel import (
-    check_shardable,
-    init_distributed,
-    shard_model,
-)
+from specray.kernels.tensor_parallel import check_shardable, init_distributed, shard_model
 from specray.kernels.verify.batch import verify_batch
 from specray.kernels.verify.rules import check_rule, pick_rule
 

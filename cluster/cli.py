@@ -51,10 +51,7 @@ GENERATE_SPEC_FLAGS = ("speculative_method", "draft_model", "num_speculative_tok
 
 
 def speculative_config(args) -> dict | None:
-    from specray.cluster.config.defaults import (
-        default_speculative_config,
-        packaged_draft,
-    )
+    from specray.cluster.config.defaults import default_speculative_config, packaged_draft
     from specray.cluster.serve.cli import refuse_beside_speculative_config
 
     if getattr(args, "speculative_config", None) is not None:  # callers' namespaces may predate the flag

@@ -24,13 +24,7 @@ from specray.kernels.attention import (
 from specray.kernels.batch import RaggedBatch
 from specray.kernels.config import ModelConfig
 from specray.kernels.kv_cache import PagedKVCache
-from specray.kernels.quant_linear import (
-    PackedWeight,
-    kernel_available,
-    pack_exact,
-    packed_linear,
-    round_to_q8_0,
-)
+from specray.kernels.quant_linear import PackedWeight, kernel_available, pack_exact, packed_linear, round_to_q8_0
 from specray.kernels.rope import RotaryTable
 from specray.kernels.tp_group import TPGroup
 

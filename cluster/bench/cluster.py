@@ -21,12 +21,7 @@ from pathlib import Path
 
 from specray.cluster.args import int_list
 from specray.cluster.bench.prompts import load_prompts
-from specray.cluster.bench.serve import (
-    percentiles,
-    run_level,
-    run_level_grpc,
-    summarise,
-)
+from specray.cluster.bench.serve import percentiles, run_level, run_level_grpc, summarise
 
 SCHEMA = "specray.bench.cluster/1"
 

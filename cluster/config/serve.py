@@ -12,19 +12,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from specray.cluster.config.defaults import (
-    default_speculative_config,
-    is_default_for_other,
-)
+from specray.cluster.config.defaults import default_speculative_config, is_default_for_other
 from specray.cluster.config.speculative import SpeculativeConfig
 
 TRANSPORTS = ("ray", "torch_distributed", "grpc", "inline")

@@ -20,13 +20,7 @@ import torch
 
 from specray.cluster.distill.data import load_samples
 from specray.cluster.distill.eagle_model import init_eagle, load_eagle_draft, save_eagle
-from specray.cluster.distill.eagle_train import (
-    EagleTrainConfig,
-    FeatureSeq,
-    evaluate,
-    extract_features,
-    train_eagle,
-)
+from specray.cluster.distill.eagle_train import EagleTrainConfig, FeatureSeq, evaluate, extract_features, train_eagle
 from specray.cluster.distill.model import vocab_trim_counts, vocab_trim_table
 
 

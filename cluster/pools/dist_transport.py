@@ -22,12 +22,7 @@ import torch.distributed as dist
 
 from specray.cluster.pools import wire
 from specray.cluster.pools.api import DraftUnavailable
-from specray.cluster.pools.builder import (
-    kill_worker,
-    release_group,
-    reserve,
-    start_worker,
-)
+from specray.cluster.pools.builder import kill_worker, release_group, reserve, start_worker
 from specray.cluster.pools.draft_endpoint import DraftEndpoint, TransportStats
 
 PROPOSE, RELEASE = b"P", b"R"

@@ -22,13 +22,7 @@ from specray.actors.specs import DraftSpec, TargetSpec
 from specray.actors.target_worker import TargetWorker
 from specray.cluster.pools import wire
 from specray.cluster.pools.api import DraftUnavailable, TargetUnavailable
-from specray.cluster.pools.builder import (
-    kill_worker,
-    release_group,
-    rendezvous_address,
-    reserve,
-    start_worker,
-)
+from specray.cluster.pools.builder import kill_worker, release_group, rendezvous_address, reserve, start_worker
 from specray.cluster.pools.draft_endpoint import DraftEndpoint, TransportStats
 
 ActorFailure = (RayActorError, GetTimeoutError)

@@ -20,13 +20,7 @@ import torch
 from specray.actors.messages import DraftItem, TargetItem
 from specray.cluster.outputs import RequestOutput, SpecMetrics
 from specray.cluster.params import SamplingParams
-from specray.cluster.pools.api import (  # noqa: F401
-    DraftPool,
-    DraftUnavailable,
-    Pending,
-    TargetPool,
-    TargetUnavailable,
-)
+from specray.cluster.pools.api import DraftPool, DraftUnavailable, Pending, TargetPool, TargetUnavailable  # noqa: F401
 from specray.cluster.router.limits import RouterLimits, RouterStats, router_limits  # noqa: F401 (re-export)
 from specray.cluster.router.pipeline import Pipeline
 from specray.cluster.router.sequence import Sequence

@@ -11,11 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from specray.cluster.config.serve import ServeConfig
-from specray.cluster.serve.grpc_service import (
-    GenerationService,
-    serve_stream,
-    serve_unary,
-)
+from specray.cluster.serve.grpc_service import GenerationService, serve_stream, serve_unary
 from specray.cluster.serve.openai_api import OpenAIServer
 from specray.cluster.serve.runtime import build_runtime
 

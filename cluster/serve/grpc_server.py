@@ -12,11 +12,7 @@ import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from specray.cluster.serve.grpc_service import (
-    SERVICE_NAME,
-    GenerationService,
-    GenerationServicer,
-)
+from specray.cluster.serve.grpc_service import SERVICE_NAME, GenerationService, GenerationServicer
 from specray.cluster.serve.http_server import free_port
 from specray.protos.specray.v1 import generate_pb2_grpc
 

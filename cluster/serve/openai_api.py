@@ -20,11 +20,7 @@ from specray.cluster.serve import errors
 from specray.cluster.serve.auth import authorized
 from specray.cluster.serve.errors import CLIENT_ERRORS, status_of
 from specray.cluster.serve.metrics import ServingMetrics
-from specray.cluster.serve.openai_protocol import (
-    ApiError,
-    ChatRequest,
-    CompletionRequest,
-)
+from specray.cluster.serve.openai_protocol import ApiError, ChatRequest, CompletionRequest
 
 
 def _usage(outs: list[RequestOutput]) -> dict:

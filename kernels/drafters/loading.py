@@ -12,21 +12,12 @@ import torch
 
 from specray.kernels.drafters.base import Drafter
 from specray.kernels.drafters.draft_model import DraftModelDrafter
-from specray.kernels.drafters.eagle import (
-    EagleDrafter,
-    eagle_target,
-    is_eagle_folder,
-    load_eagle,
-)
+from specray.kernels.drafters.eagle import EagleDrafter, eagle_target, is_eagle_folder, load_eagle
 from specray.kernels.drafters.eagle_tree import EagleTreeDrafter
 from specray.kernels.drafters.options import DraftOptions
 from specray.kernels.drafters.tree_draft import TreeDraftModelDrafter
 from specray.kernels.drafters.tree_shapes import TreeSpec
-from specray.kernels.drafters.vocab_trim import (
-    VOCAB_TRIM_FILE,
-    VocabTrimDrafter,
-    load_vocab_trim,
-)
+from specray.kernels.drafters.vocab_trim import VOCAB_TRIM_FILE, VocabTrimDrafter, load_vocab_trim
 from specray.kernels.loader import DTYPES, load_model, resolve
 
 

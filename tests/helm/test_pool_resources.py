@@ -3,12 +3,7 @@
 import copy
 
 import pytest
-from helm_checks import (
-    app_config,
-    pool_resource_problems,
-    ray_resources_param,
-    with_app_config,
-)
+from helm_checks import app_config, pool_resource_problems, ray_resources_param, with_app_config
 from helm_scenarios import SCENARIOS
 
 

@@ -5,12 +5,7 @@ import pytest
 import torch
 
 from specray.actors.messages import DraftItem, SeqSpec
-from specray.cluster.pools.wire import (
-    decode_items,
-    decode_proposals,
-    encode_items,
-    encode_proposals,
-)
+from specray.cluster.pools.wire import decode_items, decode_proposals, encode_items, encode_proposals
 from specray.kernels.proposal import Proposal
 from specray.kernels.sampling import SamplingConfig
 

@@ -92,7 +92,7 @@ def test_the_feature_draft_keeps_target_features_through_lookup_rounds(tiny_targ
 
 
 TREE = {"kind": "rsd_c", "branching": [2, 2]}
-TOPK = {"kind": "topk", "k": 3, "width": 4}  # EAGLE-2 style, under a verify budget (README's tree row)
+TOPK = {"kind": "topk", "k": 3, "width": 4}  # EAGLE-2 style, under a verify budget (docs/speculation.md's tree row)
 
 
 @pytest.mark.parametrize("method,tree,pipelined,budget", [

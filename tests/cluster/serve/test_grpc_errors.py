@@ -26,12 +26,7 @@ from specray.client.types import build_request
 from specray.cluster.router.async_router import AsyncRouter
 from specray.cluster.serve.grpc_convert import GrpcAbort
 from specray.cluster.serve.grpc_server import GrpcServerThread
-from specray.cluster.serve.grpc_service import (
-    CallInfo,
-    GenerationService,
-    serve_stream,
-    serve_unary,
-)
+from specray.cluster.serve.grpc_service import CallInfo, GenerationService, serve_stream, serve_unary
 from specray.protos.specray.v1 import generate_pb2 as pb
 from specray.protos.specray.v1.generate_pb2_grpc import GenerationStub
 

@@ -2,14 +2,7 @@
 
 import pytest
 
-from specray.kernels.drafters.aded import (
-    AdedDrafter,
-    AdedOptions,
-    TrigramTable,
-    load_corpus,
-    next_tokens,
-    search_tree,
-)
+from specray.kernels.drafters.aded import AdedDrafter, AdedOptions, TrigramTable, load_corpus, next_tokens, search_tree
 from specray.kernels.drafters.base import DraftRequest
 from specray.kernels.sampling import SamplingConfig
 

@@ -10,11 +10,7 @@ import torch
 from specray.kernels.proposal import Proposal
 from specray.kernels.verify import tree as vt
 
-from enumeration import (
-    compose_rounds,
-    enumerate_outcomes,
-    longest_match_over_independent_samples,
-)
+from enumeration import compose_rounds, enumerate_outcomes, longest_match_over_independent_samples
 
 
 # -- tier 1: exact tiny cases ---------------------------------------------------------------------
