@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from specray.kernels.chat import prompt_token_ids
+
 
 def step_seconds(model, repeats: int = 30) -> float:
     """Median seconds of one batch-1 decode step (one token, short context) of a specray model."""
@@ -227,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
     args.skip_hf = args.skip_hf or args.temperature > 0 or args.method == "eagle"
     prompts = load_prompts(Path(args.dataset) if args.dataset else None, args.num_prompts)
     tok = resolve(args.model).tokenizer()
-    ids = [list(tok.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True))
+    ids = [prompt_token_ids(tok, p["prompt"])
            for p in prompts]
     result = {"config": vars(args), "prompts": [p["prompt"][:80] for p in prompts], "runs": []}
 

@@ -17,6 +17,8 @@ import statistics
 import time
 from pathlib import Path
 
+from specray.kernels.chat import prompt_token_ids
+
 
 def run_group(llm, group: list[list[int]], max_tokens: int):
     """One prompt group as one batch -> (outputs, seconds, emitted tokens, rounds)."""
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     tok = resolve(args.model).tokenizer()
     prompts = load_prompts(Path(args.dataset) if args.dataset else None, args.num_prompts)
-    ids = [list(tok.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True))
+    ids = [prompt_token_ids(tok, p["prompt"])
            for p in prompts]
     groups = [ids[i:i + args.batch_size] for i in range(0, len(ids) - args.batch_size + 1, args.batch_size)]
     names = ["plain"] + [json.dumps(c, sort_keys=True) for c in configs]

@@ -15,6 +15,8 @@ import json
 import time
 from pathlib import Path
 
+from specray.kernels.chat import prompt_token_ids
+
 
 def configs(draft: str, depth: int, budget: int, method: str = "draft_model") -> dict[str, dict | None]:
     """name -> speculative_config; `depth/...` share the depth, `budget/...` verify at most `budget` tokens.
@@ -40,7 +42,7 @@ def run(args) -> dict:
 
     prompts = load_prompts(Path(args.dataset) if args.dataset else None, args.num_prompts)
     tok = resolve(args.model).tokenizer()
-    ids = [list(tok.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True))
+    ids = [prompt_token_ids(tok, p["prompt"])
            for p in prompts]
     specs = configs(args.draft, args.depth, args.budget, args.method)
     llms = {name: LLM(args.model, speculative_config=spec, max_num_seqs=1, kv_cache_tokens=args.kv_cache_tokens)

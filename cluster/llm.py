@@ -15,6 +15,7 @@ from specray.cluster.outputs import CompletionOutput, RequestOutput
 from specray.cluster.params import SamplingParams
 from specray.cluster.pools.in_process import InProcessDraftPool, InProcessTargetPool
 from specray.cluster.router.router import Router, router_limits
+from specray.kernels.chat import chat_token_ids
 from specray.kernels.drafters.registry import build_drafter
 from specray.kernels.loader import DTYPES, load_model, resolve
 
@@ -115,7 +116,7 @@ class LLM:
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"model {self.model_name!r} has no chat template")
-        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        return chat_token_ids(self.tokenizer, messages)
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         from tqdm import tqdm

@@ -58,7 +58,8 @@ class ModelConfig:
                 raise UnsupportedModelError(f"{flag}=True is not supported by the Llama runtime")
         if getattr(hf, "hidden_act", "silu") != "silu":
             raise UnsupportedModelError(f"hidden_act {hf.hidden_act!r} is not supported (silu only)")
-        rope_scaling = _check_rope_scaling(getattr(hf, "rope_scaling", None))
+        theta, rope_scaling = rope_params(hf)
+        rope_scaling = _check_rope_scaling(rope_scaling)
         num_heads = hf.num_attention_heads
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // num_heads
         eos = getattr(hf, "eos_token_id", None)
@@ -72,13 +73,24 @@ class ModelConfig:
             num_kv_heads=getattr(hf, "num_key_value_heads", None) or num_heads,
             head_dim=head_dim,
             rms_norm_eps=hf.rms_norm_eps,
-            rope_theta=getattr(hf, "rope_theta", 10000.0),
+            rope_theta=theta,
             max_position_embeddings=hf.max_position_embeddings,
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
             rope_scaling=rope_scaling,
             eos_token_ids=eos_ids,
             bos_token_id=getattr(hf, "bos_token_id", None),
         )
+
+
+def rope_params(hf) -> tuple[float, dict[str, Any] | None]:
+    """(RoPE base, scaling or None) of an HF config. transformers 4 keeps `rope_theta` and
+    `rope_scaling`; 5 keeps both in `rope_parameters` (and `rope_scaling` aliases it), with no
+    `rope_theta` attribute: reading only that would silently fall back to the default base."""
+    params = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
+    theta = params.pop("rope_theta", None) or getattr(hf, "rope_theta", None) or 10000.0
+    if params.get("rope_type", params.get("type", "default")) == "default":
+        params = {k: v for k, v in params.items() if k not in ("rope_type", "type")}
+    return float(theta), params or None
 
 
 def _check_rope_scaling(rope_scaling: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -22,13 +22,13 @@ from pathlib import Path
 from specray.cluster.args import int_list
 from specray.cluster.bench.prompts import load_prompts
 from specray.cluster.bench.serve import percentiles, run_level, run_level_grpc, summarise
+from specray.kernels.chat import prompt_token_ids
 
 SCHEMA = "specray.bench.cluster/1"
 
 
 def chat_ids(tokenizer, prompt: str) -> list[int]:
-    return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                              tokenize=True))
+    return prompt_token_ids(tokenizer, prompt)
 
 
 def closed_loop(router, requests: list[list[int]], params, concurrency: int) -> dict:

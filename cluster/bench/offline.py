@@ -14,6 +14,7 @@ from pathlib import Path
 
 from specray.cluster.bench.bound import Bandwidth
 from specray.cluster.bench.prompts import load_prompts
+from specray.kernels.chat import prompt_token_ids
 from specray.kernels.ints import ceil_div
 
 HF_METHODS = ("hf", "hf_prompt_lookup", "hf_assisted")
@@ -183,7 +184,7 @@ def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
 
     prompts = load_prompts(Path(args.dataset) if args.dataset else None, args.num_prompts)
     tok = resolve(args.model).tokenizer()
-    encoded = [list(tok.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True))
+    encoded = [prompt_token_ids(tok, p["prompt"])
                for p in prompts]
     for b in args.batch_sizes:
         if b > len(encoded):  # the row is real, but its groups are smaller than its label says

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from specray.kernels.chat import prompt_token_ids
+
 SEED_PROMPTS = Path(__file__).parent / "data" / "distill_prompts.json"
 
 
@@ -39,12 +41,8 @@ def seed_prompts(path: Path | None = None, seed: int = 0) -> list[str]:
 
 
 def chat_ids(tokenizer, prompt: str) -> list[int]:
-    """The chat-templated prompt's token ids (transformers 4 returns ids, 5 may return a dict)."""
-    out = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                        tokenize=True)
-    if hasattr(out, "keys"):
-        out = out["input_ids"]
-    return [int(t) for t in out]
+    """The chat-templated prompt's token ids."""
+    return prompt_token_ids(tokenizer, prompt)
 
 
 @dataclass

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from specray.kernels.config import rope_params
+
 VOCAB_TRIM_FILE = "vocab_trim.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "tokenizer.model")
@@ -36,8 +38,7 @@ def _mlp_keep(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, size: in
 
 def rope_theta(config) -> float:
     """RoPE base of a Llama config (transformers 4: rope_theta; 5: rope_parameters['rope_theta'])."""
-    params = getattr(config, "rope_parameters", None) or {}
-    return float(params.get("rope_theta") or getattr(config, "rope_theta", None) or 10000.0)
+    return rope_params(config)[0]
 
 
 def draft_config(tc, hidden_size: int, num_layers: int, intermediate_size: int):
@@ -46,7 +47,7 @@ def draft_config(tc, hidden_size: int, num_layers: int, intermediate_size: int):
 
     from transformers import LlamaConfig
 
-    if getattr(tc, "rope_scaling", None):
+    if rope_params(tc)[1] is not None:
         raise ValueError("init from targets with RoPE scaling is not supported yet")
     theta = rope_theta(tc)
     rope = ({"rope_parameters": {"rope_type": "default", "rope_theta": theta}}

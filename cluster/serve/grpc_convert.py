@@ -10,6 +10,7 @@ import grpc
 from specray.cluster.outputs import CompletionOutput, RequestOutput, SpecMetrics
 from specray.cluster.params import SamplingParams
 from specray.cluster.serve.openai_protocol import ChatMessage
+from specray.kernels.chat import chat_token_ids
 from specray.protos.specray.v1 import generate_pb2 as pb
 
 CHAT_ROLES = typing.get_args(ChatMessage.model_fields["role"].annotation)
@@ -57,7 +58,7 @@ def chat_prompt(tokenizer, chat: pb.ChatMessages) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
         raise invalid("this model has no chat template; send text or token_ids instead")
     messages = [{"role": m.role, "content": m.content} for m in chat.messages]
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    return chat_token_ids(tokenizer, messages)
 
 
 def prompt_input(tokenizer, request: pb.GenerateRequest) -> tuple[str | None, list[int]]:

@@ -21,6 +21,7 @@ from specray.cluster.serve.auth import authorized
 from specray.cluster.serve.errors import CLIENT_ERRORS, status_of
 from specray.cluster.serve.metrics import ServingMetrics
 from specray.cluster.serve.openai_protocol import ApiError, ChatRequest, CompletionRequest
+from specray.kernels.chat import chat_token_ids
 
 
 def _usage(outs: list[RequestOutput]) -> dict:
@@ -147,7 +148,7 @@ class OpenAIServer:
             body.max_tokens = body.max_completion_tokens
         params = body.sampling_params(self.default_max_tokens, body.top_n())
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        ids = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        ids = chat_token_ids(self.tokenizer, messages)
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
             return self._sse(self._chat_chunks(rid, created, ids, params, body.include_usage))

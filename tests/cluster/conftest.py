@@ -6,6 +6,8 @@ import json
 import pytest
 import torch
 
+from specray.kernels.chat import prompt_token_ids
+
 from smollm2_helpers import DATA, REFERENCE_PROMPTS, REFERENCE_TOKENS
 
 
@@ -15,7 +17,7 @@ def smollm2_prompt_ids() -> list[list[int]]:
 
     tok = resolve("smollm2-135m").tokenizer()
     questions = [json.loads(line)["turns"][0] for line in DATA.read_text().splitlines()][:REFERENCE_PROMPTS]
-    return [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True))
+    return [prompt_token_ids(tok, q)
             for q in questions]
 
 

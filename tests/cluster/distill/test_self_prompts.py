@@ -6,6 +6,7 @@ import pytest
 
 from specray import LLM
 from specray.cluster.cli import main
+from specray.kernels.chat import prompt_token_ids
 
 from distill_helpers import ARGS
 
@@ -79,7 +80,7 @@ def test_distill_on_self_written_prompts(tiny_target, tmp_path, capsys):
 
     tok = LLM(str(tiny_target)).get_tokenizer()
     asked = {tuple(s.prompt_ids) for s in load_samples(sorted((tmp_path / "data").glob("shard-*.pt")))}
-    assert asked <= {tuple(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True))
+    assert asked <= {tuple(prompt_token_ids(tok, p))
                      for p in written}
     capsys.readouterr()
     assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path), *args, "--eval-k", "0",
@@ -103,7 +104,7 @@ def test_self_prompts_beside_a_seed_file(tiny_target, tmp_path):
     tok = LLM(str(tiny_target)).get_tokenizer()
     answered = {tuple(s.prompt_ids) for s in load_samples(sorted((out / "data").glob("shard-*.pt")))}
     every = [json.loads(line)["prompt"] for line in seeds.read_text().splitlines()] + _written(out / "self_prompts.jsonl")
-    ids = {p: tuple(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)) for p in every}
+    ids = {p: tuple(prompt_token_ids(tok, p)) for p in every}
     assert len(answered) == 10 and answered < set(ids.values())
     held_out = set(ids.values()) - answered
     assert len(held_out) == 2 and any(ids[p] in answered for p in every[:6]) and any(ids[p] in answered for p in every[6:])
