@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from specray.cluster.args import int_list
 from specray.kernels.chat import prompt_token_ids
 
 
@@ -131,10 +132,6 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
-
-
 def plain_row(args, ids, sp: dict, record) -> tuple[list[list[int]], float]:
     """specray without speculation: the outputs every row is compared with, and its step time."""
     from specray import LLM, SamplingParams
@@ -150,14 +147,14 @@ def plain_row(args, ids, sp: dict, record) -> tuple[list[list[int]], float]:
 
 def draft_rows(args, ids, sp: dict, want, record) -> None:
     """The draft's chains per k (VocabTrim as configured, and off), behind lookup, and ngram alone."""
-    for trim, k_list in ((args.vocab_trim, ints(args.ks)), (0, ints(args.trim_off_ks))):
+    for trim, k_list in ((args.vocab_trim, int_list(args.ks)), (0, int_list(args.trim_off_ks))):
         if k_list:
             config = {"method": args.method, "model": args.draft, "num_speculative_tokens": max(k_list),
                       "draft_vocab_trim": trim}
             speculated_rows(args.model, config, "specray + draft", k_list, ids, sp, want, record,
                             lambda llm, k, outs: {"vocab_trim": _trim_size(llm)})
     if args.lookup_first:
-        lookup_ks = ints(args.lookup_ks or args.ks)
+        lookup_ks = int_list(args.lookup_ks or args.ks)
         options = {"model_tokens": args.lookup_model_tokens} if args.lookup_model_tokens else True
         config = {"method": args.method, "model": args.draft, "num_speculative_tokens": max(lookup_ks),
                   "lookup_first": options}
@@ -165,9 +162,9 @@ def draft_rows(args, ids, sp: dict, want, record) -> None:
                         lambda llm, k, outs: _lookup_share(llm, k, outs, args.lookup_model_tokens))
     if args.tree:
         tree_rows(args, ids, sp, want, record)
-    if ints(args.ngram_ks):
-        config = {"method": "ngram", "num_speculative_tokens": max(ints(args.ngram_ks))}
-        speculated_rows(args.model, config, "specray ngram", ints(args.ngram_ks), ids, sp, want, record)
+    if int_list(args.ngram_ks):
+        config = {"method": "ngram", "num_speculative_tokens": max(int_list(args.ngram_ks))}
+        speculated_rows(args.model, config, "specray ngram", int_list(args.ngram_ks), ids, sp, want, record)
 
 
 def _trim_size(llm) -> int:

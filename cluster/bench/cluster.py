@@ -27,9 +27,6 @@ from specray.kernels.chat import prompt_token_ids
 SCHEMA = "specray.bench.cluster/1"
 
 
-def chat_ids(tokenizer, prompt: str) -> list[int]:
-    return prompt_token_ids(tokenizer, prompt)
-
 
 def closed_loop(router, requests: list[list[int]], params, concurrency: int) -> dict:
     """Keep `concurrency` requests in flight on an Router; latency from each request's start."""
@@ -203,7 +200,7 @@ def cmd_bench_cluster(args) -> int:
     prompts = [p["prompt"] for p in load_prompts(Path(args.dataset) if args.dataset else None, args.num_requests)]
     prompts = (prompts * (1 + args.num_requests // max(1, len(prompts))))[:args.num_requests]
     tok = resolve(cfg.model).tokenizer()
-    requests = [chat_ids(tok, p) for p in prompts]
+    requests = [prompt_token_ids(tok, p) for p in prompts]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     bodies = [{"model": cfg.model_name, "messages": [{"role": "user", "content": p}], "max_tokens": args.max_tokens,
                "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}} for p in prompts]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from specray.kernels.drafters import registry
 from specray.kernels.loader import DEFAULT_DRAFTS, TARGET_DRAFTS
 
 # With a packaged trained draft: prompt lookup first (up to 2 tokens where the last tokens occurred
@@ -36,7 +37,8 @@ def packaged_draft(model: str, method: str) -> str | None:
     from specray.kernels.drafters.eagle import is_eagle_folder
     from specray.kernels.loader import resolve
 
-    if method not in ("eagle", "draft_model"):
+    entry = registry.METHODS.get(method)
+    if entry is None or not entry.needs_model:
         return None
     for draft in TARGET_DRAFTS.get(model, ()):
         if is_eagle_folder(resolve(draft).path) == (method == "eagle"):

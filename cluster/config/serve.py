@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from specray.cluster.config.defaults import default_speculative_config, is_default_for_other
 from specray.cluster.config.speculative import SpeculativeConfig
+from specray.kernels.drafters import registry
 
 TRANSPORTS = ("ray", "torch_distributed", "grpc", "inline")
 
@@ -147,7 +148,7 @@ class ServeConfig(_Strict):
         if self.router.pipelined != "auto":
             return self.router.pipelined
         spec = self.speculative
-        return spec is not None and spec.method in ("draft_model", "eagle") and spec.draft_cap(2) > 0
+        return spec is not None and registry.method(spec.method).needs_model and spec.draft_cap(2) > 0
 
     @property
     def model_name(self) -> str:

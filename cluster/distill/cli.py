@@ -20,7 +20,7 @@ import time
 import torch
 
 from specray.cluster.args import int_list
-from specray.cluster.distill.data import chat_ids, load_samples
+from specray.cluster.distill.data import load_samples
 from specray.cluster.distill.phases import (
     acceptance_eval,
     check_args,
@@ -31,13 +31,14 @@ from specray.cluster.distill.phases import (
     save_phase,
     train_phase,
 )
+from specray.kernels.chat import prompt_token_ids
 
 
 def cmd_distill(args) -> int:
     from specray import LLM
 
     wall = time.perf_counter()
-    check_args(args)
+    extra = check_args(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -45,7 +46,7 @@ def cmd_distill(args) -> int:
     if args.data_backend == "specray" or args.self_prompts:
         llm = LLM(args.model, device=args.device, max_num_seqs=args.gen_batch_size,
                   kv_cache_tokens=args.gen_batch_size * (args.max_len + 64))
-    setup = prepare(args, llm)
+    setup = prepare(args, llm, extra)
     t0 = time.perf_counter()
     if args.data_backend == "hf":
         llm = None  # the router wrote the self-written prompts; one copy of the target at a time
@@ -57,7 +58,7 @@ def cmd_distill(args) -> int:
     if args.kind == "eagle":
         from specray.cluster.distill.eagle import distill_eagle
 
-        eval_ids = [chat_ids(setup.tokenizer, p) for p in setup.eval_prompts]
+        eval_ids = [prompt_token_ids(setup.tokenizer, p) for p in setup.eval_prompts]
         return distill_eagle(args, setup.checkpoint, shards + setup.extra, eval_ids, setup.eos, log, acceptance_eval)
     samples = load_samples(shards + setup.extra)  # held-out rows come from this run's own shards first
     data_seconds = time.perf_counter() - t0

@@ -40,10 +40,6 @@ def seed_prompts(path: Path | None = None, seed: int = 0) -> list[str]:
     return prompts
 
 
-def chat_ids(tokenizer, prompt: str) -> list[int]:
-    """The chat-templated prompt's token ids."""
-    return prompt_token_ids(tokenizer, prompt)
-
 
 @dataclass
 class Sample:
@@ -120,7 +116,7 @@ def generate_shards_hf(model, tokenizer, prompts: list[str], out: Path, shard_si
         path = out / f"shard-{s:05d}.pt"
         paths.append(path)
         group = prompts[start:start + shard_size]
-        ids = [chat_ids(tokenizer, p) for p in group]
+        ids = [prompt_token_ids(tokenizer, p) for p in group]
         if path.exists():
             check_shard(path, ids)
             if progress is not None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from specray.cluster.distill.data import chat_ids, generate_shards, generate_shards_hf
+from specray.cluster.distill.data import generate_shards, generate_shards_hf
 from specray.cluster.distill.model import (
     init_draft,
     park_untrained_rows,
@@ -22,6 +22,7 @@ from specray.cluster.distill.model import (
 )
 from specray.cluster.distill.self_prompts import all_prompts
 from specray.cluster.distill.train import TrainConfig, evaluate, final_hidden, train
+from specray.kernels.chat import prompt_token_ids
 
 PACKAGED_PROMPTS = "specray/cluster/distill/data/distill_prompts.json"
 
@@ -126,7 +127,7 @@ class Setup:
     data_dir: Path  # this run's shards (--data, else OUT/data)
 
 
-def prepare(args, llm) -> Setup:
+def prepare(args, llm, extra: list[Path]) -> Setup:
     """Checks, the run folder and the prompt split; held-out prompts are the last of the shuffled list."""
     from specray.kernels.loader import resolve
 
@@ -144,22 +145,21 @@ def prepare(args, llm) -> Setup:
     config_eos = checkpoint.hf_config().eos_token_id
     eos = [t for t in [*(config_eos if isinstance(config_eos, list) else [config_eos]), tok.eos_token_id]
            if isinstance(t, int)]
-    extra = [p for folder in args.extra_data for p in extra_shards(Path(folder))]
     data_dir = Path(args.data) if args.data else out / "data"
     return Setup(out, checkpoint, tok, list(dict.fromkeys(eos)), train_prompts, eval_prompts, extra, data_dir)
 
 
-def check_args(args) -> None:
-    """Mistakes that would otherwise surface after the slow data phase."""
+def check_args(args) -> list[Path]:
+    """Mistakes that would otherwise surface after the slow data phase; returns the --extra-data shards."""
     from specray.kernels.loader import resolve
 
     if args.self_prompts is not None and min(args.self_prompts, args.self_prompt_max_tokens) <= 0:
         raise ValueError(f"--self-prompts must be positive, got {args.self_prompts} prompts of at most "
                          f"{args.self_prompt_max_tokens} tokens")
-    for folder in args.extra_data:
-        extra_shards(Path(folder))
+    extra = [p for folder in args.extra_data for p in extra_shards(Path(folder))]
     if args.init_from:
         check_init_from(args, resolve(args.model))
+    return extra
 
 
 def data_phase(args, setup: Setup, llm) -> list[Path]:
@@ -232,7 +232,7 @@ def save_phase(args, setup: Setup, samples: list, draft, table, trained: dict, d
 
 def eval_phase(args, setup: Setup, draft_dir: Path, info: dict, wall: float) -> None:
     """5. Greedy speculation on the held-out prompts; then distill.json is final."""
-    eval_ids = [chat_ids(setup.tokenizer, p) for p in setup.eval_prompts]
+    eval_ids = [prompt_token_ids(setup.tokenizer, p) for p in setup.eval_prompts]
     if eval_ids and args.eval_k and args.eval_k != [0]:
         info["eval"] = acceptance_eval(args.model, draft_dir, eval_ids, args.eval_k, sorted({0, info["vocab_trim_k"]}),
                                        args.eval_max_tokens, args.device)

@@ -99,7 +99,7 @@ def _speculative_override(args, current: dict | None, target: str):
         spec["method"] = args.speculative_method
     if args.draft_model:  # a draft model means a method that uses one (as vLLM infers it)
         method = args.speculative_method or _draft_method(args.draft_model)
-        spec.update(model=args.draft_model, method=method if method in ("draft_model", "eagle") else "draft_model")
+        spec.update(model=args.draft_model, method=method if _uses_draft_model(method) else "draft_model")
     draft = packaged_draft(target, spec.get("method", ""))
     if draft and not spec.get("model"):  # e.g. --speculative-method draft_model alone
         spec["model"] = draft
@@ -108,6 +108,11 @@ def _speculative_override(args, current: dict | None, target: str):
     if args.lookup_first:
         spec["lookup_first"] = True
     return spec
+
+
+def _uses_draft_model(method: str | None) -> bool:
+    entry = METHODS.get(method or "")
+    return entry is not None and entry.needs_model
 
 
 SERVE_SPEC_FLAGS = ("speculative_method", "draft_model", "num_speculative_tokens", "lookup_first")

@@ -31,12 +31,17 @@ def default_vocab_trim(folder) -> int:
     return int(json.loads(info.read_text()).get("vocab_trim_k") or 0)
 
 
+def _cpu_fp32(options: DraftOptions) -> bool:
+    """The C kernels' mode: a CPU draft in fp32."""
+    return str(options.device) == "cpu" and DTYPES[options.dtype] == torch.float32
+
+
 def rounds_to_q8_0(options: DraftOptions) -> bool:
     """`draft_quantization`: "q8_0" rounds the draft's weights to Q8_0 blocks, "none" keeps them;
     None means q8_0 where the draft runs on CPU in fp32 (the packed C kernels' mode)."""
     mode = options.draft_quantization
     if mode is None:
-        mode = "q8_0" if str(options.device) == "cpu" and DTYPES[options.dtype] == torch.float32 else "none"
+        mode = "q8_0" if _cpu_fp32(options) else "none"
     if mode not in ("q8_0", "none"):
         raise ValueError(f"draft quantization must be 'q8_0' or 'none', got {mode!r}")
     return mode == "q8_0"
@@ -78,7 +83,7 @@ def build_eagle(options: DraftOptions) -> Drafter:
         raise ValueError(f"{options.model!r} is not a feature-level draft (no eagle.json); use method 'draft_model'")
     draft = load_eagle(checkpoint.path, resolve(eagle_target(checkpoint.path)).path, DTYPES[options.dtype],
                        options.device)
-    if str(options.device) == "cpu" and DTYPES[options.dtype] == torch.float32:
+    if _cpu_fp32(options):
         draft.enable_cpu_kernels()
     if rounds_to_q8_0(options):
         draft.round_weights_to_q8_0()
