@@ -87,6 +87,9 @@ class TargetWorker:
         results = self._verify(items, rules, logits)  # logits [sum(n + 1), vocab_size]
         if features is not None:
             _attach_features(items, results, wants, features)
+        self._attach_logprobs(items, logits, results)
+        # Commit last: a step that raises above leaves every sequence's KV as it was, so the router
+        # can retry the round without the request that broke it.
         for item, chunk, res in zip(items, chunks, results, strict=True):
             base = chunk.context_len + len(item.new_token_ids)
             if res.accepted_nodes is not None:
@@ -94,7 +97,6 @@ class TargetWorker:
             self.cache.set_cached(item.seq_id, base + res.num_accepted)
             if chunk.parents is not None:  # the rejected branches' blocks go back to the pool
                 self.cache.release_unused(item.seq_id)
-        self._attach_logprobs(items, logits, results)
         return results
 
     def _rule(self, item: TargetItem) -> str:

@@ -43,13 +43,16 @@ class LLM:
     def __init__(self, model: str = "smollm2-135m", speculative_config: dict[str, Any] | None = None,
                  dtype: str | torch.dtype = "float32", device: str = "cpu", max_model_len: int | None = None,
                  max_num_seqs: int = 32, kv_cache_tokens: int = 16384, block_size: int = 16, seed: int = 0,
-                 pipelined: bool = False):
+                 pipelined: bool = False, tokenizer: str | None = None, skip_tokenizer_init: bool = False):
+        """`tokenizer`: a folder or alias to take the tokenizer from (default: the model's own);
+        `skip_tokenizer_init`: none at all, prompts and outputs are token ids (texts stay empty)."""
         spec = SpeculativeConfig.from_dict(speculative_config)
         torch_dtype = parse_dtype(dtype)
         torch.manual_seed(seed)
         checkpoint = resolve(model)
         self.model_name = model
-        self.tokenizer = checkpoint.tokenizer()
+        self.tokenizer = None if skip_tokenizer_init else resolve(tokenizer).tokenizer() if tokenizer \
+            else checkpoint.tokenizer()
         target_model = load_model(checkpoint, torch_dtype, device)
         blocks = num_blocks(kv_cache_tokens, block_size)
         self.target = TargetWorker(target_model, blocks, block_size)
@@ -65,6 +68,8 @@ class LLM:
 
     def encode(self, prompt: PromptLike) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this LLM has no tokenizer (skip_tokenizer_init=True): give token ids")
             return prompt, self.tokenizer(prompt).input_ids
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             return prompt.get("prompt"), list(prompt["prompt_token_ids"])
@@ -93,9 +98,20 @@ class LLM:
 
     def stream(self, prompts: Seq[PromptLike], sampling_params: SamplingParams):
         """Yield every `RequestOutput` as its request advances (one per request per round)."""
-        self._add_all(prompts, [sampling_params] * len(prompts))
+        ids = self._add_all(prompts, [sampling_params] * len(prompts))
         while self.router.has_unfinished():
             yield from self.router.step()
+            self._raise_failures(ids)
+
+    def _raise_failures(self, request_ids: list[str]) -> None:
+        """A request that failed inside a worker ends the call with the worker's own error (this
+        process is the operator's), after aborting the call's other requests."""
+        failures = self.router.take_failures()
+        if failures:
+            for request_id in request_ids:
+                self.router.abort(request_id)
+            request_id, failure = failures[0]
+            raise failure.__cause__ or failure
 
     def _add_all(self, prompts: Seq[PromptLike], params_list: list[SamplingParams]) -> list[str]:
         encoded = [self.encode(p) for p in prompts]
@@ -128,5 +144,6 @@ class LLM:
                 if out.finished:
                     done[out.request_id] = out
                     bar.update(1)
+            self._raise_failures(request_ids)
         bar.close()
         return [done[i] for i in request_ids if i in done]

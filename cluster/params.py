@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from specray.kernels.sampling import SamplingConfig
+
+MAX_LOGPROBS = 20  # top logprobs per token at most, as OpenAI's top_logprobs and vLLM's max_logprobs
+MAX_SEED = 2**63 - 1  # seeds travel as int64 between the pools
 
 
 @dataclass
@@ -32,21 +36,35 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         if self.top_k == -1:
             self.top_k = 0
-        _check(isinstance(self.n, int) and self.n >= 1, f"n must be >= 1, got {self.n}")
-        _check(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
-        _check(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
-        _check(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be >= 0 or -1, got {self.top_k}")
-        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1,
-               f"max_tokens must be an integer >= 1, got {self.max_tokens}")
-        _check(self.logprobs is None or self.logprobs >= 0, f"logprobs must be >= 0, got {self.logprobs}")
+        _check(_is_int(self.n) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
+        _check(_is_number(self.temperature) and 0.0 <= self.temperature < math.inf,
+               f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        _check(_is_number(self.top_p) and 0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p!r}")
+        _check(_is_int(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0 or -1, got {self.top_k!r}")
+        _check(self.seed is None or (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED),
+               f"seed must be an integer in [0, {MAX_SEED}], got {self.seed!r}")
+        _check(_is_int(self.max_tokens) and self.max_tokens >= 1,
+               f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
+               f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
-        _check(self.num_speculative_tokens is None or self.num_speculative_tokens >= 0,
-               f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}")
-        _check(self.verify_budget is None or (isinstance(self.verify_budget, int) and self.verify_budget >= 1),
-               f"verify_budget must be an integer >= 1, got {self.verify_budget}")
+        _check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids must be integers >= 0")
+        _check(self.num_speculative_tokens is None or (_is_int(self.num_speculative_tokens)
+                                                       and self.num_speculative_tokens >= 0),
+               f"num_speculative_tokens must be an integer >= 0, got {self.num_speculative_tokens!r}")
+        _check(self.verify_budget is None or (_is_int(self.verify_budget) and self.verify_budget >= 1),
+               f"verify_budget must be an integer >= 1, got {self.verify_budget!r}")
 
     def sampling_config(self) -> SamplingConfig:
         return SamplingConfig(self.temperature, self.top_k, self.top_p)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def _check(ok: bool, message: str) -> None:

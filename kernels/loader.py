@@ -37,6 +37,9 @@ TARGET_DRAFTS: dict[str, tuple[str, ...]] = {"smollm2-135m": ("smollm2-135m-eagl
 DEFAULT_DRAFTS: dict[str, str] = {target: drafts[0] for target, drafts in TARGET_DRAFTS.items()}
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 class ModelNotFoundError(ValueError):
     """The model name is neither an alias, a checkpoint folder nor a GGUF file."""
 
@@ -58,8 +61,12 @@ class Checkpoint:
         return AutoConfig.from_pretrained(self.path)
 
     def tokenizer(self):
+        """The folder's tokenizer; a folder without one is a clear error, not transformers' crash."""
         from transformers import AutoTokenizer
 
+        if not any((self.path / name).exists() for name in TOKENIZER_FILES):
+            raise ValueError(f"{self.path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); pass "
+                             "tokenizer=<folder or alias> or skip_tokenizer_init=True (token ids in and out)")
         return AutoTokenizer.from_pretrained(self.path)
 
 

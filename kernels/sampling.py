@@ -36,8 +36,13 @@ def processed_probs(logits: torch.Tensor, configs: list[SamplingConfig]) -> torc
     """
     assert logits.shape[0] == len(configs)
     logits = logits.float()
-    temps = torch.tensor([c.temperature if c.temperature > 0 else 1.0 for c in configs])
-    logits = logits / temps.to(logits.device).unsqueeze(1)
+    # float32 cannot hold a temperature below its smallest normal (5e-324 would round to 0 and
+    # divide 0 by 0): any such temperature is the same point mass as the smallest normal's
+    tiny = torch.finfo(torch.float32).tiny
+    temps = torch.tensor([max(c.temperature, tiny) if c.temperature > 0 else 1.0 for c in configs])
+    # Shift the row max to 0 before dividing: a tiny temperature then sends the others to -inf (a
+    # point mass at the argmax, like greedy) instead of overflowing the max to inf (inf - inf = nan).
+    logits = (logits - logits.amax(-1, keepdim=True)) / temps.to(logits.device).unsqueeze(1)
     if any(c.top_k > 0 for c in configs):
         logits = _top_k(logits, [c.top_k for c in configs])
     if any(c.top_p < 1.0 for c in configs):

@@ -7,6 +7,8 @@ from typing import Any
 from specray.kernels.drafters import registry
 from specray.kernels.loader import DEFAULT_DRAFTS, TARGET_DRAFTS
 
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024  # HTTP body / gRPC message: far above a full context of token ids
+
 # With a packaged trained draft: prompt lookup first (up to 2 tokens where the last tokens occurred
 # before), else one draft-model token; off once two sequences run. On a CPU each extra verified row
 # costs more than a draft saves, and batches of 2+ decode faster without speculation: the paired runs

@@ -79,12 +79,16 @@ def serve_deployment(server_cls, cfg):
     """The Serve deployment around `server_cls` (an ASGI ingress built at replica start).
 
     One replica: the router owns the running batch. It reserves no CPU so it fits beside the
-    pools on small clusters, and admits as many requests as the router may queue.
+    pools on small clusters, and takes as many requests as the router may run and queue (each is at
+    least one sequence). Beyond that the proxy queues at most `max_waiting` more and answers 429.
     """
     from ray import serve
+    from ray.serve.config import BackpressureConfig
 
+    r = cfg.router
     return serve.deployment(
         serve.ingress()(server_cls), name="specray", num_replicas=1,
-        max_ongoing_requests=cfg.router.max_waiting + cfg.router.max_num_seqs,
+        max_ongoing_requests=r.max_waiting + r.max_num_seqs, max_queued_requests=r.max_waiting,
+        backpressure_config=BackpressureConfig(status_code=429, retry_after_s=1),
         ray_actor_options={"num_cpus": 0}, health_check_period_s=10, health_check_timeout_s=30,
     )

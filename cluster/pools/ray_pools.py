@@ -11,6 +11,7 @@ fresh workers at once, so the service recovers without a restart.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -26,6 +27,7 @@ from specray.cluster.pools.builder import kill_worker, release_group, rendezvous
 from specray.cluster.pools.draft_endpoint import DraftEndpoint, TransportStats
 
 ActorFailure = (RayActorError, GetTimeoutError)
+log = logging.getLogger("specray.pools")
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,8 @@ class RayTargetPool:
         for actor in self.actors:  # a lost rank strands the others mid-collective: restart all
             kill_worker(actor)
         self.actors = self._start()
-        return TargetUnavailable(f"a target worker failed; its requests were lost, retry them ({error})")
+        log.error("a target worker failed; restarting the target pool", exc_info=error)
+        return TargetUnavailable("a target worker failed and is restarting; its requests were lost, retry them")
 
     def release(self, seq_id) -> None:
         for actor in self.actors:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from specray.cluster.outputs import RequestOutput
 from specray.cluster.params import SamplingParams
 from specray.cluster.pools.api import TargetUnavailable
+from specray.cluster.router.failures import request_failed
 from specray.cluster.router.router import Router
 
 
@@ -46,6 +47,9 @@ class AsyncRouter:
         self.router = router
         self.max_waiting = max_waiting
         self._commands: queue.Queue = queue.Queue()
+        self._queued_seqs = 0  # sequences of Add commands the router thread has not taken yet
+        self._admission = threading.Lock()  # callers on several event loops (HTTP, gRPC) share the bound
+        self._admission_count = threading.Lock()  # the router thread takes from the count
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._ids = itertools.count()
         self._wake = threading.Event()
@@ -55,19 +59,24 @@ class AsyncRouter:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.router.waiting) + self._commands.qsize()
+        """Sequences waiting for a place in the running batch (a request with n choices counts n)."""
+        return len(self.router.waiting) + self._queued_seqs
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
                        prompt: str | None = None) -> AsyncIterator[RequestOutput]:
         """Yield the request's output after every round until it finishes. Raises ValueError for
         bad input and QueueFullError when the queue is full; cancelling the consumer aborts it."""
         self.router.check_prompt(prompt_token_ids, params)
-        if self.num_waiting >= self.max_waiting:
-            raise QueueFullError(f"{self.num_waiting} requests are already waiting; retry later")
+        if params.n > self.max_waiting:
+            raise ValueError(f"n={params.n} exceeds the server's queue of {self.max_waiting} sequences")
         request_id = f"req-{next(self._ids)}"
         stream: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = (asyncio.get_running_loop(), stream)
-        self._submit(Add(request_id, prompt_token_ids, params, prompt))
+        with self._admission:
+            if self.num_waiting + params.n > self.max_waiting:
+                raise QueueFullError(f"{self.num_waiting} sequences are already waiting (at most "
+                                     f"{self.max_waiting}); retry later")
+            self._streams[request_id] = (asyncio.get_running_loop(), stream)
+            self._submit(Add(request_id, prompt_token_ids, params, prompt))
         finished = False
         try:
             while not finished:
@@ -92,6 +101,9 @@ class AsyncRouter:
 
     # -- the router thread ------------------------------------------------------------------
     def _submit(self, command: Command) -> None:
+        if isinstance(command, Add):
+            with self._admission_count:
+                self._queued_seqs += command.params.n
         self._commands.put(command)
         self._wake.set()
 
@@ -107,6 +119,9 @@ class AsyncRouter:
                                             request_id=command.request_id)
                 except ValueError as e:
                     self._deliver(command.request_id, e)
+                finally:  # after the add: the count never dips below what waits
+                    with self._admission_count:
+                        self._queued_seqs -= command.params.n
             else:
                 self.router.abort(command.request_id)
 
@@ -123,16 +138,18 @@ class AsyncRouter:
                 for request_id in self.router.fail_all():
                     self._deliver(request_id, e)
                 continue
-            except Exception as e:  # a failed round fails its requests, never the server
+            except Exception as e:  # noqa: BLE001 - a router bug fails what ran, never the server
                 self._fail_running(e)
                 continue
             for out in outputs:
                 self._deliver(out.request_id, out)
+            for request_id, failure in self.router.take_failures():  # one request broke a round
+                self._deliver(request_id, failure)
 
     def _fail_running(self, error: Exception) -> None:
         for request_id in list(self.router.requests):
             self.router.abort(request_id)
-            self._deliver(request_id, RuntimeError(f"generation failed: {error}"))
+            self._deliver(request_id, request_failed(request_id, error))
 
     def _deliver(self, request_id: str, item) -> None:
         target = self._streams.get(request_id)

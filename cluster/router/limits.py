@@ -43,7 +43,7 @@ def router_limits(model_config, tokenizer, spec, max_model_len: int | None, max_
     limit = model_config.max_position_embeddings
     if max_model_len is not None and not 2 <= max_model_len <= limit:
         raise ValueError(f"max_model_len must be in [2, {limit}], got {max_model_len}")
-    eos = set(model_config.eos_token_ids) or {tokenizer.eos_token_id}
+    eos = set(model_config.eos_token_ids) or ({tokenizer.eos_token_id} if tokenizer is not None else set())
     return RouterLimits(
         max_model_len=max_model_len or limit, vocab_size=model_config.vocab_size,
         kv_capacity_tokens=num_blocks * block_size, block_size=block_size, max_num_seqs=max_num_seqs,

@@ -34,7 +34,8 @@ class RoundSteps(Protocol):
 
     def admit(self, limit: int | None = None) -> list[Sequence]: ...
     def submit_verify(self, seqs: list[Sequence], proposals: dict[str, Proposal]) -> Pending[list[VerifyResult]]: ...
-    def collect_verify(self, seqs: list[Sequence], pending: Pending[list[VerifyResult]]) -> list[Sequence]: ...
+    def collect_verify(self, seqs: list[Sequence], pending: Pending[list[VerifyResult]],
+                       proposals: dict[str, Proposal]) -> list[Sequence]: ...
     def submit_propose(self, seqs: list[Sequence]) -> Pending[list[Proposal]] | None: ...
     def collect_proposals(self, seqs: list[Sequence], pending: Pending | None) -> dict[str, Proposal]: ...
     def outputs(self, seqs: list[Sequence]) -> list[RequestOutput]: ...
@@ -43,7 +44,8 @@ class RoundSteps(Protocol):
 class Pipeline:
     def __init__(self, router: RoundSteps):
         self.router = router
-        self.verifying: tuple[list[Sequence], Pending] | None = None  # group on the target pool
+        # the group on the target pool, with its proposals (a failed step is retried from them)
+        self.verifying: tuple[list[Sequence], dict[str, Proposal], Pending] | None = None
         self.drafting: tuple[list[Sequence], Pending | None] | None = None  # group on the draft pool
 
     def reset(self) -> None:
@@ -58,7 +60,7 @@ class Pipeline:
         moved = self._rebalance(committed, to_verify)
         committed = [s for s in committed if s not in moved]
         if to_verify:
-            self.verifying = (to_verify, r.submit_verify(to_verify, proposals))
+            self.verifying = (to_verify, proposals, r.submit_verify(to_verify, proposals))
         if committed:
             self.drafting = (committed, r.submit_propose(committed))
         return r.outputs(self._touched)
@@ -67,9 +69,9 @@ class Pipeline:
         self._touched: list[Sequence] = []
         if self.verifying is None:
             return []
-        seqs, pending = self.verifying
+        seqs, proposals, pending = self.verifying
         self.verifying = None
-        self._touched = self.router.collect_verify(seqs, pending)
+        self._touched = self.router.collect_verify(seqs, pending, proposals)
         return [s for s in self._touched if s in self.router.running]
 
     def _finish_draft(self) -> tuple[list[Sequence], dict[str, Proposal]]:

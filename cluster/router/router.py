@@ -20,7 +20,8 @@ import torch
 from specray.actors.messages import DraftItem, TargetItem
 from specray.cluster.outputs import RequestOutput, SpecMetrics
 from specray.cluster.params import SamplingParams
-from specray.cluster.pools.api import DraftPool, DraftUnavailable, Pending, TargetPool, TargetUnavailable  # noqa: F401
+from specray.cluster.pools.api import Done, DraftPool, DraftUnavailable, Pending, TargetPool, TargetUnavailable
+from specray.cluster.router.failures import RequestFailed, log, request_failed
 from specray.cluster.router.limits import RouterLimits, RouterStats, router_limits  # noqa: F401 (re-export)
 from specray.cluster.router.pipeline import Pipeline
 from specray.cluster.router.sequence import Sequence
@@ -47,6 +48,7 @@ class Router:
         self.running: list[Sequence] = []
         self.reserved_tokens = 0
         self.stats = RouterStats()
+        self.failures: list[tuple[str, RequestFailed]] = []  # failed inside a worker; see take_failures
         self._ids = itertools.count()
         self.pipeline = Pipeline(self) if config.pipelined and draft is not None else None
 
@@ -74,8 +76,18 @@ class Router:
                              f"{self.config.max_model_len} tokens, leaving no room to generate")
         if self._reservation(len(prompt_token_ids), params) > self.config.kv_capacity_tokens:
             raise ValueError("request can never fit in the KV cache; lower max_tokens or raise the cache size")
-        if any(not isinstance(t, int) or not 0 <= t < self.config.vocab_size for t in prompt_token_ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {self.config.vocab_size})")
+        vocab = self.config.vocab_size
+        if any(type(t) is not int or not 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if self.tokenizer is None and params.stop:
+            raise ValueError("stop strings need a tokenizer, and this engine has none; use stop_token_ids")
+        if params.n > self.config.max_num_seqs:
+            raise ValueError(f"n={params.n} exceeds max_num_seqs {self.config.max_num_seqs}: "
+                             "a request's choices must fit in one running batch")
+        if params.logprobs is not None and params.logprobs > vocab:
+            raise ValueError(f"logprobs must be <= the vocabulary size {vocab}, got {params.logprobs}")
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be in [0, {vocab})")
 
     def abort(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)
@@ -86,6 +98,17 @@ class Router:
                 self.waiting.remove(seq)
             if seq in self.running:
                 self._retire(seq)
+
+    def fail_request(self, request_id: str, error: BaseException) -> None:
+        """Abort one request that broke a round; its consumer gets a RequestFailed."""
+        if request_id in self.requests:
+            self.abort(request_id)
+            self.failures.append((request_id, request_failed(request_id, error)))
+
+    def take_failures(self) -> list[tuple[str, RequestFailed]]:
+        """(request id, error) of requests failed since the last call."""
+        failures, self.failures = self.failures, []
+        return failures
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -160,6 +183,10 @@ class Router:
         except DraftUnavailable:
             self._lose_draft_state()
             return None
+        except Exception:  # noqa: BLE001 - a draft bug costs speed, never a request
+            log.exception("the draft pool failed; this round decodes target-only")
+            self._lose_draft_state()
+            return None
         finally:  # in-process pools compute here; remote ones only send
             self.stats.draft_seconds += time.perf_counter() - start
 
@@ -171,6 +198,10 @@ class Router:
         try:
             drafted = pending.result()
         except DraftUnavailable:
+            self._lose_draft_state()
+            return proposals
+        except Exception:  # noqa: BLE001 - a draft bug costs speed, never a request
+            log.exception("the draft pool failed; this round decodes target-only")
             self._lose_draft_state()
             return proposals
         finally:
@@ -187,21 +218,26 @@ class Router:
             seq.draft_sent = 0
 
     def submit_verify(self, seqs: list[Sequence], proposals: dict[str, Proposal]) -> Pending[list[VerifyResult]]:
-        items = []
-        for seq in seqs:
-            if seq.output_token_ids:
-                proposal = proposals.get(seq.seq_id, Proposal([]))
-                self._check_budget(seq, proposal)
-                rule = self._rule(seq, proposal)
-                items.append(TargetItem(seq.seq_id, seq.output_token_ids[-1:], proposal, rule=rule))
-            else:  # prefill: the first token comes from the prompt's last position
-                spec = dataclasses.replace(seq.spec(), features=self.config.draft_features)
-                items.append(TargetItem(seq.seq_id, list(seq.prompt_token_ids), Proposal([]), spec))
+        """Send the round to the target pool; an error other than TargetUnavailable waits in the
+        pending result, for collect_verify to isolate."""
         start = time.perf_counter()
         try:
-            return self.target.submit_step(items)
+            return self.target.submit_step([self._target_item(seq, proposals) for seq in seqs])
+        except TargetUnavailable:
+            raise
+        except Exception as e:  # noqa: BLE001 - in-process pools compute (and fail) at submit
+            return Done(error=e)
         finally:
             self.stats.target_seconds += time.perf_counter() - start
+
+    def _target_item(self, seq: Sequence, proposals: dict[str, Proposal]) -> TargetItem:
+        if seq.output_token_ids:
+            proposal = proposals.get(seq.seq_id, Proposal([]))
+            self._check_budget(seq, proposal)
+            return TargetItem(seq.seq_id, seq.output_token_ids[-1:], proposal, rule=self._rule(seq, proposal))
+        # prefill: the first token comes from the prompt's last position
+        spec = dataclasses.replace(seq.spec(), features=self.config.draft_features)
+        return TargetItem(seq.seq_id, list(seq.prompt_token_ids), Proposal([]), spec)
 
     def _rule(self, seq: Sequence, proposal: Proposal) -> str:
         """The rule for this round (kernels/verify/rules.py); the target worker checks it again."""
@@ -212,13 +248,40 @@ class Router:
         if budget is not None and proposal.num_draft_tokens > budget:
             raise ValueError(f"a proposal of {proposal.num_draft_tokens} draft tokens exceeds verify_budget {budget}")
 
-    def collect_verify(self, seqs: list[Sequence], pending: Pending[list[VerifyResult]]) -> list[Sequence]:
-        """Commit the results of still-running sequences; returns the ones committed."""
+    def collect_verify(self, seqs: list[Sequence], pending: Pending[list[VerifyResult]],
+                       proposals: dict[str, Proposal]) -> list[Sequence]:
+        """Commit the results of still-running sequences; returns the ones committed. A failed
+        step is retried one sequence at a time, so only the request that breaks it fails."""
         start = time.perf_counter()
         try:
             results = pending.result()
+        except TargetUnavailable:
+            raise
+        except Exception as error:  # noqa: BLE001 - the worker left every KV as it was
+            return self._isolate(seqs, proposals, error)
         finally:
             self.stats.target_seconds += time.perf_counter() - start
+        return self._commit_all(seqs, results)
+
+    def _isolate(self, seqs: list[Sequence], proposals: dict[str, Proposal], error: Exception) -> list[Sequence]:
+        if len(seqs) == 1:
+            self.fail_request(seqs[0].request_id, error)
+            return []
+        committed = []
+        for seq in seqs:
+            if seq not in self.running:  # aborted, or a sibling choice failed
+                continue
+            try:
+                results = self.submit_verify([seq], proposals).result()
+            except TargetUnavailable:
+                raise
+            except Exception as solo_error:  # noqa: BLE001
+                self.fail_request(seq.request_id, solo_error)
+                continue
+            committed += self._commit_all([seq], results)
+        return committed
+
+    def _commit_all(self, seqs: list[Sequence], results: list[VerifyResult]) -> list[Sequence]:
         committed = []
         for seq, res in zip(seqs, results, strict=True):
             if seq in self.running:  # aborted while in flight: nothing to commit
@@ -238,7 +301,7 @@ class Router:
         group = list(self.running)
         decoding = [s for s in group if s.output_token_ids]
         proposals = self.collect_proposals(decoding, self.submit_propose(decoding))
-        return self.outputs(self.collect_verify(group, self.submit_verify(group, proposals)))
+        return self.outputs(self.collect_verify(group, self.submit_verify(group, proposals), proposals))
 
     def _commit(self, seq: Sequence, res: VerifyResult) -> None:
         if seq.output_token_ids:  # a decode round (the prefill's first token is not one)
@@ -251,7 +314,8 @@ class Router:
         seq.append(res.emitted_token_ids, res.logprobs)
         if res.features is not None:
             seq.draft_features.append(res.features)
-        seq.detokenize(self.tokenizer)
+        if self.tokenizer is not None:  # skip_tokenizer_init: token ids only
+            seq.detokenize(self.tokenizer)
         if seq.finished:
             self._retire(seq)
 

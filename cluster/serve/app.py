@@ -24,11 +24,25 @@ class SpecrayServer:
         self.config = ServeConfig.from_dict(config)
         self.runtime = build_runtime(self.config)
         rt, cfg = self.runtime, self.config
-        self.http = OpenAIServer(rt.async_router, rt.tokenizer, cfg.model_name, rt.api_key, cfg.http.default_max_tokens)
+        self.http = OpenAIServer(rt.async_router, rt.tokenizer, cfg.model_name, rt.api_key, cfg.http.default_max_tokens,
+                                 cfg.http.max_request_bytes)
         spec = cfg.speculative
         self.generation = GenerationService(rt.async_router, rt.tokenizer, cfg.model_name, api_key=rt.api_key,
                                             metrics=self.http.metrics, default_max_tokens=cfg.http.default_max_tokens,
                                             speculative_method=spec.method if spec else "")
+        self.grpc_server = self._start_grpc() if cfg.grpc.enabled and cfg.grpc.server == "replica" else None
+
+    def _start_grpc(self):
+        """specray's own gRPC server in this replica (grpc.server 'replica'), on its own thread."""
+        import grpc
+
+        from specray.cluster.serve.grpc_server import GrpcServerThread
+
+        g = self.config.grpc
+        pair = g.tls_pair()
+        credentials = grpc.ssl_server_credentials([pair]) if pair else None
+        return GrpcServerThread(self.generation, g.host or self.config.http.host, g.port, credentials,
+                                g.max_message_bytes).__enter__()
 
     def __serve_build_asgi_app__(self):
         return self.http.app
@@ -67,6 +81,8 @@ class SpecrayServer:
             raise RuntimeError("the router thread stopped")
 
     def __del__(self):
+        if getattr(self, "grpc_server", None) is not None:
+            self.grpc_server.__exit__(None, None, None)
         runtime = getattr(self, "runtime", None)
         if runtime is not None:
             runtime.shutdown()

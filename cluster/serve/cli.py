@@ -14,7 +14,8 @@ from specray.kernels.drafters.registry import METHODS
 # flag -> dotted ServeConfig key; flags left unset keep the config file's (or the default) value
 FLAG_KEYS = {
     "model": "model", "served_model_name": "served_model_name", "host": "http.host", "port": "http.port",
-    "api_key": "http.api_key", "grpc_port": "grpc.port", "max_num_seqs": "router.max_num_seqs",
+    "api_key": "http.api_key", "api_key_file": "http.api_key_file", "grpc_port": "grpc.port",
+    "grpc_tls_cert": "grpc.tls_cert_file", "grpc_tls_key": "grpc.tls_key_file", "max_num_seqs": "router.max_num_seqs",
     "max_waiting": "router.max_waiting", "kv_cache_tokens": "router.kv_cache_tokens",
     "max_model_len": "router.max_model_len", "transport": "transport.kind",
     "drafter_address": "transport.drafter_address", "tensor_parallel_size": "pools.target.num_workers",
@@ -38,10 +39,15 @@ def add_serve_flags(p) -> None:
     p.add_argument("--address", help="join this Ray cluster (e.g. auto or ray://host:10001) instead of starting one")
     p.add_argument("--model", help="target: alias, HF folder or .gguf file (default smollm2-135m)")
     p.add_argument("--served-model-name")
-    p.add_argument("--host")
+    p.add_argument("--host", help="interface HTTP and gRPC listen on (default 127.0.0.1; 0.0.0.0: every interface)")
     p.add_argument("--port", type=int, help="HTTP port (default 8000)")
     p.add_argument("--grpc-port", type=int, help="gRPC port (default 9000)")
-    p.add_argument("--api-key", help="require 'Authorization: Bearer <key>' (or set SPECRAY_API_KEY)")
+    p.add_argument("--grpc-tls-cert", help="PEM certificate chain: serve gRPC over TLS (with --grpc-tls-key)")
+    p.add_argument("--grpc-tls-key", help="PEM private key of --grpc-tls-cert")
+    p.add_argument("--api-key-file", help="require 'Authorization: Bearer <key>', the key read from this file "
+                                          "(or set SPECRAY_API_KEY)")
+    p.add_argument("--api-key", help="as --api-key-file, the key given inline: other users of the machine "
+                                     "can read it in the process list")
     p.add_argument("--speculative-config", type=json_object,
                    help="the whole speculative_config as JSON, as vLLM takes it (trees, budgets, lookup_first, ...); "
                         "not with the other speculation flags")
@@ -168,8 +174,15 @@ def cmd_serve(args) -> int:
 
     cfg = resolve_config(args)
     if args.dry_run:
-        print(yaml.safe_dump(cfg.model_dump(), sort_keys=False), end="")
+        shown = cfg.model_dump()
+        if shown["http"]["api_key"]:
+            shown["http"]["api_key"] = "<hidden>"
+        print(yaml.safe_dump(shown, sort_keys=False), end="")
         return 0
+    if args.api_key:
+        print("specray serve: --api-key is visible in the process list; prefer --api-key-file or SPECRAY_API_KEY",
+              file=sys.stderr)
+    cfg.http.resolved_api_key()  # an unreadable key file fails here, before anything starts
     from specray.cluster.serve.run import run_serve
 
     start_ray(cfg)
@@ -187,7 +200,8 @@ def cmd_serve(args) -> int:
 
 
 def endpoint_banner(cfg, handle) -> str:
-    host = "127.0.0.1" if cfg.http.host in ("0.0.0.0", "::") else cfg.http.host
+    everywhere = cfg.http.host in ("0.0.0.0", "::", "[::]")
+    host = "127.0.0.1" if everywhere else cfg.http.host
     url = f"http://{host}:{cfg.http.port}"
     auth = ' -H "Authorization: Bearer $SPECRAY_API_KEY"' if handle.get("api_key") else ""
     lines = [
@@ -196,7 +210,10 @@ def endpoint_banner(cfg, handle) -> str:
         f"  HTTP (OpenAI-compatible): {url}/v1   health: {url}/health   metrics: {url}/metrics",
     ]
     if handle.get("grpc"):
-        lines.append(f"  gRPC (specray.v1.Generation): {host}:{cfg.grpc.port}")
+        tls = ", TLS" if cfg.grpc.tls_cert_file else ""
+        lines.append(f"  gRPC (specray.v1.Generation{tls}): {cfg.grpc.host or host}:{cfg.grpc.port}")
+    if everywhere:
+        lines.append(f"  listening on every interface ({cfg.http.host}): reachable from other machines")
     lines += ["  try:",
               f"    curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\",
               f"      -d '{{\"model\": \"{cfg.model_name}\", \"messages\": [{{\"role\": \"user\", "

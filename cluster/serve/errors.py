@@ -9,6 +9,7 @@ import grpc
 
 from specray.cluster.pools.api import TargetUnavailable
 from specray.cluster.router.async_router import QueueFullError
+from specray.cluster.router.failures import RequestFailed
 
 Code = grpc.StatusCode
 
@@ -18,32 +19,30 @@ class Status:
     http: int
     grpc: grpc.StatusCode
     openai_type: str  # the OpenAI error body's "type"
-
-    @property
-    def retryable(self) -> bool:
-        """The client may retry at once (Retry-After on HTTP)."""
-        return self.grpc in (Code.RESOURCE_EXHAUSTED, Code.UNAVAILABLE)
+    retryable: bool = False  # the client may retry at once (Retry-After on HTTP)
 
 
 INVALID = Status(400, Code.INVALID_ARGUMENT, "invalid_request_error")
 UNAUTHENTICATED = Status(401, Code.UNAUTHENTICATED, "authentication_error")
 NOT_FOUND = Status(404, Code.NOT_FOUND, "not_found_error")
-QUEUE_FULL = Status(429, Code.RESOURCE_EXHAUSTED, "rate_limit_error")
+TOO_LARGE = Status(413, Code.RESOURCE_EXHAUSTED, "invalid_request_error")  # body or message over the limit
+QUEUE_FULL = Status(429, Code.RESOURCE_EXHAUSTED, "rate_limit_error", retryable=True)
 CANCELLED = Status(499, Code.CANCELLED, "cancelled_error")
 INTERNAL = Status(500, Code.INTERNAL, "internal_error")
-UNAVAILABLE = Status(503, Code.UNAVAILABLE, "service_unavailable_error")
+UNAVAILABLE = Status(503, Code.UNAVAILABLE, "service_unavailable_error", retryable=True)
 DEADLINE = Status(504, Code.DEADLINE_EXCEEDED, "timeout_error")
-STATUSES = (INVALID, UNAUTHENTICATED, NOT_FOUND, QUEUE_FULL, CANCELLED, INTERNAL, UNAVAILABLE, DEADLINE)
-BY_GRPC = {s.grpc: s for s in STATUSES}
+STATUSES = (INVALID, UNAUTHENTICATED, NOT_FOUND, TOO_LARGE, QUEUE_FULL, CANCELLED, INTERNAL, UNAVAILABLE, DEADLINE)
+BY_GRPC = {s.grpc: s for s in STATUSES if s is not TOO_LARGE}  # RESOURCE_EXHAUSTED counts as 429
 BY_HTTP = {s.http: s for s in STATUSES}
 
 # The router's exceptions a request can end with, most specific first.
 ROUTER_ERRORS: tuple[tuple[type[Exception], Status], ...] = (
     (QueueFullError, QUEUE_FULL),  # admission refused: the waiting queue is full
     (TargetUnavailable, UNAVAILABLE),  # the target lost its KV; retrying is safe
+    (RequestFailed, INTERNAL),  # a bug met this request alone; its message carries only a reference
     (ValueError, INVALID),  # the request itself is bad
 )
-CLIENT_ERRORS = tuple(kind for kind, _ in ROUTER_ERRORS)
+REQUEST_ERRORS = tuple(kind for kind, _ in ROUTER_ERRORS)
 
 
 def status_of(exc: BaseException) -> Status:

@@ -10,7 +10,7 @@ import grpc
 from specray.cluster.outputs import CompletionOutput, RequestOutput, SpecMetrics
 from specray.cluster.params import SamplingParams
 from specray.cluster.serve.openai_protocol import ChatMessage
-from specray.kernels.chat import chat_token_ids
+from specray.cluster.serve.prompts import PromptEncoder
 from specray.protos.specray.v1 import generate_pb2 as pb
 
 CHAT_ROLES = typing.get_args(ChatMessage.model_fields["role"].annotation)
@@ -26,6 +26,16 @@ class GrpcAbort(Exception):
 
     def __str__(self) -> str:
         return f"{self.code.name}: {self.details}"
+
+
+class Malformed:
+    """Request bytes that do not parse as the rpc's message (cluster/serve/grpc_server.py)."""
+
+    def __init__(self, message_type: str, error: str):
+        self.message_type, self.error = message_type, error
+
+    def abort(self) -> GrpcAbort:
+        return invalid(f"the request is not a valid {self.message_type} message ({self.error})")
 
 
 def invalid(details: str) -> GrpcAbort:
@@ -48,29 +58,25 @@ def sampling_params(sp: pb.SamplingParams, default_max_tokens: int) -> SamplingP
         raise invalid(str(e)) from None
 
 
-def chat_prompt(tokenizer, chat: pb.ChatMessages) -> list[int]:
-    """Token ids of a conversation rendered with the tokenizer's chat template."""
+def chat_messages(chat: pb.ChatMessages) -> list[dict[str, str]]:
     if not chat.messages:
         raise invalid("chat.messages is empty: give at least one message")
     for i, m in enumerate(chat.messages):
         if m.role not in CHAT_ROLES:
             raise invalid(f"chat.messages[{i}].role must be one of {list(CHAT_ROLES)}, got {m.role!r}")
-    if not getattr(tokenizer, "chat_template", None):
-        raise invalid("this model has no chat template; send text or token_ids instead")
-    messages = [{"role": m.role, "content": m.content} for m in chat.messages]
-    return chat_token_ids(tokenizer, messages)
+    return [{"role": m.role, "content": m.content} for m in chat.messages]
 
 
-def prompt_input(tokenizer, request: pb.GenerateRequest) -> tuple[str | None, list[int]]:
-    """(prompt text or None, prompt token ids) of a request."""
+async def prompt_input(prompts: PromptEncoder, request: pb.GenerateRequest) -> tuple[str | None, list[int]]:
+    """(prompt text or None, prompt token ids) of a request; tokenised off the event loop."""
     which = request.WhichOneof("prompt")
     if which is None:
         raise invalid("no prompt: set one of text, token_ids or chat")
     if which == "text":
-        return request.text, list(tokenizer(request.text).input_ids)
+        return request.text, await prompts.text(request.text, "text")
     if which == "token_ids":
         return None, list(request.token_ids.ids)
-    return None, chat_prompt(tokenizer, request.chat)
+    return None, await prompts.chat(chat_messages(request.chat), "chat.messages")
 
 
 # -- outputs --------------------------------------------------------------------------------

@@ -12,18 +12,44 @@ import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from google.protobuf.message import DecodeError
+
+from specray.cluster.config.defaults import DEFAULT_MAX_REQUEST_BYTES
+from specray.cluster.serve.grpc_convert import Malformed
 from specray.cluster.serve.grpc_service import SERVICE_NAME, GenerationService, GenerationServicer
 from specray.cluster.serve.http_server import free_port
-from specray.protos.specray.v1 import generate_pb2_grpc
+from specray.protos.specray.v1 import generate_pb2 as pb
 
 
-async def serve_grpc(service: GenerationService, port: int, host: str = "0.0.0.0",
+def _lenient(message_cls):
+    """A request deserializer that hands malformed bytes to the handler (INVALID_ARGUMENT there)
+    instead of raising, which grpc would answer with UNKNOWN."""
+    def parse(data: bytes):
+        try:
+            return message_cls.FromString(data)
+        except DecodeError as e:
+            return Malformed(message_cls.DESCRIPTOR.full_name, str(e))
+    return parse
+
+
+def _generation_handlers(servicer: GenerationServicer) -> grpc.GenericRpcHandler:
+    service = pb.DESCRIPTOR.services_by_name["Generation"]
+    handlers = {}
+    for method in service.methods:
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(getattr(servicer, method.name),
+                                     request_deserializer=_lenient(getattr(pb, method.input_type.name)),
+                                     response_serializer=lambda message: message.SerializeToString())
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+
+
+async def serve_grpc(service: GenerationService, port: int, host: str = "127.0.0.1",
                      credentials: grpc.ServerCredentials | None = None,
-                     options: list[tuple[str, object]] | None = None) -> grpc.aio.Server:
+                     max_message_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> grpc.aio.Server:
     """Start serving `service` on host:port (TLS with `credentials`); returns the started server.
     Call it inside the event loop that runs the server; `await server.stop(grace)` ends it."""
-    server = grpc.aio.server(options=options)
-    generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(service), server)
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes)])
+    server.add_generic_rpc_handlers((_generation_handlers(GenerationServicer(service)),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
@@ -55,21 +81,23 @@ class GrpcServerThread:
     (tests, the CLI). Use as a context manager; `target` is "host:port" for clients."""
 
     def __init__(self, service: GenerationService, host: str = "127.0.0.1", port: int | None = None,
-                 credentials: grpc.ServerCredentials | None = None):
+                 credentials: grpc.ServerCredentials | None = None,
+                 max_message_bytes: int = DEFAULT_MAX_REQUEST_BYTES):
         self.service, self.host, self.port = service, host, port or free_port(host)
-        self.credentials = credentials
+        self.credentials, self.max_message_bytes = credentials, max_message_bytes
         self.loop = asyncio.new_event_loop()
         self.server: grpc.aio.Server | None = None
         self.thread = threading.Thread(target=self.loop.run_forever, name="specray-grpc", daemon=True)
 
     @property
     def target(self) -> str:
-        return f"{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
 
     def __enter__(self) -> "GrpcServerThread":
         self.thread.start()
         started = asyncio.run_coroutine_threadsafe(
-            serve_grpc(self.service, self.port, self.host, self.credentials), self.loop)
+            serve_grpc(self.service, self.port, self.host, self.credentials, self.max_message_bytes), self.loop)
         self.server = started.result(timeout=30)
         return self
 

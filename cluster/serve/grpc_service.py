@@ -21,11 +21,13 @@ from grpc_health.v1 import health_pb2
 
 from specray.cluster.outputs import RequestOutput
 from specray.cluster.router.async_router import AsyncRouter
+from specray.cluster.router.failures import request_failed
 from specray.cluster.serve import grpc_convert as conv
 from specray.cluster.serve.auth import authorized
-from specray.cluster.serve.errors import CLIENT_ERRORS, http_status_label, status_of
+from specray.cluster.serve.errors import REQUEST_ERRORS, http_status_label, status_of
 from specray.cluster.serve.grpc_convert import GrpcAbort
 from specray.cluster.serve.metrics import ServingMetrics
+from specray.cluster.serve.prompts import PromptEncoder, PromptError
 from specray.protos.specray.v1 import generate_pb2 as pb
 from specray.protos.specray.v1 import generate_pb2_grpc
 
@@ -63,6 +65,7 @@ class GenerationService:
     def attach(self, router: AsyncRouter, tokenizer, metrics: ServingMetrics | None = None) -> None:
         """Start serving with `router` (pass the HTTP app's ServingMetrics to share one registry)."""
         self.tokenizer, self.metrics = tokenizer, metrics or self.metrics or ServingMetrics(router)
+        self.prompts = PromptEncoder(tokenizer, router.router.config.max_model_len)
         self.router = router
         for callback in self._on_ready:
             callback()
@@ -76,20 +79,22 @@ class GenerationService:
     # -- rpcs -------------------------------------------------------------------------------
     async def generate(self, request: pb.GenerateRequest, call: CallInfo) -> AsyncIterator[pb.GenerateResponse]:
         """Generate: deltas as rounds commit tokens, then one summary."""
-        request_id, ids, params, prompt = self._admit(request, call)
+        request_id, ids, params, prompt = await self._admit(request, call)
         tracker, last = conv.DeltaTracker(self.tokenizer, request_id), None
         async for out in self._run(ids, params, prompt, call):
             last = out
             for msg in tracker.deltas(out):
                 yield msg
+        self.metrics.succeeded(last.outputs[0].finish_reason)
         yield conv.summary(request_id, last)
 
     async def complete(self, request: pb.GenerateRequest, call: CallInfo) -> pb.CompleteResponse:
         """Complete: the full result."""
-        request_id, ids, params, prompt = self._admit(request, call)
+        request_id, ids, params, prompt = await self._admit(request, call)
         last = None
         async for out in self._run(ids, params, prompt, call):
             last = out
+        self.metrics.succeeded(last.outputs[0].finish_reason)
         return conv.complete_response(self.tokenizer, request_id, self.model_name, last)
 
     async def list_models(self, request: pb.ListModelsRequest, call: CallInfo) -> pb.ListModelsResponse:
@@ -111,8 +116,12 @@ class GenerationService:
     # -- plumbing ---------------------------------------------------------------------------
     def _fail(self, code: grpc.StatusCode, details: str) -> GrpcAbort:
         if self.metrics is not None:
-            self.metrics.failures.labels(http_status_label(code)).inc()
+            self.metrics.failed(http_status_label(code))
         return GrpcAbort(code, details)
+
+    def refuse(self, error: GrpcAbort) -> GrpcAbort:
+        """Count a request refused before it reached the service (a malformed message)."""
+        return self._fail(error.code, error.details)
 
     def _authorize(self, call: CallInfo) -> None:
         if not authorized(dict(call.metadata).get("authorization"), self.api_key):
@@ -122,7 +131,7 @@ class GenerationService:
         if not self.ready:
             raise self._fail(Code.UNAVAILABLE, "server is starting: the model is still loading; retry shortly")
 
-    def _admit(self, request: pb.GenerateRequest, call: CallInfo):
+    async def _admit(self, request: pb.GenerateRequest, call: CallInfo):
         """Check access and translate the request; bad input raises INVALID_ARGUMENT or NOT_FOUND."""
         self._authorize(call)
         self._require_ready()
@@ -130,10 +139,12 @@ class GenerationService:
             raise self._fail(Code.NOT_FOUND, f"model {request.model!r} does not exist; "
                                              f"this server serves {self.model_name!r}")
         try:
-            prompt, ids = conv.prompt_input(self.tokenizer, request)
             params = conv.sampling_params(request.sampling, self.default_max_tokens)
+            prompt, ids = await conv.prompt_input(self.prompts, request)
         except GrpcAbort as e:
             raise self._fail(e.code, e.details) from None
+        except PromptError as e:
+            raise self._fail(Code.INVALID_ARGUMENT, str(e)) from None
         return f"gen-{uuid.uuid4().hex[:24]}", ids, params, prompt
 
     async def _run(self, ids: list[int], params, prompt: str | None, call: CallInfo) -> AsyncIterator[RequestOutput]:
@@ -155,16 +166,16 @@ class GenerationService:
         except asyncio.TimeoutError:
             raise self._fail(Code.DEADLINE_EXCEEDED, f"deadline exceeded after {time.monotonic() - start:.2f}s; "
                                                      "the request was aborted") from None
-        except CLIENT_ERRORS as e:
+        except REQUEST_ERRORS as e:
             raise self._fail(status_of(e).grpc, str(e)) from None
         except asyncio.CancelledError:
             self._fail(Code.CANCELLED, "")
             raise
-        except RuntimeError as e:  # a failed round
-            raise self._fail(Code.INTERNAL, str(e)) from None
+        except Exception as e:  # noqa: BLE001 - a bug: the client gets a reference, the log the rest
+            raise self._fail(Code.INTERNAL, str(request_failed("grpc", e))) from None
         if last is not None:
             tokens = max(len(c.token_ids) for c in last.outputs)
-            self.metrics.observe(start, first, time.monotonic(), tokens, [c.finish_reason for c in last.outputs])
+            self.metrics.observe(start, first, time.monotonic(), tokens)
 
     @staticmethod
     async def _next(outputs: AsyncIterator[RequestOutput], end: float | None) -> RequestOutput:
@@ -175,6 +186,11 @@ class GenerationService:
 
 
 # -- adapters -------------------------------------------------------------------------------
+def _unexpected(error: Exception) -> GrpcAbort:
+    """A bug outside the engine (never the client's mistake): INTERNAL with a log reference."""
+    return GrpcAbort(Code.INTERNAL, str(request_failed("grpc", error)))
+
+
 class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     """The service as `grpc.aio` handlers: GrpcAbort becomes `context.abort`."""
 
@@ -183,23 +199,33 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
 
     async def Generate(self, request, context: grpc.aio.ServicerContext):
         try:
+            if isinstance(request, conv.Malformed):
+                raise self.service.refuse(request.abort())
             async with aclosing(self.service.generate(request, aio_call_info(context))) as stream:
                 async for msg in stream:
                     yield msg
         except GrpcAbort as e:
             await context.abort(e.code, e.details)
+        except Exception as e:  # noqa: BLE001
+            error = _unexpected(e)
+            await context.abort(error.code, error.details)
 
     async def Complete(self, request, context: grpc.aio.ServicerContext):
-        try:
-            return await self.service.complete(request, aio_call_info(context))
-        except GrpcAbort as e:
-            await context.abort(e.code, e.details)
+        return await self._unary(self.service.complete, request, context)
 
     async def ListModels(self, request, context: grpc.aio.ServicerContext):
+        return await self._unary(self.service.list_models, request, context)
+
+    async def _unary(self, method, request, context: grpc.aio.ServicerContext):
         try:
-            return await self.service.list_models(request, aio_call_info(context))
+            if isinstance(request, conv.Malformed):
+                raise self.service.refuse(request.abort())
+            return await method(request, aio_call_info(context))
         except GrpcAbort as e:
             await context.abort(e.code, e.details)
+        except Exception as e:  # noqa: BLE001
+            error = _unexpected(e)
+            await context.abort(error.code, error.details)
 
 
 def aio_call_info(context: grpc.aio.ServicerContext) -> CallInfo:
@@ -226,6 +252,10 @@ async def serve_unary(method, request, grpc_context):
     except GrpcAbort as e:
         _set_status(grpc_context, e)
         raise
+    except Exception as e:  # noqa: BLE001
+        error = _unexpected(e)
+        _set_status(grpc_context, error)
+        raise error from None
 
 
 async def serve_stream(method, request, grpc_context) -> AsyncIterator:
@@ -237,3 +267,7 @@ async def serve_stream(method, request, grpc_context) -> AsyncIterator:
     except GrpcAbort as e:
         _set_status(grpc_context, e)
         raise
+    except Exception as e:  # noqa: BLE001
+        error = _unexpected(e)
+        _set_status(grpc_context, error)
+        raise error from None

@@ -38,9 +38,9 @@ class ServingMetrics:
     def __init__(self, async_router):
         self.registry = CollectorRegistry()
         self.registry.register(_RouterCollector(async_router))
-        self.requests = Counter("specray_request_success", "Finished requests by finish reason",
+        self.requests = Counter("specray_request_success", "Requests answered in full, by their first choice's finish reason",
                                 ["finish_reason"], registry=self.registry)
-        self.failures = Counter("specray_request_failure", "Rejected or failed requests by HTTP status",
+        self.failures = Counter("specray_request_failure", "Requests answered with an error, by HTTP status (gRPC codes mapped)",
                                 ["status"], registry=self.registry)
         self.ttft = Histogram("specray_time_to_first_token_seconds", "Time to first token",
                               buckets=LATENCY_BUCKETS, registry=self.registry)
@@ -49,14 +49,21 @@ class ServingMetrics:
         self.e2e = Histogram("specray_e2e_request_latency_seconds", "End-to-end request latency",
                              buckets=LATENCY_BUCKETS, registry=self.registry)
 
-    def observe(self, start: float, first_token: float | None, end: float, num_tokens: int, reasons) -> None:
+    def observe(self, start: float, first_token: float | None, end: float, num_tokens: int) -> None:
+        """Latencies of one finished engine request."""
         self.e2e.observe(end - start)
         if first_token is not None:
             self.ttft.observe(first_token - start)
             if num_tokens > 1:
                 self.tpot.observe((end - first_token) / (num_tokens - 1))
-        for reason in reasons:
-            self.requests.labels(reason or "abort").inc()
+
+    def succeeded(self, finish_reason: str | None) -> None:
+        """One API request answered in full (its first choice's finish reason labels it)."""
+        self.requests.labels(finish_reason or "abort").inc()
+
+    def failed(self, http_status: int) -> None:
+        """One API request answered with an error (gRPC codes count by their HTTP status)."""
+        self.failures.labels(str(http_status)).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

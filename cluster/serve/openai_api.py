@@ -1,6 +1,10 @@
 """OpenAI-compatible HTTP API (FastAPI) over an AsyncRouter: /v1/completions, /v1/chat/completions
 (SSE streaming or not), /v1/models, /health, /metrics. A plain class: Ray Serve wraps it in the
-builder module, `uvicorn` can serve it directly."""
+builder module, `uvicorn` can serve it directly.
+
+Every error, FastAPI's own included, answers with the OpenAI error body; a request that fails
+inside the engine answers 500 with a reference into the server log, never the engine's internals.
+"""
 
 from __future__ import annotations
 
@@ -13,15 +17,22 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from specray.cluster.outputs import RequestOutput
 from specray.cluster.router.async_router import AsyncRouter
+from specray.cluster.router.failures import request_failed
 from specray.cluster.serve import errors
 from specray.cluster.serve.auth import authorized
-from specray.cluster.serve.errors import CLIENT_ERRORS, status_of
+from specray.cluster.config.defaults import DEFAULT_MAX_REQUEST_BYTES
+from specray.cluster.serve.middleware import BodyLimit, KeyGuard
+from specray.cluster.serve.errors import REQUEST_ERRORS, status_of
 from specray.cluster.serve.metrics import ServingMetrics
 from specray.cluster.serve.openai_protocol import ApiError, ChatRequest, CompletionRequest
-from specray.kernels.chat import chat_token_ids
+from specray.cluster.serve.prompts import PromptEncoder, PromptError
+
+OPEN_PATHS = ("/health", "/metrics")  # everything else needs the key when one is set (/docs too)
+DISCONNECT_POLL_S = 0.5
 
 
 def _usage(outs: list[RequestOutput]) -> dict:
@@ -45,35 +56,36 @@ def _chat_logprobs(tokenizer, choice) -> dict | None:
     return {"content": content}
 
 
+def _validation_error(exc: RequestValidationError) -> ApiError:
+    first = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "json_invalid":  # loc is ("body", <character offset>): not a field
+        return ApiError(400, f"request body is not valid JSON: {first.get('msg', '')}")
+    where = ".".join(str(x) for x in first.get("loc", ())[1:])
+    return ApiError(400, f"{where}: {first.get('msg', 'invalid request')}", param=where or None)
+
+
 class OpenAIServer:
     def __init__(self, router: AsyncRouter, tokenizer, model_name: str, api_key: str | None = None,
-                 default_max_tokens: int = 256):
+                 default_max_tokens: int = 256, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES):
         self.router, self.tokenizer, self.model_name = router, tokenizer, model_name
         self.api_key, self.default_max_tokens = api_key, default_max_tokens
         self.metrics = ServingMetrics(router)
-        self.app = self._build()
+        self.prompts = PromptEncoder(tokenizer, router.router.config.max_model_len)
+        self.app = self._build(max_request_bytes)
 
     # -- plumbing ---------------------------------------------------------------------------
-    def _build(self) -> FastAPI:
+    def _build(self, max_request_bytes: int) -> FastAPI:
         app = FastAPI(title="specray", description="OpenAI-compatible API with lossless speculative decoding")
 
-        @app.middleware("http")
-        async def guard(request: Request, call_next):
-            if self.api_key and request.url.path.startswith("/v1/"):
-                if not authorized(request.headers.get("authorization"), self.api_key):
-                    return self._error(ApiError.of(errors.UNAUTHENTICATED, "missing or wrong API key"))
-            return await call_next(request)
-
-        @app.exception_handler(ApiError)
-        async def api_error(_, exc: ApiError):
-            return self._error(exc)
-
-        @app.exception_handler(RequestValidationError)
-        async def invalid(_, exc: RequestValidationError):
-            first = exc.errors()[0] if exc.errors() else {}
-            where = ".".join(str(x) for x in first.get("loc", ())[1:])
-            return self._error(ApiError(400, f"{where}: {first.get('msg', 'invalid request')}", param=where or None))
-
+        # Plain ASGI middlewares: Starlette's BaseHTTPMiddleware would hide a client's disconnect
+        app.add_middleware(BodyLimit, max_bytes=max_request_bytes,
+                           reject=lambda message: self._error(ApiError.of(errors.TOO_LARGE, message)))
+        app.add_middleware(KeyGuard, allowed=self._allowed,
+                           reject=lambda: self._error(ApiError.of(errors.UNAUTHENTICATED, "missing or wrong API key")))
+        app.exception_handler(ApiError)(lambda _, exc: self._error(exc))
+        app.exception_handler(RequestValidationError)(lambda _, exc: self._error(_validation_error(exc)))
+        app.exception_handler(HTTPException)(lambda _, exc: self._error(self._http_error(exc)))
+        app.exception_handler(Exception)(lambda _, exc: self._error(self._internal(exc)))
         app.get("/health")(lambda: {"status": "ok"})
         app.get("/metrics")(lambda: Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4"))
         app.get("/v1/models")(self.models)
@@ -81,16 +93,40 @@ class OpenAIServer:
         app.post("/v1/chat/completions")(self.chat)
         return app
 
+    def _allowed(self, path: str, authorization: bytes | None) -> bool:
+        return not self.api_key or path in OPEN_PATHS or authorized(authorization, self.api_key)
+
     def _error(self, exc: ApiError) -> JSONResponse:
-        self.metrics.failures.labels(str(exc.status)).inc()
+        self.metrics.failed(exc.status)
         status = errors.BY_HTTP.get(exc.status)
         headers = {"Retry-After": "1"} if status is not None and status.retryable else None
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    @staticmethod
+    def _http_error(exc: HTTPException) -> ApiError:
+        """FastAPI's own errors (404, 405, unparsable bodies) in the OpenAI body."""
+        status = errors.BY_HTTP.get(exc.status_code, errors.INVALID)
+        detail = str(exc.detail)
+        if detail == "There was an error parsing the body":  # FastAPI: bytes that are not UTF-8 JSON
+            detail = "request body is not valid JSON in UTF-8"
+        return ApiError(exc.status_code, detail, status.openai_type)
+
+    @staticmethod
+    def _internal(exc: Exception) -> ApiError:
+        return ApiError.of(errors.INTERNAL, str(request_failed("http", exc)))
 
     def _check_model(self, model: str | None) -> None:
         if model not in (None, self.model_name):
             raise ApiError.of(errors.NOT_FOUND, f"model {model!r} does not exist; this server serves "
                               f"{self.model_name!r}", "model")
+
+    async def _encode(self, prompt: str | list[int], param: str) -> tuple[str | None, list[int]]:
+        if not isinstance(prompt, str):
+            return None, prompt
+        try:
+            return prompt, await self.prompts.text(prompt, param)
+        except PromptError as e:
+            raise ApiError(400, str(e), param=e.param) from None
 
     async def _run(self, ids: list[int], params, prompt: str | None) -> AsyncIterator[RequestOutput]:
         start, first, last = time.monotonic(), None, None
@@ -100,14 +136,15 @@ class OpenAIServer:
                     first = time.monotonic()
                 last = out
                 yield out
-        except CLIENT_ERRORS as e:
+        except REQUEST_ERRORS as e:
             raise ApiError.of(status_of(e), str(e)) from None
         if last is not None:
             tokens = max(len(c.token_ids) for c in last.outputs)
-            self.metrics.observe(start, first, time.monotonic(), tokens, [c.finish_reason for c in last.outputs])
+            self.metrics.observe(start, first, time.monotonic(), tokens)
 
     async def _final(self, request: Request, ids, params, prompt) -> RequestOutput:
-        """Run to completion; abort if the client disconnects first."""
+        """Run to completion. A client that hangs up (polled here; Ray Serve cancels this
+        coroutine instead) aborts the run, which frees its sequences."""
         async def drain():
             last = None
             async for out in self._run(ids, params, prompt):
@@ -115,12 +152,24 @@ class OpenAIServer:
             return last
 
         task = asyncio.ensure_future(drain())
-        while not task.done():
-            await asyncio.wait([task], timeout=0.5)
-            if not task.done() and await request.is_disconnected():
+        try:
+            while not task.done():
+                await asyncio.wait([task], timeout=DISCONNECT_POLL_S)
+                if not task.done() and await request.is_disconnected():
+                    raise ApiError.of(errors.CANCELLED, "client disconnected")
+            return task.result()
+        finally:
+            task.cancel()
+
+    @staticmethod
+    async def _all(runs) -> list[RequestOutput]:
+        """Every prompt's run; the first error cancels (and so aborts) the others."""
+        tasks = [asyncio.ensure_future(run) for run in runs]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
                 task.cancel()
-                raise ApiError.of(errors.CANCELLED, "client disconnected")
-        return task.result()
 
     # -- routes -----------------------------------------------------------------------------
     async def models(self):
@@ -129,16 +178,19 @@ class OpenAIServer:
     async def completions(self, body: CompletionRequest, request: Request):
         self._check_model(body.model)
         params = body.sampling_params(self.default_max_tokens, body.logprobs)
-        inputs = [(p, self.tokenizer(p).input_ids) if isinstance(p, str) else (None, p) for p in body.prompts()]
+        prompts = body.prompts()
+        inputs = [await self._encode(p, "prompt" if len(prompts) == 1 else f"prompt[{i}]")
+                  for i, p in enumerate(prompts)]
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
-            return self._sse(self._completion_chunks(rid, created, inputs, params, body.n, body.include_usage))
-        outs = await asyncio.gather(*(self._final(request, ids, params, text) for text, ids in inputs))
+            return await self._sse(self._completion_chunks(rid, created, inputs, params, body.n, body.include_usage))
+        outs = await self._all(self._final(request, ids, params, text) for text, ids in inputs)
         choices = [{"index": i * body.n + c.index, "text": c.text, "finish_reason": c.finish_reason,
                     "logprobs": None if c.logprobs is None else {
                         "tokens": [self.tokenizer.decode([t]) for t in c.token_ids],
                         "token_logprobs": [lp[t] for lp, t in zip(c.logprobs, c.token_ids)]}}
                    for i, o in enumerate(outs) for c in o.outputs]
+        self.metrics.succeeded(outs[0].outputs[0].finish_reason)
         return {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
                 "choices": choices, "usage": _usage(outs)}
 
@@ -147,26 +199,46 @@ class OpenAIServer:
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
         params = body.sampling_params(self.default_max_tokens, body.top_n())
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        ids = chat_token_ids(self.tokenizer, messages)
+        try:
+            ids = await self.prompts.chat([{"role": m.role, "content": m.text()} for m in body.messages])
+        except PromptError as e:
+            raise ApiError(400, str(e), param=e.param) from None
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
-            return self._sse(self._chat_chunks(rid, created, ids, params, body.include_usage))
+            return await self._sse(self._chat_chunks(rid, created, ids, params, body.include_usage))
         out = await self._final(request, ids, params, None)
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                     "finish_reason": c.finish_reason, "logprobs": _chat_logprobs(self.tokenizer, c)}
                    for c in out.outputs]
+        self.metrics.succeeded(out.outputs[0].finish_reason)
         return {"id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
                 "choices": choices, "usage": _usage([out])}
 
     # -- streaming --------------------------------------------------------------------------
-    def _sse(self, chunks: AsyncIterator[dict]) -> StreamingResponse:
+    async def _sse(self, chunks: AsyncIterator[dict]) -> StreamingResponse:
+        """The response starts once the first chunk is ready, so a request refused on admission
+        (400, 429, 503) or failed before its first token gets a real HTTP status."""
+        first = await anext(chunks)
+
+        async def rest():
+            yield first
+            async for chunk in chunks:
+                yield chunk
+
         async def events():
+            reason = None
             try:
-                async for chunk in chunks:
+                async for chunk in rest():
+                    reason = next((c["finish_reason"] for c in chunk["choices"] if c.get("finish_reason")), reason)
                     yield f"data: {json.dumps(chunk)}\n\n"
             except ApiError as e:  # errors after the headers went out travel in the stream
+                self.metrics.failed(e.status)
                 yield f"data: {json.dumps(e.body())}\n\n"
+            except asyncio.CancelledError:  # the client hung up: the run was aborted
+                self.metrics.failed(errors.CANCELLED.http)
+                raise
+            else:
+                self.metrics.succeeded(reason)
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
@@ -191,12 +263,13 @@ class OpenAIServer:
 
     async def _chat_chunks(self, rid, created, ids, params, include_usage):
         head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
-        for j in range(params.n):
-            yield {**head, "choices": [{"index": j, "delta": {"role": "assistant", "content": ""},
-                                        "finish_reason": None}]}
         sent: dict[int, int] = {}
         last = None
         async for out in self._run(ids, params, None):
+            if last is None:  # the role chunks wait for the engine to take the request
+                for j in range(params.n):
+                    yield {**head, "choices": [{"index": j, "delta": {"role": "assistant", "content": ""},
+                                                "finish_reason": None}]}
             last = out
             for c in out.outputs:
                 delta = c.text[sent.get(c.index, 0):]

@@ -1,16 +1,26 @@
 """OpenAI request bodies and their translation to specray's SamplingParams.
 
-Unknown fields are ignored (as OpenAI-compatible servers do), but fields that would change the
-output and that specray does not implement are rejected rather than silently dropped.
+Types are strict (`"max_tokens": true` or `"stream": "yes"` are errors, not 1 and true). Unknown
+fields are ignored, as OpenAI-compatible servers do, but a field that would change the output and
+that specray does not implement is refused, naming the field, unless it holds its no-op value.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from specray.cluster.params import SamplingParams
+from specray.cluster.serve.prompts import PromptError, check_text
+
+
+def _check_text(text: str, param: str) -> None:
+    try:
+        check_text(text, param)
+    except PromptError as e:
+        raise ApiError(400, str(e), param=param) from None
 
 
 class ApiError(Exception):
@@ -29,8 +39,23 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
 
 
+def _off(*no_ops):
+    return lambda v: v in (None, *no_ops)
+
+
+# field -> whether its value leaves the output unchanged (anything else is refused)
+UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
+    "echo": _off(False), "best_of": _off(1), "suffix": _off(""), "logit_bias": _off({}),
+    "response_format": _off({"type": "text"}), "tools": _off([]), "functions": _off([]),
+    "tool_choice": _off("none", "auto"), "function_call": _off("none", "auto"), "min_tokens": _off(0),
+    "repetition_penalty": _off(1, 1.0), "min_p": _off(0, 0.0), "prompt_logprobs": _off(),
+    "guided_json": _off(), "guided_regex": _off(), "guided_choice": _off(), "guided_grammar": _off(),
+    "presence_penalty": _off(0, 0.0), "frequency_penalty": _off(0, 0.0),
+}
+
+
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str | None = None
     max_tokens: int | None = None
@@ -42,8 +67,7 @@ class _Common(BaseModel):
     seed: int | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None  # {"include_usage": true} adds a final usage chunk
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    stop_token_ids: list[int] = []  # vLLM extension
     ignore_eos: bool = False  # vLLM extension
     num_speculative_tokens: int | None = None  # specray extension: per-request speculation (0 = off)
 
@@ -51,13 +75,19 @@ class _Common(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.get("include_usage"))
 
+    def refuse_unsupported(self) -> None:
+        for name, value in (self.model_extra or {}).items():
+            if name in UNSUPPORTED and not UNSUPPORTED[name](value):
+                raise ApiError(400, f"{name} is not supported by specray (it would change the output); "
+                               "leave it out", param=name)
+
     def sampling_params(self, default_max_tokens: int, logprobs: int | None) -> SamplingParams:
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise ApiError(400, f"{name} is not supported by specray (it would change the distribution)", param=name)
+        self.refuse_unsupported()
+        for i, stop in enumerate([self.stop] if isinstance(self.stop, str) else self.stop or []):
+            _check_text(stop, f"stop[{i}]")
         try:
             return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                                  seed=self.seed, stop=self.stop,
+                                  seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
                                   max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens,
                                   ignore_eos=self.ignore_eos, logprobs=logprobs,
                                   num_speculative_tokens=self.num_speculative_tokens)
@@ -68,7 +98,6 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
-    echo: bool = False
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt
@@ -82,7 +111,7 @@ class CompletionRequest(_Common):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None

@@ -20,8 +20,10 @@ def run_serve(cfg, app_name: str = "specray", proxy_location: str | None = None)
     from specray.cluster.serve.app import build_app
 
     grpc = cfg.grpc.enabled and grpc_available()
-    grpc_options = gRPCOptions(port=cfg.grpc.port, grpc_servicer_functions=GRPC_SERVICERS) if grpc else None
+    proxy = grpc and cfg.grpc.server == "proxy"  # else the replica serves gRPC itself (cluster/serve/app.py)
+    grpc_options = gRPCOptions(port=cfg.grpc.port, grpc_servicer_functions=GRPC_SERVICERS) if proxy else None
     extra = {"proxy_location": proxy_location} if proxy_location else {}
-    serve.start(http_options=HTTPOptions(host=cfg.http.host, port=cfg.http.port), grpc_options=grpc_options, **extra)
+    http = HTTPOptions(host=cfg.http.host, port=cfg.http.port, keep_alive_timeout_s=cfg.http.keep_alive_timeout_s)
+    serve.start(http_options=http, grpc_options=grpc_options, **extra)
     serve.run(build_app({"config": cfg.model_dump()}), name=app_name, route_prefix="/")
     return {"grpc": grpc, "api_key": cfg.http.resolved_api_key() is not None}

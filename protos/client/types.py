@@ -41,6 +41,15 @@ Prompt = str | Sequence[int]
 Message = Mapping[str, str]  # {"role": ..., "content": ...}
 
 
+def _chat_message(index: int, m: Message) -> pb.ChatMessage:
+    if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+        raise ValueError(f"messages[{index}] must be a mapping with a 'role' string, got {m!r}")
+    content = m.get("content")
+    if content is not None and not isinstance(content, str):
+        raise ValueError(f"messages[{index}]['content'] must be a string, got {type(content).__name__}")
+    return pb.ChatMessage(role=m["role"], content=content or "")
+
+
 def build_request(prompt: Prompt | None = None, messages: Sequence[Message] | None = None,
                   model: str = "", sampling: Sampling | None = None, **kwargs) -> pb.GenerateRequest:
     """A GenerateRequest from a text or token-id prompt, or chat messages, and sampling options
@@ -51,7 +60,7 @@ def build_request(prompt: Prompt | None = None, messages: Sequence[Message] | No
         sampling = Sampling(**{**(sampling.__dict__ if sampling else {}), **kwargs})
     req = pb.GenerateRequest(model=model, sampling=(sampling or Sampling()).to_proto())
     if messages is not None:
-        req.chat.messages.extend(pb.ChatMessage(role=m["role"], content=m.get("content") or "") for m in messages)
+        req.chat.messages.extend(_chat_message(i, m) for i, m in enumerate(messages))
     elif isinstance(prompt, str):
         req.text = prompt
     else:

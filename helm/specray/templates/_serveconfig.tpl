@@ -37,7 +37,7 @@ so the two cannot drift.
 {{- if $v.apiKey.enabled }}{{ $_ := set $http "api_key_env" $v.apiKey.envName }}{{ end }}
 {{- $pools := dict "target" (include "specray.poolConfig" (list $v.target $v.target.tensorParallel) | fromYaml) "draft" (include "specray.poolConfig" (list $v.draft 1) | fromYaml) }}
 {{- $c := dict "model" $v.model.target "router" $router "pools" $pools "transport" $transport "http" $http }}
-{{- $_ := set $c "grpc" (dict "enabled" $v.grpc.enabled "port" (int $v.grpc.port)) }}
+{{- $_ := set $c "grpc" (dict "enabled" $v.grpc.enabled "port" (int $v.grpc.port) "server" "proxy") }}
 {{- if $v.model.servedModelName }}{{ $_ := set $c "served_model_name" $v.model.servedModelName }}{{ end }}
 {{- if eq $v.speculation.method "none" }}
 {{- $_ := set $c "speculative_config" nil }}

@@ -115,13 +115,3 @@ def test_disconnect_frees_the_sequence(served):
     while router.router.has_unfinished() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not router.router.has_unfinished() and router.router.reserved_tokens == 0
-
-
-def test_full_queue_answers_429(tiny_target):
-    llm = LLM(str(tiny_target))
-    router = AsyncRouter(llm.router, max_waiting=0)
-    with BackgroundServer(OpenAIServer(router, llm.get_tokenizer(), "tiny").app) as http:
-        c = openai.OpenAI(base_url=http.url + "/v1", api_key="x", max_retries=0)
-        with pytest.raises(openai.RateLimitError):
-            c.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)
-    router.shutdown()

@@ -1,0 +1,55 @@
+"""Plain ASGI middlewares of the HTTP API: the body size limit and the API key check.
+
+BodyLimit refuses request bodies over a size limit (HTTP 413) before the app buffers and parses
+them: by the declared Content-Length at once, and by counting as a chunked body arrives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+class BodyLimit:
+    def __init__(self, app: ASGIApp, max_bytes: int, reject: Callable[[str], object]):
+        assert max_bytes >= 1
+        self.app, self.max_bytes, self.reject = app, max_bytes, reject
+
+    def _message(self) -> str:
+        return f"request body is larger than {self.max_bytes} bytes"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self.reject(self._message())(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:  # the app's exception handlers answer it
+                    raise HTTPException(413, self._message())
+            return message
+
+        await self.app(scope, counted, send)
+
+
+class KeyGuard:
+    """Refuses requests `allowed(path, authorization header)` rejects, before any route runs."""
+
+    def __init__(self, app: ASGIApp, allowed: Callable[[str, bytes | None], bool], reject: Callable[[], object]):
+        self.app, self.allowed, self.reject = app, allowed, reject
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self.allowed(scope["path"], dict(scope["headers"]).get(b"authorization")):
+            await self.reject()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

@@ -1,0 +1,62 @@
+"""Prompts to token ids for the served APIs: checked before tokenising, tokenised off the event loop.
+
+A long text costs seconds of tokenisation; on the replica's event loop that would stall every other
+request, so it runs on a small thread pool. A text longer than any context could hold is refused
+before it is tokenised at all: no token covers more characters than the vocabulary's longest
+token string has (byte-level BPE: bytes), so a longer text is certainly too many tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+from specray.kernels.chat import chat_token_ids
+
+NORMALIZER_SLACK = 2  # a normalizer may shorten text (composed characters) before the tokens are cut
+
+
+class PromptError(ValueError):
+    """A prompt refused before it reached the router; `param` names the request field."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+def check_text(text: str, param: str, max_chars: int | None = None) -> None:
+    """Valid Unicode (no unpaired surrogates: JSON's \\ud800 escapes allow them) and not absurdly long."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise PromptError(f"not valid Unicode text (unpaired surrogate at character {e.start})", param) from None
+    if max_chars is not None and len(text) > max_chars:
+        raise PromptError(f"{len(text)} characters cannot fit the model's context; at most {max_chars}", param)
+
+
+class PromptEncoder:
+    def __init__(self, tokenizer, max_model_len: int, threads: int = 2):
+        self.tokenizer = tokenizer
+        longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
+        self.max_chars = max_model_len * longest * NORMALIZER_SLACK
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="specray-tokenize")
+
+    async def text(self, text: str, param: str = "prompt") -> list[int]:
+        check_text(text, param, self.max_chars)
+        return await self._run(lambda: list(self.tokenizer(text).input_ids))
+
+    async def chat(self, messages: list[dict[str, str]], param: str = "messages") -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise PromptError("this model has no chat template; send a completion prompt instead", param)
+        for i, m in enumerate(messages):
+            check_text(m["content"], f"{param}[{i}].content", self.max_chars)
+        if sum(len(m["content"]) for m in messages) > self.max_chars:
+            raise PromptError(f"the conversation cannot fit the model's context; at most {self.max_chars} "
+                              "characters", param)
+        return await self._run(lambda: chat_token_ids(self.tokenizer, messages))
+
+    async def _run(self, fn) -> list[int]:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
