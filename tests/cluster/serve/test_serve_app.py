@@ -1,10 +1,11 @@
 """The Ray Serve application on a multi-node Ray cluster on one machine: workers on the right
 nodes, served greedy outputs equal to the in-process engine's for concurrent requests (HTTP with
-the official `openai` client, and gRPC with specray.client through Serve's gRPC ingress), bad
-input answered with 400, metrics that move, a draft worker killed mid-generation costing nothing,
-and a target worker killed mid-generation failing its requests retryably while the service
-recovers."""
+the official `openai` client, and gRPC with specray.client through the replica's gRPC server),
+bad input answered with 400, metrics that move, a client that hangs up freeing its sequence, a
+draft worker killed mid-generation costing nothing, and a target worker killed mid-generation
+failing its requests retryably while the service recovers (bad requests beside both failing alone)."""
 
+import json
 import threading
 import time
 
@@ -125,7 +126,7 @@ def test_bad_input_is_400_and_serving_goes_on(client, served, reference):
     assert drafted and float(drafted[0].split()[-1]) > 0
 
 
-def test_grpc_through_serve_ingress(served, reference):
+def test_grpc_through_the_replica_server(served, reference):
     from specray.client import Client, Sampling
 
     cfg, started = served
@@ -138,6 +139,22 @@ def test_grpc_through_serve_ingress(served, reference):
         assert [m.id for m in grpc_client.models()] == ["tiny"]
 
 
+def send_bad_requests(port: int, grpc_port: int) -> list:
+    """Bad requests beside the good ones: each must fail alone, with a client error."""
+    from specray.client import Client, InvalidArgumentError
+
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    answers = [httpx.post(url, json={"prompt": PROMPTS[0], "logprobs": 10**6}, timeout=60),
+               httpx.post(url, content=json.dumps({"prompt": "a\ud800b", "max_tokens": 4}), timeout=60,
+                          headers={"Content-Type": "application/json"}),
+               httpx.post(url, json={"prompt": PROMPTS[0], "max_tokens": True}, timeout=60)]
+    assert [a.status_code for a in answers] == [400, 400, 400]
+    with Client(f"127.0.0.1:{grpc_port}", timeout=60) as c:
+        with pytest.raises(InvalidArgumentError, match="seed"):
+            c.generate(PROMPTS[0], max_tokens=4, seed=2**63)
+    return answers
+
+
 def test_killing_the_draft_worker_loses_nothing(client, served, handle, reference):
     placement = handle.placement.remote().result()
     draft = ray.get_actor(placement["draft"][0][0], namespace=placement["namespace"])
@@ -145,21 +162,34 @@ def test_killing_the_draft_worker_loses_nothing(client, served, handle, referenc
     threads = complete_all(client, PROMPTS, results, errors)
     wait_running(served[0].http.port)
     ray.kill(draft, no_restart=False)  # Ray restarts it; the router decodes target-only meanwhile
+    send_bad_requests(served[0].http.port, served[0].grpc.port)
     for t in threads:
         t.join()
     assert not errors
     assert [results[i].choices[0].text for i in range(len(PROMPTS))] == [r.text for r in reference]
 
 
-def wait_running(port, at_least=1, timeout_s=30.0):
-    """Block until the router reports running sequences (so a kill lands mid-generation)."""
+def test_a_client_that_hangs_up_frees_its_sequence_through_the_proxy(served):
+    """Ray Serve's proxy cancels the replica's handler when an HTTP client leaves, streaming or not."""
+    port = served[0].http.port
+    body = {"prompt": PROMPTS[1] * 4, "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=0.5)
+    assert wait_running(port, at_least=0, exactly=True, timeout_s=10) is None
+
+
+def wait_running(port, at_least=1, timeout_s=30.0, exactly=False):
+    """Block until the router reports `at_least` running sequences (so a kill lands mid-generation),
+    or, `exactly`, that many."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for line in httpx.get(f"http://127.0.0.1:{port}/metrics").text.splitlines():
-            if line.startswith("specray_num_requests_running ") and float(line.split()[-1]) >= at_least:
-                return
+            if line.startswith("specray_num_requests_running "):
+                running = float(line.split()[-1])
+                if running == at_least if exactly else running >= at_least:
+                    return
         time.sleep(0.02)
-    raise AssertionError("no request started running")
+    raise AssertionError(f"running sequences never reached {at_least}")
 
 
 def test_target_failure_is_retryable_and_the_service_recovers(client, served, handle, reference):
@@ -179,11 +209,14 @@ def test_target_failure_is_retryable_and_the_service_recovers(client, served, ha
         threads[-1].start()
     wait_running(served[0].http.port)
     ray.kill(target, no_restart=True)
+    bad = send_bad_requests(served[0].http.port, served[0].grpc.port)
     for t in threads:
         t.join()
     assert errors, "in-flight requests must fail when their target worker dies"
     for e in errors.values():
         assert isinstance(e, openai.APIStatusError) and e.status_code == 503 and "retry" in e.message
+        assert e.response.headers["Retry-After"] and not any(w in e.message for w in ("ray::", "pid=", "Actor"))
+    assert all(b.json()["error"]["type"] == "invalid_request_error" for b in bad)
     deadline = time.monotonic() + 120
     while True:  # the pool has started a fresh worker; requests succeed again, same outputs
         try:

@@ -143,9 +143,11 @@ def test_specray_serve_starts_and_answers(tiny_target, tmp_path):
     port = free_port()
     env = {**os.environ, "RAY_ADDRESS": "", "SPECRAY_API_KEY": ""}
     env.pop("RAY_ADDRESS")
+    grpc_port, key_file = free_port(), tmp_path / "key"
+    key_file.write_text("sk-file\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specray.cluster.cli", "serve", "--model", str(tiny_target), "--host", "127.0.0.1",
-         "--port", str(port), "--grpc-port", str(free_port()), "--kv-cache-tokens", "4096"],
+        [sys.executable, "-m", "specray.cluster.cli", "serve", "--model", str(tiny_target),
+         "--port", str(port), "--grpc-port", str(grpc_port), "--kv-cache-tokens", "4096", "--api-key-file", str(key_file)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
     banner = []
     try:
@@ -155,12 +157,49 @@ def test_specray_serve_starts_and_answers(tiny_target, tmp_path):
             banner.append(proc.stdout.readline())
         text = "".join(banner)
         assert f"http://127.0.0.1:{port}/v1" in text and "curl" in text and "gRPC" in text
-        resp = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
-                          json={"prompt": [1, 5, 9, 5, 9], "max_tokens": 8, "temperature": 0})
+        assert "sk-file" not in text
+        body = {"prompt": [1, 5, 9, 5, 9], "max_tokens": 8, "temperature": 0}
+        resp = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60, json=body,
+                          headers={"Authorization": "Bearer sk-file"})
         assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] >= 1
+        assert httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body).status_code == 401
+        for path in ("/docs", "/openapi.json"):  # the docs are behind the key too
+            assert httpx.get(f"http://127.0.0.1:{port}{path}").status_code == 401
+        assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+        assert listening_hosts({port, grpc_port}) == {"127.0.0.1"}  # loopback only, HTTP and gRPC alike
     finally:
         proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def listening_hosts(ports: set[int]) -> set[str]:
+    import psutil
+
+    return {c.laddr.ip.removeprefix("::ffff:") for c in psutil.net_connections(kind="tcp")  # v4 on a v6 socket
+            if c.status == psutil.CONN_LISTEN and c.laddr.port in ports}
+
+
+def test_dry_run_hides_the_api_key_and_checks_tls_files(tmp_path, capsys):
+    import yaml
+
+    assert main(["serve", "--api-key", "sk-secret", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "sk-secret" not in out and yaml.safe_load(out)["http"]["api_key"] == "<hidden>"
+    assert yaml.safe_load(out)["http"]["host"] == "127.0.0.1"
+    assert main(["serve", "--grpc-tls-cert", str(tmp_path / "c.pem"), "--dry-run"]) == 2
+    assert "tls_cert_file and tls_key_file go together" in capsys.readouterr().err
+
+
+def test_api_key_sources(tmp_path, monkeypatch):
+    from specray.cluster.config.serve import HttpConfig
+
+    key = tmp_path / "key"
+    key.write_text("sk-a\n")
+    monkeypatch.setenv("SPECRAY_API_KEY", "sk-env")
+    assert HttpConfig(api_key_file=str(key)).resolved_api_key() == "sk-a"
+    assert HttpConfig().resolved_api_key() == "sk-env"
+    with pytest.raises(ValueError, match="cannot read"):
+        HttpConfig(api_key_file=str(tmp_path / "missing")).resolved_api_key()

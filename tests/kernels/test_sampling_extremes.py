@@ -1,0 +1,32 @@
+"""Temperature and top-p at the extremes of their valid ranges: finite distributions, tiny
+temperatures and top-p a point mass at the argmax (as greedy), huge temperatures near uniform."""
+
+import pytest
+import torch
+
+from specray.kernels.sampling import SamplingConfig, processed_probs
+
+
+@pytest.fixture()
+def logits():
+    return torch.randn(4, 97, generator=torch.Generator().manual_seed(0)) * 30  # [rows, vocab_size]
+
+
+@pytest.mark.parametrize("config", [SamplingConfig(1e-38), SamplingConfig(5e-324), SamplingConfig(1e-30, top_k=5),
+                                    SamplingConfig(1.0, top_p=1e-38), SamplingConfig(1e-20, top_p=0.5)])
+def test_tiny_temperature_or_top_p_is_a_point_mass_at_the_argmax(logits, config):
+    probs = processed_probs(logits, [config] * 4)
+    assert torch.isfinite(probs).all()
+    assert torch.equal(probs, torch.nn.functional.one_hot(logits.argmax(-1), 97).float())
+
+
+def test_huge_temperature_is_near_uniform(logits):
+    probs = processed_probs(logits, [SamplingConfig(1e30)] * 4)
+    assert torch.isfinite(probs).all() and torch.allclose(probs, torch.full_like(probs, 1 / 97))
+
+
+def test_the_shift_leaves_ordinary_temperatures_alone(logits):
+    """Subtracting the row max first is softmax's own shift: the same law to float rounding."""
+    for t in (0.3, 1.0, 2.5):
+        want = (logits.double() / t).softmax(-1).float()
+        assert torch.allclose(processed_probs(logits, [SamplingConfig(t)] * 4), want, atol=1e-6)
