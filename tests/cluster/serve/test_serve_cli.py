@@ -143,11 +143,15 @@ def test_specray_serve_starts_and_answers(tiny_target, tmp_path):
     port = free_port()
     env = {**os.environ, "RAY_ADDRESS": "", "SPECRAY_API_KEY": ""}
     env.pop("RAY_ADDRESS")
-    grpc_port, key_file = free_port(), tmp_path / "key"
+    grpc_port, key_file, key, cert = free_port(), tmp_path / "key", tmp_path / "tls.key", tmp_path / "tls.pem"
     key_file.write_text("sk-file\n")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
     proc = subprocess.Popen(
         [sys.executable, "-m", "specray.cluster.cli", "serve", "--model", str(tiny_target),
-         "--port", str(port), "--grpc-port", str(grpc_port), "--kv-cache-tokens", "4096", "--api-key-file", str(key_file)],
+         "--port", str(port), "--grpc-port", str(grpc_port), "--kv-cache-tokens", "4096", "--api-key-file", str(key_file),
+         "--grpc-tls-cert", str(cert), "--grpc-tls-key", str(key)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
     banner = []
     try:
@@ -167,6 +171,11 @@ def test_specray_serve_starts_and_answers(tiny_target, tmp_path):
             assert httpx.get(f"http://127.0.0.1:{port}{path}").status_code == 401
         assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
         assert listening_hosts({port, grpc_port}) == {"127.0.0.1"}  # loopback only, HTTP and gRPC alike
+        from specray.client import Client
+
+        with Client(f"127.0.0.1:{grpc_port}", api_key="sk-file", root_certificates=cert, server_name="localhost",
+                    timeout=60) as c:  # gRPC over TLS
+            assert c.generate([1, 5, 9, 5, 9], max_tokens=4).usage.completion_tokens == 4
     finally:
         proc.send_signal(signal.SIGINT)
         try:
