@@ -56,9 +56,7 @@ class Checkpoint:
     name: str  # what the user asked for (alias or path), used as the served model name
 
     def hf_config(self):
-        from transformers import AutoConfig
-
-        return AutoConfig.from_pretrained(self.path)
+        return hf_config(self.path)
 
     def tokenizer(self):
         """The folder's tokenizer; a folder without one is a clear error, not transformers' crash."""
@@ -68,6 +66,30 @@ class Checkpoint:
             raise ValueError(f"{self.path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); pass "
                              "tokenizer=<folder or alias> or skip_tokenizer_init=True (token ids in and out)")
         return AutoTokenizer.from_pretrained(self.path)
+
+
+def hf_config(folder: str | Path):
+    """transformers' config of a checkpoint folder, under transformers 4 and 5. transformers 5 refuses
+    a Llama hidden size that is no multiple of the head count even with an explicit head_dim
+    (huggingface/transformers#46082), which Llama attention supports and our small drafts use: such
+    a config is built with a divisible stand-in, then given its real hidden size."""
+    import json
+
+    from transformers import AutoConfig, LlamaConfig
+
+    raw = json.loads((Path(folder) / "config.json").read_text())
+    if raw.get("model_type") == "llama" and raw.get("head_dim") and raw["hidden_size"] % raw["num_attention_heads"]:
+        config = LlamaConfig(**{**raw, "hidden_size": raw["num_attention_heads"] * raw["head_dim"]})
+        config.hidden_size = raw["hidden_size"]
+        return config
+    return AutoConfig.from_pretrained(folder)
+
+
+def hf_llama(folder: str | Path, dtype: torch.dtype = torch.float32):
+    """transformers' LlamaForCausalLM of a checkpoint folder, under transformers 4 and 5 (see hf_config)."""
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(folder, config=hf_config(folder), dtype=dtype)
 
 
 def resolve(name: str) -> Checkpoint:

@@ -71,15 +71,14 @@ def load_eagle_draft(name: str, target_config) -> EagleDraft:
     """An earlier feature-level draft (alias or folder) to continue training; it must read features
     of the target's width, or its fc cannot take them."""
     from safetensors.torch import load_file
-    from transformers import AutoConfig
 
     from specray.kernels.drafters.eagle import is_eagle_folder
-    from specray.kernels.loader import resolve
+    from specray.kernels.loader import hf_config, resolve
 
     folder = resolve(name).path
     if not is_eagle_folder(folder):
         raise ValueError(f"--init-from {name}: {folder} is not a feature-level (eagle) draft")
-    config = AutoConfig.from_pretrained(folder)
+    config = hf_config(folder)
     if config.hidden_size != target_config.hidden_size or config.vocab_size != target_config.vocab_size:
         raise ValueError(f"--init-from {name}: hidden size {config.hidden_size} / vocabulary {config.vocab_size} "
                          f"differ from the target's {target_config.hidden_size} / {target_config.vocab_size}")

@@ -54,12 +54,10 @@ def build_draft(args, checkpoint):
 def load_draft(name: str, target):
     """An earlier draft (alias or HF folder) as an fp32 `LlamaForCausalLM`; it must share the target's
     vocabulary, or its distributions cannot be compared with the target's."""
-    from transformers import LlamaForCausalLM
-
-    from specray.kernels.loader import resolve
+    from specray.kernels.loader import hf_llama, resolve
 
     folder = resolve(name).path
-    draft = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    draft = hf_llama(folder)
     if draft.config.vocab_size != target.hf_config().vocab_size:
         raise ValueError(f"--init-from {name}: vocabulary {draft.config.vocab_size} differs from the target's "
                          f"{target.hf_config().vocab_size}")
@@ -102,14 +100,12 @@ def acceptance_eval(target: str, draft_dir: Path, prompts: list[list[int]], ks: 
 
 def check_init_from(args, checkpoint) -> None:
     """A --init-from draft of the wrong kind or shape fails before the data phase, not after it."""
-    from transformers import AutoConfig
-
     from specray.cluster.distill.eagle_model import load_eagle_draft
-    from specray.kernels.loader import resolve
+    from specray.kernels.loader import hf_config, resolve
 
     if args.kind == "eagle":
         load_eagle_draft(args.init_from, checkpoint.hf_config())
-    elif AutoConfig.from_pretrained(resolve(args.init_from).path).vocab_size != checkpoint.hf_config().vocab_size:
+    elif hf_config(resolve(args.init_from).path).vocab_size != checkpoint.hf_config().vocab_size:
         load_draft(args.init_from, checkpoint)  # raises, naming both vocabularies
 
 

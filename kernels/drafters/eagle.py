@@ -62,11 +62,10 @@ def load_eagle(folder: Path, target_folder: Path, dtype: torch.dtype = torch.flo
                device: str = "cpu") -> EagleModel:
     """The draft folder's fc and layer(s), the target folder's embedding (also the tied head)."""
     from safetensors.torch import load_file
-    from transformers import AutoConfig
 
-    from specray.kernels.loader import _read_safetensors
+    from specray.kernels.loader import _read_safetensors, hf_config
 
-    config = ModelConfig.from_hf(AutoConfig.from_pretrained(folder))
+    config = ModelConfig.from_hf(hf_config(folder))
     state = load_file(str(Path(folder) / "model.safetensors"))
     target = _read_safetensors(Path(target_folder))
     embed = target.get("model.embed_tokens.weight", target.get("embed_tokens.weight"))

@@ -175,7 +175,7 @@ def test_specray_serve_starts_and_answers(tiny_target, tmp_path):
 
         with Client(f"127.0.0.1:{grpc_port}", api_key="sk-file", root_certificates=cert, server_name="localhost",
                     timeout=60) as c:  # gRPC over TLS
-            assert c.generate([1, 5, 9, 5, 9], max_tokens=4).usage.completion_tokens == 4
+            assert c.generate([1, 5, 9, 5, 9], max_tokens=4, ignore_eos=True).usage.completion_tokens == 4
     finally:
         proc.send_signal(signal.SIGINT)
         try:
