@@ -64,3 +64,14 @@ def test_speculative_greedy_equals_transformers(name, prompt_ids, transformers_g
     accepted = [o.metrics.num_accepted_tokens for o in batch8]
     drafted = sum(o.metrics.num_draft_tokens for o in batch8)
     assert 0 < sum(accepted) < drafted and len(set(accepted)) > 1, "acceptance must be ragged"
+
+
+def test_the_reference_is_greedy_itself(prompt_ids, hf_model, transformers_greedy):
+    """transformers' `generate(do_sample=False)` is the reference of every greedy test here; it must
+    be argmax decoding under every supported transformers (a major may change generate's defaults),
+    so it is checked against an argmax loop over plain forwards, with no cache and no processors."""
+    ids = list(prompt_ids[1])
+    with torch.no_grad():
+        for _ in range(12):
+            ids.append(int(hf_model(torch.tensor([ids])).logits[0, -1].argmax()))
+    assert ids[len(prompt_ids[1]):] == transformers_greedy[1][:12]
