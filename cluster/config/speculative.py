@@ -54,9 +54,13 @@ class SpeculativeConfig:
     # the draft model proposes only where none does. true, or {min_match: 2, max_match: 8, model_tokens:
     # the model's chain length / tree depth at most (the lookup's is num_speculative_tokens)}
     lookup_first: bool | dict | None = None
+    # EasySpec layer-parallel drafting (method draft_model): the draft's middle layers in groups of
+    # this many whose attentions read the group's input; 1 = ordinary drafting. kernels/layer_parallel.py
+    layer_parallel: int | None = None
 
     def __post_init__(self) -> None:
-        registry.check_options(self.method, self.model, self.tree, self.lookup_first, aded=self.aded)
+        registry.check_options(self.method, self.model, self.tree, self.lookup_first, self.layer_parallel,
+                               aded=self.aded)
         if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {self.num_speculative_tokens}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:

@@ -22,7 +22,8 @@ def draft_spec(spec: SpeculativeConfig | None, target: str, dtype: str, device: 
     return DraftSpec(spec.method, model, spec.draft_num_layers, spec.prompt_lookup_min, spec.prompt_lookup_max,
                      dtype, device, num_blocks(kv_cache_tokens, block_size), block_size, tree=spec.tree,
                      aded=spec.aded, draft_vocab_trim=spec.draft_vocab_trim,
-                     draft_quantization=spec.draft_quantization, lookup_first=spec.lookup_first, threads=threads)
+                     draft_quantization=spec.draft_quantization, lookup_first=spec.lookup_first,
+                     layer_parallel=spec.layer_parallel, threads=threads)
 
 
 def serve_draft_spec(cfg: ServeConfig) -> DraftSpec | None:

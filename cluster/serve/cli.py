@@ -248,6 +248,8 @@ def add_drafter_parser(sub) -> None:
     p.add_argument("--quantization", choices=["q8_0", "none"],
                    help="draft weights (default: q8_0 on CPU in fp32; lossless either way)")
     p.add_argument("--num-layers", type=int, help="keep only the draft's first layers")
+    p.add_argument("--layer-parallel", type=int, help="draft_model: EasySpec layer-parallel drafting, middle "
+                                                      "layers in groups of this many (1: ordinary drafting)")
     p.add_argument("--prompt-lookup-min", type=int, default=1)
     p.add_argument("--prompt-lookup-max", type=int, default=4)
     p.add_argument("--lookup-first", action="store_true", help="draft_model / eagle: prompt lookup first: a draft model proposes only where the last tokens never occurred before")
@@ -269,7 +271,8 @@ def drafter_spec(args):
     spec = SpeculativeConfig(method=args.method, model=args.model, draft_num_layers=args.num_layers,
                              prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
                              tree=args.tree, aded=args.aded, draft_vocab_trim=args.vocab_trim,
-                             draft_quantization=args.quantization, lookup_first=args.lookup_first or None)
+                             draft_quantization=args.quantization, lookup_first=args.lookup_first or None,
+                             layer_parallel=args.layer_parallel)
     return draft_spec(spec, args.model, args.dtype, args.device, args.kv_cache_tokens, DRAFTER_BLOCK_SIZE)
 
 

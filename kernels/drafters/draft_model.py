@@ -4,6 +4,10 @@ Calibration: at each propose the drafter compares the tokens whose KV it holds w
 tokens, drops the KV of rejected drafts (a length update) and feeds the committed tokens it lacks
 (accepted drafts it never fed, plus the recovered or bonus token). That feed is the first draft
 step of the round, so calibration costs no extra forward pass.
+
+Layer-parallel drafting (EasySpec, kernels/layer_parallel.py): the round's later draft steps run the
+fuzzy forward, whose KV is approximate; calibration then drops it all (accepted drafts included) and
+the exact first step rewrites it from the committed tokens (bonus calibration).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 from specray.kernels.batch import RaggedBatch, SeqChunk
 from specray.kernels.cpu_ops import argmax_rows
 from specray.kernels.drafters.base import DraftRequest
+from specray.kernels.layer_parallel import FuzzyForward, LayerGroups
 from specray.kernels.model import LlamaModel
 from specray.kernels.proposal import Proposal
 from specray.kernels.sampling import processed_probs, sample_rows
@@ -23,6 +28,7 @@ from specray.kernels.sampling import processed_probs, sample_rows
 @dataclass
 class _DraftState:
     fed: list[int] = field(default_factory=list)  # tokens whose KV the draft cache holds
+    exact: int = 0  # fed[:exact] have exact KV (a sequential pass); the rest came from fuzzy steps
 
 
 def common_prefix(a: list[int], b: list[int], start: int = 0) -> int:
@@ -36,30 +42,43 @@ def common_prefix(a: list[int], b: list[int], start: int = 0) -> int:
 class DraftModelDrafter:
     name = "draft_model"
 
-    def __init__(self, model: LlamaModel, num_blocks: int = 2048, block_size: int = 16):
+    def __init__(self, model: LlamaModel, num_blocks: int = 2048, block_size: int = 16,
+                 layer_groups: LayerGroups | None = None):
         self.model = model
         self.cache = model.make_cache(num_blocks, block_size)
         self.states: dict[object, _DraftState] = {}
+        fuzzy = layer_groups is not None and layer_groups.size > 1  # N = 1 is ordinary drafting
+        self.fuzzy = FuzzyForward(model, layer_groups) if fuzzy else None
+        self.calibrate_fuzzy_kv = True  # False only to measure what bonus calibration prevents
 
     def _calibrate(self, r: DraftRequest) -> SeqChunk:
-        """Drop rejected KV and return the committed tokens the draft cache lacks."""
+        """Drop rejected (and fuzzy) KV and return the committed tokens the draft cache lacks."""
         state = self.states.setdefault(r.seq_id, _DraftState())
         keep = min(common_prefix(state.fed, r.token_ids), len(r.token_ids) - 1)
+        if self.calibrate_fuzzy_kv:
+            keep = min(keep, state.exact)
         del state.fed[keep:]
         if r.seq_id in self.cache.tables:
             self.cache.set_cached(r.seq_id, keep)
         return SeqChunk(r.seq_id, r.token_ids[keep:], keep, num_logits=1 if r.num_draft_tokens else 0)
 
-    def logits(self, batch: RaggedBatch) -> torch.Tensor:
+    def forward(self, batch: RaggedBatch, fuzzy: bool = False) -> torch.Tensor:
+        """The model's logits over the draft cache: the fuzzy forward where asked and configured."""
+        return (self.fuzzy if fuzzy and self.fuzzy is not None else self.model)(batch, self.cache)
+
+    def logits(self, batch: RaggedBatch, fuzzy: bool = False) -> torch.Tensor:
         """The draft's [num_logits, vocab_size] logits for a batch over its cache (VocabTrim: -inf
         off the subset)."""
-        return self.model(batch, self.cache)
+        return self.forward(batch, fuzzy)
 
-    def _step(self, chunks: list[SeqChunk]) -> torch.Tensor:
-        logits = self.logits(RaggedBatch.build(chunks, self.cache, self.model.embed_tokens.device))
+    def _step(self, chunks: list[SeqChunk], fuzzy: bool = False) -> torch.Tensor:
+        logits = self.logits(RaggedBatch.build(chunks, self.cache, self.model.embed_tokens.device), fuzzy)
         for c in chunks:
             self.cache.set_cached(c.seq_id, c.context_len + len(c.token_ids))
-            self.states[c.seq_id].fed.extend(c.token_ids)
+            state = self.states[c.seq_id]
+            state.fed.extend(c.token_ids)
+            if not (fuzzy and self.fuzzy is not None):
+                state.exact = len(state.fed)
         return logits  # [num_logits, vocab_size]
 
     def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
@@ -76,7 +95,7 @@ class DraftModelDrafter:
                 break
             step = [SeqChunk(requests[i].seq_id, drafts[i][-1:], len(self.states[requests[i].seq_id].fed))
                     for i in active]
-            logits = self._step(step)
+            logits = self._step(step, fuzzy=True)
         return [Proposal(d, None if r.sampling.greedy or not p else torch.stack(p))
                 for d, p, r in zip(drafts, probs, requests, strict=True)]
 

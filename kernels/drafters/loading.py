@@ -18,6 +18,7 @@ from specray.kernels.drafters.options import DraftOptions
 from specray.kernels.drafters.tree_draft import TreeDraftModelDrafter
 from specray.kernels.drafters.tree_shapes import TreeSpec
 from specray.kernels.drafters.vocab_trim import VOCAB_TRIM_FILE, VocabTrimDrafter, load_vocab_trim
+from specray.kernels.layer_parallel import LayerGroups
 from specray.kernels.loader import DTYPES, load_model, resolve
 
 
@@ -63,12 +64,14 @@ def build_draft_model(options: DraftOptions) -> Drafter:
     if rounds_to_q8_0(options):  # before trimming: the kept head rows are then exact blocks
         draft.round_weights_to_q8_0()
     blocks = (options.num_blocks, options.block_size)
+    groups = None if options.layer_parallel is None else LayerGroups.uniform(len(draft.layers), options.layer_parallel)
     if options.tree is not None:
-        drafter = TreeDraftModelDrafter(draft, TreeSpec.from_dict(options.tree), *blocks, vocab_trim_ids=ids)
+        drafter = TreeDraftModelDrafter(draft, TreeSpec.from_dict(options.tree), *blocks, vocab_trim_ids=ids,
+                                        layer_groups=groups)
     elif ids is not None:
-        drafter = VocabTrimDrafter(draft, ids, *blocks)
+        drafter = VocabTrimDrafter(draft, ids, *blocks, layer_groups=groups)
     else:
-        return DraftModelDrafter(draft, *blocks)
+        return DraftModelDrafter(draft, *blocks, layer_groups=groups)
     if ids is not None and str(options.device) == "cpu":  # GEMV copies after trimming: the full head's is never built
         draft.add_gemv_weights()
     return drafter

@@ -22,6 +22,7 @@ class DraftOptions:
     draft_vocab_trim: int | None = None  # VocabTrim size: None = the draft folder's default, 0 = off
     draft_quantization: str | None = None  # "q8_0", "none"; None = q8_0 on CPU in fp32
     lookup_first: bool | dict | None = None  # speculative_config['lookup_first']
+    layer_parallel: int | None = None  # speculative_config['layer_parallel']: EasySpec group size
 
     def __post_init__(self) -> None:
         assert self.num_blocks >= 1 and self.block_size >= 1

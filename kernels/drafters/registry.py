@@ -27,6 +27,7 @@ class Method:
     grows_trees: bool = False  # takes speculative_config['tree']
     takes_lookup_first: bool = False  # may sit behind prompt lookup
     own_options: str | None = None  # the speculative_config key holding its own options
+    layer_parallel: bool = False  # its draft model's layers can run in EasySpec groups
 
     def build(self, options: DraftOptions) -> "Drafter":
         module, function = self.builder.split(":")
@@ -36,7 +37,7 @@ class Method:
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("ngram", "ngram:build", "prompt lookup: the continuation of an earlier n-gram match"),
     Method("draft_model", "loading:build_draft_model", "a standalone draft model (chains or trees)",
-           needs_model=True, grows_trees=True, takes_lookup_first=True),
+           needs_model=True, grows_trees=True, takes_lookup_first=True, layer_parallel=True),
     Method("eagle", "loading:build_eagle", "a feature-level draft reading the target's hidden states",
            needs_model=True, grows_trees=True, takes_lookup_first=True),
     Method("aded", "aded:build", "adaptive tri-gram drafting with tree search (ADED)", own_options="aded"),
@@ -54,9 +55,16 @@ def _methods_where(flag: str) -> str:
 
 
 def check_options(name: str, model: str | None = None, tree: dict | None = None,
-                  lookup_first: bool | dict | None = None, **own: dict | None) -> Method:
+                  lookup_first: bool | dict | None = None, layer_parallel: int | None = None,
+                  **own: dict | None) -> Method:
     """Refuse options the method does not take, naming the key; returns the method's entry."""
     entry = method(name)
+    if layer_parallel is not None:
+        if not entry.layer_parallel:
+            raise ValueError(f"'layer_parallel' needs method {_methods_where('layer_parallel')} (a draft with "
+                             f"layers to group; got {name!r})")
+        if not isinstance(layer_parallel, int) or isinstance(layer_parallel, bool) or layer_parallel < 1:
+            raise ValueError(f"layer_parallel must be an integer >= 1, got {layer_parallel!r}")
     if entry.needs_model and not model:
         raise ValueError(f"speculative method {name!r} needs a draft 'model'")
     if tree is not None:
@@ -79,7 +87,8 @@ def check_options(name: str, model: str | None = None, tree: dict | None = None,
 
 def build_drafter(options: DraftOptions) -> "Drafter":
     """The drafter `options` describe; a bad option raises ValueError naming it."""
-    entry = check_options(options.method, options.model, options.tree, options.lookup_first, aded=options.aded)
+    entry = check_options(options.method, options.model, options.tree, options.lookup_first, options.layer_parallel,
+                          aded=options.aded)
     drafter = entry.build(options)
     if options.lookup_first not in (None, False):
         from specray.kernels.drafters.hybrid import LookupFirstDrafter, LookupOptions

@@ -46,10 +46,11 @@ class TreeDraftModelDrafter:
     name = "draft_model"
 
     def __init__(self, model: LlamaModel, tree: TreeSpec, num_blocks: int = 2048, block_size: int = 16,
-                 vocab_trim_ids: torch.Tensor | None = None):
-        # VocabTrim: every node's distribution is the softmax over the subset, as for chains
-        self.base = (DraftModelDrafter(model, num_blocks, block_size) if vocab_trim_ids is None
-                     else VocabTrimDrafter(model, vocab_trim_ids, num_blocks, block_size))
+                 vocab_trim_ids: torch.Tensor | None = None, layer_groups=None):
+        # VocabTrim: every node's distribution is the softmax over the subset, as for chains.
+        # Layer-parallel: the tree's levels run fuzzy; their KV is never committed, the root step is exact.
+        self.base = (DraftModelDrafter(model, num_blocks, block_size, layer_groups) if vocab_trim_ids is None
+                     else VocabTrimDrafter(model, vocab_trim_ids, num_blocks, block_size, layer_groups))
         self.tree = tree
 
     def release(self, seq_id: object) -> None:
@@ -130,7 +131,7 @@ class TreeDraftModelDrafter:
 
     def _tree_logits(self, chunks: list[SeqChunk]) -> torch.Tensor:
         base = self.base
-        return base.logits(RaggedBatch.build(chunks, base.cache, base.model.embed_tokens.device))
+        return base.logits(RaggedBatch.build(chunks, base.cache, base.model.embed_tokens.device), fuzzy=True)
 
     def _finish(self, plan: _Plan) -> Proposal:
         build = plan.build

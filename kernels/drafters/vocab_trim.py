@@ -68,12 +68,13 @@ class VocabTrimDrafter(DraftModelDrafter):
 
     name = "draft_model_vocab_trim"
 
-    def __init__(self, model: LlamaModel, token_ids: torch.Tensor, num_blocks: int = 2048, block_size: int = 16):
+    def __init__(self, model: LlamaModel, token_ids: torch.Tensor, num_blocks: int = 2048, block_size: int = 16,
+                 layer_groups=None):
         trim_lm_head(model, token_ids)
-        super().__init__(model, num_blocks, block_size)
+        super().__init__(model, num_blocks, block_size, layer_groups)
         self.token_ids = token_ids.to(model.lm_head.device)  # [k]: subset row -> token id
         self.vocab_size = model.config.vocab_size
 
-    def logits(self, batch) -> torch.Tensor:
-        trimmed = self.model(batch, self.cache)  # [num_logits, k]
+    def logits(self, batch, fuzzy: bool = False) -> torch.Tensor:
+        trimmed = self.forward(batch, fuzzy)  # [num_logits, k]
         return expand_trimmed_logits(trimmed, self.token_ids, self.vocab_size)  # [num_logits, vocab_size]

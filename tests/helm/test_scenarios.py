@@ -148,6 +148,17 @@ def test_explicit_eagle_draft():
     assert ServeConfig.from_dict(cfg).speculative_config == cfg["speculative_config"]
 
 
+def test_layer_parallel_draft():
+    """speculation.layerParallel (EasySpec) becomes speculative_config.layer_parallel; it validates."""
+    from helm_render import render
+
+    r = render({"speculation": {"method": "draft_model", "draftModel": "smollm2-135m-draft", "layerParallel": 3}},
+               files=("values-cpu.yaml",))
+    cfg = app_config(r.rayservice)
+    assert cfg["speculative_config"]["layer_parallel"] == 3
+    assert ServeConfig.from_dict(cfg).speculative.layer_parallel == 3
+
+
 def test_trees_through_config_overrides():
     """speculation keys the values do not cover (a tree, its verify budget, lookup first) reach the
     Serve config through serve.configOverrides, merged into the rendered speculative_config."""

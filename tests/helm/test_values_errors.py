@@ -15,6 +15,7 @@ from helm_render import render
     ({"target": {"tensorParalel": 2}}, "additional properties 'tensorParalel' not allowed"),
     ({"draft": {"rayStartParams": {"num-cpus": 2}}}, "at '/draft/rayStartParams/num-cpus': got number, want string"),
     ({"target": {"rayResources": {"target": 0}}}, "at '/target/rayResources/target'"),
+    ({"speculation": {"layerParallel": 0}}, "at '/speculation/layerParallel': minimum: got 0, want 1"),
 ])
 def test_schema_rejects(values, message):
     with pytest.raises(helm_python.HelmValuesError) as e:
@@ -26,6 +27,8 @@ def test_schema_rejects(values, message):
 @pytest.mark.parametrize("values, message", [
     ({"speculation": {"method": "draft_model"}}, "speculation.method draft_model needs speculation.draftModel"),
     ({"speculation": {"method": "eagle"}}, "speculation.method eagle needs speculation.draftModel"),
+    ({"speculation": {"method": "ngram", "layerParallel": 2}},
+     "speculation.layerParallel needs speculation.method draft_model"),
     ({"target": {"tensorParallel": 2}}, "target.replicas (1) must be at least target.tensorParallel (2)"),
     ({"draft": {"replicas": 3}}, "draft: need minReplicas <= replicas <= maxReplicas, got 1, 3, 1"),
     ({"transport": {"kind": "grpc"}}, "transport.kind grpc needs transport.drafterAddress"),

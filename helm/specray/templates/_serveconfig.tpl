@@ -10,6 +10,7 @@ so the two cannot drift.
 {{- if or (eq $s.method "draft_model") (eq $s.method "eagle") }}
 {{- $_ := set $c "model" $s.draftModel }}
 {{- if $s.draftNumLayers }}{{ $_ := set $c "draft_num_layers" (int $s.draftNumLayers) }}{{ end }}
+{{- if $s.layerParallel }}{{ $_ := set $c "layer_parallel" (int $s.layerParallel) }}{{ end }}
 {{- else }}
 {{- $_ := set $c "prompt_lookup_min" (int $s.promptLookupMin) }}
 {{- $_ := set $c "prompt_lookup_max" (int $s.promptLookupMax) }}

@@ -7,6 +7,9 @@ Cross-field checks that values.schema.json cannot express; each fails the render
 {{- fail (printf "speculation.method %s needs speculation.draftModel (alias, HF folder or .gguf path)" $v.speculation.method) }}
 {{- end }}
 {{- $speculating := ne $v.speculation.method "none" }}
+{{- if and $v.speculation.layerParallel (ne $v.speculation.method "draft_model") }}
+{{- fail (printf "speculation.layerParallel needs speculation.method draft_model (a draft with layers to group), got %s" $v.speculation.method) }}
+{{- end }}
 {{- if and $speculating (eq $v.transport.kind "grpc") (not $v.transport.drafterAddress) }}
 {{- fail "transport.kind grpc needs transport.drafterAddress (host:port of the Drafter service)" }}
 {{- end }}

@@ -184,14 +184,24 @@ def test_tensor_parallel_target_pool_equals_single_worker(ray_cluster, tiny_targ
         pool.close()
 
 
+@pytest.fixture(scope="module")
+def deep_draft(tmp_path_factory):
+    from helpers import save_tiny_llama
+
+    return save_tiny_llama(tmp_path_factory.mktemp("deep_draft"), seed=1, num_hidden_layers=5)
+
+
 @pytest.mark.parametrize("spec", [{"method": "draft_model", "tree": {"kind": "rsd_c", "branching": [2, 2, 1]}},
-                                  {"method": "aded"}])
-def test_tree_and_aded_drafts_through_the_ray_pool(ray_cluster, target_pool, tiny_target, tiny_draft, reference,
-                                                   spec):
-    """Trees (and ADED) travel the Ray transport in the wire format; greedy output stays the same."""
+                                  {"method": "aded"}, {"method": "draft_model", "layer_parallel": 3},
+                                  {"method": "draft_model", "layer_parallel": 2, "tree": {"kind": "topk", "k": 2}}])
+def test_tree_aded_and_layer_parallel_drafts_through_the_ray_pool(ray_cluster, target_pool, tiny_target, tiny_draft,
+                                                                  deep_draft, reference, spec):
+    """Trees, ADED and EasySpec's layer-parallel drafting (a 5-layer draft) travel the Ray transport;
+    greedy output stays the same."""
     raw = config(tiny_target, tiny_draft).model_dump()
+    draft = deep_draft if "layer_parallel" in spec else tiny_draft
     raw["speculative_config"] = {**spec, "num_speculative_tokens": 3,
-                                 **({"model": str(tiny_draft)} if spec["method"] == "draft_model" else {})}
+                                 **({"model": str(draft)} if spec["method"] == "draft_model" else {})}
     cfg = ServeConfig.from_dict(raw)
     pool = build_draft_pool(cfg)
     try:
