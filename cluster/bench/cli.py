@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from specray.cluster.args import float_list, int_list
 from specray.cluster.bench.cluster import add_cluster_bench_parser
+from specray.cluster.bench.easyspec import add_easyspec_parser
 from specray.cluster.bench.offline import METHODS, cmd_bench_offline
 from specray.cluster.bench.prompts import SHARED_PROMPTS
 from specray.cluster.bench.serve import add_serve_bench_parser
@@ -30,6 +31,8 @@ def add_bench_parser(sub) -> None:
                      "(default: the target's packaged standalone draft, smollm2-135m-draft for smollm2-135m; "
                      "else the target, truncated to --draft-num-layers)")
     off.add_argument("--draft-num-layers", type=int, default=4)
+    off.add_argument("--layer-parallel", type=int, default=2,
+                     help="specray_easyspec: the draft's middle layers in groups of this many (EasySpec)")
     off.add_argument("--eagle-model", default=None, help="feature-level draft for specray_eagle (method 'eagle'; "
                      "default: the target's packaged one, smollm2-135m-eagle for smollm2-135m)")
     off.add_argument("--eagle-k", type=int, default=None,
@@ -39,3 +42,4 @@ def add_bench_parser(sub) -> None:
     off.set_defaults(func=cmd_bench_offline)
     add_serve_bench_parser(kinds)
     add_cluster_bench_parser(kinds)
+    add_easyspec_parser(kinds)

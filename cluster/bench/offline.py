@@ -20,8 +20,8 @@ from specray.kernels.ints import ceil_div
 HF_METHODS = ("hf", "hf_prompt_lookup", "hf_assisted")
 # Trees and multi-draft (issue: tree speculation), drafted by the eagle draft where there is one.
 TREE_METHODS = ("specray_rsd_c", "specray_rsd_s", "specray_spectr", "specray_topk", "specray_aded")
-SPECRAY_METHODS = ("specray", "specray_ngram", "specray_draft", "specray_eagle", "specray_ngram_padded",
-                   "specray_draft_padded") + TREE_METHODS
+SPECRAY_METHODS = ("specray", "specray_ngram", "specray_draft", "specray_easyspec", "specray_eagle",
+                   "specray_ngram_padded", "specray_draft_padded") + TREE_METHODS
 METHODS = HF_METHODS + SPECRAY_METHODS
 
 
@@ -86,6 +86,7 @@ class Runner:
                  "draft_num_layers": args.draft_num_layers, "num_speculative_tokens": k}
         configs = {"specray": None, "specray_ngram": {"method": "ngram", "num_speculative_tokens": k},
                    "specray_draft": draft,
+                   "specray_easyspec": {**draft, "layer_parallel": args.layer_parallel},  # EasySpec
                    "specray_eagle": {"method": "eagle", "model": args.eagle_model,
                                      "num_speculative_tokens": args.eagle_k or k}}
         tree_draft = ({"method": "eagle", "model": args.eagle_model} if args.eagle_model

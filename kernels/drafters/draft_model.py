@@ -12,6 +12,7 @@ the exact first step rewrites it from the committed tokens (bonus calibration).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +24,17 @@ from specray.kernels.layer_parallel import FuzzyForward, LayerGroups
 from specray.kernels.model import LlamaModel
 from specray.kernels.proposal import Proposal
 from specray.kernels.sampling import processed_probs, sample_rows
+
+
+@dataclass
+class DraftTimes:
+    """Seconds in exact steps (each round's first: calibration and the first draft token) and in
+    fuzzy (layer-parallel) steps; benchmarks read them."""
+
+    exact_seconds: float = 0.0
+    exact_steps: int = 0
+    fuzzy_seconds: float = 0.0
+    fuzzy_steps: int = 0
 
 
 @dataclass
@@ -50,6 +62,7 @@ class DraftModelDrafter:
         fuzzy = layer_groups is not None and layer_groups.size > 1  # N = 1 is ordinary drafting
         self.fuzzy = FuzzyForward(model, layer_groups) if fuzzy else None
         self.calibrate_fuzzy_kv = True  # False only to measure what bonus calibration prevents
+        self.times = DraftTimes()
 
     def _calibrate(self, r: DraftRequest) -> SeqChunk:
         """Drop rejected (and fuzzy) KV and return the committed tokens the draft cache lacks."""
@@ -72,14 +85,24 @@ class DraftModelDrafter:
         return self.forward(batch, fuzzy)
 
     def _step(self, chunks: list[SeqChunk], fuzzy: bool = False) -> torch.Tensor:
+        start = time.perf_counter()
         logits = self.logits(RaggedBatch.build(chunks, self.cache, self.model.embed_tokens.device), fuzzy)
+        fuzzy = fuzzy and self.fuzzy is not None
+        self._record(fuzzy, time.perf_counter() - start)
         for c in chunks:
             self.cache.set_cached(c.seq_id, c.context_len + len(c.token_ids))
             state = self.states[c.seq_id]
             state.fed.extend(c.token_ids)
-            if not (fuzzy and self.fuzzy is not None):
+            if not fuzzy:
                 state.exact = len(state.fed)
         return logits  # [num_logits, vocab_size]
+
+    def _record(self, fuzzy: bool, seconds: float) -> None:
+        t = self.times
+        if fuzzy:
+            t.fuzzy_seconds, t.fuzzy_steps = t.fuzzy_seconds + seconds, t.fuzzy_steps + 1
+        else:
+            t.exact_seconds, t.exact_steps = t.exact_seconds + seconds, t.exact_steps + 1
 
     def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
         chunks = [self._calibrate(r) for r in requests]

@@ -18,13 +18,14 @@ def test_bench_offline_end_to_end(tiny_target, tmp_path):
     eagle = save_tiny_eagle(tmp_path / "eagle", tiny_target)
     code = main(["bench", "offline", "--model", str(tiny_target), "--dataset", str(data), "--num-prompts", "4",
                  "--max-tokens", "5", "--batch-sizes", "1,2", "--temperatures", "0,1", "--draft-num-layers", "1",
+                 "--layer-parallel", "1",
                  "--eagle-model", str(eagle), "--out", str(out)])
     assert code == 0
     report = json.loads((out / "offline.json").read_text())
     assert report["schema"] == SCHEMA and (out / "offline.md").read_text().startswith("model ")
     assert (out / "offline.png").read_bytes()[:4] == b"\x89PNG"
     cells = {(c["method"], c["batch_size"], c["temperature"]): c for c in report["cells"]}
-    assert len(cells) == 14 * 2 * 2  # transformers' 3, specray's 6 and its 5 tree methods
+    assert len(cells) == 15 * 2 * 2  # transformers' 3, specray's 7 and its 5 tree methods
     assert cells[("hf_assisted", 2, 0.0)]["skipped"] and cells[("specray_draft_padded", 1, 0.0)]["skipped"]
     for c in report["cells"]:
         if not c["skipped"]:
@@ -41,7 +42,7 @@ def test_bench_offline_end_to_end(tiny_target, tmp_path):
             sequences = min(c["batch_size"], 4)
             assert abs(c["bound_tokens_per_s"] * bw_step(report) - sequences * c["acceptance_length"]) < 0.01
     assert all(cells[("specray", b, t)]["drafted"] == 0 for b in (1, 2) for t in (0.0, 1.0))
-    for m in ("specray", "specray_ngram", "specray_draft", "specray_eagle", *TREE_METHODS):  # greedy: as transformers
+    for m in ("specray", "specray_ngram", "specray_draft", "specray_easyspec", "specray_eagle", *TREE_METHODS):
         assert cells[(m, 1, 0.0)]["greedy_matches_hf"] is True
     for m in TREE_METHODS:  # they ran as trees (several draft tokens a round), at every batch size
         assert all(cells[(m, b, t)]["drafted"] > 0 for b in (1, 2) for t in (0.0, 1.0))
@@ -220,3 +221,26 @@ def test_bench_cluster_reports_each_paths_median_pass():
     slow["served_one_group"][1]["throughput_tokens_per_s"] = 15  # half of its pass's in-process
     paired = median_rows([slow, pass_(1, 90), pass_(2, 60)])["served_one_group"]
     assert [r["vs_in_process"] for r in paired] == [1.0, 1.0]  # the median pair, not median / median
+
+
+def test_bench_easyspec_end_to_end(tmp_path, tiny_target):
+    """`specray bench easyspec` on a 6-layer model truncated to 5 and 6 layers: every fitting N runs,
+    the greedy output never changes with N, N = 1 has no fuzzy steps."""
+    from helpers import save_tiny_llama
+
+    deep = save_tiny_llama(tmp_path / "deep", seed=0, num_hidden_layers=6)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("\n".join(json.dumps({"category": "c", "turns": [f"w{10 + i} w{20 + i} w{10 + i}"]})
+                              for i in range(2)))
+    out = tmp_path / "out"
+    assert main(["bench", "easyspec", "--model", str(deep), "--drafts", f"{deep}@5,{deep}", "--sizes", "1,2,3,4",
+                 "--dataset", str(data), "--num-prompts", "2", "--max-tokens", "12", "--out", str(out)]) == 0
+    report = json.loads((out / "easyspec.json").read_text())
+    got = {(r["draft"].endswith("@5"), r["N"]) for r in report["rows"]}
+    assert got == {(True, 1), (True, 2), (True, 3), (False, 1), (False, 2), (False, 3), (False, 4)}
+    for r in report["rows"]:
+        assert r["greedy_matches_n1"] is True and r["acceptance_length"] >= 1
+        assert (r["fuzzy_ms_per_step"] is None) == (r["N"] == 1)
+    n4 = next(r for r in report["rows"] if r["N"] == 4)
+    assert n4["attention_steps_per_draft_token"] == (6 + 2 * 3) / 3  # first token exact, then 3 groups
+    assert (out / "easyspec.png").read_bytes()[:4] == b"\x89PNG" and "| N |" in (out / "easyspec.md").read_text()

@@ -1,0 +1,132 @@
+"""`specray bench easyspec`: EasySpec's layer-parallel drafting per draft and group size N, greedy
+at batch 1 on Spec-Bench prompts: acceptance length and its drop against N = 1, draft time per
+round (exact calibration step vs fuzzy steps), sequential attention steps per draft token, and
+end-to-end tokens/s. One process: what the N attentions of a group would gain on N devices shows
+in the sequential-step count, not in CPU time (docs/speculation.md)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from specray.cluster.args import int_list
+from specray.cluster.bench.prompts import SHARED_PROMPTS, load_prompts
+from specray.kernels.chat import prompt_token_ids
+
+
+def add_easyspec_parser(kinds) -> None:
+    p = kinds.add_parser("easyspec", help="EasySpec layer-parallel drafting: drafts x group sizes, one run")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--drafts", default="smollm2-135m-draft,smollm2-135m@8,smollm2-135m@12",
+                   help="comma-separated draft checkpoints; NAME@L keeps NAME's first L layers (the target "
+                        "truncated: the paper's same-family draft without training)")
+    p.add_argument("--sizes", type=int_list, default=[1, 2, 3, 4], help="group sizes N (1: ordinary drafting)")
+    p.add_argument("--dataset", default=str(SHARED_PROMPTS) if SHARED_PROMPTS.exists() else None)
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--num-speculative-tokens", type=int, default=3)
+    p.add_argument("--out", default="bench_out")
+    p.set_defaults(func=cmd_bench_easyspec)
+
+
+def draft_config(draft: str, size: int, k: int) -> dict:
+    name, _, layers = draft.partition("@")
+    cfg = {"method": "draft_model", "model": name, "num_speculative_tokens": k, "layer_parallel": size}
+    if layers:
+        cfg["draft_num_layers"] = int(layers)
+    return cfg
+
+
+def measure(args, draft: str, size: int, encoded: list[list[int]]) -> dict | None:
+    """One (draft, N) row, or None where N does not fit the draft's middle layers."""
+    from specray import LLM, SamplingParams
+
+    try:
+        llm = LLM(args.model, speculative_config=draft_config(draft, size, args.num_speculative_tokens))
+    except ValueError as e:
+        if "exceeds the draft's" in str(e):
+            return None
+        raise
+    sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    llm.generate({"prompt_token_ids": encoded[0]}, SamplingParams(temperature=0, max_tokens=8))  # warm-up
+    drafter = llm.draft.drafter
+    drafter.times.__init__()
+    stats_before = llm.router.stats.draft_seconds
+    start = time.perf_counter()
+    outs = [llm.generate({"prompt_token_ids": ids}, sp)[0] for ids in encoded]
+    seconds = time.perf_counter() - start
+    rounds = sum(o.metrics.num_rounds for o in outs)
+    layers = len(drafter.model.layers)
+    groups = drafter.fuzzy.groups.sequential_steps if drafter.fuzzy is not None else layers
+    k, t = args.num_speculative_tokens, drafter.times
+    return {"draft": draft, "layers": layers, "N": size, "rounds": rounds,
+            "acceptance_length": sum(o.metrics.num_emitted_tokens for o in outs) / rounds,
+            "tokens_per_s": sum(len(o.outputs[0].token_ids) for o in outs) / seconds,
+            "draft_ms_per_round": 1e3 * (llm.router.stats.draft_seconds - stats_before) / rounds,
+            "calibration_ms_per_round": 1e3 * t.exact_seconds / max(t.exact_steps, 1),
+            "fuzzy_ms_per_step": 1e3 * t.fuzzy_seconds / t.fuzzy_steps if t.fuzzy_steps else None,
+            "attention_steps_per_draft_token": (layers + (k - 1) * groups) / k,
+            "greedy_tokens": [o.outputs[0].token_ids for o in outs]}
+
+
+def cmd_bench_easyspec(args) -> int:
+    from tqdm import tqdm
+
+    from specray.kernels.loader import resolve
+
+    tok = resolve(args.model).tokenizer()
+    prompts = load_prompts(Path(args.dataset) if args.dataset else None, args.num_prompts)
+    encoded = [prompt_token_ids(tok, p["prompt"]) for p in prompts]
+    plan = [(d, n) for d in args.drafts.split(",") for n in args.sizes]
+    rows = [row for d, n in tqdm(plan, desc="bench easyspec") if (row := measure(args, d, n, encoded))]
+    for row in rows:  # the drop against the same draft's N = 1, and losslessness
+        base = next((r for r in rows if r["draft"] == row["draft"] and r["N"] == 1), None)
+        row["acceptance_drop"] = None if base is None else 1 - row["acceptance_length"] / base["acceptance_length"]
+        row["greedy_matches_n1"] = None if base is None else row["greedy_tokens"] == base["greedy_tokens"]
+    for row in rows:
+        row.pop("greedy_tokens", None)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"model": args.model, "num_prompts": len(encoded), "max_tokens": args.max_tokens,
+              "num_speculative_tokens": args.num_speculative_tokens, "rows": rows}
+    (out / "easyspec.json").write_text(json.dumps(report, indent=1))
+    (out / "easyspec.md").write_text(markdown(report))
+    plot(report, out / "easyspec.png")
+    print(markdown(report))
+    return 0
+
+
+def markdown(report: dict) -> str:
+    head = ("| draft | layers | N | acceptance length | drop vs N=1 | attention steps / draft token | "
+            "draft ms / round | calibration ms / round | fuzzy ms / step | tokens/s | greedy = N=1 |")
+    lines = [f"model {report['model']}, {report['num_prompts']} prompts x {report['max_tokens']} tokens, "
+             f"k = {report['num_speculative_tokens']}, greedy, batch 1", "", head, "|" + " --- |" * 11]
+    for r in report["rows"]:
+        drop = "" if r["acceptance_drop"] is None else f"{100 * r['acceptance_drop']:.1f} %"
+        fuzzy = "" if r["fuzzy_ms_per_step"] is None else f"{r['fuzzy_ms_per_step']:.2f}"
+        lines.append(f"| {r['draft']} | {r['layers']} | {r['N']} | {r['acceptance_length']:.3f} | {drop} | "
+                     f"{r['attention_steps_per_draft_token']:.2f} | {r['draft_ms_per_round']:.2f} | "
+                     f"{r['calibration_ms_per_round']:.2f} | {fuzzy} | {r['tokens_per_s']:.1f} | "
+                     f"{r['greedy_matches_n1']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for draft in dict.fromkeys(r["draft"] for r in report["rows"]):
+        rows = [r for r in report["rows"] if r["draft"] == draft]
+        left.plot([r["N"] for r in rows], [r["acceptance_length"] for r in rows], marker="o", label=draft)
+        right.plot([r["N"] for r in rows], [r["attention_steps_per_draft_token"] for r in rows], marker="o",
+                   label=draft)
+    left.set(xlabel="group size N", ylabel="acceptance length", title="acceptance")
+    right.set(xlabel="group size N", ylabel="sequential attention steps / draft token", title="draft depth")
+    left.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
