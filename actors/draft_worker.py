@@ -14,6 +14,7 @@ from specray.kernels.proposal import Proposal
 from specray.kernels.sampling import make_generator
 
 DRAFT_SEED_SALT = 0x5D5EED  # draft draws use their own stream so target draws stay independent
+DRAFT_GROUP_SEED = 0x6A7E  # every rank of a draft group draws the same unseeded stream
 
 
 @dataclass
@@ -34,7 +35,14 @@ class DraftWorker:
     def from_spec(cls, spec: DraftSpec) -> "DraftWorker":
         if spec.threads:
             torch.set_num_threads(spec.threads)
-        return cls(build_drafter(spec))
+        workers = None
+        if spec.group_size > 1:  # a layer-parallel draft group: join it (blocks until every rank has)
+            from specray.kernels.tensor_parallel import init_distributed
+
+            torch.manual_seed(DRAFT_GROUP_SEED)  # unseeded draws stay equal on every rank
+            workers = init_distributed(spec.group_rank, spec.group_size, spec.dist_init_method, spec.dist_backend,
+                                       spec.device)
+        return cls(build_drafter(spec, workers))
 
     def ping(self) -> bool:
         return True

@@ -33,6 +33,11 @@ class TargetSpec:
 
 @dataclass(frozen=True)
 class DraftSpec(DraftOptions):
-    """A drafter's options (kernels/drafters/options.py) and the worker's threads."""
+    """A drafter's options (kernels/drafters/options.py), the worker's threads, and its rank in a
+    layer-parallel draft group (EasySpec across devices; every rank receives every call)."""
 
     threads: int | None = None  # torch intra-op threads; None: torch's default
+    group_rank: int = 0
+    group_size: int = 1
+    dist_init_method: str | None = None  # rank 0's tcp:// rendezvous; None: "env://"
+    dist_backend: str | None = None  # None: "nccl" on a cuda device, else "gloo"

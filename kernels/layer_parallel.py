@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from specray.kernels.attention import build_attention_mask, is_causal_prefill, ragged_attention
 from specray.kernels.batch import RaggedBatch
 from specray.kernels.kv_cache import PagedKVCache
+from specray.kernels.tp_group import TPGroup
 
 
 @dataclass(frozen=True)
@@ -59,11 +60,16 @@ class LayerGroups:
 
 class FuzzyForward:
     """The fuzzy forward of one LlamaModel: pure torch, the group's Q/K/V projections one matmul
-    over the shared input (each layer's input-norm weight folded into its columns)."""
+    over the shared input (each layer's input-norm weight folded into its columns).
 
-    def __init__(self, model, groups: LayerGroups):
+    Across devices (`workers`, a TPGroup of W ranks that all run every call): member j of a group
+    runs its attention on rank j % W only, which alone writes and reads that layer's fuzzy KV; the
+    outputs are all-gathered in rank order, so every rank continues with the same bits as one
+    process. Every rank computes the group's whole Q/K/V matmul: it is what keeps those bits equal."""
+
+    def __init__(self, model, groups: LayerGroups, workers: TPGroup | None = None):
         assert groups.groups[-1][-1] == len(model.layers) - 1, "the groups must cover the draft's layers"
-        self.model, self.groups = model, groups
+        self.model, self.groups, self.workers = model, groups, workers or TPGroup()
         with torch.no_grad():  # [sum over the group (q_size + 2 kv_size), hidden_size]
             self.folded = [torch.cat([model.layers[i].qkv_proj * model.layers[i].input_norm for i in g])
                            for g in groups.groups]
@@ -84,8 +90,10 @@ class FuzzyForward:
         unit = F.rms_norm(h, (h.shape[-1],), None, model.config.rms_norm_eps)  # h0 / rms(h0)
         width = c.q_size + 2 * c.kv_size
         qkv_all = F.linear(unit, folded)  # [num_tokens, len(group) * width]
-        attention = [self._attention(qkv_all[:, j * width:(j + 1) * width], i, batch, cache, context)
-                     for j, i in enumerate(group)]  # independent of each other: one device each
+        w = self.workers
+        mine = [self._attention(qkv_all[:, j * width:(j + 1) * width], i, batch, cache, context)
+                for j, i in enumerate(group) if j % w.size == w.rank]  # independent: one device each
+        attention = mine if w.size == 1 else self._gather(mine, len(group), h.shape[0])
         for i, attn in zip(group, attention, strict=True):  # the MLPs run in order
             layer = model.layers[i]
             h = h + model.linear(attn, layer.o_proj)
@@ -93,6 +101,15 @@ class FuzzyForward:
             gate, up = model.linear(x, layer.gate_up_proj).chunk(2, dim=-1)
             h = h + model.linear(F.silu(gate) * up, layer.down_proj)
         return h
+
+    def _gather(self, mine: list[torch.Tensor], members: int, num_tokens: int) -> list[torch.Tensor]:
+        """Each rank's attention outputs [num_tokens, q_size] -> the group's, in member order."""
+        w, q_size = self.workers, self.model.shard_config.q_size
+        per_rank = -(-members // w.size)  # a short group pads with zeros: every rank sends one shape
+        pad = [self.model.embed_tokens.new_zeros(num_tokens, q_size)] * (per_rank - len(mine))
+        every = w.all_gather_last_dim(torch.cat(mine + pad, dim=1))  # [num_tokens, size * per_rank * q_size]
+        every = every.view(num_tokens, w.size, per_rank, q_size)
+        return [every[:, j % w.size, j // w.size] for j in range(members)]
 
     def _attention(self, qkv, i, batch, cache, context) -> torch.Tensor:
         """Layer i's attention of qkv [num_tokens, q_size + 2 kv_size]; writes its K/V -> [num_tokens, q_size]."""

@@ -28,7 +28,8 @@ class _Strict(BaseModel):
 class PoolConfig(_Strict):
     """Where and how one pool's workers run."""
 
-    num_workers: int = Field(1, ge=1, description="target: tensor-parallel degree; draft: 1")
+    num_workers: int = Field(1, ge=1, description="target: tensor-parallel degree; draft: 1, or a "
+                             "layer-parallel draft group's size (speculative_config.layer_parallel)")
     num_cpus: float = Field(1.0, ge=0, description="CPUs each worker reserves")
     num_gpus: float = Field(0.0, ge=0, description="GPUs each worker reserves")
     resources: dict[str, float] = Field(default_factory=dict,
@@ -174,7 +175,25 @@ class ServeConfig(_Strict):
     def _transport(self) -> "ServeConfig":
         if self.transport.kind == "grpc" and self.speculative_config and not self.transport.drafter_address:
             raise ValueError("transport.kind 'grpc' needs transport.drafter_address (host:port)")
+        self._draft_group()
         return self
+
+    def _draft_group(self) -> None:
+        """pools.draft.num_workers > 1: a layer-parallel draft group (EasySpec across devices), each
+        worker running one member's attention of every layer group; more workers than members idle."""
+        workers = self.pools.draft.num_workers
+        if workers == 1:
+            return
+        n = (self.speculative_config or {}).get("layer_parallel")
+        if not n or n < 2:
+            raise ValueError(f"pools.draft.num_workers {workers} needs speculative_config.layer_parallel >= 2: "
+                             "a draft group splits each layer group's attentions over its workers")
+        if workers > n:
+            raise ValueError(f"pools.draft.num_workers {workers} exceeds speculative_config.layer_parallel {n}: "
+                             "a layer group has only that many attentions to split")
+        if self.transport.kind != "ray":
+            raise ValueError(f"a draft group of {workers} workers needs transport.kind 'ray', got "
+                             f"{self.transport.kind!r}")
 
     @property
     def speculative(self) -> SpeculativeConfig | None:

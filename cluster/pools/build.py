@@ -34,4 +34,4 @@ def build_draft_pool(cfg: ServeConfig):
         from specray.cluster.pools.dist_transport import DistDraftPool
 
         return DistDraftPool(spec, placement(cfg.pools.draft), timeout)
-    return RayDraftPool(spec, placement(cfg.pools.draft), timeout)
+    return RayDraftPool(spec, placement(cfg.pools.draft), timeout, cfg.pools.draft.num_workers)

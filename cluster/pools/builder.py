@@ -63,6 +63,15 @@ def start_worker(build, spec, group: PlacementGroup, placement, bundle_index: in
     ).remote(build, spec)
 
 
+def _true(*_) -> bool:
+    return True
+
+
+def all_of(refs: list):
+    """A ref that resolves once every ref in `refs` has (Ray resolves top-level ref arguments first)."""
+    return ray.remote(_true).options(num_cpus=0).remote(*refs)
+
+
 def kill_worker(actor) -> None:
     ray.kill(actor, no_restart=True)
 

@@ -23,11 +23,12 @@ from specray.actors.specs import DraftSpec, TargetSpec
 from specray.actors.target_worker import TargetWorker
 from specray.cluster.pools import wire
 from specray.cluster.pools.api import DraftUnavailable, TargetUnavailable
-from specray.cluster.pools.builder import kill_worker, release_group, rendezvous_address, reserve, start_worker
+from specray.cluster.pools.builder import all_of, kill_worker, release_group, rendezvous_address, reserve, start_worker
 from specray.cluster.pools.draft_endpoint import DraftEndpoint, TransportStats
 
 ActorFailure = (RayActorError, GetTimeoutError)
 log = logging.getLogger("specray.pools")
+
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,23 @@ class _RayPending:
 
     def result(self):
         try:
-            value = ray.get(self.refs, timeout=self.timeout_s)[0]  # every rank agrees; rank 0 speaks
+            value = self._first_rank()
         except ActorFailure as e:
             raise self.on_failure(e) from None
         return value if self.on_result is None else self.on_result(value)
+
+    def _first_rank(self):
+        """Rank 0's value once every rank answered (they agree). A failed rank raises at once: the
+        others may be waiting for it in a collective and would only time out."""
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        waiting = list(self.refs)
+        while waiting:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, waiting = ray.wait(waiting, num_returns=1, timeout=left)
+            if not ready:
+                raise GetTimeoutError(f"no answer within {self.timeout_s}s")
+            ray.get(ready[0])
+        return ray.get(self.refs[0])
 
 
 class RayTargetPool:
@@ -106,17 +120,38 @@ class RayTargetPool:
 
 
 class RayDraftPool:
-    """The draft worker as a Ray actor; items and proposals travel in wire format as object refs."""
+    """The draft worker as a Ray actor, or a layer-parallel draft group of `group_size` actors in one
+    placement group joined by torch.distributed (EasySpec across devices: every rank receives every
+    call, rank 0 answers). Items and proposals travel in wire format as object refs."""
 
     def __init__(self, spec: DraftSpec, placement: Placement = Placement({"draft": 1}),
-                 propose_timeout_s: float = 60.0):
-        self.group = reserve([placement.bundle()])
+                 propose_timeout_s: float = 60.0, group_size: int = 1):
+        self.spec, self.placement, self.group_size = spec, placement, group_size
+        self.group = reserve([placement.bundle()] * group_size)
         self.name = f"specray-draft-{uuid.uuid4().hex[:8]}"
-        self.actor = start_worker(DraftEndpoint.from_spec, spec, self.group, placement, max_restarts=-1,
-                                  name=self.name)
+        self.starts = 0
+        self.actors = self._start()
         self.propose_timeout_s = propose_timeout_s
         self.stats = TransportStats()
-        self._revival = None  # a pending ping while the worker is down
+        self._revival = None  # a pending ping while the worker (group) is down
+
+    def _start(self) -> list:
+        """One actor Ray restarts by itself, or a group started afresh (new rendezvous) each time:
+        a restarted rank could not rejoin its old process group."""
+        self.starts += 1
+        if self.group_size == 1:
+            return [start_worker(DraftEndpoint.from_spec, self.spec, self.group, self.placement, max_restarts=-1,
+                                 name=self.name)]
+        address = rendezvous_address(self.group)
+        specs = [replace(self.spec, group_rank=r, group_size=self.group_size, dist_init_method=address)
+                 for r in range(self.group_size)]
+        return [start_worker(DraftEndpoint.from_spec, s, self.group, self.placement, bundle_index=r,
+                             name=f"{self.name}-s{self.starts}-r{r}") for r, s in enumerate(specs)]
+
+    @property
+    def actor(self):
+        """Rank 0."""
+        return self.actors[0]
 
     @property
     def healthy(self) -> bool:
@@ -130,8 +165,13 @@ class RayDraftPool:
             self._revival = None
             return True
         except (RayTaskError, *ActorFailure):
-            self._revival = self.actor.node_id.remote()
+            self._revival = self._ping()
             return False
+
+    def _ping(self):
+        """An answer once every rank is up (Ray restarted the lone worker, or the new group joined)."""
+        return self.actor.call.remote("ping") if self.group_size == 1 else \
+            all_of([a.call.remote("ping") for a in self.actors])
 
     def submit_propose(self, items) -> _RayPending:
         if not self.healthy:
@@ -142,26 +182,35 @@ class RayDraftPool:
             self.stats.record(len(payload), len(reply), time.perf_counter() - start)
             return wire.decode_proposals(reply)
 
-        ref = self.actor.call.remote("propose_bytes", payload)
-        return _RayPending([ref], self._failed, self.propose_timeout_s, decode)
+        refs = [a.call.remote("propose_bytes", payload) for a in self.actors]
+        return _RayPending(refs, self._failed, self.propose_timeout_s, decode)
 
     def _failed(self, error: Exception) -> DraftUnavailable:
-        self._revival = self.actor.node_id.remote()  # answers once Ray has restarted the worker
-        return DraftUnavailable(str(error))
+        if self.group_size > 1:  # the other ranks wait in a collective for the lost one: start afresh
+            for actor in self.actors:
+                kill_worker(actor)
+            self.actors = self._start()
+        self._revival = self._ping()
+        log.warning("the draft pool failed (%s); decoding target-only until it is back", type(error).__name__)
+        return DraftUnavailable("draft worker is restarting")
 
     def release(self, seq_id) -> None:
         if self._revival is None:
-            self.actor.call.remote("release_many", [seq_id])
+            for actor in self.actors:
+                actor.call.remote("release_many", [seq_id])
 
     def node_id(self) -> str:
         return ray.get(self.actor.node_id.remote())
 
     def worker_names(self) -> list[str]:
-        return [self.name]
+        if self.group_size == 1:
+            return [self.name]
+        return [f"{self.name}-s{self.starts}-r{r}" for r in range(self.group_size)]
 
     def ready(self, timeout_s: float = 300.0) -> None:
-        ray.get(self.actor.call.remote("ping"), timeout=timeout_s)
+        ray.get([a.call.remote("ping") for a in self.actors], timeout=timeout_s)
 
     def close(self) -> None:
-        kill_worker(self.actor)
+        for actor in self.actors:
+            kill_worker(actor)
         release_group(self.group)

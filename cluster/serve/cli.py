@@ -148,7 +148,7 @@ def local_resources(cfg) -> dict[str, float]:
     need: dict[str, float] = {}
     pools = [(cfg.pools.target, cfg.pools.target.num_workers)]
     if cfg.speculative_config and cfg.transport.kind not in ("grpc", "inline"):  # no draft actor
-        pools.append((cfg.pools.draft, 1))
+        pools.append((cfg.pools.draft, cfg.pools.draft.num_workers))
     for pool, count in pools:
         for name, amount in pool.resources.items():
             need[name] = need.get(name, 0) + amount * count
@@ -163,7 +163,7 @@ def start_ray(cfg) -> None:
     if cfg.ray_address:
         ray.init(address=cfg.ray_address)
         return
-    pools = [cfg.pools.target] * cfg.pools.target.num_workers + [cfg.pools.draft]
+    pools = [cfg.pools.target] * cfg.pools.target.num_workers + [cfg.pools.draft] * cfg.pools.draft.num_workers
     cpus = max(os.cpu_count() or 1, int(sum(p.num_cpus for p in pools) + 0.999))
     # "local": always a new cluster, never one some other job left running on this machine
     ray.init(address="local", num_cpus=cpus, resources=local_resources(cfg), include_dashboard=False)

@@ -21,6 +21,7 @@ from specray.kernels.batch import RaggedBatch, SeqChunk
 from specray.kernels.cpu_ops import argmax_rows
 from specray.kernels.drafters.base import DraftRequest
 from specray.kernels.layer_parallel import FuzzyForward, LayerGroups
+from specray.kernels.tp_group import TPGroup
 from specray.kernels.model import LlamaModel
 from specray.kernels.proposal import Proposal
 from specray.kernels.sampling import processed_probs, sample_rows
@@ -55,12 +56,12 @@ class DraftModelDrafter:
     name = "draft_model"
 
     def __init__(self, model: LlamaModel, num_blocks: int = 2048, block_size: int = 16,
-                 layer_groups: LayerGroups | None = None):
+                 layer_groups: LayerGroups | None = None, workers: TPGroup | None = None):
         self.model = model
         self.cache = model.make_cache(num_blocks, block_size)
         self.states: dict[object, _DraftState] = {}
         fuzzy = layer_groups is not None and layer_groups.size > 1  # N = 1 is ordinary drafting
-        self.fuzzy = FuzzyForward(model, layer_groups) if fuzzy else None
+        self.fuzzy = FuzzyForward(model, layer_groups, workers) if fuzzy else None
         self.calibrate_fuzzy_kv = True  # False only to measure what bonus calibration prevents
         self.times = DraftTimes()
 

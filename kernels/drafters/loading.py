@@ -53,8 +53,9 @@ def _vocab_trim_ids(options: DraftOptions, folder: Path) -> torch.Tensor | None:
     return load_vocab_trim(folder, k) if k else None
 
 
-def build_draft_model(options: DraftOptions) -> Drafter:
-    """A standalone draft checkpoint: a chain, a VocabTrim chain, or a tree."""
+def build_draft_model(options: DraftOptions, workers=None) -> Drafter:
+    """A standalone draft checkpoint: a chain, a VocabTrim chain, or a tree. `workers`: the TPGroup
+    of a layer-parallel draft group (kernels/layer_parallel.py), this process being one rank."""
     if options.model is None:
         raise ValueError("method 'draft_model' needs speculative_config['model']")
     checkpoint = resolve(options.model)
@@ -67,11 +68,11 @@ def build_draft_model(options: DraftOptions) -> Drafter:
     groups = None if options.layer_parallel is None else LayerGroups.uniform(len(draft.layers), options.layer_parallel)
     if options.tree is not None:
         drafter = TreeDraftModelDrafter(draft, TreeSpec.from_dict(options.tree), *blocks, vocab_trim_ids=ids,
-                                        layer_groups=groups)
+                                        layer_groups=groups, workers=workers)
     elif ids is not None:
-        drafter = VocabTrimDrafter(draft, ids, *blocks, layer_groups=groups)
+        drafter = VocabTrimDrafter(draft, ids, *blocks, layer_groups=groups, workers=workers)
     else:
-        return DraftModelDrafter(draft, *blocks, layer_groups=groups)
+        return DraftModelDrafter(draft, *blocks, layer_groups=groups, workers=workers)
     if ids is not None and str(options.device) == "cpu":  # GEMV copies after trimming: the full head's is never built
         draft.add_gemv_weights()
     return drafter

@@ -29,9 +29,11 @@ class Method:
     own_options: str | None = None  # the speculative_config key holding its own options
     layer_parallel: bool = False  # its draft model's layers can run in EasySpec groups
 
-    def build(self, options: DraftOptions) -> "Drafter":
+    def build(self, options: DraftOptions, workers=None) -> "Drafter":
+        """`workers`: a layer-parallel draft group's TPGroup (methods with layer_parallel only)."""
         module, function = self.builder.split(":")
-        return getattr(importlib.import_module(f"specray.kernels.drafters.{module}"), function)(options)
+        builder = getattr(importlib.import_module(f"specray.kernels.drafters.{module}"), function)
+        return builder(options) if workers is None else builder(options, workers)
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
@@ -85,11 +87,15 @@ def check_options(name: str, model: str | None = None, tree: dict | None = None,
     return entry
 
 
-def build_drafter(options: DraftOptions) -> "Drafter":
-    """The drafter `options` describe; a bad option raises ValueError naming it."""
+def build_drafter(options: DraftOptions, workers=None) -> "Drafter":
+    """The drafter `options` describe; a bad option raises ValueError naming it. `workers`: this
+    process's rank in a layer-parallel draft group."""
     entry = check_options(options.method, options.model, options.tree, options.lookup_first, options.layer_parallel,
                           aded=options.aded)
-    drafter = entry.build(options)
+    if workers is not None and workers.size > 1 and not entry.layer_parallel:
+        raise ValueError(f"a draft group of {workers.size} workers needs 'layer_parallel' (method "
+                         f"{_methods_where('layer_parallel')})")
+    drafter = entry.build(options, workers)
     if options.lookup_first not in (None, False):
         from specray.kernels.drafters.hybrid import LookupFirstDrafter, LookupOptions
 

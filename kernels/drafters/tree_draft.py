@@ -46,11 +46,11 @@ class TreeDraftModelDrafter:
     name = "draft_model"
 
     def __init__(self, model: LlamaModel, tree: TreeSpec, num_blocks: int = 2048, block_size: int = 16,
-                 vocab_trim_ids: torch.Tensor | None = None, layer_groups=None):
+                 vocab_trim_ids: torch.Tensor | None = None, layer_groups=None, workers=None):
         # VocabTrim: every node's distribution is the softmax over the subset, as for chains.
         # Layer-parallel: the tree's levels run fuzzy; their KV is never committed, the root step is exact.
-        self.base = (DraftModelDrafter(model, num_blocks, block_size, layer_groups) if vocab_trim_ids is None
-                     else VocabTrimDrafter(model, vocab_trim_ids, num_blocks, block_size, layer_groups))
+        self.base = (DraftModelDrafter(model, num_blocks, block_size, layer_groups, workers) if vocab_trim_ids is None
+                     else VocabTrimDrafter(model, vocab_trim_ids, num_blocks, block_size, layer_groups, workers))
         self.tree = tree
 
     def release(self, seq_id: object) -> None:

@@ -69,9 +69,9 @@ class VocabTrimDrafter(DraftModelDrafter):
     name = "draft_model_vocab_trim"
 
     def __init__(self, model: LlamaModel, token_ids: torch.Tensor, num_blocks: int = 2048, block_size: int = 16,
-                 layer_groups=None):
+                 layer_groups=None, workers=None):
         trim_lm_head(model, token_ids)
-        super().__init__(model, num_blocks, block_size, layer_groups)
+        super().__init__(model, num_blocks, block_size, layer_groups, workers)
         self.token_ids = token_ids.to(model.lm_head.device)  # [k]: subset row -> token id
         self.vocab_size = model.config.vocab_size
 

@@ -28,6 +28,30 @@ def test_default_is_gpu_target_with_the_targets_own_speculation(rendered):
     assert ServeConfig.from_dict(cfg).speculative_config["method"] == "eagle"  # smollm2-135m's packaged draft
     assert cfg["http"]["api_key_env"] is None  # no key: a stray variable must not turn auth on
     assert r.of_kind("Secret") == [] and r.of_kind("ServiceMonitor") == []
+    draft = _groups(r)["draft"]["template"]["spec"]["containers"][0]  # a neural draft beside a GPU target
+    assert draft["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert cfg["pools"]["draft"]["num_gpus"] == 1 and cfg["pools"]["draft"]["device"] == "cuda"
+
+
+def test_ngram_draft_group_gets_no_gpu():
+    from helm_render import render
+
+    r = render({"speculation": {"method": "ngram"}})
+    draft = _groups(r)["draft"]["template"]["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in (draft["resources"].get("limits") or {})
+    assert app_config(r.rayservice)["pools"]["draft"]["num_gpus"] == 0
+
+
+def test_layer_parallel_draft_group_of_workers():
+    """draft.groupSize workers, one per pod and GPU, split each layer group's attentions (EasySpec)."""
+    from helm_render import render
+
+    r = render({"speculation": {"method": "draft_model", "draftModel": "d", "layerParallel": 4},
+                "draft": {"groupSize": 4, "replicas": 4, "maxReplicas": 4}})
+    cfg = app_config(r.rayservice)
+    assert cfg["pools"]["draft"]["num_workers"] == 4 and cfg["pools"]["draft"]["num_gpus"] == 1
+    assert _groups(r)["draft"]["replicas"] == 4
+    assert ServeConfig.from_dict(cfg).pools.draft.num_workers == 4
 
 
 def test_cpu_profile_has_no_gpus(rendered):

@@ -52,6 +52,18 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
+{{/* The draft group's values with its GPUs resolved: gpus null means one per pod when the target
+group has GPUs and the draft is a model (default, draft_model or eagle), else none. */}}
+{{- define "specray.draftGroup" -}}
+{{- $v := .Values }}
+{{- $g := deepCopy $v.draft }}
+{{- if kindIs "invalid" $g.gpus }}
+{{- $neural := has $v.speculation.method (list "default" "draft_model" "eagle") }}
+{{- $_ := set $g "gpus" (ternary 1 0 (and $neural (gt (int $v.target.gpus) 0))) }}
+{{- end }}
+{{- toYaml $g }}
+{{- end }}
+
 {{/* Image "repo:tag" for a group: (list . .Values.draft.image). Empty fields fall back to image.*. */}}
 {{- define "specray.image" -}}
 {{- $ctx := index . 0 }}

@@ -7,6 +7,14 @@ Cross-field checks that values.schema.json cannot express; each fails the render
 {{- fail (printf "speculation.method %s needs speculation.draftModel (alias, HF folder or .gguf path)" $v.speculation.method) }}
 {{- end }}
 {{- $speculating := ne $v.speculation.method "none" }}
+{{- if gt (int $v.draft.groupSize) 1 }}
+{{- if lt (int ($v.speculation.layerParallel | default 1)) (int $v.draft.groupSize) }}
+{{- fail (printf "draft.groupSize %d needs speculation.layerParallel >= %d (a layer group splits its attentions over the draft group)" (int $v.draft.groupSize) (int $v.draft.groupSize)) }}
+{{- end }}
+{{- if lt (int $v.draft.replicas) (int $v.draft.groupSize) }}
+{{- fail (printf "draft.replicas (%d) must be at least draft.groupSize (%d): one draft worker per pod" (int $v.draft.replicas) (int $v.draft.groupSize)) }}
+{{- end }}
+{{- end }}
 {{- if and $v.speculation.layerParallel (ne $v.speculation.method "draft_model") }}
 {{- fail (printf "speculation.layerParallel needs speculation.method draft_model (a draft with layers to group), got %s" $v.speculation.method) }}
 {{- end }}

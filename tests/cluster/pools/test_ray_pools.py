@@ -214,3 +214,54 @@ def test_tree_aded_and_layer_parallel_drafts_through_the_ray_pool(ray_cluster, t
         assert sum(o.metrics.num_draft_tokens for o in outs) > 0
     finally:
         pool.close()
+
+
+def test_a_layer_parallel_draft_group_survives_losing_a_rank(ray_cluster, target_pool, tiny_target, tiny_draft,
+                                                             deep_draft, reference):
+    """A draft group of 2 Ray workers joined by gloo (EasySpec across devices): greedy output equal to
+    plain decoding; a killed rank costs speculation only until the pool has started a fresh group."""
+    raw = config(tiny_target, tiny_draft).model_dump()
+    raw["speculative_config"] = {"method": "draft_model", "model": str(deep_draft), "num_speculative_tokens": 3,
+                                 "layer_parallel": 3}
+    raw["pools"]["draft"]["num_workers"] = 2
+    cfg = ServeConfig.from_dict(raw)
+    pool = build_draft_pool(cfg)
+    try:
+        pool.ready()
+        checkpoint = Checkpoint(tiny_target, "tiny")
+        tok = checkpoint.tokenizer()
+        limits, eos = router_limits(ModelConfig.from_hf(checkpoint.hf_config()), tok, cfg.speculative, None, 8,
+                                     512, 16, False)
+        router = Router(target_pool, pool, tok, eos, limits)
+        ids = [router.add_request(p, GREEDY) for p in PROMPTS]
+        for _ in range(3):
+            router.step()
+        assert router.stats.num_draft_tokens > 0
+        ray.kill(pool.actors[1], no_restart=True)  # rank 0 now waits in a collective for rank 1
+        done = {}
+        while router.has_unfinished():
+            done.update({o.request_id: o for o in router.step() if o.finished})
+        assert [done[i].outputs[0].token_ids for i in ids] == reference[0]
+        assert router.stats.draft_fallbacks >= 1
+        deadline = time.monotonic() + 180
+        while not pool.healthy:  # a fresh group: new actors, new rendezvous
+            assert time.monotonic() < deadline, "the draft group did not come back"
+            time.sleep(0.2)
+        drafted = router.stats.num_draft_tokens
+        assert [o.outputs[0].token_ids for o in run(router, PROMPTS)] == reference[0]
+        assert router.stats.num_draft_tokens > drafted  # speculation resumed
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("draft, message", [
+    ({"num_workers": 2}, "needs speculative_config.layer_parallel >= 2"),
+    ({"num_workers": 4}, "exceeds speculative_config.layer_parallel 3"),
+])
+def test_draft_group_config_errors(tiny_target, tiny_draft, draft, message):
+    raw = config(tiny_target, tiny_draft).model_dump()
+    raw["pools"]["draft"].update(draft)
+    if draft["num_workers"] == 4:
+        raw["speculative_config"]["layer_parallel"] = 3
+    with pytest.raises(ValueError, match=message):
+        ServeConfig.from_dict(raw)

@@ -216,3 +216,66 @@ def test_bad_config_is_a_clear_error(cfg, words):
 def test_too_large_a_group_names_the_key(deep):
     with pytest.raises(ValueError, match="layer_parallel 5 exceeds the draft's 4 middle layers"):
         LLM(str(deep[0]), speculative_config=spec(deep[1], 5))
+
+
+class GroupPool:
+    """A draft pool of W ranks (threads of this process joined by a ThreadTPGroup), each a full
+    DraftWorker receiving every call; records every rank's proposals of every round."""
+
+    def __init__(self, draft, size: int, n: int, **options):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from specray.actors.draft_worker import DraftWorker
+        from specray.kernels.drafters.options import DraftOptions
+        from specray.kernels.drafters.registry import build_drafter
+        from specray.kernels.tensor_parallel import thread_groups
+
+        opts = DraftOptions(method="draft_model", model=str(draft), layer_parallel=n, draft_quantization="none",
+                            **options)
+        groups = thread_groups(size) if size > 1 else [None]
+        self.ranks = [DraftWorker(build_drafter(opts, g)) for g in groups]
+        self.pool = ThreadPoolExecutor(len(self.ranks))
+        self.rounds: list[list[list]] = []  # [round][rank] proposals
+
+    def submit_propose(self, items):
+        from specray.cluster.pools.api import Done
+
+        per_rank = list(self.pool.map(lambda w: w.propose(items), self.ranks))
+        self.rounds.append(per_rank)
+        return Done(per_rank[0])
+
+    def release(self, seq_id):
+        for w in self.ranks:
+            w.release(seq_id)
+
+
+def same(a, b) -> bool:
+    """Proposals equal bit for bit: tokens, tree shape and the proposal distributions."""
+    if a.draft_token_ids != b.draft_token_ids or a.tree_parents() != b.tree_parents():
+        return False
+    pa, pb = a.draft_probs, b.draft_probs
+    return (pa is None and pb is None) or (pa is not None and pb is not None and torch.equal(pa, pb))
+
+
+@pytest.mark.parametrize("extra", [{}, {"tree": {"kind": "rsd_c", "branching": [2, 1, 1]}}])
+@pytest.mark.parametrize("workers, n", [(2, 2), (4, 4), (3, 4)])
+def test_a_draft_group_proposes_what_one_process_does(deep, workers, n, extra):
+    """W ranks, each running one layer's attention of every group, propose bit for bit what one
+    process proposes, greedy and sampled (seeded), round after round."""
+    from specray.cluster.router.router import Router
+
+    target, draft = deep
+    runs = {}
+    for size in (1, workers):
+        llm = LLM(str(target), speculative_config={**spec(draft, n, k=3), **extra})
+        pool = GroupPool(draft, size, n, tree=extra.get("tree"))
+        llm.router = Router(llm.router.target, pool, llm.tokenizer, llm.router.eos_token_ids, llm.router.config)
+        params = [GREEDY, SamplingParams(temperature=1.0, seed=5, max_tokens=24, ignore_eos=True)]
+        outs = llm.generate(prompts(2), params)
+        runs[size] = ([o.outputs[0].token_ids for o in outs], pool.rounds)
+    (single_out, single_rounds), (group_out, group_rounds) = runs[1], runs[workers]
+    assert group_out == single_out and len(group_rounds) == len(single_rounds)
+    for one, every in zip(single_rounds, group_rounds, strict=True):
+        for rank in every:  # every rank agrees with one process, proposal by proposal
+            assert all(same(a, b) for a, b in zip(one[0], rank, strict=True))
+    assert sum(len(p.draft_token_ids) for r in group_rounds for p in r[0]) > 0
