@@ -38,8 +38,9 @@ def draft_config(draft: str, size: int, k: int) -> dict:
     return cfg
 
 
-def measure(args, draft: str, size: int, encoded: list[list[int]]) -> dict | None:
-    """One (draft, N) row, or None where N does not fit the draft's middle layers."""
+def measure(args, draft: str, size: int, encoded: list[list[int]], calibrate: bool = True) -> dict | None:
+    """One (draft, N) row, or None where N does not fit the draft's middle layers. `calibrate`
+    False keeps the fuzzy KV (what bonus calibration prevents; outputs stay lossless)."""
     from specray import LLM, SamplingParams
 
     try:
@@ -51,6 +52,7 @@ def measure(args, draft: str, size: int, encoded: list[list[int]]) -> dict | Non
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     llm.generate({"prompt_token_ids": encoded[0]}, SamplingParams(temperature=0, max_tokens=8))  # warm-up
     drafter = llm.draft.drafter
+    drafter.calibrate_fuzzy_kv = calibrate
     drafter.times.__init__()
     stats_before = llm.router.stats.draft_seconds
     start = time.perf_counter()
@@ -60,7 +62,7 @@ def measure(args, draft: str, size: int, encoded: list[list[int]]) -> dict | Non
     layers = len(drafter.model.layers)
     groups = drafter.fuzzy.groups.sequential_steps if drafter.fuzzy is not None else layers
     k, t = args.num_speculative_tokens, drafter.times
-    return {"draft": draft, "layers": layers, "N": size, "rounds": rounds,
+    return {"draft": draft, "layers": layers, "N": size, "calibrated": calibrate, "rounds": rounds,
             "acceptance_length": sum(o.metrics.num_emitted_tokens for o in outs) / rounds,
             "tokens_per_s": sum(len(o.outputs[0].token_ids) for o in outs) / seconds,
             "draft_ms_per_round": 1e3 * (llm.router.stats.draft_seconds - stats_before) / rounds,
@@ -78,10 +80,15 @@ def cmd_bench_easyspec(args) -> int:
     tok = resolve(args.model).tokenizer()
     prompts = load_prompts(Path(args.dataset) if args.dataset else None, args.num_prompts)
     encoded = [prompt_token_ids(tok, p["prompt"]) for p in prompts]
-    plan = [(d, n) for d in args.drafts.split(",") for n in args.sizes]
+    drafts = args.drafts.split(",")
+    plan = [(d, n) for d in drafts for n in args.sizes]
     rows = [row for d, n in tqdm(plan, desc="bench easyspec") if (row := measure(args, d, n, encoded))]
+    for d in drafts:  # the effect of calibration: each draft's largest fitting N without it
+        n = max((r["N"] for r in rows if r["draft"] == d), default=1)
+        if n > 1:
+            rows.append(measure(args, d, n, encoded, calibrate=False))
     for row in rows:  # the drop against the same draft's N = 1, and losslessness
-        base = next((r for r in rows if r["draft"] == row["draft"] and r["N"] == 1), None)
+        base = next((r for r in rows if r["draft"] == row["draft"] and r["N"] == 1 and r["calibrated"]), None)
         row["acceptance_drop"] = None if base is None else 1 - row["acceptance_length"] / base["acceptance_length"]
         row["greedy_matches_n1"] = None if base is None else row["greedy_tokens"] == base["greedy_tokens"]
     for row in rows:
@@ -98,14 +105,15 @@ def cmd_bench_easyspec(args) -> int:
 
 
 def markdown(report: dict) -> str:
-    head = ("| draft | layers | N | acceptance length | drop vs N=1 | attention steps / draft token | "
+    head = ("| draft | layers | N | calibrated | acceptance length | drop vs N=1 | attention steps / draft token | "
             "draft ms / round | calibration ms / round | fuzzy ms / step | tokens/s | greedy = N=1 |")
     lines = [f"model {report['model']}, {report['num_prompts']} prompts x {report['max_tokens']} tokens, "
-             f"k = {report['num_speculative_tokens']}, greedy, batch 1", "", head, "|" + " --- |" * 11]
+             f"k = {report['num_speculative_tokens']}, greedy, batch 1", "", head, "|" + " --- |" * 12]
     for r in report["rows"]:
         drop = "" if r["acceptance_drop"] is None else f"{100 * r['acceptance_drop']:.1f} %"
         fuzzy = "" if r["fuzzy_ms_per_step"] is None else f"{r['fuzzy_ms_per_step']:.2f}"
-        lines.append(f"| {r['draft']} | {r['layers']} | {r['N']} | {r['acceptance_length']:.3f} | {drop} | "
+        lines.append(f"| {r['draft']} | {r['layers']} | {r['N']} | {'yes' if r['calibrated'] else 'no'} | "
+                     f"{r['acceptance_length']:.3f} | {drop} | "
                      f"{r['attention_steps_per_draft_token']:.2f} | {r['draft_ms_per_round']:.2f} | "
                      f"{r['calibration_ms_per_round']:.2f} | {fuzzy} | {r['tokens_per_s']:.1f} | "
                      f"{r['greedy_matches_n1']} |")
@@ -120,7 +128,7 @@ def plot(report: dict, path: Path) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for draft in dict.fromkeys(r["draft"] for r in report["rows"]):
-        rows = [r for r in report["rows"] if r["draft"] == draft]
+        rows = [r for r in report["rows"] if r["draft"] == draft and r["calibrated"]]
         left.plot([r["N"] for r in rows], [r["acceptance_length"] for r in rows], marker="o", label=draft)
         right.plot([r["N"] for r in rows], [r["attention_steps_per_draft_token"] for r in rows], marker="o",
                    label=draft)

@@ -19,6 +19,7 @@ FLAG_KEYS = {
     "max_waiting": "router.max_waiting", "kv_cache_tokens": "router.kv_cache_tokens",
     "max_model_len": "router.max_model_len", "transport": "transport.kind",
     "drafter_address": "transport.drafter_address", "tensor_parallel_size": "pools.target.num_workers",
+    "draft_workers": "pools.draft.num_workers",
     "address": "ray_address",
 }
 
@@ -63,6 +64,8 @@ def add_serve_flags(p) -> None:
                    help="inline: the draft worker in the router process (no hop a round; suits ngram)")
     p.add_argument("--drafter-address", help="host:port of a `specray drafter` (grpc transport)")
     p.add_argument("--tensor-parallel-size", type=int, help="target workers sharing the model")
+    p.add_argument("--draft-workers", type=int, help="draft workers of one layer-parallel group (EasySpec across "
+                                                     "devices; needs speculative_config layer_parallel >= it)")
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--max-waiting", type=int)
     p.add_argument("--kv-cache-tokens", type=int)

@@ -236,11 +236,12 @@ def test_bench_easyspec_end_to_end(tmp_path, tiny_target):
     assert main(["bench", "easyspec", "--model", str(deep), "--drafts", f"{deep}@5,{deep}", "--sizes", "1,2,3,4",
                  "--dataset", str(data), "--num-prompts", "2", "--max-tokens", "12", "--out", str(out)]) == 0
     report = json.loads((out / "easyspec.json").read_text())
-    got = {(r["draft"].endswith("@5"), r["N"]) for r in report["rows"]}
+    got = {(r["draft"].endswith("@5"), r["N"]) for r in report["rows"] if r["calibrated"]}
     assert got == {(True, 1), (True, 2), (True, 3), (False, 1), (False, 2), (False, 3), (False, 4)}
+    assert {(r["draft"].endswith("@5"), r["N"]) for r in report["rows"] if not r["calibrated"]} == {(True, 3), (False, 4)}
     for r in report["rows"]:
         assert r["greedy_matches_n1"] is True and r["acceptance_length"] >= 1
         assert (r["fuzzy_ms_per_step"] is None) == (r["N"] == 1)
-    n4 = next(r for r in report["rows"] if r["N"] == 4)
+    n4 = next(r for r in report["rows"] if r["N"] == 4 and r["calibrated"])
     assert n4["attention_steps_per_draft_token"] == (6 + 2 * 3) / 3  # first token exact, then 3 groups
     assert (out / "easyspec.png").read_bytes()[:4] == b"\x89PNG" and "| N |" in (out / "easyspec.md").read_text()

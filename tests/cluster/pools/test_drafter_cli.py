@@ -35,6 +35,8 @@ def test_drafter_serves_trees_over_grpc(tiny_draft):
     (["--method", "ngram", "--tree", '{"kind": "rsd_c", "branching": [2]}'], "needs method 'draft_model'"),
     (["--method", "aded"], "needs --model"),
     (["--method", "draft_model", "--model", "d", "--vocab-trim", "-1"], "draft_vocab_trim"),
+    (["--method", "ngram", "--layer-parallel", "2"], "'layer_parallel' needs method 'draft_model'"),
+    (["--method", "draft_model", "--model", "d", "--layer-parallel", "0"], "layer_parallel must be"),
 ])
 def test_bad_drafter_options_exit_2_with_the_reason(capsys, flags, message):
     assert main(["drafter", *flags]) == 2
