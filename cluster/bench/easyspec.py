@@ -26,6 +26,8 @@ def add_easyspec_parser(kinds) -> None:
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--num-speculative-tokens", type=int, default=3)
+    p.add_argument("--group-workers", type=int_list, default=[],
+                   help="also draft with a Ray draft group of W workers (gloo) at N = W, for each W given")
     p.add_argument("--out", default="bench_out")
     p.set_defaults(func=cmd_bench_easyspec)
 
@@ -38,35 +40,59 @@ def draft_config(draft: str, size: int, k: int) -> dict:
     return cfg
 
 
-def measure(args, draft: str, size: int, encoded: list[list[int]], calibrate: bool = True) -> dict | None:
+def with_draft_group(llm, cfg: dict, workers: int):
+    """Swap the in-process drafter of `llm` for a Ray draft group of `workers` ranks (local Ray)."""
+    import ray
+
+    from specray.cluster.config.speculative import SpeculativeConfig
+    from specray.cluster.config.worker_specs import draft_spec
+    from specray.cluster.pools.ray_pools import Placement, RayDraftPool
+    from specray.cluster.router.router import Router
+
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=workers + 1, include_dashboard=False, log_to_driver=False)
+    spec = draft_spec(SpeculativeConfig.from_dict(cfg), llm.model_name, "float32", "cpu", 16384, 16, 1)
+    pool = RayDraftPool(spec, Placement({}), 120.0, group_size=workers)
+    pool.ready()
+    r = llm.router
+    llm.router = Router(r.target, pool, llm.tokenizer, r.eos_token_ids, r.config)
+    return pool
+
+
+def measure(args, draft: str, size: int, encoded: list[list[int]], calibrate: bool = True,
+            workers: int = 1) -> dict | None:
     """One (draft, N) row, or None where N does not fit the draft's middle layers. `calibrate`
     False keeps the fuzzy KV (what bonus calibration prevents; outputs stay lossless)."""
     from specray import LLM, SamplingParams
 
+    cfg = draft_config(draft, size, args.num_speculative_tokens)
     try:
-        llm = LLM(args.model, speculative_config=draft_config(draft, size, args.num_speculative_tokens))
+        llm = LLM(args.model, speculative_config=cfg)
     except ValueError as e:
         if "exceeds the draft's" in str(e):
             return None
         raise
+    pool = with_draft_group(llm, cfg, workers) if workers > 1 else None
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     llm.generate({"prompt_token_ids": encoded[0]}, SamplingParams(temperature=0, max_tokens=8))  # warm-up
-    drafter = llm.draft.drafter
+    drafter = llm.draft.drafter  # in-process; with a group its times stay 0
     drafter.calibrate_fuzzy_kv = calibrate
     drafter.times.__init__()
     stats_before = llm.router.stats.draft_seconds
     start = time.perf_counter()
     outs = [llm.generate({"prompt_token_ids": ids}, sp)[0] for ids in encoded]
     seconds = time.perf_counter() - start
+    if pool is not None:
+        pool.close()
     rounds = sum(o.metrics.num_rounds for o in outs)
     layers = len(drafter.model.layers)
     groups = drafter.fuzzy.groups.sequential_steps if drafter.fuzzy is not None else layers
     k, t = args.num_speculative_tokens, drafter.times
-    return {"draft": draft, "layers": layers, "N": size, "calibrated": calibrate, "rounds": rounds,
+    return {"draft": draft, "layers": layers, "N": size, "workers": workers, "calibrated": calibrate, "rounds": rounds,
             "acceptance_length": sum(o.metrics.num_emitted_tokens for o in outs) / rounds,
             "tokens_per_s": sum(len(o.outputs[0].token_ids) for o in outs) / seconds,
             "draft_ms_per_round": 1e3 * (llm.router.stats.draft_seconds - stats_before) / rounds,
-            "calibration_ms_per_round": 1e3 * t.exact_seconds / max(t.exact_steps, 1),
+            "calibration_ms_per_round": 1e3 * t.exact_seconds / t.exact_steps if t.exact_steps else None,
             "fuzzy_ms_per_step": 1e3 * t.fuzzy_seconds / t.fuzzy_steps if t.fuzzy_steps else None,
             "attention_steps_per_draft_token": (layers + (k - 1) * groups) / k,
             "greedy_tokens": [o.outputs[0].token_ids for o in outs]}
@@ -87,8 +113,13 @@ def cmd_bench_easyspec(args) -> int:
         n = max((r["N"] for r in rows if r["draft"] == d), default=1)
         if n > 1:
             rows.append(measure(args, d, n, encoded, calibrate=False))
+    for d in drafts:  # across workers: a Ray draft group of W ranks at N = W
+        for w in args.group_workers:
+            if (row := measure(args, d, w, encoded, workers=w)) is not None:
+                rows.append(row)
     for row in rows:  # the drop against the same draft's N = 1, and losslessness
-        base = next((r for r in rows if r["draft"] == row["draft"] and r["N"] == 1 and r["calibrated"]), None)
+        base = next((r for r in rows if r["draft"] == row["draft"] and r["N"] == 1 and r["calibrated"]
+                     and r["workers"] == 1), None)
         row["acceptance_drop"] = None if base is None else 1 - row["acceptance_length"] / base["acceptance_length"]
         row["greedy_matches_n1"] = None if base is None else row["greedy_tokens"] == base["greedy_tokens"]
     for row in rows:
@@ -105,17 +136,18 @@ def cmd_bench_easyspec(args) -> int:
 
 
 def markdown(report: dict) -> str:
-    head = ("| draft | layers | N | calibrated | acceptance length | drop vs N=1 | attention steps / draft token | "
-            "draft ms / round | calibration ms / round | fuzzy ms / step | tokens/s | greedy = N=1 |")
+    head = ("| draft | layers | N | workers | calibrated | acceptance length | drop vs N=1 | attention steps / "
+            "draft token | draft ms / round | calibration ms / round | fuzzy ms / step | tokens/s | greedy = N=1 |")
     lines = [f"model {report['model']}, {report['num_prompts']} prompts x {report['max_tokens']} tokens, "
-             f"k = {report['num_speculative_tokens']}, greedy, batch 1", "", head, "|" + " --- |" * 12]
+             f"k = {report['num_speculative_tokens']}, greedy, batch 1", "", head, "|" + " --- |" * 13]
     for r in report["rows"]:
         drop = "" if r["acceptance_drop"] is None else f"{100 * r['acceptance_drop']:.1f} %"
         fuzzy = "" if r["fuzzy_ms_per_step"] is None else f"{r['fuzzy_ms_per_step']:.2f}"
-        lines.append(f"| {r['draft']} | {r['layers']} | {r['N']} | {'yes' if r['calibrated'] else 'no'} | "
-                     f"{r['acceptance_length']:.3f} | {drop} | "
+        exact = "" if r["calibration_ms_per_round"] is None else f"{r['calibration_ms_per_round']:.2f}"
+        lines.append(f"| {r['draft']} | {r['layers']} | {r['N']} | {r['workers']} | "
+                     f"{'yes' if r['calibrated'] else 'no'} | {r['acceptance_length']:.3f} | {drop} | "
                      f"{r['attention_steps_per_draft_token']:.2f} | {r['draft_ms_per_round']:.2f} | "
-                     f"{r['calibration_ms_per_round']:.2f} | {fuzzy} | {r['tokens_per_s']:.1f} | "
+                     f"{exact} | {fuzzy} | {r['tokens_per_s']:.1f} | "
                      f"{r['greedy_matches_n1']} |")
     return "\n".join(lines) + "\n"
 
@@ -128,7 +160,7 @@ def plot(report: dict, path: Path) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for draft in dict.fromkeys(r["draft"] for r in report["rows"]):
-        rows = [r for r in report["rows"] if r["draft"] == draft and r["calibrated"]]
+        rows = [r for r in report["rows"] if r["draft"] == draft and r["calibrated"] and r["workers"] == 1]
         left.plot([r["N"] for r in rows], [r["acceptance_length"] for r in rows], marker="o", label=draft)
         right.plot([r["N"] for r in rows], [r["attention_steps_per_draft_token"] for r in rows], marker="o",
                    label=draft)
