@@ -40,6 +40,9 @@ class DraftWorker:
             from specray.kernels.tensor_parallel import init_distributed
 
             torch.manual_seed(DRAFT_GROUP_SEED)  # unseeded draws stay equal on every rank
+            device = torch.device(spec.device)
+            if device.type == "cuda" and device.index is not None:
+                torch.cuda.set_device(device)  # NCCL talks from the current device
             workers = init_distributed(spec.group_rank, spec.group_size, spec.dist_init_method, spec.dist_backend,
                                        spec.device)
         return cls(build_drafter(spec, workers))
