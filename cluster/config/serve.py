@@ -84,6 +84,10 @@ class TransportConfig(_Strict):
 
 
 class HttpConfig(_Strict):
+    # replica: specray's own HTTP server in the Serve replica (no proxy hop; request heads must arrive
+    # within header_timeout_s and stay under 64 KiB); proxy: Ray Serve's HTTP proxy, which runs on every
+    # node but bounds neither (the Helm chart's choice: put a reverse proxy with those limits in front)
+    server: Literal["replica", "proxy"] = "replica"
     host: str = Field("127.0.0.1", description="interface to listen on; 0.0.0.0 exposes the server to the network")
     port: int = Field(8000, ge=1, le=65535)
     api_key: str | None = Field(None, description="require 'Authorization: Bearer <key>' on every route but "
@@ -93,6 +97,7 @@ class HttpConfig(_Strict):
     default_max_tokens: int = Field(256, ge=1)
     max_request_bytes: int = Field(DEFAULT_MAX_REQUEST_BYTES, ge=1024, description="larger bodies get 413")
     keep_alive_timeout_s: float = Field(5.0, gt=0, description="idle connections close after this")
+    header_timeout_s: float = Field(10.0, gt=0, description="replica server: a request head must arrive within this")
 
     def resolved_api_key(self) -> str | None:
         """The key both APIs require: `api_key`, else `api_key_file`'s, else the `api_key_env`

@@ -31,6 +31,14 @@ class SpecrayServer:
                                             metrics=self.http.metrics, default_max_tokens=cfg.http.default_max_tokens,
                                             speculative_method=spec.method if spec else "")
         self.grpc_server = self._start_grpc() if cfg.grpc.enabled and cfg.grpc.server == "replica" else None
+        self.http_server = self._start_http() if cfg.http.server == "replica" else None
+
+    def _start_http(self):
+        """specray's own HTTP server in this replica (http.server 'replica'), on its own thread."""
+        from specray.cluster.serve.http_server import BackgroundServer
+
+        h = self.config.http
+        return BackgroundServer(self.http.app, h.host, h.port, h.keep_alive_timeout_s, h.header_timeout_s).__enter__()
 
     def _start_grpc(self):
         """specray's own gRPC server in this replica (grpc.server 'replica'), on its own thread."""
@@ -81,8 +89,9 @@ class SpecrayServer:
             raise RuntimeError("the router thread stopped")
 
     def __del__(self):
-        if getattr(self, "grpc_server", None) is not None:
-            self.grpc_server.__exit__(None, None, None)
+        for server in (getattr(self, "grpc_server", None), getattr(self, "http_server", None)):
+            if server is not None:
+                server.__exit__(None, None, None)
         runtime = getattr(self, "runtime", None)
         if runtime is not None:
             runtime.shutdown()

@@ -26,13 +26,15 @@ INVALID = Status(400, Code.INVALID_ARGUMENT, "invalid_request_error")
 UNAUTHENTICATED = Status(401, Code.UNAUTHENTICATED, "authentication_error")
 NOT_FOUND = Status(404, Code.NOT_FOUND, "not_found_error")
 TOO_LARGE = Status(413, Code.RESOURCE_EXHAUSTED, "invalid_request_error")  # body or message over the limit
+HEADERS_TOO_LARGE = Status(431, Code.RESOURCE_EXHAUSTED, "invalid_request_error")
 QUEUE_FULL = Status(429, Code.RESOURCE_EXHAUSTED, "rate_limit_error", retryable=True)
 CANCELLED = Status(499, Code.CANCELLED, "cancelled_error")
 INTERNAL = Status(500, Code.INTERNAL, "internal_error")
 UNAVAILABLE = Status(503, Code.UNAVAILABLE, "service_unavailable_error", retryable=True)
 DEADLINE = Status(504, Code.DEADLINE_EXCEEDED, "timeout_error")
-STATUSES = (INVALID, UNAUTHENTICATED, NOT_FOUND, TOO_LARGE, QUEUE_FULL, CANCELLED, INTERNAL, UNAVAILABLE, DEADLINE)
-BY_GRPC = {s.grpc: s for s in STATUSES if s is not TOO_LARGE}  # RESOURCE_EXHAUSTED counts as 429
+STATUSES = (INVALID, UNAUTHENTICATED, NOT_FOUND, TOO_LARGE, HEADERS_TOO_LARGE, QUEUE_FULL, CANCELLED, INTERNAL,
+            UNAVAILABLE, DEADLINE)
+BY_GRPC = {s.grpc: s for s in STATUSES if s not in (TOO_LARGE, HEADERS_TOO_LARGE)}  # RESOURCE_EXHAUSTED: 429
 BY_HTTP = {s.http: s for s in STATUSES}
 
 # The router's exceptions a request can end with, most specific first.

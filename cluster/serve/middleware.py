@@ -13,9 +13,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int, reject: Callable[[str], object]):
+    def __init__(self, app: ASGIApp, max_bytes: int, reject: Callable[[str], object],
+                 max_header_bytes: int | None = None, reject_headers: Callable[[str], object] | None = None):
         assert max_bytes >= 1
         self.app, self.max_bytes, self.reject = app, max_bytes, reject
+        self.max_header_bytes, self.reject_headers = max_header_bytes, reject_headers
 
     def _message(self) -> str:
         return f"request body is larger than {self.max_bytes} bytes"
@@ -24,6 +26,12 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.max_header_bytes is not None:
+            size = sum(len(k) + len(v) for k, v in scope["headers"])
+            if size > self.max_header_bytes:
+                await self.reject_headers(f"request headers are larger than {self.max_header_bytes} bytes")(
+                    scope, receive, send)
+                return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self.reject(self._message())(scope, receive, send)

@@ -27,6 +27,7 @@ from specray.cluster.serve.auth import authorized
 from specray.cluster.config.defaults import DEFAULT_MAX_REQUEST_BYTES
 from specray.cluster.serve.middleware import BodyLimit, KeyGuard
 from specray.cluster.serve.errors import REQUEST_ERRORS, status_of
+from specray.cluster.serve.http_server import MAX_HEADER_BYTES
 from specray.cluster.serve.metrics import ServingMetrics
 from specray.cluster.serve.openai_protocol import ApiError, ChatRequest, CompletionRequest
 from specray.cluster.serve.prompts import PromptEncoder, PromptError
@@ -79,7 +80,9 @@ class OpenAIServer:
 
         # Plain ASGI middlewares: Starlette's BaseHTTPMiddleware would hide a client's disconnect
         app.add_middleware(BodyLimit, max_bytes=max_request_bytes,
-                           reject=lambda message: self._error(ApiError.of(errors.TOO_LARGE, message)))
+                           reject=lambda message: self._error(ApiError.of(errors.TOO_LARGE, message)),
+                           max_header_bytes=MAX_HEADER_BYTES,
+                           reject_headers=lambda message: self._error(ApiError.of(errors.HEADERS_TOO_LARGE, message)))
         app.add_middleware(KeyGuard, allowed=self._allowed,
                            reject=lambda: self._error(ApiError.of(errors.UNAUTHENTICATED, "missing or wrong API key")))
         app.exception_handler(ApiError)(lambda _, exc: self._error(exc))

@@ -22,6 +22,8 @@ def run_serve(cfg, app_name: str = "specray", proxy_location: str | None = None)
     grpc = cfg.grpc.enabled and grpc_available()
     proxy = grpc and cfg.grpc.server == "proxy"  # else the replica serves gRPC itself (cluster/serve/app.py)
     grpc_options = gRPCOptions(port=cfg.grpc.port, grpc_servicer_functions=GRPC_SERVICERS) if proxy else None
+    if not proxy and cfg.http.server == "replica":  # the replica serves both APIs: no Serve proxy at all
+        proxy_location = "Disabled"
     extra = {"proxy_location": proxy_location} if proxy_location else {}
     http = HTTPOptions(host=cfg.http.host, port=cfg.http.port, keep_alive_timeout_s=cfg.http.keep_alive_timeout_s)
     serve.start(http_options=http, grpc_options=grpc_options, **extra)

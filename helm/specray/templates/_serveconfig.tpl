@@ -34,7 +34,7 @@ so the two cannot drift.
 {{- $transport := dict "kind" $v.transport.kind }}
 {{- if $v.transport.drafterAddress }}{{ $_ := set $transport "drafter_address" $v.transport.drafterAddress }}{{ end }}
 {{- if $v.transport.masterPort }}{{ $_ := set $transport "master_port" (int $v.transport.masterPort) }}{{ end }}
-{{- $http := dict "host" "0.0.0.0" "port" (int $v.http.port) "default_max_tokens" (int $v.http.defaultMaxTokens) "api_key_env" nil }}
+{{- $http := dict "server" "proxy" "host" "0.0.0.0" "port" (int $v.http.port) "default_max_tokens" (int $v.http.defaultMaxTokens) "api_key_env" nil }}
 {{- if $v.apiKey.enabled }}{{ $_ := set $http "api_key_env" $v.apiKey.envName }}{{ end }}
 {{- $pools := dict "target" (include "specray.poolConfig" (list $v.target $v.target.tensorParallel) | fromYaml) "draft" (include "specray.poolConfig" (list (include "specray.draftGroup" . | fromYaml) $v.draft.groupSize) | fromYaml) }}
 {{- $c := dict "model" $v.model.target "router" $router "pools" $pools "transport" $transport "http" $http }}

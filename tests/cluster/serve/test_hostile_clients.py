@@ -50,7 +50,7 @@ class Engine:
                                               metrics=self.http_server.metrics)
 
     def __enter__(self):
-        self.http = BackgroundServer(self.http_server.app).__enter__()
+        self.http = BackgroundServer(self.http_server.app, header_timeout_s=1.0).__enter__()
         self.grpc = GrpcServerThread(self.grpc_service, max_message_bytes=LIMIT).__enter__()
         return self
 
@@ -353,3 +353,23 @@ def test_overload_is_bounded_and_every_accepted_request_completes(tiny_target):
                        if k.startswith(("specray_request_success_total", "specray_request_failure_total")))
         assert answered == 4 + 2 + 16  # every request counted once, in success or failure
         assert engine.idle() and engine.metrics()["specray_num_requests_waiting"] == 0
+
+
+def test_slow_or_huge_request_heads_are_cut_off(engine, reference):
+    """The replica's HTTP server closes a connection whose request head is not whole within the
+    deadline (slowloris), and refuses heads over 64 KiB; a good request meanwhile is unaffected."""
+    import socket
+
+    good = GoodStream(engine.http.url)
+    host, port = engine.http.host, engine.http.port
+    with socket.create_connection((host, port)) as slow:
+        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
+        slow.settimeout(5)
+        start = time.monotonic()
+        assert slow.recv(1024) == b"" and time.monotonic() - start < 3  # closed after ~1 s
+    with socket.create_connection((host, port)) as huge:
+        huge.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n")
+        huge.settimeout(5)
+        answer = huge.recv(1024)
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 431")  # split head: h11 cuts it; whole: 431
+    assert good.text() == reference.outputs[0].text

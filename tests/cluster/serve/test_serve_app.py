@@ -36,7 +36,7 @@ def served(ray_cluster, tiny_target, tiny_draft):
         "speculative_config": {"method": "draft_model", "model": str(tiny_draft), "num_speculative_tokens": 3},
         "router": {"kv_cache_tokens": 8192, "max_num_seqs": 8, "pipelined": True},
         "pools": {"target": {"threads": 1}, "draft": {"threads": 1}},
-        "http": {"host": "127.0.0.1", "port": free_port()}, "grpc": {"port": free_port()}})
+        "http": {"server": "proxy", "host": "127.0.0.1", "port": free_port()}, "grpc": {"port": free_port()}})
     started = run_serve(cfg, proxy_location="HeadOnly")
     yield cfg, started
     serve.delete("specray")
