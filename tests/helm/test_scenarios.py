@@ -172,6 +172,15 @@ def test_explicit_eagle_draft():
     assert ServeConfig.from_dict(cfg).speculative_config == cfg["speculative_config"]
 
 
+def test_aded_draft():
+    """method aded renders a config the server accepts (ADED drafts over the target's tokenizer)."""
+    from helm_render import render
+
+    cfg = app_config(render({"speculation": {"method": "aded"}}, files=("values-cpu.yaml",)).rayservice)
+    assert cfg["speculative_config"]["method"] == "aded"
+    assert ServeConfig.from_dict(cfg).speculative.method == "aded"
+
+
 def test_layer_parallel_draft():
     """speculation.layerParallel (EasySpec) becomes speculative_config.layer_parallel; it validates."""
     from helm_render import render
