@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from specray.kernels.sampling import SamplingConfig
 
 MAX_LOGPROBS = 20  # top logprobs per token at most, as OpenAI's top_logprobs and vLLM's max_logprobs
-MAX_SEED = 2**63 - 1  # seeds travel as int64 between the pools
+MAX_SEED = 2**63 - 1  # seeds travel as int64 between the pools (choice i draws with seed + i)
+MAX_TOP_K = 2**31 - 1  # top_k travels as int32
+MAX_STOPS = 64  # stop strings and stop token ids each: every round scans them for every sequence
 
 
 @dataclass
@@ -40,15 +42,18 @@ class SamplingParams:
         _check(_is_number(self.temperature) and 0.0 <= self.temperature < math.inf,
                f"temperature must be a finite number >= 0, got {self.temperature!r}")
         _check(_is_number(self.top_p) and 0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p!r}")
-        _check(_is_int(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0 or -1, got {self.top_k!r}")
-        _check(self.seed is None or (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED),
-               f"seed must be an integer in [0, {MAX_SEED}], got {self.seed!r}")
+        _check(_is_int(self.top_k) and 0 <= self.top_k <= MAX_TOP_K,
+               f"top_k must be an integer in [0, {MAX_TOP_K}] or -1, got {self.top_k!r}")
+        _check(self.seed is None or (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED - (self.n - 1)),
+               f"seed must be an integer in [0, {MAX_SEED} - (n - 1)], got {self.seed!r}")
         _check(_is_int(self.max_tokens) and self.max_tokens >= 1,
                f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
                f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
         _check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids must be integers >= 0")
+        _check(len(self.stop) <= MAX_STOPS and len(self.stop_token_ids) <= MAX_STOPS,
+               f"at most {MAX_STOPS} stop strings and {MAX_STOPS} stop_token_ids")
         _check(self.num_speculative_tokens is None or (_is_int(self.num_speculative_tokens)
                                                        and self.num_speculative_tokens >= 0),
                f"num_speculative_tokens must be an integer >= 0, got {self.num_speculative_tokens!r}")

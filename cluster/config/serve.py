@@ -181,6 +181,9 @@ class ServeConfig(_Strict):
         if self.transport.kind == "grpc" and self.speculative_config and not self.transport.drafter_address:
             raise ValueError("transport.kind 'grpc' needs transport.drafter_address (host:port)")
         self._draft_group()
+        if self.http.server == "replica" and self.grpc.enabled and self.grpc.server == "proxy":
+            raise ValueError("grpc.server 'proxy' needs http.server 'proxy': Ray Serve's proxy would take "
+                             "http.port, which the replica's own HTTP server binds")
         return self
 
     def _draft_group(self) -> None:
@@ -199,6 +202,8 @@ class ServeConfig(_Strict):
         if self.transport.kind != "ray":
             raise ValueError(f"a draft group of {workers} workers needs transport.kind 'ray', got "
                              f"{self.transport.kind!r}")
+        if self.pools.draft.device.startswith("cuda") and self.pools.draft.num_gpus < 1:
+            raise ValueError("a CUDA draft group needs pools.draft.num_gpus >= 1: NCCL ranks cannot share a GPU")
 
     @property
     def speculative(self) -> SpeculativeConfig | None:

@@ -27,6 +27,7 @@ from specray.cluster.pools.builder import all_of, kill_worker, release_group, re
 from specray.cluster.pools.draft_endpoint import DraftEndpoint, TransportStats
 
 ActorFailure = (RayActorError, GetTimeoutError)
+RANK_GRACE_S = 5.0  # a rank still busy this long after another raised is stuck in a collective
 log = logging.getLogger("specray.pools")
 
 
@@ -56,8 +57,8 @@ class _RayPending:
         return value if self.on_result is None else self.on_result(value)
 
     def _first_rank(self):
-        """Rank 0's value once every rank answered (they agree). A failed rank raises at once: the
-        others may be waiting for it in a collective and would only time out."""
+        """Rank 0's value once every rank answered (they agree). A rank that died raises at once:
+        the others may be waiting for it in a collective and would only time out."""
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         waiting = list(self.refs)
         while waiting:
@@ -65,8 +66,20 @@ class _RayPending:
             ready, waiting = ray.wait(waiting, num_returns=1, timeout=left)
             if not ready:
                 raise GetTimeoutError(f"no answer within {self.timeout_s}s")
-            ray.get(ready[0])
+            try:
+                ray.get(ready[0])
+            except RayTaskError:
+                self._check_in_step(waiting)
+                raise
         return ray.get(self.refs[0])
+
+    @staticmethod
+    def _check_in_step(waiting: list) -> None:
+        """A rank raised. Ranks that run the same code on the same input raise alike (a bad request:
+        the router isolates it); a rank still busy after a grace period is stuck in a collective the
+        failed rank left (a rank-local fault such as OOM): the group must restart."""
+        if waiting and ray.wait(waiting, num_returns=len(waiting), timeout=RANK_GRACE_S)[1]:
+            raise GetTimeoutError("one rank failed while the others wait for it")
 
 
 class RayTargetPool:
@@ -153,6 +166,11 @@ class RayDraftPool:
         """Rank 0."""
         return self.actors[0]
 
+    def _restart_group(self) -> None:
+        for actor in self.actors:
+            kill_worker(actor)
+        self.actors = self._start()
+
     @property
     def healthy(self) -> bool:
         if self._revival is None:
@@ -165,6 +183,8 @@ class RayDraftPool:
             self._revival = None
             return True
         except (RayTaskError, *ActorFailure):
+            if self.group_size > 1:  # a rank of the fresh group failed too: another fresh group
+                self._restart_group()
             self._revival = self._ping()
             return False
 
@@ -187,9 +207,7 @@ class RayDraftPool:
 
     def _failed(self, error: Exception) -> DraftUnavailable:
         if self.group_size > 1:  # the other ranks wait in a collective for the lost one: start afresh
-            for actor in self.actors:
-                kill_worker(actor)
-            self.actors = self._start()
+            self._restart_group()
         self._revival = self._ping()
         log.warning("the draft pool failed (%s); decoding target-only until it is back", type(error).__name__)
         return DraftUnavailable("draft worker is restarting")

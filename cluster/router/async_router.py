@@ -132,18 +132,17 @@ class AsyncRouter:
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
                 continue
+            outputs = []
             try:
                 outputs = self.router.step()
             except TargetUnavailable as e:  # KV lost: fail (retryably) what ran; the pool restarts
                 for request_id in self.router.fail_all():
                     self._deliver(request_id, e)
-                continue
             except Exception as e:  # noqa: BLE001 - a router bug fails what ran, never the server
                 self._fail_running(e)
-                continue
             for out in outputs:
                 self._deliver(out.request_id, out)
-            for request_id, failure in self.router.take_failures():  # one request broke a round
+            for request_id, failure in self.router.take_failures():  # requests that broke a round
                 self._deliver(request_id, failure)
 
     def _fail_running(self, error: Exception) -> None:

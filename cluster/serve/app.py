@@ -38,7 +38,8 @@ class SpecrayServer:
         from specray.cluster.serve.http_server import BackgroundServer
 
         h = self.config.http
-        return BackgroundServer(self.http.app, h.host, h.port, h.keep_alive_timeout_s, h.header_timeout_s).__enter__()
+        return BackgroundServer(self.http.app, h.host, h.port, h.keep_alive_timeout_s, h.header_timeout_s,
+                                self._max_calls()).__enter__()
 
     def _start_grpc(self):
         """specray's own gRPC server in this replica (grpc.server 'replica'), on its own thread."""
@@ -50,7 +51,13 @@ class SpecrayServer:
         pair = g.tls_pair()
         credentials = grpc.ssl_server_credentials([pair]) if pair else None
         return GrpcServerThread(self.generation, g.host or self.config.http.host, g.port, credentials,
-                                g.max_message_bytes).__enter__()
+                                g.max_message_bytes, self._max_calls()).__enter__()
+
+    def _max_calls(self) -> int:
+        """Calls each replica server takes at once (as Serve's proxy would queue): what the router
+        may run and queue, plus room for health checks and metrics; more are refused at once."""
+        r = self.config.router
+        return r.max_num_seqs + 2 * r.max_waiting + 16
 
     def __serve_build_asgi_app__(self):
         return self.http.app

@@ -19,46 +19,75 @@ HEADER_TIMEOUT_S = 10.0  # a request head (line and headers) must arrive whole w
 MAX_HEADER_BYTES = 64 * 1024
 
 
-def bounded_h11(header_timeout_s: float = HEADER_TIMEOUT_S):
-    """uvicorn's h11 protocol with a deadline on every request head: a connection that has not sent
-    one whole within `header_timeout_s` of opening, or of its previous response, is closed. uvicorn
-    has none, so a client could hold a connection forever by sending headers slowly."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+class _HeadDeadline:
+    """A deadline on every request head: a connection that has not sent one whole within the
+    deadline of opening, or of its previous response, is closed. uvicorn has none, so a client could
+    hold a connection forever by sending headers slowly. Mixed into uvicorn's HTTP protocols, which
+    tell it `_head_arrived`."""
 
-    class BoundedH11Protocol(H11Protocol):
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self._arm_head_deadline()
+    header_timeout_s = HEADER_TIMEOUT_S
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._arm_head_deadline()
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm_head_deadline()
 
-        def connection_lost(self, exc) -> None:
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_head_deadline()
+
+    def connection_lost(self, exc) -> None:
+        self._head_deadline.cancel()
+        super().connection_lost(exc)
+
+    def _arm_head_deadline(self) -> None:
+        if getattr(self, "_head_deadline", None) is not None:
             self._head_deadline.cancel()
-            super().connection_lost(exc)
+        self._head_deadline = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
 
-        def _arm_head_deadline(self) -> None:
-            if getattr(self, "_head_deadline", None) is not None:
-                self._head_deadline.cancel()
-            self._head_deadline = self.loop.call_later(header_timeout_s, self._head_too_slow)
+    def _head_too_slow(self) -> None:
+        if not self._head_arrived() and not self.transport.is_closing():
+            self.transport.close()  # no whole request head in time (an idle keep-alive ends the same way)
 
-        def _head_too_slow(self) -> None:
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                self.transport.close()  # no whole request head in time (or idle: keep-alive ends it too)
 
-    return BoundedH11Protocol
+def bounded_protocol(header_timeout_s: float = HEADER_TIMEOUT_S):
+    """uvicorn's httptools protocol (a C parser) with the head deadline; its h11 one without httptools."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        class Bounded(_HeadDeadline, HttpToolsProtocol):
+            def _arm_head_deadline(self) -> None:
+                self._head_done = False
+                super()._arm_head_deadline()
+
+            def on_headers_complete(self) -> None:
+                self._head_done = True
+                super().on_headers_complete()
+
+            def _head_arrived(self) -> bool:
+                return self._head_done
+    except ImportError:  # httptools is optional in uvicorn
+        import h11
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        class Bounded(_HeadDeadline, H11Protocol):
+            def _head_arrived(self) -> bool:
+                return self.conn.their_state is not h11.IDLE
+
+    Bounded.header_timeout_s = header_timeout_s
+    return Bounded
 
 
 class BackgroundServer:
     def __init__(self, app, host: str = "127.0.0.1", port: int | None = None,
-                 keep_alive_timeout_s: float = 5.0, header_timeout_s: float = HEADER_TIMEOUT_S):
+                 keep_alive_timeout_s: float = 5.0, header_timeout_s: float = HEADER_TIMEOUT_S,
+                 limit_concurrency: int | None = None):
+        """`limit_concurrency`: connections and in-flight requests at most; more get 503 at once."""
         import uvicorn
 
         self.host, self.port = host, port or free_port(host)
-        config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", http=bounded_h11(header_timeout_s),
-                                h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_keep_alive=keep_alive_timeout_s)
+        config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", http=bounded_protocol(header_timeout_s),
+                                h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_keep_alive=keep_alive_timeout_s,
+                                limit_concurrency=limit_concurrency)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="specray-http", daemon=True)
 

@@ -116,6 +116,9 @@ HTTP_CASES = [
     ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 10**6}, 400, "logprobs"),
     ("/v1/completions", {"prompt": "w5", "seed": 2**63}, 400, "seed"),
     ("/v1/completions", {"prompt": "w5", "seed": -1}, 400, "seed"),
+    ("/v1/completions", {"prompt": "w5", "seed": 2**63 - 1, "n": 2}, 400, "seed"),  # choice 1 draws with seed + 1
+    ("/v1/completions", {"prompt": "w5", "top_k": 2**31}, 400, "top_k"),
+    ("/v1/completions", {"prompt": "w5", "stop_token_ids": list(range(65))}, 400, "stop_token_ids"),
     ("/v1/completions", {"prompt": "w5", "n": 1000}, 400, "n=1000"),
     ("/v1/completions", {"prompt": "w5", "n": 0}, 400, "n must"),
     ("/v1/completions", {"prompt": "w5", "max_tokens": True}, 400, "max_tokens"),

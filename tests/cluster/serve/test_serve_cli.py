@@ -56,6 +56,9 @@ def test_pipeline_auto_pipelines_only_model_drafts(flags, pipelined):
     ("speculative_config: {method: ngram, layer_parallel: 2}\n", "'layer_parallel' needs method 'draft_model'"),
     ("speculative_config: {method: draft_model, model: d, layer_parallel: 0}\n", "layer_parallel must be"),
     ("pools: {draft: {num_workers: 2}}\n", "needs speculative_config.layer_parallel >= 2"),
+    ("grpc: {server: proxy}\n", "grpc.server 'proxy' needs http.server 'proxy'"),
+    ("speculative_config: {method: draft_model, model: d, layer_parallel: 2}\n"
+     "pools: {draft: {num_workers: 2, device: cuda}}\n", "needs pools.draft.num_gpus >= 1"),
     ("- a\n- b\n", "mapping"),
 ])
 def test_bad_config_exits_2_with_the_reason(tmp_path, capsys, text, message):
