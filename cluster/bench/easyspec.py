@@ -64,6 +64,7 @@ def measure(args, draft: str, size: int, encoded: list[list[int]], calibrate: bo
     """One (draft, N) row, or None where N does not fit the draft's middle layers. `calibrate`
     False keeps the fuzzy KV (what bonus calibration prevents; outputs stay lossless)."""
     from specray import LLM, SamplingParams
+    from specray.kernels.drafters.draft_model import DraftTimes
 
     cfg = draft_config(draft, size, args.num_speculative_tokens)
     try:
@@ -77,7 +78,7 @@ def measure(args, draft: str, size: int, encoded: list[list[int]], calibrate: bo
     llm.generate({"prompt_token_ids": encoded[0]}, SamplingParams(temperature=0, max_tokens=8))  # warm-up
     drafter = llm.draft.drafter  # in-process; with a group its times stay 0
     drafter.calibrate_fuzzy_kv = calibrate
-    drafter.times.__init__()
+    drafter.times = DraftTimes()
     stats_before = llm.router.stats.draft_seconds
     start = time.perf_counter()
     outs = [llm.generate({"prompt_token_ids": ids}, sp)[0] for ids in encoded]

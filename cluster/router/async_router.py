@@ -48,8 +48,9 @@ class AsyncRouter:
         self.max_waiting = max_waiting
         self._commands: queue.Queue = queue.Queue()
         self._queued_seqs = 0  # sequences of Add commands the router thread has not taken yet
-        self._admission = threading.Lock()  # callers on several event loops (HTTP, gRPC) share the bound
-        self._admission_count = threading.Lock()  # the router thread takes from the count
+        # guards _queued_seqs: callers on several event loops (HTTP, gRPC) share the bound, and the
+        # router thread takes from it
+        self._admission = threading.Lock()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._ids = itertools.count()
         self._wake = threading.Event()
@@ -76,7 +77,8 @@ class AsyncRouter:
                 raise QueueFullError(f"{self.num_waiting} sequences are already waiting (at most "
                                      f"{self.max_waiting}); retry later")
             self._streams[request_id] = (asyncio.get_running_loop(), stream)
-            self._submit(Add(request_id, prompt_token_ids, params, prompt))
+            self._queued_seqs += params.n
+        self._submit(Add(request_id, prompt_token_ids, params, prompt))
         finished = False
         try:
             while not finished:
@@ -101,9 +103,6 @@ class AsyncRouter:
 
     # -- the router thread ------------------------------------------------------------------
     def _submit(self, command: Command) -> None:
-        if isinstance(command, Add):
-            with self._admission_count:
-                self._queued_seqs += command.params.n
         self._commands.put(command)
         self._wake.set()
 
@@ -120,7 +119,7 @@ class AsyncRouter:
                 except ValueError as e:
                     self._deliver(command.request_id, e)
                 finally:  # after the add: the count never dips below what waits
-                    with self._admission_count:
+                    with self._admission:
                         self._queued_seqs -= command.params.n
             else:
                 self.router.abort(command.request_id)

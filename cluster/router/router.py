@@ -180,12 +180,8 @@ class Router:
         start = time.perf_counter()
         try:
             return self.draft.submit_propose(items)
-        except DraftUnavailable:
-            self._lose_draft_state()
-            return None
-        except Exception:  # noqa: BLE001 - a draft bug costs speed, never a request
-            log.exception("the draft pool failed; this round decodes target-only")
-            self._lose_draft_state()
+        except Exception as e:  # noqa: BLE001 - a lost or failing draft pool costs speed, never a request
+            self._lose_draft_state(e)
             return None
         finally:  # in-process pools compute here; remote ones only send
             self.stats.draft_seconds += time.perf_counter() - start
@@ -197,12 +193,8 @@ class Router:
         start = time.perf_counter()
         try:
             drafted = pending.result()
-        except DraftUnavailable:
-            self._lose_draft_state()
-            return proposals
-        except Exception:  # noqa: BLE001 - a draft bug costs speed, never a request
-            log.exception("the draft pool failed; this round decodes target-only")
-            self._lose_draft_state()
+        except Exception as e:  # noqa: BLE001 - a lost or failing draft pool costs speed, never a request
+            self._lose_draft_state(e)
             return proposals
         finally:
             self.stats.draft_seconds += time.perf_counter() - start
@@ -210,9 +202,12 @@ class Router:
             proposals[seq.seq_id] = proposal
         return proposals
 
-    def _lose_draft_state(self) -> None:
+    def _lose_draft_state(self, error: Exception) -> None:
         """Target-only decoding this round; the draft side is rebuilt from the full history
-        (prompt, committed tokens, sampling spec) once it answers again."""
+        (prompt, committed tokens, sampling spec) once it answers again. A DraftUnavailable is
+        expected (a worker restarts); anything else is a draft bug, logged."""
+        if not isinstance(error, DraftUnavailable):
+            log.error("the draft pool failed; this round decodes target-only", exc_info=error)
         self.stats.draft_fallbacks += 1
         for seq in self.running:
             seq.draft_sent = 0

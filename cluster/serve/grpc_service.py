@@ -13,7 +13,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import aclosing
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 
 import grpc
@@ -186,9 +186,10 @@ class GenerationService:
 
 
 # -- adapters -------------------------------------------------------------------------------
-def _unexpected(error: Exception) -> GrpcAbort:
-    """A bug outside the engine (never the client's mistake): INTERNAL with a log reference."""
-    return GrpcAbort(Code.INTERNAL, str(request_failed("grpc", error)))
+def _as_abort(error: Exception) -> GrpcAbort:
+    """The status an rpc ends with: a GrpcAbort's own; anything else is a bug outside the engine
+    (never the client's mistake): INTERNAL with a log reference."""
+    return error if isinstance(error, GrpcAbort) else GrpcAbort(Code.INTERNAL, str(request_failed("grpc", error)))
 
 
 class GenerationServicer(generate_pb2_grpc.GenerationServicer):
@@ -204,10 +205,8 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             async with aclosing(self.service.generate(request, aio_call_info(context))) as stream:
                 async for msg in stream:
                     yield msg
-        except GrpcAbort as e:
-            await context.abort(e.code, e.details)
-        except Exception as e:  # noqa: BLE001
-            error = _unexpected(e)
+        except Exception as e:  # noqa: BLE001 - every error ends the rpc with a status
+            error = _as_abort(e)
             await context.abort(error.code, error.details)
 
     async def Complete(self, request, context: grpc.aio.ServicerContext):
@@ -221,10 +220,8 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             if isinstance(request, conv.Malformed):
                 raise self.service.refuse(request.abort())
             return await method(request, aio_call_info(context))
-        except GrpcAbort as e:
-            await context.abort(e.code, e.details)
-        except Exception as e:  # noqa: BLE001
-            error = _unexpected(e)
+        except Exception as e:  # noqa: BLE001 - every error ends the rpc with a status
+            error = _as_abort(e)
             await context.abort(error.code, error.details)
 
 
@@ -238,36 +235,30 @@ def serve_call_info(grpc_context) -> CallInfo:
     return CallInfo(tuple(grpc_context.invocation_metadata()) if grpc_context is not None else ())
 
 
-def _set_status(grpc_context, error: GrpcAbort) -> None:
-    # Serve returns the code/details set on the context when the method then raises.
-    if grpc_context is not None:
-        grpc_context.set_code(error.code)
-        grpc_context.set_details(error.details)
+@contextmanager
+def _serve_status(grpc_context):
+    """Serve returns the code/details set on the context when the method then raises."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - every error ends the rpc with a status
+        error = _as_abort(e)
+        if grpc_context is not None:
+            grpc_context.set_code(error.code)
+            grpc_context.set_details(error.details)
+        if error is e:
+            raise
+        raise error from None
 
 
 async def serve_unary(method, request, grpc_context):
     """Run a unary core method (`service.complete`, `service.list_models`) for Ray Serve."""
-    try:
+    with _serve_status(grpc_context):
         return await method(request, serve_call_info(grpc_context))
-    except GrpcAbort as e:
-        _set_status(grpc_context, e)
-        raise
-    except Exception as e:  # noqa: BLE001
-        error = _unexpected(e)
-        _set_status(grpc_context, error)
-        raise error from None
 
 
 async def serve_stream(method, request, grpc_context) -> AsyncIterator:
     """Run a streaming core method (`service.generate`) for Ray Serve."""
-    try:
+    with _serve_status(grpc_context):
         async with aclosing(method(request, serve_call_info(grpc_context))) as stream:
             async for msg in stream:
                 yield msg
-    except GrpcAbort as e:
-        _set_status(grpc_context, e)
-        raise
-    except Exception as e:  # noqa: BLE001
-        error = _unexpected(e)
-        _set_status(grpc_context, error)
-        raise error from None

@@ -1,7 +1,8 @@
-"""Plain ASGI middlewares of the HTTP API: the body size limit and the API key check.
+"""Plain ASGI middlewares of the HTTP API: the request size limits and the API key check.
 
-BodyLimit refuses request bodies over a size limit (HTTP 413) before the app buffers and parses
-them: by the declared Content-Length at once, and by counting as a chunked body arrives.
+RequestLimits refuses headers over a size limit (431) and bodies over theirs (413) before the app
+buffers and parses them: a body by its declared Content-Length at once, and by counting as a chunked
+body arrives.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
-class BodyLimit:
+class RequestLimits:
     def __init__(self, app: ASGIApp, max_bytes: int, reject: Callable[[str], object],
                  max_header_bytes: int | None = None, reject_headers: Callable[[str], object] | None = None):
         assert max_bytes >= 1

@@ -25,7 +25,7 @@ from specray.cluster.router.failures import request_failed
 from specray.cluster.serve import errors
 from specray.cluster.serve.auth import authorized
 from specray.cluster.config.defaults import DEFAULT_MAX_REQUEST_BYTES
-from specray.cluster.serve.middleware import BodyLimit, KeyGuard
+from specray.cluster.serve.middleware import RequestLimits, KeyGuard
 from specray.cluster.serve.errors import REQUEST_ERRORS, status_of
 from specray.cluster.serve.http_server import MAX_HEADER_BYTES
 from specray.cluster.serve.metrics import ServingMetrics
@@ -79,7 +79,7 @@ class OpenAIServer:
         app = FastAPI(title="specray", description="OpenAI-compatible API with lossless speculative decoding")
 
         # Plain ASGI middlewares: Starlette's BaseHTTPMiddleware would hide a client's disconnect
-        app.add_middleware(BodyLimit, max_bytes=max_request_bytes,
+        app.add_middleware(RequestLimits, max_bytes=max_request_bytes,
                            reject=lambda message: self._error(ApiError.of(errors.TOO_LARGE, message)),
                            max_header_bytes=MAX_HEADER_BYTES,
                            reject_headers=lambda message: self._error(ApiError.of(errors.HEADERS_TOO_LARGE, message)))

@@ -16,13 +16,6 @@ from specray.cluster.params import SamplingParams
 from specray.cluster.serve.prompts import PromptError, check_text
 
 
-def _check_text(text: str, param: str) -> None:
-    try:
-        check_text(text, param)
-    except PromptError as e:
-        raise ApiError(400, str(e), param=param) from None
-
-
 class ApiError(Exception):
     """An error with its HTTP status and OpenAI error type."""
 
@@ -37,6 +30,13 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+
+
+def _check_text(text: str, param: str) -> None:
+    try:
+        check_text(text, param)
+    except PromptError as e:
+        raise ApiError(400, str(e), param=param) from None
 
 
 def _off(*no_ops):
