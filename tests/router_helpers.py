@@ -42,3 +42,14 @@ def chi2(tokens, want):
     if (~big).any():
         obs, exp = np.append(obs, observed[~big].sum()), np.append(exp, expected[~big].sum())
     return chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+
+
+def second_tokens(llm, n):
+    """Token 2 is the first one a speculative round emits (accepted or recovered); max_tokens=4
+    leaves that round room for 2 draft tokens."""
+    sp = SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True)
+    outs = llm.generate([PROMPT] * n, sp)
+    drafted = sum(o.metrics.num_draft_tokens for o in outs)
+    accepted = sum(o.metrics.num_accepted_tokens for o in outs)
+    assert 0.1 * drafted < accepted < 0.9 * drafted, "the test needs frequent acceptance and rejection"
+    return np.array([o.outputs[0].token_ids[1] for o in outs])

@@ -1,14 +1,13 @@
 """Sampling through the engine: seeded determinism and statistical losslessness at temperature 1
 with a negative control (DESIGN §8 tiers 2-3, end to end through draft and target workers)."""
 
-import numpy as np
 import pytest
 import torch
 
 from specray import LLM, SamplingParams
 from specray.kernels.verify import chain as verify
 
-from router_helpers import PROMPT, chi2, exact_second_token_distribution
+from router_helpers import PROMPT, chi2, exact_second_token_distribution, second_tokens
 
 
 def make_llm(tiny_target, tiny_draft, k=3, **kw):
@@ -27,17 +26,6 @@ def test_seeded_requests_reproduce_alone_or_in_a_batch(tiny_target, tiny_draft):
     other_seed = llm.generate(PROMPT, SamplingParams(temperature=0.9, top_p=0.95, max_tokens=20, seed=99,
                                                      ignore_eos=True))[0].outputs[0].token_ids
     assert other_seed != alone
-
-
-def second_tokens(llm, n):
-    """Token 2 is the first one a speculative round emits (accepted or recovered); max_tokens=4
-    leaves that round room for 2 draft tokens."""
-    sp = SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True)
-    outs = llm.generate([PROMPT] * n, sp)
-    drafted = sum(o.metrics.num_draft_tokens for o in outs)
-    accepted = sum(o.metrics.num_accepted_tokens for o in outs)
-    assert 0.1 * drafted < accepted < 0.9 * drafted, "the test needs frequent acceptance and rejection"
-    return np.array([o.outputs[0].token_ids[1] for o in outs])
 
 
 N = 12_000

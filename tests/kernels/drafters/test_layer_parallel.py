@@ -4,7 +4,6 @@ every round, and would not without it), greedy equivalence through chains, trees
 lookup_first at batch sizes 1-16, the target's law at temperature 1 (with a negative control), and
 clear errors for every bad value."""
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,7 +15,7 @@ from specray.kernels.loader import load_model, resolve
 from specray.kernels.verify import chain as verify
 
 from helpers import save_tiny_llama
-from router_helpers import chi2, exact_second_token_distribution
+from router_helpers import chi2, exact_second_token_distribution, second_tokens
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
@@ -174,15 +173,6 @@ PEAKY_N = 12_000
 def peaky_llm(deep):
     target, draft = deep
     return LLM(str(target), speculative_config=spec(draft, 4, k=3), kv_cache_tokens=65536, max_num_seqs=512)
-
-
-def second_tokens(llm, n):
-    outs = llm.generate([{"prompt_token_ids": [1, 17, 40, 23]}] * n,
-                        SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True))
-    drafted = sum(o.metrics.num_draft_tokens for o in outs)
-    accepted = sum(o.metrics.num_accepted_tokens for o in outs)
-    assert 0.1 * drafted < accepted < 0.9 * drafted, "the test needs frequent acceptance and rejection"
-    return np.array([o.outputs[0].token_ids[1] for o in outs])
 
 
 def test_sampling_keeps_the_targets_law(peaky_llm):

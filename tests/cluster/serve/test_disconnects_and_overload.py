@@ -1,0 +1,124 @@
+"""Hostile and careless clients, connections and load: every disconnect frees its sequences (HTTP
+unary and SSE, gRPC, the sync and async SDK), and overload is bounded: 429 / RESOURCE_EXHAUSTED with
+Retry-After, every accepted request completes, the waiting queue never exceeds its bound."""
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+
+from specray.client import AsyncClient, Client, ResourceExhaustedError
+from specray.client.errors import SpecrayError
+
+from hostile_helpers import GOOD, Engine, post
+
+
+def test_every_disconnect_frees_its_sequences(engine):
+    long = {"prompt": GOOD, "max_tokens": 400, "ignore_eos": True, "temperature": 0}
+    engine.delay = 0.03  # a long request now takes seconds
+    r = engine.router.router
+    aborted = []
+    abort = r.abort
+    r.abort = lambda request_id: (aborted.append(request_id), abort(request_id))
+    try:
+        with pytest.raises(httpx.ReadTimeout):  # HTTP unary: the client gives up
+            _post_timeout(engine.http.url, long, 0.5)
+        assert engine.idle() and len(aborted) == 1
+        with httpx.stream("POST", engine.http.url + "/v1/completions", json={**long, "stream": True}) as resp:
+            next(resp.iter_lines())  # SSE: hang up after the first event
+        assert engine.idle() and len(aborted) == 2
+        with Client(engine.grpc.target, timeout=0.5) as c:  # gRPC unary and stream: deadline
+            with pytest.raises(SpecrayError):
+                c.generate(GOOD, max_tokens=400, ignore_eos=True, temperature=0)
+            assert engine.idle() and len(aborted) == 3
+        with Client(engine.grpc.target, timeout=30) as c:
+            stream = c.stream(GOOD, max_tokens=400, ignore_eos=True, temperature=0)
+            next(iter(stream))
+            stream.cancel()  # SDK sync stream: cancelled
+        assert engine.idle() and len(aborted) == 4
+
+        async def async_cancel():
+            async with AsyncClient(engine.grpc.target, timeout=30) as c:
+                task = asyncio.ensure_future(c.generate(GOOD, max_tokens=400, ignore_eos=True, temperature=0))
+                await asyncio.sleep(0.3)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+        asyncio.run(async_cancel())  # SDK async unary: cancelled
+        assert engine.idle() and len(aborted) == 5
+
+        async def async_stream_cancel():
+            async with AsyncClient(engine.grpc.target, timeout=30) as c:
+                async with c.stream(GOOD, max_tokens=400, ignore_eos=True, temperature=0) as stream:
+                    async for _ in stream:
+                        break  # leaving the block cancels the call
+        asyncio.run(async_stream_cancel())  # SDK async stream: cancelled
+        assert engine.idle() and len(aborted) == 6
+    finally:
+        r.abort, engine.delay = abort, 0.003
+
+
+def _post_timeout(url: str, body: dict, seconds: float):
+    return httpx.post(url + "/v1/completions", json=body, timeout=seconds)
+
+
+def test_overload_is_bounded_and_every_accepted_request_completes(tiny_target):
+    max_waiting = 4
+    with Engine(tiny_target, max_num_seqs=2, max_waiting=max_waiting) as engine:
+        engine.delay = 0.05  # slow rounds while the queue is full, so it stays full
+        long = {"prompt": GOOD, "max_tokens": 60, "ignore_eos": True, "temperature": 0, "num_speculative_tokens": 0}
+        # 1. a full queue, deterministically: 2 running + 4 waiting sequences; both APIs refuse more
+        fill = [None] * 4
+        threads = [threading.Thread(target=lambda i=i: fill.__setitem__(i, post(
+            engine.http.url, "/v1/completions", {**long, "n": 2 if i < 2 else 1}))) for i in range(4)]
+
+        def wait_for(gauge: str, value: float):
+            end = time.monotonic() + 30
+            while engine.metrics().get(gauge, 0) < value and time.monotonic() < end:
+                time.sleep(0.01)
+        threads[0].start()
+        wait_for("specray_num_requests_running", 2)
+        for t in threads[1:]:
+            t.start()
+        wait_for("specray_num_requests_waiting", max_waiting)
+        refused = post(engine.http.url, "/v1/completions", long)
+        assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
+        assert refused.json()["error"]["type"] == "rate_limit_error"
+        with Client(engine.grpc.target, timeout=60) as c, pytest.raises(ResourceExhaustedError, match="waiting"):
+            c.generate(GOOD, max_tokens=4)
+        engine.delay = 0.003
+        for t in threads:
+            t.join(120)
+        assert [r.status_code for r in fill] == [200] * 4  # every accepted request completes
+
+        # 2. a random burst: answered 200 or 429, never more waiting than the bound
+        peak, stop = [0.0], threading.Event()
+
+        def watch():
+            while not stop.wait(0.01):
+                peak[0] = max(peak[0], engine.metrics().get("specray_num_requests_waiting", 0))
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        results = [None] * 16
+        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, post(
+            engine.http.url, "/v1/completions", {**long, "max_tokens": 30, "n": 1 + i % 2}))) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        stop.set()
+        watcher.join()
+        codes = [r.status_code for r in results]
+        assert set(codes) <= {200, 429} and 200 in codes
+        for r in results:
+            if r.status_code == 200:
+                assert all(len(ch["text"].split()) == 30 for ch in r.json()["choices"])
+        assert peak[0] <= max_waiting
+        m = engine.metrics()
+        answered = sum(v for k, v in m.items()
+                       if k.startswith(("specray_request_success_total", "specray_request_failure_total")))
+        assert answered == 4 + 2 + 16  # every request counted once, in success or failure
+        assert engine.idle() and engine.metrics()["specray_num_requests_waiting"] == 0
