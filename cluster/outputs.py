@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
@@ -22,6 +22,11 @@ class SpecMetrics:
     @property
     def acceptance_rate(self) -> float:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @classmethod
+    def total(cls, parts) -> "SpecMetrics":
+        """The counters of several sequences (a request's choices) added up."""
+        return cls(*(sum(getattr(m, f.name) for m in parts) for f in fields(cls)))
 
 
 @dataclass

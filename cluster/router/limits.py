@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specray.cluster.params import SamplingParams
+from specray.kernels.ints import ceil_div
 from specray.kernels.proposal import VerifyResult
 
 
@@ -27,6 +29,36 @@ class RouterLimits:
         assert self.max_model_len >= 2 and self.max_num_seqs >= 1 and self.num_speculative_tokens >= 0
         thresholds = [t for t, _ in self.speculation_schedule]
         assert thresholds == sorted(set(thresholds)) and all(k >= 0 for _, k in self.speculation_schedule)
+
+    def reservation(self, prompt_len: int, max_tokens: int) -> int:
+        """KV slots a request's sequence may use at worst, in whole blocks (a tree's nodes included)."""
+        spec_tokens = max(self.num_speculative_tokens, self.max_draft_tokens)
+        tokens = min(prompt_len + max_tokens, self.max_model_len) + spec_tokens + 1
+        return ceil_div(tokens, self.block_size) * self.block_size
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams, has_tokenizer: bool = True) -> None:
+        """ValueError for a request these limits could never run; nothing reaches a worker unchecked."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"expected SamplingParams, got {type(params).__name__}")
+        if not prompt_token_ids:
+            raise ValueError("prompt is empty: it must contain at least one token")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(prompt_token_ids)} tokens; the model's context is "
+                             f"{self.max_model_len} tokens, leaving no room to generate")
+        if self.reservation(len(prompt_token_ids), params.max_tokens) > self.kv_capacity_tokens:
+            raise ValueError("request can never fit in the KV cache; lower max_tokens or raise the cache size")
+        vocab = self.vocab_size
+        if any(type(t) is not int or not 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if not has_tokenizer and params.stop:
+            raise ValueError("stop strings need a tokenizer, and this engine has none; use stop_token_ids")
+        if params.n > self.max_num_seqs:
+            raise ValueError(f"n={params.n} exceeds max_num_seqs {self.max_num_seqs}: "
+                             "a request's choices must fit in one running batch")
+        if params.logprobs is not None and params.logprobs > vocab:
+            raise ValueError(f"logprobs must be <= the vocabulary size {vocab}, got {params.logprobs}")
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be in [0, {vocab})")
 
     def draft_cap(self, num_running: int) -> int:
         """Draft tokens allowed per sequence while `num_running` sequences run."""

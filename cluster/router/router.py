@@ -25,7 +25,6 @@ from specray.cluster.router.failures import RequestFailed, log, request_failed
 from specray.cluster.router.limits import RouterLimits, RouterStats, router_limits  # noqa: F401 (re-export)
 from specray.cluster.router.pipeline import Pipeline
 from specray.cluster.router.sequence import Sequence
-from specray.kernels.ints import ceil_div
 from specray.kernels.proposal import Proposal, VerifyResult
 from specray.kernels.verify.rules import pick_rule
 
@@ -67,27 +66,8 @@ class Router:
         return request_id
 
     def check_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"expected SamplingParams, got {type(params).__name__}")
-        if not prompt_token_ids:
-            raise ValueError("prompt is empty: it must contain at least one token")
-        if len(prompt_token_ids) >= self.config.max_model_len:
-            raise ValueError(f"prompt has {len(prompt_token_ids)} tokens; the model's context is "
-                             f"{self.config.max_model_len} tokens, leaving no room to generate")
-        if self._reservation(len(prompt_token_ids), params) > self.config.kv_capacity_tokens:
-            raise ValueError("request can never fit in the KV cache; lower max_tokens or raise the cache size")
-        vocab = self.config.vocab_size
-        if any(type(t) is not int or not 0 <= t < vocab for t in prompt_token_ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        if self.tokenizer is None and params.stop:
-            raise ValueError("stop strings need a tokenizer, and this engine has none; use stop_token_ids")
-        if params.n > self.config.max_num_seqs:
-            raise ValueError(f"n={params.n} exceeds max_num_seqs {self.config.max_num_seqs}: "
-                             "a request's choices must fit in one running batch")
-        if params.logprobs is not None and params.logprobs > vocab:
-            raise ValueError(f"logprobs must be <= the vocabulary size {vocab}, got {params.logprobs}")
-        if any(t >= vocab for t in params.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be in [0, {vocab})")
+        """A request the engine could never run raises ValueError (RouterLimits.check_request)."""
+        self.config.check_request(prompt_token_ids, params, has_tokenizer=self.tokenizer is not None)
 
     def abort(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)
@@ -126,12 +106,6 @@ class Router:
         return lost
 
     # -- scheduling -------------------------------------------------------------------------
-    def _reservation(self, prompt_len: int, params: SamplingParams) -> int:
-        spec_tokens = max(self.config.num_speculative_tokens, self.config.max_draft_tokens)  # a tree's nodes
-        tokens = min(prompt_len + params.max_tokens, self.config.max_model_len) + spec_tokens + 1
-        bs = self.config.block_size
-        return ceil_div(tokens, bs) * bs
-
     def admit(self, limit: int | None = None) -> list[Sequence]:
         """Move waiting sequences to running while KV and `max_num_seqs` allow (at most `limit`)."""
         admitted: list[Sequence] = []
@@ -139,7 +113,7 @@ class Router:
             if limit is not None and len(admitted) >= limit:
                 break
             seq = self.waiting[0]
-            need = self._reservation(len(seq.prompt_token_ids), seq.params)
+            need = self.config.reservation(len(seq.prompt_token_ids), seq.params.max_tokens)
             if self.reserved_tokens + need > self.config.kv_capacity_tokens:
                 break
             self.waiting.popleft()
@@ -316,7 +290,7 @@ class Router:
 
     def _retire(self, seq: Sequence, target_alive: bool = True) -> None:
         self.running.remove(seq)
-        self.reserved_tokens -= self._reservation(len(seq.prompt_token_ids), seq.params)
+        self.reserved_tokens -= self.config.reservation(len(seq.prompt_token_ids), seq.params.max_tokens)
         if target_alive:
             self.target.release(seq.seq_id)
         if self.draft is not None and seq.draft_sent:
@@ -330,17 +304,7 @@ class Router:
                 continue
             finished = all(s.finished for s in req.seqs)
             out.append(RequestOutput(request_id, req.prompt, req.prompt_token_ids,
-                                     [s.completion() for s in req.seqs], finished, _merged_metrics(req.seqs)))
+                                     [s.completion() for s in req.seqs], finished, SpecMetrics.total([s.metrics for s in req.seqs])))
             if finished:
                 del self.requests[request_id]
         return out
-
-
-def _merged_metrics(seqs: list[Sequence]) -> SpecMetrics:
-    m = SpecMetrics()
-    for s in seqs:
-        m.num_rounds += s.metrics.num_rounds
-        m.num_draft_tokens += s.metrics.num_draft_tokens
-        m.num_accepted_tokens += s.metrics.num_accepted_tokens
-        m.num_emitted_tokens += s.metrics.num_emitted_tokens
-    return m
