@@ -8,6 +8,11 @@ Fast paths, which tests hold to the reference:
   inside attention only (`PaddedGroup`, waste bounded by PAD_WASTE); prefill chunks attend alone.
   Projections and MLPs stay one ragged batch. (A flat mask over the whole batch's keys would cost
   batch x total keys per row, quadratic in the batch size.)
+
+Hybrid tree attention (LongSpec): a round's new tokens attend their sequence's context with no mask
+(the prefix part, which returns its log-sum-exp) and the round's own tokens with the tree or causal
+mask (the tree part); the two merge exactly by their log-sum-exps. `hybrid_reference_attention`
+specifies it; the single-sequence fast path and the C kernel split where `HYBRID.min_context` says.
 """
 
 from __future__ import annotations
@@ -58,13 +63,84 @@ def build_attention_mask(batch: RaggedBatch) -> torch.Tensor | None:
 SMALL_QUERY_ROWS = 16  # up to this many query rows (decode, verify), grouped bmm beats the fused kernel
 
 
+@dataclass
+class HybridSplit:
+    """Where verification attention splits into the prefix and the tree part: sequences of at least
+    `min_rows` new tokens after at least `min_context` context keys. Below, one masked pass is as
+    fast or faster (benchmarks/hybrid_attention.py; docs/performance.md)."""
+
+    min_context: int = 2048
+    min_rows: int = 8
+
+    def __post_init__(self) -> None:
+        assert self.min_context >= 1 and self.min_rows >= 2
+
+    def applies(self, context_len: int, rows: int) -> bool:
+        return rows >= self.min_rows and context_len >= self.min_context
+
+
+HYBRID = HybridSplit()
+FLASH_MIN_WORK = 1 << 16  # query rows x prefix keys from which the fused kernel beats bmm for the prefix part
+
+
+def merge_parts(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
+    """Attention over keys A and B from each part's normalised output [..., D] and log-sum-exp [...]:
+    A's share of the total mass is sigmoid(lse_a - lse_b) (0 where A is empty: lse_a = -inf)."""
+    w = torch.sigmoid(lse_a - lse_b).unsqueeze(-1)  # [..., 1]
+    return out_b + w * (out_a - out_b)
+
+
+def prefix_part(rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows [kv_heads, m, D] over every key, no mask: keys, values [kv_heads, ctx, D] -> the normalised
+    output [kv_heads, m, D] and its log-sum-exp [kv_heads, m]."""
+    if rows.shape[1] * keys.shape[1] >= FLASH_MIN_WORK:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            rows.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), 0.0, False, scale=scale)
+        return out[0], lse[0]
+    scores = torch.bmm(rows, keys.transpose(1, 2)) * scale  # [kv_heads, m, ctx]
+    lse = scores.logsumexp(-1)  # [kv_heads, m]
+    return torch.bmm((scores - lse.unsqueeze(-1)).exp(), values), lse
+
+
+def tree_part(rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
+              scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows [kv_heads, m, D] over the round's own keys [kv_heads, n, D] where visible [m, n] -> the
+    normalised output [kv_heads, m, D] and its log-sum-exp [kv_heads, m] (each row sees itself)."""
+    scores = (torch.bmm(rows, keys.transpose(1, 2)) * scale).masked_fill(~visible, float("-inf"))
+    lse = scores.logsumexp(-1)  # [kv_heads, m]
+    return torch.bmm((scores - lse.unsqueeze(-1)).exp(), values), lse
+
+
+def hybrid_attention(q: torch.Tensor, kv: torch.Tensor, context_len: int, tree_mask: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """One sequence's round: q [n, num_heads, D]; kv [2 * num_kv_heads, >= context_len + n, D] (its
+    context, then its new tokens); tree_mask [n, n] bool (ancestry) -> [n, num_heads * D]."""
+    n, num_heads, head_dim = q.shape
+    num_kv_heads = kv.shape[0] // 2
+    group = num_heads // num_kv_heads
+    rows = q.view(n, num_kv_heads, group, head_dim).permute(1, 0, 2, 3).reshape(num_kv_heads, n * group, head_dim)
+    keys, values = kv[:num_kv_heads], kv[num_kv_heads:]  # [num_kv_heads, keys, D]
+    out_p, lse_p = prefix_part(rows, keys[:, :context_len], values[:, :context_len], scale)
+    visible = tree_mask.repeat_interleave(group, dim=0)  # [n * group, n]: rows are (token, head in group)
+    end = context_len + n
+    out_t, lse_t = tree_part(rows, keys[:, context_len:end], values[:, context_len:end], visible, scale)
+    out = merge_parts(out_p, lse_p, out_t, lse_t)  # [num_kv_heads, n * group, D]
+    return out.view(num_kv_heads, n, group, head_dim).permute(1, 0, 2, 3).reshape(n, -1)
+
+
 def ragged_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None, scale: float,
-                     causal: bool = False) -> torch.Tensor:
-    """Fast path: grouped bmm for few query rows, the fused SDPA kernel for prefill.
+                     causal: bool = False, context_len: int | None = None) -> torch.Tensor:
+    """Fast path for one sequence: hybrid (split) attention for a round after a long context, grouped
+    bmm for few query rows, the fused SDPA kernel for prefill.
 
     q [num_tokens, num_heads, head_dim]; kv [2 * num_kv_heads, num_keys, head_dim] (keys, then values);
-    mask [num_tokens, num_keys] or None -> [num_tokens, num_heads * head_dim].
+    mask [num_tokens, num_keys] or None; context_len: keys before the new tokens, which every row sees
+    (None: unknown, no split) -> [num_tokens, num_heads * head_dim].
     """
+    n = q.shape[0]
+    if mask is not None and context_len is not None and HYBRID.applies(context_len, n):
+        return hybrid_attention(q, kv, context_len, mask[:, context_len:context_len + n], scale)
     if q.shape[0] <= SMALL_QUERY_ROWS:
         return grouped_attention(q, kv, mask, scale)
     return fused_attention(q, kv, mask, scale, causal)
@@ -110,6 +186,7 @@ class SeqAttention:
     keys: slice | torch.Tensor  # its cache slots: a slice when they are one ascending run (no gather)
     mask: torch.Tensor | None  # [rows, keys] bool; None: one row, or plain causal over no context
     causal: bool  # no context and many rows: the fused kernel's causal mode, no mask
+    context_len: int | None = None  # keys every row sees before the new tokens; None: no hybrid split
 
     def __post_init__(self) -> None:
         assert self.end > self.start
@@ -129,7 +206,7 @@ def seq_attention(batch: RaggedBatch, b: int) -> SeqAttention:
         mask = torch.zeros(rows, k1 - k0, dtype=torch.bool)
         mask[:, :ctx + rows] = sequence_mask(ctx, parents, rows)  # padded-baseline dummy keys stay False
         mask = mask.to(batch.input_ids.device)
-    return SeqAttention(q0, q1, keys, mask, causal)
+    return SeqAttention(q0, q1, keys, mask, causal, None if batch.key_pads else ctx)
 
 
 @dataclass
@@ -251,7 +328,7 @@ def batch_attention(q: torch.Tensor, layer_kv: torch.Tensor, plan: BatchAttentio
         out.index_copy_(0, g.token_rows, padded_attention(q, layer_kv.index_select(1, g.key_slots), g, scale))
     for s in plan.singles:
         kv = layer_kv[:, s.keys] if isinstance(s.keys, slice) else layer_kv.index_select(1, s.keys)
-        out[s.start:s.end] = ragged_attention(q[s.start:s.end], kv, s.mask, scale, s.causal)
+        out[s.start:s.end] = ragged_attention(q[s.start:s.end], kv, s.mask, scale, s.causal, s.context_len)
     return out
 
 
@@ -274,4 +351,30 @@ def reference_attention(q: torch.Tensor, kv: torch.Tensor, batch: RaggedBatch, s
         allowed = sequence_mask(batch.context_lens[b], batch.parents[b], q1 - q0)
         scores = scores.masked_fill(~allowed, float("-inf"))
         outs.append((scores.softmax(-1) @ vs).transpose(0, 1).reshape(q1 - q0, -1))
+    return torch.cat(outs).to(q.dtype)
+
+
+def hybrid_reference_attention(q: torch.Tensor, kv: torch.Tensor, batch: RaggedBatch, scale: float) -> torch.Tensor:
+    """Specification of the split, in float64: per sequence, the prefix part (every context key, no
+    mask) and the tree part (the new tokens, ancestry mask), merged by their log-sum-exps.
+
+    q [num_tokens, num_heads, head_dim]; kv [2 * num_kv_heads, num_keys, head_dim].
+    """
+    assert batch.key_pads is None, "the reference does not model the padded baseline"
+    num_kv_heads = kv.shape[0] // 2
+    group = q.shape[1] // num_kv_heads
+    outs = []
+    for b in range(batch.batch_size):
+        q0, q1, k0 = batch.cu_seqlens[b], batch.cu_seqlens[b + 1], batch.cu_keylens[b]
+        ctx, n = batch.context_lens[b], q1 - q0
+        qs = q[q0:q1].double().transpose(0, 1)  # [num_heads, n, head_dim]
+        ks = kv[:num_kv_heads, k0:k0 + ctx + n].double().repeat_interleave(group, dim=0)  # [num_heads, keys, D]
+        vs = kv[num_kv_heads:, k0:k0 + ctx + n].double().repeat_interleave(group, dim=0)
+        prefix = qs @ ks[:, :ctx].transpose(1, 2) * scale  # [num_heads, n, ctx]
+        tree = (qs @ ks[:, ctx:].transpose(1, 2) * scale).masked_fill(
+            ~ancestor_matrix(batch.parents[b], n), float("-inf"))  # [num_heads, n, n]
+        lse_p, lse_t = prefix.logsumexp(-1), tree.logsumexp(-1)  # [num_heads, n]; lse_p = -inf without context
+        out_p = (prefix - lse_p.unsqueeze(-1)).exp().nan_to_num(0.0) @ vs[:, :ctx]
+        out_t = (tree - lse_t.unsqueeze(-1)).exp() @ vs[:, ctx:]
+        outs.append(merge_parts(out_p, lse_p, out_t, lse_t).transpose(0, 1).reshape(n, -1))
     return torch.cat(outs).to(q.dtype)

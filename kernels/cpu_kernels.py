@@ -35,13 +35,15 @@ SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
     # q, q_stride, rows, heads, kv_heads, dim, kv, num_slots, key_slots, key_start, num_ctx, num_new,
     # num_pad, new_mask, max_new, scale, out, scratch, max_keys, threads
     "specray_attention": [P, I64, I64, I64, I64, I64, P, I64, P, P, P, P, P, P, I64, F32, P, P, I64, I32],
+    "specray_attention_split_scratch": [I64, I64, I64, I64, I64],  # rows, heads, kv_heads, dim, max_new -> floats
+    "specray_set_attention_split": [I64, I64],  # min context, min rows for the hybrid (split) attention
     "specray_decoder_workspace": [I64, P, I64],  # rows, dims, max_keys -> floats
     # h, rows, dims, eps, scale, weights, kinds, kv, kv_layer_stride, num_slots, cos, sin, slots,
     # key_slots, key_start, num_ctx, num_new, num_pad, new_mask, max_new, max_keys, work, threads
     "specray_decoder_layers": [P, I64, P, F32, F32, P, P, P, I64, I64, P, P, P,
                                P, P, P, P, P, P, I64, I64, P, I32],
 }
-RESTYPES = {"specray_decoder_workspace": I64}  # the rest return nothing
+RESTYPES = {"specray_decoder_workspace": I64, "specray_attention_split_scratch": I64}  # the rest return nothing
 
 _LIBRARY: ctypes.CDLL | None | bool = False  # False: not tried yet
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from specray.kernels import cpu_kernels
-from specray.kernels.attention import SMALL_QUERY_ROWS, ancestor_matrix
+from specray.kernels.attention import HYBRID, SMALL_QUERY_ROWS, ancestor_matrix
 from specray.kernels.batch import RaggedBatch
 from specray.kernels.rope import apply_rotary
 
@@ -134,8 +134,11 @@ def attention(qkv: torch.Tensor, num_heads: int, layer_kv: torch.Tensor, key_slo
     num_kv_heads = layer_kv.shape[0] // 2
     assert width == num_heads + 2 * num_kv_heads and key_slots.dtype == torch.int64
     out = torch.empty(num_tokens, num_heads * dim)
-    scratch = torch.empty(num_tokens * num_heads * rows.max_keys)  # scores, one row per (token, head)
-    cpu_kernels.library().specray_attention(
+    lib = cpu_kernels.library()
+    split = lib.specray_attention_split_scratch(num_tokens, num_heads, num_kv_heads, dim, rows.new_mask.shape[1])
+    scratch = torch.empty(num_tokens * num_heads * rows.max_keys + split)  # scores per (token, head), split tasks
+    lib.specray_set_attention_split(HYBRID.min_context, HYBRID.min_rows)
+    lib.specray_attention(
         _ptr(qkv), width * dim, num_tokens, num_heads, num_kv_heads, dim, _ptr(layer_kv), layer_kv.shape[1],
         _ptr(key_slots), _ptr(rows.key_start), _ptr(rows.num_ctx), _ptr(rows.num_new), _ptr(rows.num_pad),
         _ptr(rows.new_mask), rows.new_mask.shape[1],
@@ -180,6 +183,7 @@ def decoder_layers(h: torch.Tensor, table: DecoderTable, kv: torch.Tensor, cos: 
     assert slots.shape == (num_tokens,) and slots.dtype == key_slots.dtype == torch.int64
     lib = cpu_kernels.library()
     work = torch.empty(lib.specray_decoder_workspace(num_tokens, _ptr(table.dims), rows.max_keys))
+    lib.specray_set_attention_split(HYBRID.min_context, HYBRID.min_rows)
     lib.specray_decoder_layers(
         _ptr(h), num_tokens, _ptr(table.dims), table.eps, table.scale, _ptr(table.weights), _ptr(table.kinds),
         _ptr(kv), kv.stride(0), kv.shape[2], _ptr(cos), _ptr(sin), _ptr(slots), _ptr(key_slots),

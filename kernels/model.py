@@ -234,6 +234,7 @@ class LlamaModel(nn.Module):
                 else None)
         mask = None if reference or rows is not None or plan is not None else build_attention_mask(batch)
         causal = is_causal_prefill(batch)
+        context_len = batch.context_lens[0] if batch.batch_size == 1 and not batch.key_pads else None
         x = self.norm_rows(h, self.layers[0].input_norm, fused)
         for i, layer in enumerate(self.layers):
             qkv = linear(x, layer.qkv_proj).view(-1, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
@@ -256,7 +257,7 @@ class LlamaModel(nn.Module):
                 else:
                     kv = layer_kv.index_select(1, batch.key_slots)
                 attn = (reference_attention(q, kv, batch, self.scale) if reference
-                        else ragged_attention(q, kv, mask, self.scale, causal))
+                        else ragged_attention(q, kv, mask, self.scale, causal, context_len))
             o = tp.all_reduce(linear(attn, layer.o_proj))  # partial sums over head groups
             h, x = self.add_norm(h, o, layer.post_attention_norm, fused)
             gate, up = linear(x, layer.gate_up_proj).chunk(2, dim=-1)

@@ -22,6 +22,7 @@ void specray_attention(const float* q, int64_t q_stride, int64_t rows, int64_t h
                        const int64_t* key_start, const int64_t* num_ctx, const int64_t* num_new,
                        const int64_t* num_pad, const uint8_t* new_mask, int64_t max_new, float scale,
                        float* out, float* scratch, int64_t max_keys, int threads);
+int64_t specray_attention_split_scratch(int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, int64_t max_new);
 
 // dims: what `specray_decoder_layers` reads from its `dims` argument.
 enum { D_HIDDEN, D_HEADS, D_KV_HEADS, D_HEAD_DIM, D_INTERMEDIATE, D_LAYERS, D_COUNT };
@@ -60,7 +61,8 @@ int64_t specray_decoder_workspace(int64_t rows, const int64_t* d, int64_t max_ke
     int64_t sizes[7], total = 0;
     part_sizes(rows, d, max_keys, sizes);
     for (int i = 0; i < 7; i++) total += sizes[i];
-    return total;
+    // the split attention's scratch follows the scores (a sequence has at most `rows` new tokens)
+    return total + specray_attention_split_scratch(rows, d[D_HEADS], d[D_KV_HEADS], d[D_HEAD_DIM], rows);
 }
 
 static void linear(const float* x, int64_t rows, int64_t in, int64_t address, int32_t kind, int64_t out,

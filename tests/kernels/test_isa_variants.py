@@ -12,7 +12,7 @@ import pytest
 from specray.kernels import cpu_kernels
 
 TESTS = Path(__file__).parent
-SUITES = ["test_cpu_ops.py", "test_quant_linear.py", "test_decoder_layers.py"]
+SUITES = ["test_cpu_ops.py", "test_quant_linear.py", "test_decoder_layers.py", "test_hybrid_attention.py"]
 
 
 @pytest.mark.parametrize("flags", ["-mno-avx512f", "-mno-avx512f -mno-avx2 -mno-fma"])
