@@ -18,7 +18,9 @@ class SeqSpec:
     sampling: SamplingConfig
     seed: int | None = None
     logprobs: int | None = None  # top-n logprobs to return per emitted token; None for none
-    features: bool = False  # the target returns its final hidden states (feature-level drafts)
+    # what the target returns for the draft (Method.target_features): "hidden", its final hidden
+    # states (eagle); "last_kv", its last layer's keys and values (longspec); None: nothing
+    features: str | None = None
 
 
 @dataclass
@@ -54,8 +56,9 @@ class DraftItem:
     num_draft_tokens: int  # chain length, or the depth of a tree
     spec: SeqSpec | None = None
     verify_budget: int | None = None  # most draft tokens (tree nodes) the target verifies this round
-    # The target's final hidden states at the positions it kept since the last message
-    # [rows, hidden_size] (VerifyResult.features, concatenated); feature-level drafts only.
+    # What the target returned for the draft at the positions it kept since the last message
+    # (VerifyResult.features, concatenated): [rows, hidden_size] final hidden states (eagle) or
+    # [rows, 2 * kv_heads * head_dim] last-layer keys and values (longspec); None for other methods.
     features: "torch.Tensor | None" = None
 
     def __post_init__(self) -> None:

@@ -96,14 +96,25 @@ class TargetWorker:
         wants = [self.seqs[i.seq_id].spec.features for i in items]
         if any(wants) and laid_out is not chunks:
             raise ValueError("the padded baseline does not return target features")
-        out = self.model(RaggedBatch.build(laid_out, self.cache, self.model.embed_tokens.device), self.cache,
-                         features=any(wants))
-        logits, features = out if any(wants) else (out, None)
+        batch = RaggedBatch.build(laid_out, self.cache, self.model.embed_tokens.device)
+        hidden = "hidden" in wants
+        out = self.model(batch, self.cache, features=hidden)
+        logits = out[0] if hidden else out
         results = self._verify(items, rules, logits)  # logits [sum(n + 1), vocab_size]
-        if features is not None:
+        if any(wants):
+            features = {"hidden": out[1] if hidden else None,
+                        "last_kv": self._last_kv(batch) if "last_kv" in wants else None}
             _attach_features(items, results, wants, features)
         self._attach_logprobs(items, logits, results)
         return results
+
+    def _last_kv(self, batch: RaggedBatch) -> torch.Tensor:
+        """The step's last-layer keys and values, as written: [num_tokens, 2 * kv_heads * head_dim]."""
+        if self.model.tp_group.size > 1:
+            raise ValueError("method 'longspec' reads the target's whole last-layer KV: serve it without "
+                             "tensor parallelism")
+        kv = self.cache.kv[-1].index_select(1, batch.slot_mapping)  # [2 * kv_heads, num_tokens, head_dim]
+        return kv.transpose(0, 1).reshape(batch.num_tokens, -1)
 
     def _commit(self, items: list[TargetItem], chunks: list[SeqChunk], results: list[VerifyResult]) -> None:
         """Each sequence's accepted KV becomes its cached prefix; a tree's other slots are dropped."""
@@ -158,15 +169,15 @@ class TargetWorker:
         self.cache.free(seq_id)
 
 
-def _attach_features(items: list[TargetItem], results: list[VerifyResult], wants: list[bool],
-                     features: torch.Tensor) -> None:
-    """features [num_tokens, hidden_size] -> each result's rows: its new committed tokens, then the
-    accepted path (tree nodes in path order)."""
+def _attach_features(items: list[TargetItem], results: list[VerifyResult], wants: list[str | None],
+                     features: dict[str, torch.Tensor | None]) -> None:
+    """features: kind -> [num_tokens, width] -> each result's rows of its kind: its new committed
+    tokens, then the accepted path (tree nodes in path order)."""
     row0 = 0
     for item, res, want in zip(items, results, wants, strict=True):
         num_new = len(item.new_token_ids)
         if want:
             rows = list(range(num_new)) + [num_new + node for node in res.path_nodes()]
-            res.features = features[row0 + torch.tensor(rows)]  # [num_new + num_accepted, hidden_size]
+            res.features = features[want][row0 + torch.tensor(rows)]  # [num_new + num_accepted, width]
         row0 += num_new + item.proposal.num_draft_tokens
 

@@ -53,3 +53,31 @@ def second_tokens(llm, n):
     accepted = sum(o.metrics.num_accepted_tokens for o in outs)
     assert 0.1 * drafted < accepted < 0.9 * drafted, "the test needs frequent acceptance and rejection"
     return np.array([o.outputs[0].token_ids[1] for o in outs])
+
+
+def exact_joint_of_tokens_2_and_3(folder, prompt):
+    """P(t2, t3) = sum_t1 q(t1 | prompt) q(t2 | prompt, t1) q(t3 | prompt, t1, t2), from transformers'
+    logits, flattened to [vocab_size * vocab_size] (index t2 * vocab_size + t3)."""
+    from transformers import AutoModelForCausalLM
+
+    ids = prompt["prompt_token_ids"]
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        q1 = model(torch.tensor([ids])).logits[0, -1].softmax(-1).double()  # [V]
+        v = q1.shape[0]
+        q2 = model(torch.tensor([ids + [a] for a in range(v)])).logits[:, -1].softmax(-1).double()  # [V, V]
+        pairs = torch.tensor([ids + [a, b] for a in range(v) for b in range(v)])  # [V * V, len + 2]
+        q3 = torch.cat([model(chunk).logits[:, -1].softmax(-1) for chunk in pairs.split(2048)]).double()
+    joint = q1[:, None, None] * q2[:, :, None] * q3.view(v, v, v)  # [t1, t2, t3]
+    return joint.sum(0).reshape(-1).numpy()
+
+
+def chi2_joint(tokens, want):
+    """Chi-square p-value of token indices against `want`, small cells pooled, empty ones dropped."""
+
+    expected, observed = want * len(tokens), np.bincount(tokens, minlength=len(want))
+    big = expected >= 5  # pool small cells so the chi-square approximation holds
+    obs = np.append(observed[big], observed[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    return chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue

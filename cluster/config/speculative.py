@@ -24,7 +24,7 @@ DRAFT_QUANTIZATIONS = (None, "none", "q8_0")
 @dataclass(frozen=True)
 class SpeculativeConfig:
     method: str = "ngram"
-    model: str | None = None  # draft checkpoint (draft_model; eagle: a feature-level draft folder)
+    model: str | None = None  # draft checkpoint (draft_model; eagle: a feature-level draft; longspec: a LongSpec draft)
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
@@ -46,6 +46,8 @@ class SpeculativeConfig:
     # and chains compared at equal target compute. None: no cap beyond the tree's shape.
     verify_budget: int | None = None
     aded: dict | None = None  # ADED options (kernels/drafters/aded.py AdedOptions), method aded
+    # LongSpec options, method longspec: {window: W} overrides the draft's trained self-attention window
+    longspec: dict | None = None
     # Verification rule for sampled requests: "auto" picks it from each proposal's kind; naming one
     # ("chain", "rrs", "kseq", "descent") makes a proposal of another kind an error, never a fallback
     verify: str = "auto"
@@ -60,7 +62,7 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         registry.check_options(self.method, self.model, self.tree, self.lookup_first, self.layer_parallel,
-                               aded=self.aded)
+                               aded=self.aded, longspec=self.longspec)
         if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {self.num_speculative_tokens}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:

@@ -21,7 +21,7 @@ def draft_spec(spec: SpeculativeConfig | None, target: str, dtype: str, device: 
     model = spec.model or (target if spec.method == "aded" else None)  # aded tokenizes with the target's
     return DraftSpec(spec.method, model, spec.draft_num_layers, spec.prompt_lookup_min, spec.prompt_lookup_max,
                      dtype, device, num_blocks(kv_cache_tokens, block_size), block_size, tree=spec.tree,
-                     aded=spec.aded, draft_vocab_trim=spec.draft_vocab_trim,
+                     aded=spec.aded, longspec=spec.longspec, draft_vocab_trim=spec.draft_vocab_trim,
                      draft_quantization=spec.draft_quantization, lookup_first=spec.lookup_first,
                      layer_parallel=spec.layer_parallel, threads=threads)
 

@@ -5,7 +5,8 @@ Phases, each resumable (re-run the same command to continue):
    the tokens, written in shards to OUT/data;
 2. draft: a `LlamaForCausalLM` with the target's tokenizer, a smaller hidden size and a few layers,
    initialised from the target (`distill_model.init_draft`); `--kind eagle` instead trains a
-   feature-level draft (cluster/distill/eagle.py);
+   feature-level draft (cluster/distill/eagle.py), `--kind longspec` a LongSpec draft
+   (cluster/distill/longspec.py);
 3. train: KL to the target's distributions (`distill_train`), checkpoints in OUT/checkpoint.pt;
 4. save: OUT/draft, an HF folder (fp16 by default) with the VocabTrim table and distill.json;
 5. evaluate: held-out prompts (never trained on), greedy speculation through specray: acceptance
@@ -55,11 +56,13 @@ def cmd_distill(args) -> int:
     if args.data_only:  # e.g. generate here, train elsewhere with --extra-data
         log(f"specray distill: {len(shards)} shards in {setup.data_dir} ({time.perf_counter() - t0:.0f}s); --data-only")
         return 0
-    if args.kind == "eagle":
+    if args.kind in ("eagle", "longspec"):
         from specray.cluster.distill.eagle import distill_eagle
+        from specray.cluster.distill.longspec import distill_longspec
 
         eval_ids = [prompt_token_ids(setup.tokenizer, p) for p in setup.eval_prompts]
-        return distill_eagle(args, setup.checkpoint, shards + setup.extra, eval_ids, setup.eos, log, acceptance_eval)
+        run = distill_eagle if args.kind == "eagle" else distill_longspec
+        return run(args, setup.checkpoint, shards + setup.extra, eval_ids, setup.eos, log, acceptance_eval)
     samples = load_samples(shards + setup.extra)  # held-out rows come from this run's own shards first
     data_seconds = time.perf_counter() - t0
     log(f"specray distill: {len(samples)} responses, {sum(len(s.response_ids) for s in samples)} tokens "
@@ -95,9 +98,12 @@ def add_distill_parser(sub) -> None:
     d.add_argument("--data-only", action="store_true",
                    help="stop after writing the shards (no draft, no training)")
     m = p.add_argument_group("draft")
-    m.add_argument("--kind", default="model", choices=["model", "eagle"],
+    m.add_argument("--kind", default="model", choices=["model", "eagle", "longspec"],
                    help="model: a standalone Llama draft; eagle: a feature-level draft reading the target's "
-                        "hidden states (serve it with method 'eagle')")
+                        "hidden states (serve it with method 'eagle'); longspec: one layer with a sliding "
+                        "window cross-attending the target's last-layer KV (method 'longspec')")
+    m.add_argument("--window", type=int, default=512,
+                   help="longspec: the draft's self-attention window (its constant-size ring buffer)")
     m.add_argument("--hidden-size", type=int, default=256)
     m.add_argument("--num-layers", type=int, default=3)
     m.add_argument("--intermediate-size", type=int, default=None, help="default: the target's")

@@ -105,6 +105,12 @@ def check_init_from(args, checkpoint) -> None:
 
     if args.kind == "eagle":
         load_eagle_draft(args.init_from, checkpoint.hf_config())
+    elif args.kind == "longspec":
+        from specray.kernels.config import ModelConfig
+        from specray.kernels.drafters.longspec import check_pairing
+
+        config = ModelConfig.from_hf(checkpoint.hf_config())
+        check_pairing(args.init_from, config, {"window": args.window}, config.max_position_embeddings)
     elif hf_config(resolve(args.init_from).path).vocab_size != checkpoint.hf_config().vocab_size:
         load_draft(args.init_from, checkpoint)  # raises, naming both vocabularies
 
@@ -153,6 +159,10 @@ def check_args(args) -> list[Path]:
         raise ValueError(f"--self-prompts must be positive, got {args.self_prompts} prompts of at most "
                          f"{args.self_prompt_max_tokens} tokens")
     extra = [p for folder in args.extra_data for p in extra_shards(Path(folder))]
+    if args.kind == "longspec":
+        limit = resolve(args.model).hf_config().max_position_embeddings
+        if not 1 <= args.window <= limit:
+            raise ValueError(f"--window must be in [1, {limit}] (the target's context), got {args.window}")
     if args.init_from:
         check_init_from(args, resolve(args.model))
     return extra

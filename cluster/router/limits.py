@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specray.cluster.params import SamplingParams
+from specray.kernels.drafters import registry
 from specray.kernels.ints import ceil_div
 from specray.kernels.proposal import VerifyResult
 
@@ -23,7 +24,8 @@ class RouterLimits:
     verify_budget: int | None = None  # draft tokens (tree nodes) verified per sequence per round at most
     max_draft_tokens: int = 0  # the most draft tokens (tree nodes) one round verifies: KV reserved for them
     verify_rule: str = "auto"  # sampled requests: "auto" (from the proposal's kind) or a fixed rule
-    draft_features: bool = False  # the draft reads the target's final hidden states (method eagle)
+    # what the draft reads of the target each round (Method.target_features): "hidden", "last_kv" or None
+    draft_features: str | None = None
 
     def __post_init__(self) -> None:
         assert self.max_model_len >= 2 and self.max_num_seqs >= 1 and self.num_speculative_tokens >= 0
@@ -75,6 +77,10 @@ def router_limits(model_config, tokenizer, spec, max_model_len: int | None, max_
     limit = model_config.max_position_embeddings
     if max_model_len is not None and not 2 <= max_model_len <= limit:
         raise ValueError(f"max_model_len must be in [2, {limit}], got {max_model_len}")
+    if spec is not None and spec.method == "longspec":
+        from specray.kernels.drafters.longspec import check_pairing
+
+        check_pairing(spec.model, model_config, spec.longspec, max_model_len or limit)
     eos = set(model_config.eos_token_ids) or ({tokenizer.eos_token_id} if tokenizer is not None else set())
     return RouterLimits(
         max_model_len=max_model_len or limit, vocab_size=model_config.vocab_size,
@@ -83,7 +89,7 @@ def router_limits(model_config, tokenizer, spec, max_model_len: int | None, max_
         speculation_schedule=spec.schedule() if spec else (), pipelined=pipelined and spec is not None,
         verify_budget=spec.verify_budget if spec else None,
         max_draft_tokens=spec.max_draft_tokens() if spec else 0, verify_rule=spec.verify if spec else "auto",
-        draft_features=spec is not None and spec.method == "eagle"), eos
+        draft_features=None if spec is None else registry.method(spec.method).target_features), eos
 
 
 @dataclass

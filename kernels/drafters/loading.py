@@ -26,7 +26,7 @@ def default_vocab_trim(folder) -> int:
     """The VocabTrim size a draft folder recommends (`distill.json`, or `eagle.json` for a
     feature-level draft), 0 when it has no table."""
     folder = Path(folder)
-    info = next((folder / n for n in ("distill.json", "eagle.json") if (folder / n).exists()), None)
+    info = next((folder / n for n in ("distill.json", "eagle.json", "longspec.json") if (folder / n).exists()), None)
     if not (folder / VOCAB_TRIM_FILE).exists() or info is None:
         return 0
     return int(json.loads(info.read_text()).get("vocab_trim_k") or 0)
@@ -94,3 +94,24 @@ def build_eagle(options: DraftOptions) -> Drafter:
     drafter = EagleDrafter(draft, options.num_blocks, options.block_size,
                            vocab_trim_ids=_vocab_trim_ids(options, checkpoint.path))
     return drafter if options.tree is None else EagleTreeDrafter(drafter, TreeSpec.from_dict(options.tree))
+
+
+def build_longspec(options: DraftOptions) -> Drafter:
+    """A LongSpec draft folder (longspec.json) over its target's embedding and head."""
+    from specray.kernels.drafters.longspec import (
+        LongSpecDrafter,
+        LongSpecOptions,
+        LongSpecTreeDrafter,
+        is_longspec_folder,
+        load_longspec,
+    )
+
+    if options.model is None:
+        raise ValueError("method 'longspec' needs speculative_config['model'] (a LongSpec draft folder)")
+    checkpoint = resolve(options.model)
+    if not is_longspec_folder(checkpoint.path):
+        raise ValueError(f"{options.model!r} is not a LongSpec draft (no longspec.json)")
+    window = LongSpecOptions.from_dict(options.longspec).window
+    layer, embed, head = load_longspec(checkpoint.path, window, DTYPES[options.dtype], options.device)
+    drafter = LongSpecDrafter(layer, embed, head, _vocab_trim_ids(options, checkpoint.path))
+    return drafter if options.tree is None else LongSpecTreeDrafter(drafter, TreeSpec.from_dict(options.tree))

@@ -19,6 +19,7 @@ class DraftOptions:
     block_size: int = 16  # tokens per draft KV block
     tree: dict | None = None  # speculative_config['tree']
     aded: dict | None = None  # speculative_config['aded']
+    longspec: dict | None = None  # speculative_config['longspec']
     draft_vocab_trim: int | None = None  # VocabTrim size: None = the draft folder's default, 0 = off
     draft_quantization: str | None = None  # "q8_0", "none"; None = q8_0 on CPU in fp32
     lookup_first: bool | dict | None = None  # speculative_config['lookup_first']

@@ -28,6 +28,9 @@ class Method:
     takes_lookup_first: bool = False  # may sit behind prompt lookup
     own_options: str | None = None  # the speculative_config key holding its own options
     layer_parallel: bool = False  # its draft model's layers can run in EasySpec groups
+    # what the target returns for the draft each round (SeqSpec.features): "hidden" (final hidden
+    # states) or "last_kv" (the last layer's keys and values); None: nothing
+    target_features: str | None = None
 
     def build(self, options: DraftOptions, workers=None) -> "Drafter":
         """`workers`: a layer-parallel draft group's TPGroup (methods with layer_parallel only)."""
@@ -41,7 +44,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("draft_model", "loading:build_draft_model", "a standalone draft model (chains or trees)",
            needs_model=True, grows_trees=True, takes_lookup_first=True, layer_parallel=True),
     Method("eagle", "loading:build_eagle", "a feature-level draft reading the target's hidden states",
-           needs_model=True, grows_trees=True, takes_lookup_first=True),
+           needs_model=True, grows_trees=True, takes_lookup_first=True, target_features="hidden"),
+    Method("longspec", "loading:build_longspec", "LongSpec: a one-layer draft with a constant-size window "
+           "cross-attending the target's last-layer KV", needs_model=True, grows_trees=True,
+           takes_lookup_first=True, own_options="longspec", target_features="last_kv"),
     Method("aded", "aded:build", "adaptive tri-gram drafting with tree search (ADED)", own_options="aded"),
 )}
 
@@ -84,6 +90,10 @@ def check_options(name: str, model: str | None = None, tree: dict | None = None,
     for key, value in own.items():
         if value is not None and entry.own_options != key:
             raise ValueError(f"'{key}' options need method {key!r}, got {name!r}")
+    if own.get("longspec") is not None:
+        from specray.kernels.drafters.longspec import LongSpecOptions
+
+        LongSpecOptions.from_dict(own["longspec"])
     return entry
 
 
@@ -91,7 +101,7 @@ def build_drafter(options: DraftOptions, workers=None) -> "Drafter":
     """The drafter `options` describe; a bad option raises ValueError naming it. `workers`: this
     process's rank in a layer-parallel draft group."""
     entry = check_options(options.method, options.model, options.tree, options.lookup_first, options.layer_parallel,
-                          aded=options.aded)
+                          aded=options.aded, longspec=options.longspec)
     if workers is not None and workers.size > 1 and not entry.layer_parallel:
         raise ValueError(f"a draft group of {workers.size} workers needs 'layer_parallel' (method "
                          f"{_methods_where('layer_parallel')})")

@@ -11,40 +11,14 @@ from specray import LLM, SamplingParams
 from specray.kernels.verify import tree as verify_tree
 
 from enumeration import longest_match_over_independent_samples
+from router_helpers import chi2_joint as chi2
+from router_helpers import exact_joint_of_tokens_2_and_3
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 N = 4000
 VOCAB = 97  # the peaky models' vocabulary
 PROMPT = {"prompt_token_ids": [1, 17, 40, 23]}
-
-
-def exact_joint_of_tokens_2_and_3(folder):
-    """P(t2, t3) = sum_t1 q(t1 | prompt) q(t2 | prompt, t1) q(t3 | prompt, t1, t2), from transformers'
-    logits, flattened to [vocab_size * vocab_size] (index t2 * vocab_size + t3)."""
-    from transformers import AutoModelForCausalLM
-
-    ids = PROMPT["prompt_token_ids"]
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    with torch.no_grad():
-        q1 = model(torch.tensor([ids])).logits[0, -1].softmax(-1).double()  # [V]
-        v = q1.shape[0]
-        q2 = model(torch.tensor([ids + [a] for a in range(v)])).logits[:, -1].softmax(-1).double()  # [V, V]
-        pairs = torch.tensor([ids + [a, b] for a in range(v) for b in range(v)])  # [V * V, len + 2]
-        q3 = torch.cat([model(chunk).logits[:, -1].softmax(-1) for chunk in pairs.split(2048)]).double()
-    joint = q1[:, None, None] * q2[:, :, None] * q3.view(v, v, v)  # [t1, t2, t3]
-    return joint.sum(0).reshape(-1).numpy()
-
-
-def chi2(tokens, want):
-    from scipy.stats import chisquare
-
-    expected, observed = want * len(tokens), np.bincount(tokens, minlength=len(want))
-    big = expected >= 5  # pool small cells so the chi-square approximation holds
-    obs = np.append(observed[big], observed[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    keep = exp > 0
-    return chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
 
 
 TREES = {
@@ -63,7 +37,7 @@ def peaky(peaky_models):
 
 @pytest.fixture(scope="module")
 def want(peaky):
-    joint = exact_joint_of_tokens_2_and_3(peaky[0])
+    joint = exact_joint_of_tokens_2_and_3(peaky[0], PROMPT)
     assert joint.shape == (VOCAB * VOCAB,) and abs(joint.sum() - 1) < 1e-6  # fp32 softmaxes
     return joint
 

@@ -35,7 +35,7 @@ def reference_features(target, token_ids):
 
 def test_target_returns_the_features_of_the_positions_it_keeps(tiny_target):
     worker = TargetWorker(load_model(resolve(str(tiny_target))), num_blocks=64)
-    spec = SeqSpec(SamplingConfig(0.0), features=True)
+    spec = SeqSpec(SamplingConfig(0.0), features="hidden")
     prompt = [1, 17, 40, 23, 8]
     (first,) = worker.step([TargetItem("s", prompt, Proposal([]), spec)])
     assert first.features.shape == (len(prompt), 64)

@@ -1,0 +1,337 @@
+"""LongSpec drafting (method `longspec`): the draft layer of longspec_model.py over a ring buffer of
+its own keys and values (the last `window` positions, fixed size) and the target's last-layer KV.
+
+The target returns its last-layer keys and values for every position it kept
+(`SeqSpec.features = "last_kv"`, rows [2 * kv_heads * head_dim], 4 bytes a float over the wire);
+the drafter keeps them in a `TargetKVMirror` per sequence: the same bytes as one target layer's
+cache. Its own per-sequence state, the ring, is constant in the context length.
+
+Calibration each round: the self-attention keys and values of the newly committed tokens depend on
+their tokens and positions only (the self-attention reads the embedding), so they go straight into
+the ring; the pending token's row proposes the first draft token. Draft rows (a chain, or a tree's
+nodes at position = pending + depth) are scratch: they attend the ring and their ancestors, and the
+target KV at positions before their own (lag >= 1, as in training). Verification is unchanged, so
+outputs stay exactly the target's whatever the draft proposes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specray.kernels.attention import ancestor_matrix
+from specray.kernels.config import ModelConfig
+from specray.kernels.drafters.base import DraftRequest
+from specray.kernels.drafters.draft_model import sample_step
+from specray.kernels.drafters.longspec_model import LongSpecLayer, attend
+from specray.kernels.drafters.tree_draft import TreeDraftModelDrafter
+from specray.kernels.drafters.tree_shapes import TreeSpec
+from specray.kernels.drafters.vocab_trim import expand_trimmed_logits
+from specray.kernels.proposal import Proposal
+
+LONGSPEC_FILE = "longspec.json"  # marks a folder as a LongSpec draft: its target, window, training record
+
+
+class TargetKVMirror:
+    """The target's last-layer keys and values of one sequence, appended as the target keeps them."""
+
+    def __init__(self, num_kv_heads: int, head_dim: int):
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        self.kv = torch.empty(0, 2 * num_kv_heads, head_dim)  # [capacity, 2 * K, D]
+        self.length = 0
+
+    @property
+    def row_width(self) -> int:
+        return 2 * self.num_kv_heads * self.head_dim
+
+    def append(self, rows: torch.Tensor) -> None:
+        """rows [r, 2 * K * D]: keys (K heads), then values, for the next r positions."""
+        if rows.dim() != 2 or rows.shape[1] != self.row_width:
+            raise ValueError(f"a LongSpec draft reads target KV rows of width {self.row_width} (2 x kv_heads x "
+                             f"head_dim of the target it was trained for), got {tuple(rows.shape)}")
+        need = self.length + rows.shape[0]
+        if need > self.kv.shape[0]:  # amortised doubling: appends stay linear overall
+            grown = self.kv.new_empty(max(need, 2 * self.kv.shape[0], 64), *self.kv.shape[1:])
+            grown[:self.length] = self.kv[:self.length]
+            self.kv = grown
+        self.kv[self.length:need] = rows.view(-1, 2 * self.num_kv_heads, self.head_dim).to(self.kv)
+        self.length = need
+
+    def keys_values(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> k, v [1, length, K, D]."""
+        kv = self.kv[:self.length].unsqueeze(0)
+        return kv[:, :, :self.num_kv_heads], kv[:, :, self.num_kv_heads:]
+
+    def nbytes(self) -> int:
+        return self.length * self.row_width * self.kv.element_size()
+
+
+@dataclass
+class _Ring:
+    """The self-attention keys and values of a sequence's last `window` committed positions:
+    position p lives in slot p % window."""
+
+    kv: torch.Tensor  # [window, 2, K, D]
+    positions: torch.Tensor  # [window] int64, -1 where empty
+    fed: int = 0  # committed positions written so far
+
+    def __post_init__(self) -> None:
+        assert self.kv.shape[0] == self.positions.shape[0] and self.fed >= 0
+
+    def write(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """positions [n] (ascending, the last n fed); k, v [n, K, D]."""
+        slots = positions % self.kv.shape[0]
+        self.kv[slots] = torch.stack([k, v], 1)
+        self.positions[slots] = positions
+
+    def nbytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size() + self.positions.numel() * 8
+
+
+@dataclass
+class _State:
+    ring: _Ring
+    mirror: TargetKVMirror
+    root_q: torch.Tensor | None = None  # [1, H, D] the pending token's query, from this round's calibration
+
+
+class LongSpecDrafter:
+    name = "longspec"
+
+    def __init__(self, layer: LongSpecLayer, embed: torch.Tensor, head: torch.Tensor,
+                 vocab_trim_ids: torch.Tensor | None = None):
+        self.layer, self.config = layer, layer.config
+        self.embed = embed  # [vocab_size, hidden] the target's, frozen
+        self.token_ids = None if vocab_trim_ids is None else vocab_trim_ids.to(head.device)  # [k]
+        self.head = head if vocab_trim_ids is None else head[self.token_ids].contiguous()  # [vocab or k, hidden]
+        self.states: dict[object, _State] = {}
+
+    # -- state -----------------------------------------------------------------------------------
+    def _state(self, seq_id: object) -> _State:
+        state = self.states.get(seq_id)
+        if state is None:
+            c, w = self.config, self.layer.window
+            dev = self.embed.device
+            ring = _Ring(torch.zeros(w, 2, c.num_kv_heads, c.head_dim, device=dev),
+                         torch.full((w,), -1, dtype=torch.long, device=dev))
+            state = self.states[seq_id] = _State(ring, TargetKVMirror(c.num_kv_heads, c.head_dim))
+        return state
+
+    def draft_memory_bytes(self, seq_id: object) -> int:
+        """The draft's own state for a sequence (the ring): constant in its length."""
+        return self.states[seq_id].ring.nbytes()
+
+    def mirror_bytes(self, seq_id: object) -> int:
+        """The target-KV mirror's bytes for a sequence (one target layer's KV)."""
+        return self.states[seq_id].mirror.nbytes()
+
+    @torch.inference_mode()
+    def defer(self, requests: list[DraftRequest]) -> None:
+        """Keep the target KV these requests carry (another drafter proposed for them this round)."""
+        for r in requests:
+            if r.features is not None:
+                self._state(r.seq_id).mirror.append(r.features)
+
+    def release(self, seq_id: object) -> None:
+        self.states.pop(seq_id, None)
+
+    # -- rows ------------------------------------------------------------------------------------
+    def _emb(self, tokens: list[int]) -> torch.Tensor:
+        return self.embed[torch.tensor(tokens, dtype=torch.long, device=self.embed.device)].unsqueeze(0)  # [1, n, hidden]
+
+    def _calibrate(self, r: DraftRequest) -> _State:
+        """Take the target KV and write the new committed tokens' self keys and values into the ring."""
+        state = self._state(r.seq_id)
+        if r.features is not None:
+            state.mirror.append(r.features)
+        length = len(r.token_ids)
+        if state.mirror.length > length - 1:
+            raise ValueError(f"sequence {r.seq_id!r}: target KV for {state.mirror.length} positions, but only "
+                             f"{length - 1} are committed before the pending token")
+        start = max(state.ring.fed, length - self.layer.window)
+        positions = torch.arange(start, length, device=self.embed.device)  # [n]
+        q, k, v = self.layer.self_qkv(self._emb(r.token_ids[start:]), positions.unsqueeze(0))
+        state.ring.write(positions, k[0], v[0])
+        state.ring.fed = length
+        state.root_q = q[:, -1:]  # [1, 1, H, D]
+        return state
+
+    def _root_hidden(self, r: DraftRequest, state: _State) -> torch.Tensor:
+        """The pending token's row -> hidden [1, hidden]."""
+        p = len(r.token_ids) - 1
+        ring = state.ring
+        visible = ((ring.positions > p - self.layer.window) & (ring.positions >= 0)).view(1, 1, -1)
+        out = attend(state.root_q, ring.kv[None, :, 0], ring.kv[None, :, 1], visible, sink=False)
+        ck, cv = state.mirror.keys_values()
+        pos = torch.tensor([[p]], device=self.embed.device)
+        cross = torch.ones(1, 1, ck.shape[1], dtype=torch.bool, device=self.embed.device)  # every kept position < p
+        return self.layer.finish(self._emb(r.token_ids[-1:]), out, pos, ck, cv, cross)[0]
+
+    def _draft_hidden(self, r: DraftRequest, state: _State, tokens: list[int], parents: list[int],
+                      rows: list[int]) -> torch.Tensor:
+        """Scratch draft tokens after the committed ones (a tree: parents[i] < i, -1 under the pending
+        token; position = pending + depth) -> hidden [len(rows), hidden] at `rows`."""
+        dev, w = self.embed.device, self.layer.window
+        anc = ancestor_matrix(parents, len(tokens)).to(dev)  # [n, n]
+        depth = anc.sum(1)  # [n] 1 for the root's children
+        positions = (len(r.token_ids) - 1 + depth).unsqueeze(0)  # [1, n]
+        emb = self._emb(tokens)
+        q, k, v = self.layer.self_qkv(emb, positions)
+        sel = torch.tensor(rows, dtype=torch.long, device=dev)
+        p = positions[0, sel]  # [m]
+        ring = state.ring
+        ring_visible = (ring.positions[None, :] > p[:, None] - w) & (ring.positions[None, :] >= 0)  # [m, window]
+        new_visible = anc[sel] & (positions[0][None, :] > p[:, None] - w)  # [m, n]
+        keys = torch.cat([ring.kv[None, :, 0], k], 1)  # [1, window + n, K, D]
+        values = torch.cat([ring.kv[None, :, 1], v], 1)
+        out = attend(q[:, sel], keys, values, torch.cat([ring_visible, new_visible], 1).unsqueeze(0), sink=False)
+        ck, cv = state.mirror.keys_values()
+        cross = torch.ones(1, len(rows), ck.shape[1], dtype=torch.bool, device=dev)  # every kept position < p
+        return self.layer.finish(emb[:, sel], out, p.unsqueeze(0), ck, cv, cross)[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [rows, hidden] -> [rows, vocab_size] (off a VocabTrim subset: -inf)."""
+        logits = F.linear(hidden, self.head).float()
+        if self.token_ids is not None:
+            logits = expand_trimmed_logits(logits, self.token_ids, self.config.vocab_size)
+        return logits
+
+    # -- chains ----------------------------------------------------------------------------------
+    def root_logits(self, requests: list[DraftRequest]) -> torch.Tensor:
+        """Calibrate every request -> the drafting ones' first-token logits [num drafting, vocab_size]."""
+        states = [self._calibrate(r) for r in requests]
+        rows = [self._root_hidden(r, s) for r, s in zip(requests, states, strict=True) if r.num_draft_tokens > 0]
+        if not rows:
+            return torch.empty(0, self.config.vocab_size)
+        return self.logits(torch.cat(rows))
+
+    @torch.inference_mode()
+    def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
+        if not requests:
+            return []
+        logits = self.root_logits(requests)
+        drafts: list[list[int]] = [[] for _ in requests]
+        probs: list[list[torch.Tensor]] = [[] for _ in requests]
+        active = [i for i, r in enumerate(requests) if r.num_draft_tokens > 0]
+        while active:
+            sample_step(requests, active, logits, drafts, probs)
+            active = [i for i in active if len(drafts[i]) < requests[i].num_draft_tokens]
+            if not active:
+                break
+            hidden = [self._draft_hidden(requests[i], self.states[requests[i].seq_id], drafts[i],
+                                         list(range(-1, len(drafts[i]) - 1)), [len(drafts[i]) - 1]) for i in active]
+            logits = self.logits(torch.cat(hidden))
+        return [Proposal(d, None if r.sampling.greedy or not p else torch.stack(p))
+                for d, p, r in zip(drafts, probs, requests, strict=True)]
+
+
+class LongSpecTreeDrafter(TreeDraftModelDrafter):
+    """Trees (RSD-C, RSD-S, SpecTr, top-k) grown level by level from the LongSpec draft: each level
+    runs the tree so far as scratch rows and reads its frontier."""
+
+    name = "longspec"
+
+    def __init__(self, base: LongSpecDrafter, tree: TreeSpec):
+        self.base, self.tree = base, tree
+
+    def defer(self, requests: list[DraftRequest]) -> None:
+        self.base.defer(requests)
+
+    def _root_logits(self, requests: list[DraftRequest]) -> torch.Tensor:
+        return self.base.root_logits(requests)
+
+    def _frontier_logits(self, requests, plans, active) -> dict[int, torch.Tensor]:
+        base, out = self.base, {}
+        hidden = [base._draft_hidden(requests[i], base.states[requests[i].seq_id], list(plans[i].build.tokens),
+                                     list(plans[i].build.parents), list(plans[i].build.frontier)) for i in active]
+        logits = base.logits(torch.cat(hidden))
+        row0 = 0
+        for i, h in zip(active, hidden, strict=True):
+            out[i] = logits[row0:row0 + h.shape[0]]
+            row0 += h.shape[0]
+        return out
+
+    @torch.inference_mode()
+    def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
+        return super().propose(requests)
+
+
+# -- options and folders ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LongSpecOptions:
+    """speculative_config['longspec']: `window` overrides the draft's trained self-attention window."""
+
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        w = self.window
+        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
+            raise ValueError(f"longspec window must be an integer >= 1, got {w!r}")
+
+    @classmethod
+    def from_dict(cls, raw: dict | None) -> "LongSpecOptions":
+        raw = dict(raw or {})
+        unknown = sorted(set(raw) - {"window"})
+        if unknown:
+            raise ValueError(f"unknown longspec options {unknown}; known: ['window']")
+        return cls(**raw)
+
+
+def is_longspec_folder(folder: Path) -> bool:
+    return (Path(folder) / LONGSPEC_FILE).exists()
+
+
+def longspec_info(folder: Path) -> dict:
+    return json.loads((Path(folder) / LONGSPEC_FILE).read_text())
+
+
+def pairing_error(draft: ModelConfig, target: ModelConfig) -> str | None:
+    """Why a LongSpec draft trained over `draft`'s shapes cannot serve `target`, or None."""
+    keys = ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size", "rope_theta")
+    diff = [f"{k} {getattr(draft, k)} != {getattr(target, k)}" for k in keys if getattr(draft, k) != getattr(target, k)]
+    return None if not diff else "the LongSpec draft's target shapes differ from this target's: " + ", ".join(diff)
+
+
+def load_longspec(folder: Path, window: int | None = None, dtype: torch.dtype = torch.float32,
+                  device: str = "cpu") -> tuple[LongSpecLayer, torch.Tensor, torch.Tensor]:
+    """The folder's layer (window: its trained one unless given) and its target's embedding and head
+    [vocab_size, hidden] each; a target of other shapes is a clear error."""
+    from safetensors.torch import load_file
+
+    from specray.kernels.loader import _read_safetensors, hf_config, resolve
+
+    folder = Path(folder)
+    info = longspec_info(folder)
+    config = ModelConfig.from_hf(hf_config(folder))
+    target = resolve(info["target"]).path
+    error = pairing_error(config, ModelConfig.from_hf(hf_config(target)))
+    if error:
+        raise ValueError(f"{folder} was trained for {info['target']!r}: {error}")
+    layer = LongSpecLayer(config, int(window or info["window"]), dtype, device)
+    state = load_file(str(folder / "model.safetensors"))
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            p.copy_(state[name])
+    weights = _read_safetensors(target)
+    embed = weights.get("model.embed_tokens.weight", weights.get("embed_tokens.weight"))
+    head = weights.get("lm_head.weight", embed)
+    return layer.eval().requires_grad_(False), embed.to(dtype=dtype, device=device), head.to(dtype=dtype, device=device)
+
+
+def check_pairing(draft: str, target: ModelConfig, options: dict | None, max_model_len: int) -> None:
+    """Refuse a LongSpec draft whose shapes do not fit the served target, or a window past its context."""
+    from specray.kernels.loader import hf_config, resolve
+
+    folder = resolve(draft).path
+    if not is_longspec_folder(folder):
+        raise ValueError(f"{draft!r} is not a LongSpec draft (no {LONGSPEC_FILE}); method 'longspec' needs one")
+    error = pairing_error(ModelConfig.from_hf(hf_config(folder)), target)
+    if error:
+        raise ValueError(f"{draft!r} cannot draft for this target: {error}")
+    window = LongSpecOptions.from_dict(options).window or longspec_info(folder)["window"]
+    if window > max_model_len:
+        raise ValueError(f"longspec window {window} exceeds the context (max_model_len {max_model_len})")
