@@ -33,17 +33,25 @@ def default_speculative_config(model: str) -> dict[str, Any]:
     return {"method": "ngram", "num_speculative_tokens": 2}
 
 
-def packaged_draft(model: str, method: str) -> str | None:
-    """The target's packaged draft that `method` serves (eagle: a feature-level folder, draft_model:
-    a standalone model), or None: `--speculative-method draft_model` alone must not pick the eagle one."""
+def draft_method(folder) -> str:
+    """The method a draft folder serves: eagle (eagle.json), longspec (longspec.json), else draft_model."""
     from specray.kernels.drafters.eagle import is_eagle_folder
+    from specray.kernels.drafters.longspec import is_longspec_folder
+
+    return "eagle" if is_eagle_folder(folder) else "longspec" if is_longspec_folder(folder) else "draft_model"
+
+
+def packaged_draft(model: str, method: str) -> str | None:
+    """The target's packaged draft that `method` serves (eagle: a feature-level folder, longspec: a
+    LongSpec folder, draft_model: a standalone model), or None: `--speculative-method draft_model`
+    alone must not pick the eagle one."""
     from specray.kernels.loader import resolve
 
     entry = registry.METHODS.get(method)
     if entry is None or not entry.needs_model:
         return None
     for draft in TARGET_DRAFTS.get(model, ()):
-        if is_eagle_folder(resolve(draft).path) == (method == "eagle"):
+        if draft_method(resolve(draft).path) == method:
             return draft
     return None
 

@@ -136,12 +136,12 @@ def refuse_beside_speculative_config(args, flags: tuple[str, ...]) -> None:
 
 
 def _draft_method(name: str) -> str:
-    """eagle for a feature-level draft folder, else draft_model (an unknown name fails validation later)."""
-    from specray.kernels.drafters.eagle import is_eagle_folder
+    """eagle or longspec for such a draft folder, else draft_model (an unknown name fails validation later)."""
+    from specray.cluster.config.defaults import draft_method
     from specray.kernels.loader import ModelNotFoundError, resolve
 
     try:
-        return "eagle" if is_eagle_folder(resolve(name).path) else "draft_model"
+        return draft_method(resolve(name).path)
     except ModelNotFoundError:
         return "draft_model"
 
@@ -243,10 +243,12 @@ def add_drafter_parser(sub) -> None:
                        description="Runs a Drafter service outside the Ray cluster; point `specray serve "
                                    "--transport grpc --drafter-address host:port` at it.")
     p.add_argument("--method", default="ngram", choices=list(METHODS))
-    p.add_argument("--model", help="draft checkpoint (draft_model, eagle); the target's tokenizer folder (aded)")
+    p.add_argument("--model", help="draft checkpoint (draft_model, eagle, longspec); the target's tokenizer folder (aded)")
     p.add_argument("--tree", type=json_object, help="draft_model trees, as in speculative_config, e.g. "
                                                      "'{\"kind\": \"rsd_c\", \"branching\": [2, 2, 1]}'")
     p.add_argument("--aded", type=json_object, help="ADED options as in speculative_config (method aded)")
+    p.add_argument("--longspec", type=json_object, help="LongSpec options as in speculative_config, e.g. "
+                                                        "'{\"window\": 256}' (method longspec)")
     p.add_argument("--vocab-trim", type=int, help="VocabTrim size (0 = off; default: the draft folder's)")
     p.add_argument("--quantization", choices=["q8_0", "none"],
                    help="draft weights (default: q8_0 on CPU in fp32; lossless either way)")
@@ -273,7 +275,7 @@ def drafter_spec(args):
         raise ValueError("--method aded needs --model: the target whose tokenizer the tri-gram table uses")
     spec = SpeculativeConfig(method=args.method, model=args.model, draft_num_layers=args.num_layers,
                              prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
-                             tree=args.tree, aded=args.aded, draft_vocab_trim=args.vocab_trim,
+                             tree=args.tree, aded=args.aded, longspec=args.longspec, draft_vocab_trim=args.vocab_trim,
                              draft_quantization=args.quantization, lookup_first=args.lookup_first or None,
                              layer_parallel=args.layer_parallel)
     return draft_spec(spec, args.model, args.dtype, args.device, args.kv_cache_tokens, DRAFTER_BLOCK_SIZE)

@@ -172,6 +172,18 @@ def test_explicit_eagle_draft():
     assert ServeConfig.from_dict(cfg).speculative_config == cfg["speculative_config"]
 
 
+def test_longspec_draft():
+    """method longspec names its draft folder; longspecWindow becomes speculative_config.longspec.window."""
+    from helm_render import render
+
+    r = render({"speculation": {"method": "longspec", "draftModel": "/models/longspec", "longspecWindow": 256}},
+               files=("values-cpu.yaml",))
+    cfg = app_config(r.rayservice)
+    assert cfg["speculative_config"] == {"method": "longspec", "model": "/models/longspec", "num_speculative_tokens": 2,
+                                         "longspec": {"window": 256}}
+    assert ServeConfig.from_dict(cfg).speculative.longspec == {"window": 256}
+
+
 def test_aded_draft():
     """method aded renders a config the server accepts (ADED drafts over the target's tokenizer)."""
     from helm_render import render

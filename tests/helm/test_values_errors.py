@@ -9,13 +9,14 @@ from helm_render import render
     ({"target": {"replicas": -1}}, "at '/target/replicas': minimum: got -1, want 0"),
     ({"draft": {"minReplicas": -2}}, "at '/draft/minReplicas': minimum: got -2, want 0"),
     ({"speculation": {"method": "medusa"}},
-     "at '/speculation/method': value must be one of 'default', 'ngram', 'draft_model', 'eagle', 'aded', 'none'"),
+     "at '/speculation/method': value must be one of 'default', 'ngram', 'draft_model', 'eagle', 'longspec', 'aded', 'none'"),
     ({"transport": {"kind": "nccl"}},
      "at '/transport/kind': value must be one of 'ray', 'torch_distributed', 'grpc', 'inline'"),
     ({"target": {"tensorParalel": 2}}, "additional properties 'tensorParalel' not allowed"),
     ({"draft": {"rayStartParams": {"num-cpus": 2}}}, "at '/draft/rayStartParams/num-cpus': got number, want string"),
     ({"target": {"rayResources": {"target": 0}}}, "at '/target/rayResources/target'"),
     ({"speculation": {"layerParallel": 0}}, "at '/speculation/layerParallel': minimum: got 0, want 1"),
+    ({"speculation": {"longspecWindow": 0}}, "at '/speculation/longspecWindow': minimum: got 0, want 1"),
 ])
 def test_schema_rejects(values, message):
     with pytest.raises(helm_python.HelmValuesError) as e:
@@ -27,6 +28,10 @@ def test_schema_rejects(values, message):
 @pytest.mark.parametrize("values, message", [
     ({"speculation": {"method": "draft_model"}}, "speculation.method draft_model needs speculation.draftModel"),
     ({"speculation": {"method": "eagle"}}, "speculation.method eagle needs speculation.draftModel"),
+    ({"speculation": {"method": "longspec"}}, "speculation.method longspec needs speculation.draftModel"),
+    ({"speculation": {"method": "longspec", "draftModel": "d"},
+      "target": {"tensorParallel": 2, "replicas": 2, "minReplicas": 2, "maxReplicas": 2}},
+     "longspec reads the target's whole last-layer KV: set target.tensorParallel to 1"),
     ({"speculation": {"method": "ngram", "layerParallel": 2}},
      "speculation.layerParallel needs speculation.method draft_model"),
     ({"draft": {"groupSize": 2, "replicas": 2, "maxReplicas": 2}}, "draft.groupSize 2 needs speculation.layerParallel >= 2"),

@@ -53,12 +53,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/* The draft group's values with its GPUs resolved: gpus null means one per pod when the target
-group has GPUs and the draft is a model (default, draft_model or eagle), else none. */}}
+group has GPUs and the draft is a model (default, draft_model, eagle or longspec), else none. */}}
 {{- define "specray.draftGroup" -}}
 {{- $v := .Values }}
 {{- $g := deepCopy $v.draft }}
 {{- if kindIs "invalid" $g.gpus }}
-{{- $neural := has $v.speculation.method (list "default" "draft_model" "eagle") }}
+{{- $neural := has $v.speculation.method (list "default" "draft_model" "eagle" "longspec") }}
 {{- $_ := set $g "gpus" (ternary 1 0 (and $neural (gt (int $v.target.gpus) 0))) }}
 {{- end }}
 {{- toYaml $g }}

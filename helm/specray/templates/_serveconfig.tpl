@@ -7,8 +7,9 @@ so the two cannot drift.
 {{- define "specray.speculativeConfig" -}}
 {{- $s := .Values.speculation }}
 {{- $c := dict "method" $s.method "num_speculative_tokens" (int $s.numSpeculativeTokens) }}
-{{- if or (eq $s.method "draft_model") (eq $s.method "eagle") }}
+{{- if has $s.method (list "draft_model" "eagle" "longspec") }}
 {{- $_ := set $c "model" $s.draftModel }}
+{{- if and (eq $s.method "longspec") $s.longspecWindow }}{{ $_ := set $c "longspec" (dict "window" (int $s.longspecWindow)) }}{{ end }}
 {{- if $s.draftNumLayers }}{{ $_ := set $c "draft_num_layers" (int $s.draftNumLayers) }}{{ end }}
 {{- if $s.layerParallel }}{{ $_ := set $c "layer_parallel" (int $s.layerParallel) }}{{ end }}
 {{- else }}

@@ -3,8 +3,11 @@ Cross-field checks that values.schema.json cannot express; each fails the render
 */}}
 {{- define "specray.validate" -}}
 {{- $v := .Values }}
-{{- if and (or (eq $v.speculation.method "draft_model") (eq $v.speculation.method "eagle")) (not $v.speculation.draftModel) }}
+{{- if and (has $v.speculation.method (list "draft_model" "eagle" "longspec")) (not $v.speculation.draftModel) }}
 {{- fail (printf "speculation.method %s needs speculation.draftModel (alias, HF folder or .gguf path)" $v.speculation.method) }}
+{{- end }}
+{{- if and (eq $v.speculation.method "longspec") (gt (int $v.target.tensorParallel) 1) }}
+{{- fail "speculation.method longspec reads the target's whole last-layer KV: set target.tensorParallel to 1" }}
 {{- end }}
 {{- $speculating := ne $v.speculation.method "none" }}
 {{- if gt (int $v.draft.groupSize) 1 }}
