@@ -53,6 +53,14 @@ def tiny_target(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_longspec(tmp_path_factory, tiny_target) -> Path:
+    """A LongSpec draft of the tiny target, window 6 (shorter than most test prompts)."""
+    from longspec_helpers import save_tiny_longspec
+
+    return save_tiny_longspec(tmp_path_factory.mktemp("tiny_longspec") / "draft", tiny_target, window=6)
+
+
+@pytest.fixture(scope="session")
 def tiny_gguf_target(tmp_path_factory) -> Path:
     """The tiny target with weights a GGUF Q4_1/Q8_0 file holds exactly (packed-kernel path)."""
     return save_tiny_llama(tmp_path_factory.mktemp("tiny_gguf_target"), seed=0, gguf=True)

@@ -6,7 +6,7 @@ from specray.cluster.args import float_list, int_list
 from specray.cluster.bench.cluster import add_cluster_bench_parser
 from specray.cluster.bench.easyspec import add_easyspec_parser
 from specray.cluster.bench.offline import METHODS, cmd_bench_offline
-from specray.cluster.bench.prompts import SHARED_PROMPTS
+from specray.cluster.bench.prompts import LONG_CONTEXT, SHARED_PROMPTS
 from specray.cluster.bench.serve import add_serve_bench_parser
 
 
@@ -17,7 +17,8 @@ def add_bench_parser(sub) -> None:
     off.add_argument("--model", default="smollm2-135m")
     off.add_argument("--dataset", default=str(SHARED_PROMPTS) if SHARED_PROMPTS.exists() else None,
                      help="JSONL with Spec-Bench 'turns' or 'prompt' (default: Spec-Bench if present, else "
-                          "the packaged subset)")
+                          "the packaged subset); rows with 'context_tokens' (the packaged long-context set, "
+                          f"{LONG_CONTEXT}) add the long-context table")
     off.add_argument("--num-prompts", type=int, default=16)
     off.add_argument("--max-tokens", type=int, default=128)
     off.add_argument("--methods", default=None, help=f"comma-separated from {list(METHODS)} (default: all; "
@@ -35,6 +36,8 @@ def add_bench_parser(sub) -> None:
                      help="specray_easyspec: the draft's middle layers in groups of this many (EasySpec)")
     off.add_argument("--eagle-model", default=None, help="feature-level draft for specray_eagle (method 'eagle'; "
                      "default: the target's packaged one, smollm2-135m-eagle for smollm2-135m)")
+    off.add_argument("--longspec-model", default=None, help="LongSpec draft for specray_longspec and "
+                     "specray_longspec_topk (method 'longspec'; default: the target's packaged one, if any)")
     off.add_argument("--eagle-k", type=int, default=None,
                      help="num_speculative_tokens for specray_eagle (default: --num-speculative-tokens)")
     off.add_argument("--quick", action="store_true", help="4 prompts, 48 tokens, batch sizes <= 4 (~5 min)")

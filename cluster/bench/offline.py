@@ -20,8 +20,11 @@ from specray.kernels.ints import ceil_div
 HF_METHODS = ("hf", "hf_prompt_lookup", "hf_assisted")
 # Trees and multi-draft (issue: tree speculation), drafted by the eagle draft where there is one.
 TREE_METHODS = ("specray_rsd_c", "specray_rsd_s", "specray_spectr", "specray_topk", "specray_aded")
+# LongSpec's draft (chains and top-k trees) and a top-k tree from the standalone draft, for the
+# long-context table (chains and trees of every draft).
+LONGSPEC_METHODS = ("specray_longspec", "specray_longspec_topk")
 SPECRAY_METHODS = ("specray", "specray_ngram", "specray_draft", "specray_easyspec", "specray_eagle",
-                   "specray_ngram_padded", "specray_draft_padded") + TREE_METHODS
+                   "specray_ngram_padded", "specray_draft_padded") + TREE_METHODS + ("specray_draft_topk",) + LONGSPEC_METHODS
 METHODS = HF_METHODS + SPECRAY_METHODS
 
 
@@ -39,6 +42,24 @@ def tree_configs(k: int, draft: dict) -> dict[str, dict]:
                for kind, shape in tree_shapes(k).items()}
     configs["specray_aded"] = {"method": "aded", "num_speculative_tokens": k}
     return configs
+
+
+@dataclass
+class CategoryCounts:
+    """A cell's batch-1 share for one prompt category."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    rounds: int = 0
+    emitted: int = 0
+
+    def add(self, cell: "Cell", before: tuple) -> None:
+        """Add what `cell` counted since `before` (its `snapshot()`)."""
+        now = cell.snapshot()
+        self.tokens += now[0] - before[0]
+        self.seconds += now[1] - before[1]
+        self.rounds += now[2] - before[2]
+        self.emitted += now[3] - before[3]
 
 
 @dataclass
@@ -60,7 +81,10 @@ class Cell:
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     outputs: list[list[int]] = field(default_factory=list)
-    per_category: dict[str, list[float]] = field(default_factory=dict)  # category -> [tokens, seconds]
+    per_category: dict[str, CategoryCounts] = field(default_factory=dict)  # batch size 1 only
+
+    def snapshot(self) -> tuple:
+        return self.tokens, self.seconds, self.rounds, self.emitted
 
 
 def skip_reason(method: str, batch_size: int) -> str | None:
@@ -92,6 +116,9 @@ class Runner:
         tree_draft = ({"method": "eagle", "model": args.eagle_model} if args.eagle_model
                       else {key: draft[key] for key in ("method", "model", "draft_num_layers")})
         configs.update(tree_configs(k, tree_draft))
+        longspec = {"method": "longspec", "model": args.longspec_model, "num_speculative_tokens": k}
+        configs.update({"specray_draft_topk": {**draft, "tree": tree_shapes(k)["topk"]}, "specray_longspec": longspec,
+                        "specray_longspec_topk": {**longspec, "tree": tree_shapes(k)["topk"]}})
         wanted = {m.replace("_padded", "") for m in methods}  # a padded method reuses its engine
         kv_k = max(k, args.eagle_k or 0)
         self.llms = {m: LLM(args.model, speculative_config=configs[m], max_num_seqs=max_seqs,
@@ -172,6 +199,8 @@ def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
         args.eagle_model = packaged_draft(args.model, "eagle")
     if args.draft_model is None:  # else specray_draft and hf_assisted run the target, truncated
         args.draft_model = packaged_draft(args.model, "draft_model")
+    if args.longspec_model is None:
+        args.longspec_model = packaged_draft(args.model, "longspec")
     methods = [m for m in (args.methods or default_methods(args)).split(",") if m]
     args.methods = ",".join(methods)
     unknown = sorted(set(methods) - set(METHODS))
@@ -179,6 +208,8 @@ def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
         raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
     if "specray_eagle" in methods and not args.eagle_model:
         raise ValueError("method specray_eagle needs --eagle-model (a feature-level draft, `specray distill --kind eagle`)")
+    if set(methods) & set(LONGSPEC_METHODS) and not args.longspec_model:
+        raise ValueError("methods specray_longspec* need --longspec-model (`specray distill --kind longspec`)")
     if not args.batch_sizes or min(args.batch_sizes) < 1:
         raise ValueError("batch sizes must be positive integers")
     from specray.kernels.loader import resolve
@@ -207,12 +238,10 @@ def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
             group = encoded[g:g + batch_size]
             for m, cell in row.items():
                 if cell.skipped is None:
-                    tokens_before, seconds_before = cell.tokens, cell.seconds
+                    before = cell.snapshot()
                     runner.run(m, group, temperature, seed=g, cell=cell)
                     if batch_size == 1:  # per category only where a group is one prompt
-                        cat = cell.per_category.setdefault(prompts[g]["category"], [0, 0.0])
-                        cat[0] += cell.tokens - tokens_before
-                        cat[1] += cell.seconds - seconds_before
+                        cell.per_category.setdefault(prompts[g]["category"], CategoryCounts()).add(cell, before)
             bar.update(1)
         cells.extend(row.values())
         if on_row is not None:
@@ -222,22 +251,34 @@ def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
 
 
 def cmd_bench_offline(args) -> int:
+    from specray.cluster.bench.long_context import long_context_rows
+    from specray.cluster.bench.long_context import markdown as long_markdown
+    from specray.cluster.bench.long_context import plot as long_plot
     from specray.cluster.bench.report import build_report, write_outputs
 
     if args.quick:
         args.num_prompts, args.max_tokens = min(args.num_prompts, 4), min(args.max_tokens, 48)
         args.batch_sizes = [b for b in args.batch_sizes if b <= 4] or [1]
     def report(cells, prompts, runner, partial: bool) -> dict:
-        return build_report(args, cells, prompts, runner.bandwidth, partial)
+        out = build_report(args, cells, prompts, runner.bandwidth, partial)
+        if any("context_tokens" in p for p in prompts):
+            out["long_context"] = long_context_rows(cells, prompts, runner.llms, args.max_tokens)
+        return out
 
     cells, prompts, runner = run_matrix(
         args, on_row=lambda c, p, r: write_outputs(report(c, p, r, True), Path(args.out), partial=True))
-    for path in write_outputs(report(cells, prompts, runner, False), Path(args.out)):
+    final = report(cells, prompts, runner, False)
+    for path in write_outputs(final, Path(args.out)):
         print(f"wrote {path}")
+    if final.get("long_context"):
+        Path(args.out, "long_context.md").write_text(long_markdown(final["long_context"]))
+        long_plot(final["long_context"], Path(args.out, "long_context.png"))
+        print(long_markdown(final["long_context"]))
     return 0
 
 
 def default_methods(args) -> str:
-    """Every method (--quick: no trees); specray_eagle only with a feature-level draft to run it."""
+    """Every method (--quick: no trees); specray_eagle and specray_longspec* only with their drafts."""
     return ",".join(m for m in METHODS if (m != "specray_eagle" or args.eagle_model)
-                    and not (args.quick and m in TREE_METHODS))
+                    and (m not in LONGSPEC_METHODS or args.longspec_model)
+                    and not (args.quick and (m in TREE_METHODS or m.endswith("_topk"))))

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 PACKAGED_PROMPTS = Path(__file__).parent / "data" / "spec_bench_subset.jsonl"
+LONG_CONTEXT = Path(__file__).parent / "data" / "long_context.jsonl"  # 2k-8k tokens (scripts/make_long_context.py)
 SHARED_PROMPTS = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 
 
@@ -26,6 +27,7 @@ def load_prompts(path: Path | None, num: int) -> list[dict]:
         for cat_rows in by_cat.values():
             if i < len(cat_rows) and len(picked) < num:
                 row = cat_rows[i]
-                picked.append({"category": row.get("category", "all"), "prompt": row.get("prompt") or row["turns"][0]})
+                picked.append({"category": row.get("category", "all"), "prompt": row.get("prompt") or row["turns"][0],
+                               **({"context_tokens": row["context_tokens"]} if "context_tokens" in row else {})})
         i += 1
     return picked

@@ -23,6 +23,9 @@ batch 1 only):
   KV reads are left out, so large batches overstate the bound), roofline_tokens_per_s and
   fraction_of_roofline (batch 1: acceptance length / roofline_seconds_per_step),
   greedy_matches_hf (batch 1, temperature 0), per_category {category: tokens_per_s} (batch 1);
+- `long_context` (prompts with `context_tokens` only, cluster/bench/long_context.py): per method,
+  temperature and context length at batch 1: tokens_per_s, acceptance_length, ms_per_round,
+  draft_own_mib and target_kv_mirror_mib per sequence at that length;
 - `summary`: the headline ratios (each null when its cells are missing);
 - `partial`: true while the run is still going (written after every finished (batch size,
   temperature) row, so a stopped run keeps its rows), false in the final file.
@@ -63,7 +66,7 @@ def cell_json(cell, hf_cell, step_s: float | None, roofline_s: float | None = No
         fraction_of_roofline=round(tps / roofline, 3) if roofline else None,
         greedy_matches_hf=(cell.outputs == hf_cell.outputs) if hf_cell and cell.batch_size == 1
         and cell.temperature == 0 and cell.method != "hf" else None,
-        per_category={c: round(t / s, 2) for c, (t, s) in cell.per_category.items() if s} or None,
+        per_category={c: round(n.tokens / n.seconds, 2) for c, n in cell.per_category.items() if n.seconds} or None,
     )
     return out
 

@@ -90,7 +90,8 @@ def add_distill_parser(sub) -> None:
     d.add_argument("--extra-data", action="append", default=[], metavar="DIR",
                    help="also train on this shard folder (e.g. an earlier run's OUT/data); repeatable")
     d.add_argument("--max-tokens", type=int, default=160, help="response tokens per prompt")
-    d.add_argument("--teacher-top-k", type=int, default=32, help="target log-probs kept per token")
+    d.add_argument("--teacher-top-k", type=int, default=20,
+                   help="target log-probs kept per token (at most 20, the engine's logprobs limit)")
     d.add_argument("--temperature", type=float, default=0.0, help="target sampling temperature for responses")
     d.add_argument("--gen-batch-size", type=int, default=64, help="prompts per shard and engine batch")
     d.add_argument("--data-backend", default="specray", choices=["specray", "hf"],

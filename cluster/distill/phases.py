@@ -158,6 +158,11 @@ def check_args(args) -> list[Path]:
     if args.self_prompts is not None and min(args.self_prompts, args.self_prompt_max_tokens) <= 0:
         raise ValueError(f"--self-prompts must be positive, got {args.self_prompts} prompts of at most "
                          f"{args.self_prompt_max_tokens} tokens")
+    from specray.cluster.params import MAX_LOGPROBS
+
+    if not 1 <= args.teacher_top_k <= MAX_LOGPROBS:
+        raise ValueError(f"--teacher-top-k must be in [1, {MAX_LOGPROBS}] (the engine returns at most "
+                         f"{MAX_LOGPROBS} logprobs a token), got {args.teacher_top_k}")
     extra = [p for folder in args.extra_data for p in extra_shards(Path(folder))]
     if args.kind == "longspec":
         limit = resolve(args.model).hf_config().max_position_embeddings

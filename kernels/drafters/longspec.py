@@ -37,11 +37,12 @@ LONGSPEC_FILE = "longspec.json"  # marks a folder as a LongSpec draft: its targe
 
 
 class TargetKVMirror:
-    """The target's last-layer keys and values of one sequence, appended as the target keeps them."""
+    """The target's last-layer keys and values of one sequence, appended as the target keeps them.
+    Row 0 is the cross-attention's zero sink, so a draft step attends the mirror in place (no copy)."""
 
-    def __init__(self, num_kv_heads: int, head_dim: int):
+    def __init__(self, num_kv_heads: int, head_dim: int, device="cpu"):
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
-        self.kv = torch.empty(0, 2 * num_kv_heads, head_dim)  # [capacity, 2 * K, D]
+        self.kv = torch.zeros(1, 2, num_kv_heads, head_dim, device=device)  # [1 + capacity, 2, K, D]: sink, then positions
         self.length = 0
 
     @property
@@ -53,18 +54,18 @@ class TargetKVMirror:
         if rows.dim() != 2 or rows.shape[1] != self.row_width:
             raise ValueError(f"a LongSpec draft reads target KV rows of width {self.row_width} (2 x kv_heads x "
                              f"head_dim of the target it was trained for), got {tuple(rows.shape)}")
-        need = self.length + rows.shape[0]
+        need = 1 + self.length + rows.shape[0]
         if need > self.kv.shape[0]:  # amortised doubling: appends stay linear overall
-            grown = self.kv.new_empty(max(need, 2 * self.kv.shape[0], 64), *self.kv.shape[1:])
-            grown[:self.length] = self.kv[:self.length]
+            grown = self.kv.new_zeros(max(need, 2 * self.kv.shape[0], 64), *self.kv.shape[1:])
+            grown[:1 + self.length] = self.kv[:1 + self.length]
             self.kv = grown
-        self.kv[self.length:need] = rows.view(-1, 2 * self.num_kv_heads, self.head_dim).to(self.kv)
-        self.length = need
+        self.kv[1 + self.length:need] = rows.view(-1, 2, self.num_kv_heads, self.head_dim).to(self.kv)
+        self.length += rows.shape[0]
 
     def keys_values(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> k, v [1, length, K, D]."""
-        kv = self.kv[:self.length].unsqueeze(0)
-        return kv[:, :, :self.num_kv_heads], kv[:, :, self.num_kv_heads:]
+        """-> k, v [1, 1 + length, K, D] views: the sink, then every kept position."""
+        kv = self.kv[:1 + self.length].unsqueeze(0)
+        return kv[:, :, 0], kv[:, :, 1]
 
     def nbytes(self) -> int:
         return self.length * self.row_width * self.kv.element_size()
@@ -118,7 +119,7 @@ class LongSpecDrafter:
             dev = self.embed.device
             ring = _Ring(torch.zeros(w, 2, c.num_kv_heads, c.head_dim, device=dev),
                          torch.full((w,), -1, dtype=torch.long, device=dev))
-            state = self.states[seq_id] = _State(ring, TargetKVMirror(c.num_kv_heads, c.head_dim))
+            state = self.states[seq_id] = _State(ring, TargetKVMirror(c.num_kv_heads, c.head_dim, dev))
         return state
 
     def draft_memory_bytes(self, seq_id: object) -> int:
@@ -169,7 +170,7 @@ class LongSpecDrafter:
         ck, cv = state.mirror.keys_values()
         pos = torch.tensor([[p]], device=self.embed.device)
         cross = torch.ones(1, 1, ck.shape[1], dtype=torch.bool, device=self.embed.device)  # every kept position < p
-        return self.layer.finish(self._emb(r.token_ids[-1:]), out, pos, ck, cv, cross)[0]
+        return self.layer.finish(self._emb(r.token_ids[-1:]), out, pos, ck, cv, cross, sink_included=True)[0]
 
     def _draft_hidden(self, r: DraftRequest, state: _State, tokens: list[int], parents: list[int],
                       rows: list[int]) -> torch.Tensor:
@@ -191,7 +192,7 @@ class LongSpecDrafter:
         out = attend(q[:, sel], keys, values, torch.cat([ring_visible, new_visible], 1).unsqueeze(0), sink=False)
         ck, cv = state.mirror.keys_values()
         cross = torch.ones(1, len(rows), ck.shape[1], dtype=torch.bool, device=dev)  # every kept position < p
-        return self.layer.finish(emb[:, sel], out, p.unsqueeze(0), ck, cv, cross)[0]
+        return self.layer.finish(emb[:, sel], out, p.unsqueeze(0), ck, cv, cross, sink_included=True)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [rows, hidden] -> [rows, vocab_size] (off a VocabTrim subset: -inf)."""

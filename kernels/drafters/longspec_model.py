@@ -91,15 +91,16 @@ class LongSpecLayer(nn.Module):
         return self.rotate(q.reshape(shape), positions), self.rotate(k.reshape(shape), positions), v.reshape(shape)
 
     def finish(self, emb: torch.Tensor, self_out: torch.Tensor, positions: torch.Tensor, cross_k: torch.Tensor,
-               cross_v: torch.Tensor, cross_visible: torch.Tensor) -> torch.Tensor:
+               cross_v: torch.Tensor, cross_visible: torch.Tensor, sink_included: bool = False) -> torch.Tensor:
         """The rest of the layer after self-attention: emb [B, N, hidden]; self_out [B, N, H * D];
-        cross_k, cross_v [B, M, K, D] (the target's, post-RoPE); cross_visible [B or 1, N, M] ->
-        the final-normed hidden state [B, N, hidden] the head reads."""
+        cross_k, cross_v [B, M, K, D] (the target's, post-RoPE; with `sink_included`, row 0 is
+        already the zero sink, visible to every row); cross_visible [B or 1, N, M] -> the
+        final-normed hidden state [B, N, hidden] the head reads."""
         c = self.config
         h = emb + F.linear(self_out, self.o_proj)
         q = F.linear(self.rms(h, self.cross_norm), self.cross_q_proj).reshape(*h.shape[:2], c.num_heads, c.head_dim)
         h = h + F.linear(attend(self.rotate(q, positions), cross_k, cross_v,
-                                cross_visible, sink=True), self.cross_o_proj)
+                                cross_visible, sink=not sink_included), self.cross_o_proj)
         gate, up = F.linear(self.rms(h, self.post_norm), self.gate_up_proj).chunk(2, dim=-1)
         h = h + F.linear(F.silu(gate) * up, self.down_proj)
         return self.rms(h, self.norm)

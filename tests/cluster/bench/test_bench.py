@@ -25,7 +25,7 @@ def test_bench_offline_end_to_end(tiny_target, tmp_path):
     assert report["schema"] == SCHEMA and (out / "offline.md").read_text().startswith("model ")
     assert (out / "offline.png").read_bytes()[:4] == b"\x89PNG"
     cells = {(c["method"], c["batch_size"], c["temperature"]): c for c in report["cells"]}
-    assert len(cells) == 15 * 2 * 2  # transformers' 3, specray's 7 and its 5 tree methods
+    assert len(cells) == 16 * 2 * 2  # transformers' 3, specray's 7, its 5 tree methods, the draft's top-k tree
     assert cells[("hf_assisted", 2, 0.0)]["skipped"] and cells[("specray_draft_padded", 1, 0.0)]["skipped"]
     for c in report["cells"]:
         if not c["skipped"]:
@@ -42,7 +42,8 @@ def test_bench_offline_end_to_end(tiny_target, tmp_path):
             sequences = min(c["batch_size"], 4)
             assert abs(c["bound_tokens_per_s"] * bw_step(report) - sequences * c["acceptance_length"]) < 0.01
     assert all(cells[("specray", b, t)]["drafted"] == 0 for b in (1, 2) for t in (0.0, 1.0))
-    for m in ("specray", "specray_ngram", "specray_draft", "specray_easyspec", "specray_eagle", *TREE_METHODS):
+    for m in ("specray", "specray_ngram", "specray_draft", "specray_easyspec", "specray_eagle", *TREE_METHODS,
+              "specray_draft_topk"):
         assert cells[(m, 1, 0.0)]["greedy_matches_hf"] is True
     for m in TREE_METHODS:  # they ran as trees (several draft tokens a round), at every batch size
         assert all(cells[(m, b, t)]["drafted"] > 0 for b in (1, 2) for t in (0.0, 1.0))

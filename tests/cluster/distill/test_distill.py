@@ -120,6 +120,50 @@ def test_distill_eagle_end_to_end(distilled, tiny_target, tmp_path, capsys):
     assert "resumed from" in capsys.readouterr().err
 
 
+def test_distill_longspec_end_to_end(distilled, tiny_target, tmp_path, capsys):
+    """--kind longspec on the earlier run's data: target KV cached per shard at anchor-offset
+    positions, training raises the held-out agreement, the folder (one layer, no embedding or head)
+    serves as method 'longspec' losslessly; a second run reuses the cache and resumes."""
+    from safetensors.torch import load_file
+
+    args = ["--kind", "longspec", "--window", "8", "--data", str(distilled / "data"), *ARGS, "--epochs", "30"]
+    assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path), *args]) == 0
+    draft = tmp_path / "draft"
+    info = json.loads((draft / "longspec.json").read_text())
+    assert info["kind"] == "longspec" and info["target"] == str(tiny_target) and info["window"] == 8
+    assert info["held_out_after"]["agreement_lag1"] > info["held_out_before"]["agreement_lag1"]
+    assert info["eval"]["lossless"] and info["eval"]["runs"]
+    keys = set(load_file(str(draft / "model.safetensors")))
+    assert "cross_q_proj" in keys and not any("embed" in k or "head" in k for k in keys)
+    cached = sorted((tmp_path / "longspec_kv").glob("*.pt"))
+    assert cached
+    stamp = [f.stat().st_mtime_ns for f in cached]
+    capsys.readouterr()
+    assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path), *args, "--eval-k", "0"]) == 0
+    assert [f.stat().st_mtime_ns for f in sorted((tmp_path / "longspec_kv").glob("*.pt"))] == stamp
+    assert "resumed from" in capsys.readouterr().err
+
+
+def test_distill_defaults_fit_the_engines_logprobs_limit(tiny_target, tmp_path, capsys):
+    """The default teacher top-k is one the engine returns; more is refused before any work."""
+    from specray.cluster.distill.cli import add_distill_parser
+    from specray.cluster.params import MAX_LOGPROBS
+
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_distill_parser(parser.add_subparsers())
+    assert parser.parse_args(["distill", "--out", "x"]).teacher_top_k <= MAX_LOGPROBS
+    assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path), "--teacher-top-k", "32"]) != 0
+    assert "--teacher-top-k must be in [1, 20]" in capsys.readouterr().err
+
+
+def test_distill_longspec_refuses_a_bad_window(tiny_target, tmp_path, capsys):
+    assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path), "--kind", "longspec",
+                 "--window", "0"]) != 0
+    assert "--window must be in [1, 512]" in capsys.readouterr().err
+
+
 def test_init_from_another_vocabulary_is_a_clear_error(tiny_target, tmp_path):
     from specray.cluster.distill.phases import load_draft
     from specray.kernels.loader import resolve

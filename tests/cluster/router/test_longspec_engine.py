@@ -15,14 +15,9 @@ from longspec_helpers import save_tiny_longspec
 from router_helpers import chi2_joint as chi2
 from router_helpers import exact_joint_of_tokens_2_and_3
 
-WINDOW = 6
+WINDOW = 6  # tiny_longspec's (tests/conftest.py): most prompts are longer
 PROMPTS = [[1, 17, 40, 23], [1, 5, 9, 8, 7, 6, 5, 4, 3, 2, 44, 45, 46],
            [1, 88, 3, 3, 3, 70, 12, 44, 9, 3, 3, 70, 12, 44], [1, 30], *[[1, 7 + i, 20, 3 * i + 4] * 3 for i in range(4)]]
-
-
-@pytest.fixture(scope="module")
-def tiny_longspec(tiny_target, tmp_path_factory):
-    return save_tiny_longspec(tmp_path_factory.mktemp("longspec") / "draft", tiny_target, window=WINDOW)
 
 
 def greedy_outputs(llm, prompts, max_tokens=24):
@@ -37,6 +32,7 @@ def greedy_outputs(llm, prompts, max_tokens=24):
                                   {"num_speculative_tokens": 3, "lookup_first": True}])
 def test_greedy_equals_plain_decoding(tiny_target, tiny_longspec, batch, spec, caplog):
     prompts = PROMPTS[:batch]
+    assert batch == 1 or max(len(p) for p in prompts) > WINDOW
     want = [o.outputs[0].token_ids for o in greedy_outputs(LLM(str(tiny_target)), prompts)]
     llm = LLM(str(tiny_target), speculative_config={"method": "longspec", "model": str(tiny_longspec), **spec})
     outs = greedy_outputs(llm, prompts)

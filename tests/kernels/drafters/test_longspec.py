@@ -13,14 +13,8 @@ from specray.kernels.loader import load_model, resolve
 from specray.kernels.proposal import Proposal
 from specray.kernels.sampling import SamplingConfig
 
-from longspec_helpers import save_tiny_longspec
 
 GREEDY = SamplingConfig(0.0)
-
-
-@pytest.fixture(scope="module")
-def tiny_longspec(tiny_target, tmp_path_factory):
-    return save_tiny_longspec(tmp_path_factory.mktemp("longspec") / "draft", tiny_target, window=6)
 
 
 def target_kv(target_folder, tokens):
