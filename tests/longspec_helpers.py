@@ -20,7 +20,7 @@ def target_samples(target, n=48, seed=0, max_tokens=40) -> list[Sample]:
     outs = LLM(str(target)).generate([{"prompt_token_ids": p} for p in prompts],
                                      SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
     empty = torch.zeros(max_tokens, 1)
-    return [Sample(p, o.outputs[0].token_ids, empty.int(), empty.half()) for p, o in zip(prompts, outs)]
+    return [Sample(p, o.outputs[0].token_ids, empty.int(), empty.half()) for p, o in zip(prompts, outs, strict=True)]
 
 
 def save_tiny_longspec(folder, target, window=8, seed=0, noise=0.05, steps=400):

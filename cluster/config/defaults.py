@@ -36,7 +36,7 @@ def default_speculative_config(model: str) -> dict[str, Any]:
 def draft_method(folder) -> str:
     """The method a draft folder serves: eagle (eagle.json), longspec (longspec.json), else draft_model."""
     from specray.kernels.drafters.eagle import is_eagle_folder
-    from specray.kernels.drafters.longspec import is_longspec_folder
+    from specray.kernels.drafters.longspec_folder import is_longspec_folder
 
     return "eagle" if is_eagle_folder(folder) else "longspec" if is_longspec_folder(folder) else "draft_model"
 

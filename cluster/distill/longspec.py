@@ -31,7 +31,7 @@ from specray.cluster.distill.longspec_train import (
     step_loss,
 )
 from specray.cluster.distill.model import TOKENIZER_FILES, VOCAB_TRIM_FILE, vocab_trim_counts, vocab_trim_table
-from specray.kernels.drafters.longspec import LONGSPEC_FILE
+from specray.kernels.drafters.longspec_folder import LONGSPEC_FILE
 from specray.kernels.drafters.longspec_model import LongSpecLayer
 
 
@@ -154,7 +154,7 @@ def distill_longspec(args, checkpoint, shards: list[Path], eval_ids: list[list[i
     head = head_full[table["token_ids"][:k].long()]  # [k, H] the rows the proposal uses
     layer = init_longspec(state, hf, args.window)
     if args.init_from:
-        from specray.kernels.drafters.longspec import load_longspec
+        from specray.kernels.drafters.longspec_folder import load_longspec
         from specray.kernels.loader import resolve
 
         layer.load_state_dict(load_longspec(resolve(args.init_from).path, args.window)[0].state_dict())

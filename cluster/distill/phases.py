@@ -107,7 +107,7 @@ def check_init_from(args, checkpoint) -> None:
         load_eagle_draft(args.init_from, checkpoint.hf_config())
     elif args.kind == "longspec":
         from specray.kernels.config import ModelConfig
-        from specray.kernels.drafters.longspec import check_pairing
+        from specray.kernels.drafters.longspec_folder import check_pairing
 
         config = ModelConfig.from_hf(checkpoint.hf_config())
         check_pairing(args.init_from, config, {"window": args.window}, config.max_position_embeddings)

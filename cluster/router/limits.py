@@ -78,7 +78,7 @@ def router_limits(model_config, tokenizer, spec, max_model_len: int | None, max_
     if max_model_len is not None and not 2 <= max_model_len <= limit:
         raise ValueError(f"max_model_len must be in [2, {limit}], got {max_model_len}")
     if spec is not None and spec.method == "longspec":
-        from specray.kernels.drafters.longspec import check_pairing
+        from specray.kernels.drafters.longspec_folder import check_pairing
 
         check_pairing(spec.model, model_config, spec.longspec, max_model_len or limit)
     eos = set(model_config.eos_token_ids) or ({tokenizer.eos_token_id} if tokenizer is not None else set())

@@ -306,16 +306,18 @@ void specray_attention(const float* q, int64_t q_stride, int64_t rows, int64_t h
     int64_t group = heads / kv_heads, chunks = (group + MAX_GROUP - 1) / MAX_GROUP;
     int64_t work = rows * heads * max_keys * dim;
     // split tasks: (sequence start row, vector tile) per KV head; other rows go the per-row way
-    int64_t task_t0[rows * group + 1], task_v0[rows * group + 1];
+    int64_t task_t0[rows * group + 1], task_v0[rows * group + 1], task_num[rows * group + 1];
     uint8_t split_row[rows];
     int64_t tasks = 0;
     for (int64_t t = 0; t < rows;) {
-        int64_t n = num_new[t];
+        int64_t n = num_new[t], m = n * group;
         int split = n >= split_min_rows && num_pad[t] == 0 && num_ctx[t] >= split_min_ctx && num_ctx[t] > 0;
         for (int64_t i = 0; i < n; i++) split_row[t + i] = (uint8_t)split;
-        for (int64_t v0 = 0; split && v0 < n * group; v0 += SPLIT_TILE) {
+        int64_t tiles = (m + SPLIT_TILE - 1) / SPLIT_TILE, size = (m + tiles - 1) / tiles;  // even tiles
+        for (int64_t v0 = 0; split && v0 < m; v0 += size) {
             task_t0[tasks] = t;
-            task_v0[tasks++] = v0;
+            task_v0[tasks] = v0;
+            task_num[tasks++] = m - v0 < size ? m - v0 : size;
         }
         t += n;
     }
@@ -338,7 +340,7 @@ void specray_attention(const float* q, int64_t q_stride, int64_t rows, int64_t h
         for (int64_t k = 0; k < tasks; k++)
             for (int64_t kvh = 0; kvh < kv_heads; kvh++) {
                 int64_t t = task_t0[k], n = num_new[t], v0 = task_v0[k];
-                int num = (int)(n * group - v0 < SPLIT_TILE ? n * group - v0 : SPLIT_TILE);
+                int num = (int)task_num[k];
                 split_task(q, q_stride, heads, group, kvh, dim, kv + kvh * num_slots * dim,
                            kv + (kv_heads + kvh) * num_slots * dim, key_slots + key_start[t], num_ctx[t], n,
                            new_mask, max_new, t, v0, num, scale, out, split_scratch + (k * kv_heads + kvh) * per_task);

@@ -98,13 +98,8 @@ def build_eagle(options: DraftOptions) -> Drafter:
 
 def build_longspec(options: DraftOptions) -> Drafter:
     """A LongSpec draft folder (longspec.json) over its target's embedding and head."""
-    from specray.kernels.drafters.longspec import (
-        LongSpecDrafter,
-        LongSpecOptions,
-        LongSpecTreeDrafter,
-        is_longspec_folder,
-        load_longspec,
-    )
+    from specray.kernels.drafters.longspec import LongSpecDrafter, LongSpecTreeDrafter
+    from specray.kernels.drafters.longspec_folder import LongSpecOptions, is_longspec_folder, load_longspec
 
     if options.model is None:
         raise ValueError("method 'longspec' needs speculative_config['model'] (a LongSpec draft folder)")

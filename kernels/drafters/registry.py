@@ -91,7 +91,7 @@ def check_options(name: str, model: str | None = None, tree: dict | None = None,
         if value is not None and entry.own_options != key:
             raise ValueError(f"'{key}' options need method {key!r}, got {name!r}")
     if own.get("longspec") is not None:
-        from specray.kernels.drafters.longspec import LongSpecOptions
+        from specray.kernels.drafters.longspec_folder import LongSpecOptions
 
         LongSpecOptions.from_dict(own["longspec"])
     return entry

@@ -8,7 +8,8 @@ import torch
 from specray.actors.messages import SeqSpec, TargetItem
 from specray.actors.target_worker import TargetWorker
 from specray.kernels.drafters.base import DraftRequest
-from specray.kernels.drafters.longspec import LongSpecDrafter, TargetKVMirror, load_longspec
+from specray.kernels.drafters.longspec import LongSpecDrafter, TargetKVMirror
+from specray.kernels.drafters.longspec_folder import load_longspec
 from specray.kernels.loader import load_model, resolve
 from specray.kernels.proposal import Proposal
 from specray.kernels.sampling import SamplingConfig
