@@ -5,7 +5,7 @@
     python benchmarks/hybrid_attention.py --contexts 512,2048,8192 --rows 4,8,16,32,64 --out bench_out/hybrid.json
 
 Pairs run interleaved, repeat after repeat; each figure is the median. The C kernel's single pass
-is the split turned off (`HYBRID.min_context` past the context); the torch single pass is the
+is the split turned off (`NEVER_SPLIT`); the split is `ALWAYS_SPLIT`; the torch single pass is the
 masked grouped bmm (<= 16 rows) or the masked fused kernel (more rows), as before the split.
 """
 
@@ -22,13 +22,19 @@ from pathlib import Path
 import torch
 
 from specray.kernels import cpu_kernels, cpu_ops
-from specray.kernels.attention import HYBRID, SMALL_QUERY_ROWS, build_attention_mask, ragged_attention
+from specray.kernels.attention import (
+    ALWAYS_SPLIT,
+    NEVER_SPLIT,
+    SMALL_QUERY_ROWS,
+    build_attention_mask,
+    hybrid_settings,
+    ragged_attention,
+)
 from specray.kernels.batch import RaggedBatch, SeqChunk
 from specray.kernels.config import ModelConfig
 from specray.kernels.kv_cache import PagedKVCache
 
 HEADS, KV_HEADS, DIM = 9, 3, 64
-OFF = 1 << 40  # a min_context no context reaches: the single masked pass
 
 
 def timed(fn, inner: int) -> float:
@@ -39,14 +45,10 @@ def timed(fn, inner: int) -> float:
     return (time.perf_counter() - start) / inner
 
 
-def with_split(min_context: int, fn):
+def with_split(split: bool, fn):
     def run():
-        old = HYBRID.min_context, HYBRID.min_rows
-        HYBRID.min_context, HYBRID.min_rows = min_context, 2
-        try:
+        with hybrid_settings(**(ALWAYS_SPLIT if split else NEVER_SPLIT)):
             return fn()
-        finally:
-            HYBRID.min_context, HYBRID.min_rows = old
     return run
 
 
@@ -67,11 +69,11 @@ def case(ctx: int, rows: int, tree: bool):
     kv = cache.kv[0][:, batch.key_range[0]:batch.key_range[1]]
     scale = DIM ** -0.5
     torch_path = lambda: ragged_attention(q, kv, build_attention_mask(batch), scale, context_len=ctx)  # noqa: E731
-    configs = {"torch/single": with_split(OFF, torch_path), "torch/split": with_split(1, torch_path)}
+    configs = {"torch/single": with_split(False, torch_path), "torch/split": with_split(True, torch_path)}
     if cpu_kernels.available() and rows <= SMALL_QUERY_ROWS:
         c_path = lambda: cpu_ops.attention(qkv, HEADS, cache.kv[0], batch.key_slots,  # noqa: E731
                                            cpu_ops.AttentionRows.build(batch), scale)
-        configs |= {"c/single": with_split(OFF, c_path), "c/split": with_split(1, c_path)}
+        configs |= {"c/single": with_split(False, c_path), "c/split": with_split(True, c_path)}
     return configs
 
 

@@ -17,6 +17,8 @@ specifies it; the single-sequence fast path and the C kernel split where `HYBRID
 
 from __future__ import annotations
 
+import dataclasses
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -65,21 +67,43 @@ SMALL_QUERY_ROWS = 16  # up to this many query rows (decode, verify), grouped bm
 
 @dataclass
 class HybridSplit:
-    """Where verification attention splits into the prefix and the tree part: sequences of at least
-    `min_rows` new tokens after at least `min_context` context keys. Below, one masked pass is as
-    fast or faster (benchmarks/hybrid_attention.py; docs/performance.md)."""
+    """Where verification attention splits into the prefix and the tree part. On a CPU the split
+    saves context reads, not arithmetic, so it pays only after a long context: per path, sequences
+    of `*_min_rows` to `torch_max_rows` new tokens after `*_min_context` context keys split; below,
+    one masked pass is as fast or faster (benchmarks/hybrid_attention.py, docs/performance.md)."""
 
-    min_context: int = 2048
-    min_rows: int = 8
+    c_min_context: int = 2048  # the C kernel (steps of <= SMALL_QUERY_ROWS rows a sequence)
+    c_min_rows: int = 3
+    torch_min_context: int = 4096  # the torch path (one sequence)
+    torch_min_rows: int = 8
+    torch_max_rows: int = 16  # more rows take the fused kernel, which the split only matches
 
     def __post_init__(self) -> None:
-        assert self.min_context >= 1 and self.min_rows >= 2
+        assert min(self.c_min_context, self.torch_min_context) >= 1
+        assert 2 <= self.torch_min_rows <= self.torch_max_rows and self.c_min_rows >= 2
 
     def applies(self, context_len: int, rows: int) -> bool:
-        return rows >= self.min_rows and context_len >= self.min_context
+        """The torch path's rule."""
+        return self.torch_min_rows <= rows <= self.torch_max_rows and context_len >= self.torch_min_context
 
 
+ALWAYS_SPLIT = {"c_min_context": 1, "c_min_rows": 2, "torch_min_context": 1, "torch_min_rows": 2,
+                "torch_max_rows": 1 << 30}  # every round of 2+ rows after any context (tests, benchmark)
+NEVER_SPLIT = {"c_min_context": 1 << 40, "torch_min_context": 1 << 40}  # one masked pass everywhere
 HYBRID = HybridSplit()
+
+
+@contextmanager
+def hybrid_settings(**settings):
+    """Change `HYBRID` for a block (e.g. `hybrid_settings(**ALWAYS_SPLIT)`), restored after."""
+    old = dataclasses.asdict(HYBRID)
+    for key, value in settings.items():
+        setattr(HYBRID, key, value)
+    try:
+        yield HYBRID
+    finally:
+        for key, value in old.items():
+            setattr(HYBRID, key, value)
 FLASH_MIN_WORK = 1 << 16  # query rows x prefix keys from which the fused kernel beats bmm for the prefix part
 
 

@@ -137,7 +137,7 @@ def attention(qkv: torch.Tensor, num_heads: int, layer_kv: torch.Tensor, key_slo
     lib = cpu_kernels.library()
     split = lib.specray_attention_split_scratch(num_tokens, num_heads, num_kv_heads, dim, rows.new_mask.shape[1])
     scratch = torch.empty(num_tokens * num_heads * rows.max_keys + split)  # scores per (token, head), split tasks
-    lib.specray_set_attention_split(HYBRID.min_context, HYBRID.min_rows)
+    lib.specray_set_attention_split(HYBRID.c_min_context, HYBRID.c_min_rows)
     lib.specray_attention(
         _ptr(qkv), width * dim, num_tokens, num_heads, num_kv_heads, dim, _ptr(layer_kv), layer_kv.shape[1],
         _ptr(key_slots), _ptr(rows.key_start), _ptr(rows.num_ctx), _ptr(rows.num_new), _ptr(rows.num_pad),
@@ -183,7 +183,7 @@ def decoder_layers(h: torch.Tensor, table: DecoderTable, kv: torch.Tensor, cos: 
     assert slots.shape == (num_tokens,) and slots.dtype == key_slots.dtype == torch.int64
     lib = cpu_kernels.library()
     work = torch.empty(lib.specray_decoder_workspace(num_tokens, _ptr(table.dims), rows.max_keys))
-    lib.specray_set_attention_split(HYBRID.min_context, HYBRID.min_rows)
+    lib.specray_set_attention_split(HYBRID.c_min_context, HYBRID.c_min_rows)
     lib.specray_decoder_layers(
         _ptr(h), num_tokens, _ptr(table.dims), table.eps, table.scale, _ptr(table.weights), _ptr(table.kinds),
         _ptr(kv), kv.stride(0), kv.shape[2], _ptr(cos), _ptr(sin), _ptr(slots), _ptr(key_slots),

@@ -176,7 +176,7 @@ static void attend(const float* q, int num, const float* keys, const float* valu
 #define SPLIT_TILE 8   // query vectors sharing one pass over the context
 #define SPLIT_BLOCK 256 // context keys scored per block (their keys and values stay in L2)
 
-static int64_t split_min_ctx = 2048, split_min_rows = 8;  // which sequences split (HybridSplit sets them)
+static int64_t split_min_ctx = 2048, split_min_rows = 3;  // which sequences split (HybridSplit sets them)
 
 void specray_set_attention_split(int64_t min_ctx, int64_t min_rows) {
     split_min_ctx = min_ctx;

@@ -49,14 +49,13 @@ def test_native_layers_match_the_op_by_op_path(packed_model):
     torch.testing.assert_close(native_kv, loop_kv, rtol=1e-5, atol=1e-5)  # the same KV written
 
 
-def test_native_layers_with_the_hybrid_split_match_the_reference(packed_model, monkeypatch):
+def test_native_layers_with_the_hybrid_split_match_the_reference(packed_model):
     """The whole-model C call with every round split into the prefix and tree parts (LongSpec's
     hybrid attention) still computes the reference's logits and KV."""
-    from specray.kernels.attention import HYBRID
+    from specray.kernels.attention import ALWAYS_SPLIT, hybrid_settings
 
-    monkeypatch.setattr(HYBRID, "min_context", 1)
-    monkeypatch.setattr(HYBRID, "min_rows", 2)
-    native, native_kv = step(packed_model, MIXED, native=True)
+    with hybrid_settings(**ALWAYS_SPLIT):
+        native, native_kv = step(packed_model, MIXED, native=True)
     ref, ref_kv = step(packed_model, MIXED, native=False, reference=True)
     torch.testing.assert_close(native, ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(native_kv, ref_kv, rtol=1e-4, atol=1e-4)

@@ -7,12 +7,14 @@ import random
 import pytest
 import torch
 
-from specray.kernels import attention, cpu_kernels, cpu_ops
+from specray.kernels import cpu_kernels, cpu_ops
 from specray.kernels.attention import (
-    HYBRID,
+    ALWAYS_SPLIT,
+    NEVER_SPLIT,
     batch_attention,
     build_attention_mask,
     hybrid_reference_attention,
+    hybrid_settings,
     plan_batch_attention,
     ragged_attention,
     reference_attention,
@@ -75,37 +77,28 @@ def test_the_torch_split_matches_the_reference(rows, ctx, tree):
     torch.manual_seed(rows + ctx)
     q = torch.randn(rows, heads, dim)
     kv = torch.randn(2 * kv_heads, ctx + rows, dim)
-    old = HYBRID.min_context, HYBRID.min_rows
-    HYBRID.min_context, HYBRID.min_rows = 1, 2
-    try:
+    with hybrid_settings(**ALWAYS_SPLIT):
         got = ragged_attention(q, kv, build_attention_mask(batch), 0.125, context_len=ctx)
-    finally:
-        HYBRID.min_context, HYBRID.min_rows = old
     torch.testing.assert_close(got, reference_attention(q, kv, batch, 0.125), atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_batch_attention_splits_its_single_sequences(seed, monkeypatch):
-    monkeypatch.setattr(attention.HYBRID, "min_context", 1)
-    monkeypatch.setattr(attention.HYBRID, "min_rows", 2)
+def test_batch_attention_splits_its_single_sequences(seed):
     rng = random.Random(seed)
     cache = PagedKVCache(config(6, 2, 8), num_blocks=64, block_size=16)
     batch = random_batch(rng, cache, num_seqs=4, max_rows=24, max_ctx=150)
     torch.manual_seed(seed)
     q = torch.randn(batch.num_tokens, 6, 8)
     layer_kv = torch.randn(4, 64 * 16, 8)
-    got = batch_attention(q, layer_kv, plan_batch_attention(batch), 0.3)
+    with hybrid_settings(**ALWAYS_SPLIT):
+        got = batch_attention(q, layer_kv, plan_batch_attention(batch), 0.3)
     torch.testing.assert_close(got, reference_attention(q, layer_kv[:, batch.key_slots], batch, 0.3),
                                atol=1e-5, rtol=1e-5)
 
 
-def c_attention(batch: RaggedBatch, qkv: torch.Tensor, layer_kv: torch.Tensor, heads: int, min_context: int):
-    old = HYBRID.min_context, HYBRID.min_rows
-    HYBRID.min_context, HYBRID.min_rows = min_context, 2
-    try:
+def c_attention(batch: RaggedBatch, qkv: torch.Tensor, layer_kv: torch.Tensor, heads: int, split: bool):
+    with hybrid_settings(**(ALWAYS_SPLIT if split else NEVER_SPLIT)):
         return cpu_ops.attention(qkv, heads, layer_kv, batch.key_slots, cpu_ops.AttentionRows.build(batch), 0.2)
-    finally:
-        HYBRID.min_context, HYBRID.min_rows = old
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler")
@@ -121,8 +114,8 @@ def test_the_c_split_matches_the_reference(shape, seed):
     torch.manual_seed(seed)
     qkv = torch.randn(batch.num_tokens, heads + 2 * kv_heads, dim)
     layer_kv = torch.randn(2 * kv_heads, 128 * 16, dim)
-    split = c_attention(batch, qkv, layer_kv, heads, min_context=1)
-    whole = c_attention(batch, qkv, layer_kv, heads, min_context=1 << 40)
+    split = c_attention(batch, qkv, layer_kv, heads, split=True)
+    whole = c_attention(batch, qkv, layer_kv, heads, split=False)
     want = reference_attention(qkv[:, :heads], layer_kv[:, batch.key_slots], batch, 0.2)
     torch.testing.assert_close(split, want, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(whole, want, atol=2e-5, rtol=1e-4)
@@ -141,6 +134,6 @@ def test_the_c_split_keeps_rows_independent():
     torch.manual_seed(0)
     layer_kv = torch.randn(2 * kv_heads, 64 * 16, dim)
     qkv = torch.randn(8, heads + 2 * kv_heads, dim)
-    both = c_attention(RaggedBatch.build([a, b], cache), qkv, layer_kv, heads, min_context=1)
-    alone = c_attention(RaggedBatch.build([a], cache), qkv[:5].contiguous(), layer_kv, heads, min_context=1)
+    both = c_attention(RaggedBatch.build([a, b], cache), qkv, layer_kv, heads, split=True)
+    alone = c_attention(RaggedBatch.build([a], cache), qkv[:5].contiguous(), layer_kv, heads, split=True)
     assert torch.equal(both[:5], alone)
