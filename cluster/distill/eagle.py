@@ -21,7 +21,7 @@ import torch
 from specray.cluster.distill.data import load_samples
 from specray.cluster.distill.eagle_model import init_eagle, load_eagle_draft, save_eagle
 from specray.cluster.distill.eagle_train import EagleTrainConfig, FeatureSeq, evaluate, extract_features, train_eagle
-from specray.cluster.distill.model import vocab_trim_counts, vocab_trim_table
+from specray.cluster.distill.model import target_head
 
 
 def feature_cache(out: Path, shard: Path) -> Path:
@@ -63,11 +63,8 @@ def distill_eagle(args, checkpoint, shards: list[Path], eval_ids: list[list[int]
     num_val = max(1, len(seqs) // 20)
     val, train_set = seqs[:num_val], seqs[num_val:]
     state = _read_safetensors(checkpoint.path)
-    embed = state.get("model.embed_tokens.weight", state.get("embed_tokens.weight")).float()  # [vocab, H]
-    table = vocab_trim_table(vocab_trim_counts(load_samples(shards), embed.shape[0]), eos)
-    k = min(args.vocab_trim_k or args.train_vocab_k or 8192, int(table["token_ids"].numel()))
-    head_full = state.get("lm_head.weight", embed).float()  # [vocab, H] the target's head (tied: embed)
-    head = head_full[table["token_ids"][:k].long()]  # [k, H] the rows the proposal uses
+    th = target_head(state, load_samples(shards), eos, args.vocab_trim_k or args.train_vocab_k or 8192)
+    embed, head_full, head, table, k = th.embed, th.head_full, th.head, th.table, th.k
     rms = float(torch.cat([s.features[:64].float() for s in train_set[:64]]).pow(2).mean().sqrt())
     if draft is None:
         draft = init_eagle(state, checkpoint.hf_config(), feature_rms=rms)

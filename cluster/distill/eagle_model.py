@@ -12,13 +12,12 @@ loads in transformers; the embedding and the head are the target's and are not s
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from specray.cluster.distill.model import TOKENIZER_FILES, VOCAB_TRIM_FILE, draft_config
+from specray.cluster.distill.model import draft_config, write_draft_folder
 from specray.kernels.drafters.eagle import EAGLE_FILE
 
 
@@ -94,26 +93,10 @@ def save_eagle(draft: EagleDraft, folder: Path, target: str, tokenizer_from: Pat
                vocab_trim: dict[str, torch.Tensor] | None = None, info: dict | None = None,
                dtype: torch.dtype = torch.float16) -> Path:
     """Write config.json, model.safetensors (fc and the layer, no embedding), eagle.json, tokenizer
-    files and the VocabTrim table; atomic (written beside `folder`, then renamed over it)."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    state = {k: v.detach().to(dtype).contiguous() for k, v in draft.state_dict().items()
-             if "embed_tokens" not in k and "rotary" not in k}
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    files and the VocabTrim table."""
+    state = {k: v.to(dtype) for k, v in draft.state_dict().items() if "embed_tokens" not in k and "rotary" not in k}
     config = draft.config.to_dict()
     config["torch_dtype"] = config["dtype"] = str(dtype).removeprefix("torch.")
     config["architectures"] = ["LlamaModel"]
-    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    (tmp / EAGLE_FILE).write_text(json.dumps({"target": target, **(info or {})}, indent=2))
-    for name in TOKENIZER_FILES:
-        if (Path(tokenizer_from) / name).exists():
-            shutil.copy(Path(tokenizer_from) / name, tmp / name)
-    if vocab_trim is not None:
-        save_file({k: v.contiguous() for k, v in vocab_trim.items()}, str(tmp / VOCAB_TRIM_FILE))
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
-    return folder
+    marker = {EAGLE_FILE: json.dumps({"target": target, **(info or {})}, indent=2)}
+    return write_draft_folder(folder, state, config, tokenizer_from, vocab_trim, marker)

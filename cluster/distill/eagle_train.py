@@ -10,8 +10,6 @@ token does; without it the later draft tokens see inputs it never trained on.
 
 from __future__ import annotations
 
-import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +18,7 @@ import torch.nn.functional as F
 
 from specray.cluster.distill.data import Sample
 from specray.cluster.distill.eagle_model import EagleDraft
-from specray.cluster.distill.train import ScheduleConfig, warmup_cosine
+from specray.cluster.distill.train import ScheduleConfig
 
 
 @dataclass
@@ -131,50 +129,20 @@ def evaluate(draft: EagleDraft, seqs: list[FeatureSeq], embed: torch.Tensor, hea
 
 def train_eagle(draft: EagleDraft, seqs: list[FeatureSeq], embed: torch.Tensor, head: torch.Tensor,
                 cfg: EagleTrainConfig, checkpoint: Path | None = None, progress=True, log=print) -> dict:
-    """Train in place (AdamW, warmup then cosine) -> summary. embed [vocab, H]; head [k, H] (VocabTrim
-    rows). Checkpoints every `checkpoint_every` steps; a run resumes from `checkpoint` if it exists."""
-    from tqdm import tqdm
-
-    from specray.cluster.distill.train import _save_checkpoint, optimizer_step
+    """Train in place (cluster/distill/train.py `run_training`) -> summary. embed [vocab, H]; head [k, H]
+    (VocabTrim rows). A run resumes from `checkpoint` if it exists."""
+    from specray.cluster.distill.train import run_training
 
     if not seqs:
         raise ValueError("eagle training needs at least one sequence")
-    draft.train()
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].token_ids))  # batches of like lengths
     batches = [order[i:i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
-    total = max(1, int(cfg.epochs * len(batches)))
-    opt = torch.optim.AdamW(draft.trainable(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    sched = warmup_cosine(opt, cfg, total)
-    step, seconds, ema = 0, 0.0, None
-    if checkpoint is not None and checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
-        draft.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        step, seconds = state["step"], state.get("seconds", 0.0)
-        log(f"specray distill: resumed from {checkpoint} at step {step}/{total}")
-    gen = torch.Generator().manual_seed(cfg.seed + step)  # feature noise
-    bar = tqdm(total=total, initial=step, desc="eagle (train steps)", disable=not progress, mininterval=5)
-    while step < total:
-        epoch, offset = divmod(step, len(batches))
-        shuffled = list(batches)
-        random.Random(cfg.seed + epoch).shuffle(shuffled)  # the same order on resume
-        for idx in shuffled[offset:]:
-            start = time.perf_counter()
-            value = optimizer_step(step_loss(draft, [seqs[i] for i in idx], embed, head, cfg, gen),
-                                   draft.trainable(), opt, sched)
-            step += 1
-            seconds += time.perf_counter() - start
-            ema = value if ema is None else 0.95 * ema + 0.05 * value
-            bar.set_postfix(loss=f"{ema:.3f}", refresh=False)
-            bar.update(1)
-            out_of_time = cfg.max_seconds is not None and seconds >= cfg.max_seconds
-            if checkpoint is not None and (step % cfg.checkpoint_every == 0 or step == total or out_of_time):
-                _save_checkpoint(checkpoint, draft, opt, sched, step, seconds)
-            if out_of_time:
-                log(f"specray distill: eagle training stopped at step {step}/{total} (max_seconds)")
-                total = step
-            if step >= total:
-                break
-    bar.close()
-    return {"steps": step, "train_seconds": round(seconds, 1), "final_loss_ema": ema}
+    gens: dict[str, torch.Generator] = {}
+
+    def loss_of(batch: list[int], step: int) -> torch.Tensor:
+        if "noise" not in gens:  # feature noise, seeded at the first step this run takes
+            gens["noise"] = torch.Generator().manual_seed(cfg.seed + step)
+        return step_loss(draft, [seqs[i] for i in batch], embed, head, cfg, gens["noise"])
+
+    return run_training(draft, draft.trainable(), batches, loss_of, cfg, checkpoint, "eagle (train steps)",
+                        progress, log)

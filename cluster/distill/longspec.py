@@ -14,7 +14,6 @@ import hashlib
 import json
 import random
 import shlex
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from specray.cluster.distill.longspec_train import (
     init_longspec,
     step_loss,
 )
-from specray.cluster.distill.model import TOKENIZER_FILES, VOCAB_TRIM_FILE, vocab_trim_counts, vocab_trim_table
+from specray.cluster.distill.model import target_head, write_draft_folder
 from specray.kernels.drafters.longspec_folder import LONGSPEC_FILE
 from specray.kernels.drafters.longspec_model import LongSpecLayer
 
@@ -56,75 +55,28 @@ def shard_target_kv(target_hf, out: Path, shards: list[Path], cfg: LongSpecTrain
 
 def train_longspec(layer: LongSpecLayer, seqs: list[KVSeq], embed: torch.Tensor, head: torch.Tensor,
                    cfg: LongSpecTrainConfig, checkpoint: Path | None = None, progress=True, log=print) -> dict:
-    """Train in place (AdamW, warmup then cosine) -> summary; resumes from `checkpoint` if it exists."""
-    from tqdm import tqdm
+    """Train in place (cluster/distill/train.py `run_training`) -> summary; resumes from `checkpoint`."""
+    from specray.cluster.distill.train import run_training
 
-    from specray.cluster.distill.train import _save_checkpoint, optimizer_step, warmup_cosine
-
-    layer.train()
-    params = list(layer.parameters())
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].token_ids))  # batches of like lengths
     batches = [order[i:i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
-    total = max(1, int(cfg.epochs * len(batches)))
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    sched = warmup_cosine(opt, cfg, total)
-    step, seconds, ema = 0, 0.0, None
-    if checkpoint is not None and checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
-        layer.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        step, seconds = state["step"], state.get("seconds", 0.0)
-        log(f"specray distill: resumed from {checkpoint} at step {step}/{total}")
-    bar = tqdm(total=total, initial=step, desc="longspec (train steps)", disable=not progress, mininterval=5)
-    while step < total:
-        epoch, offset = divmod(step, len(batches))
-        shuffled = list(batches)
-        random.Random(cfg.seed + epoch).shuffle(shuffled)  # the same order on resume
-        for idx in shuffled[offset:]:
-            start = time.perf_counter()
-            rng = random.Random(cfg.seed * 1_000_003 + step)  # this step's lag
-            value = optimizer_step(step_loss(layer, [seqs[i] for i in idx], embed, head, cfg, rng), params, opt, sched)
-            step += 1
-            seconds += time.perf_counter() - start
-            ema = value if ema is None else 0.95 * ema + 0.05 * value
-            bar.set_postfix(loss=f"{ema:.3f}", refresh=False)
-            bar.update(1)
-            out_of_time = cfg.max_seconds is not None and seconds >= cfg.max_seconds
-            if checkpoint is not None and (step % cfg.checkpoint_every == 0 or step == total or out_of_time):
-                _save_checkpoint(checkpoint, layer, opt, sched, step, seconds)
-            if out_of_time:
-                log(f"specray distill: longspec training stopped at step {step}/{total} (max_seconds)")
-                total = step
-            if step >= total:
-                break
-    bar.close()
-    return {"steps": step, "train_seconds": round(seconds, 1), "final_loss_ema": ema}
+
+    def loss_of(batch: list[int], step: int) -> torch.Tensor:
+        rng = random.Random(cfg.seed * 1_000_003 + step)  # this step's lag
+        return step_loss(layer, [seqs[i] for i in batch], embed, head, cfg, rng)
+
+    return run_training(layer, list(layer.parameters()), batches, loss_of, cfg, checkpoint, "longspec (train steps)",
+                        progress, log)
 
 
 def save_longspec(layer: LongSpecLayer, folder: Path, target: str, hf_config: dict, tokenizer_from: Path,
                   vocab_trim: dict[str, torch.Tensor] | None = None, info: dict | None = None,
                   dtype: torch.dtype = torch.float16) -> Path:
     """Write config.json (the target's: its shapes), model.safetensors (the layer), longspec.json,
-    tokenizer files and the VocabTrim table; atomic (written beside `folder`, then renamed)."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file({n: p.detach().to(dtype).contiguous() for n, p in layer.named_parameters()},
-              str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True))
-    (tmp / LONGSPEC_FILE).write_text(json.dumps({"target": target, "window": layer.window, **(info or {})}, indent=2))
-    for name in TOKENIZER_FILES:
-        if (Path(tokenizer_from) / name).exists():
-            shutil.copy(Path(tokenizer_from) / name, tmp / name)
-    if vocab_trim is not None:
-        save_file({k: v.contiguous() for k, v in vocab_trim.items()}, str(tmp / VOCAB_TRIM_FILE))
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
-    return folder
+    tokenizer files and the VocabTrim table."""
+    weights = {n: p.to(dtype) for n, p in layer.named_parameters()}
+    marker = {LONGSPEC_FILE: json.dumps({"target": target, "window": layer.window, **(info or {})}, indent=2)}
+    return write_draft_folder(folder, weights, hf_config, tokenizer_from, vocab_trim, marker)
 
 
 def distill_longspec(args, checkpoint, shards: list[Path], eval_ids: list[list[int]], eos: list[int], log,
@@ -147,11 +99,7 @@ def distill_longspec(args, checkpoint, shards: list[Path], eval_ids: list[list[i
     num_val = max(1, len(seqs) // 20)
     val, train_set = seqs[:num_val], seqs[num_val:]
     state = _read_safetensors(checkpoint.path)
-    embed = state.get("model.embed_tokens.weight", state.get("embed_tokens.weight")).float()  # [vocab, H]
-    table = vocab_trim_table(vocab_trim_counts(load_samples(shards), embed.shape[0]), eos)
-    k = min(args.vocab_trim_k or args.train_vocab_k or 8192, int(table["token_ids"].numel()))
-    head_full = state.get("lm_head.weight", embed).float()  # [vocab, H]
-    head = head_full[table["token_ids"][:k].long()]  # [k, H] the rows the proposal uses
+    th = target_head(state, load_samples(shards), eos, args.vocab_trim_k or args.train_vocab_k or 8192)
     layer = init_longspec(state, hf, args.window)
     if args.init_from:
         from specray.kernels.drafters.longspec_folder import load_longspec
@@ -159,10 +107,10 @@ def distill_longspec(args, checkpoint, shards: list[Path], eval_ids: list[list[i
 
         layer.load_state_dict(load_longspec(resolve(args.init_from).path, args.window)[0].state_dict())
         log(f"specray distill: starting from the LongSpec draft in {args.init_from}")
-    before = evaluate(layer, val, embed, head_full, cfg)
+    before = evaluate(layer, val, th.embed, th.head_full, cfg)
     log(f"specray distill: held-out before training: {before}")
-    summary = train_longspec(layer, train_set, embed, head, cfg, out / "longspec_checkpoint.pt", log=log)
-    after = evaluate(layer, val, embed, head_full, cfg)
+    summary = train_longspec(layer, train_set, th.embed, th.head, cfg, out / "longspec_checkpoint.pt", log=log)
+    after = evaluate(layer, val, th.embed, th.head_full, cfg)
     log(f"specray distill: held-out after training: {after}")
     info = {
         "kind": "longspec",
@@ -170,12 +118,12 @@ def distill_longspec(args, checkpoint, shards: list[Path], eval_ids: list[list[i
         "args": {a: v for a, v in vars(args).items() if a != "func"},
         "num_sequences": len(seqs), "num_tokens": int(sum(len(s.token_ids) for s in seqs)),
         "longest_sequence": int(max(len(s.token_ids) for s in seqs)),
-        "train": {**vars(cfg), **summary}, "held_out_before": before, "held_out_after": after, "vocab_trim_k": k,
+        "train": {**vars(cfg), **summary}, "held_out_before": before, "held_out_after": after, "vocab_trim_k": th.k,
     }
-    draft_dir = save_longspec(layer, out / "draft", args.model, hf.to_dict(), checkpoint.path, table, info)
+    draft_dir = save_longspec(layer, out / "draft", args.model, hf.to_dict(), checkpoint.path, th.table, info)
     log(f"specray distill: wrote {draft_dir}")
     if eval_ids and args.eval_k and args.eval_k != [0]:
-        info["eval"] = acceptance_eval(args.model, draft_dir, eval_ids, args.eval_k, [k], args.eval_max_tokens,
+        info["eval"] = acceptance_eval(args.model, draft_dir, eval_ids, args.eval_k, [th.k], args.eval_max_tokens,
                                        args.device, method="longspec")
     info["wall_seconds"] = round(time.perf_counter() - wall, 1)
     (draft_dir / LONGSPEC_FILE).write_text(json.dumps({"target": args.model, "window": layer.window, **info}, indent=2))

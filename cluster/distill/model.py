@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -111,31 +112,60 @@ def init_draft(target_state: dict[str, torch.Tensor], target_config, hidden_size
     return draft.float()
 
 
-def save_draft(draft, folder: Path, tokenizer_from: Path, dtype: torch.dtype = torch.float16,
-               vocab_trim: dict[str, torch.Tensor] | None = None, info: dict | None = None) -> Path:
-    """Write an HF folder (config.json, model.safetensors in `dtype`, tokenizer files, the VocabTrim
-    subset and `distill.json`); atomic: written beside `folder`, then renamed over it."""
+def write_draft_folder(folder: Path, weights: dict[str, torch.Tensor], config: dict, tokenizer_from: Path,
+                       vocab_trim: dict[str, torch.Tensor] | None = None, files: dict[str, str] | None = None) -> Path:
+    """Write a draft folder: model.safetensors, config.json, the tokenizer's files, the VocabTrim
+    table and `files` (name -> text); atomic: written beside `folder`, then renamed over it."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    state = {k: v.detach().to(dtype).contiguous() for k, v in draft.state_dict().items() if k != "lm_head.weight"}
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    config = draft.config.to_dict()
-    config["torch_dtype"] = config["dtype"] = str(dtype).removeprefix("torch.")
+    save_file({k: v.detach().contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"),
+              metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     for name in TOKENIZER_FILES:
         if (Path(tokenizer_from) / name).exists():
             shutil.copy(Path(tokenizer_from) / name, tmp / name)
     if vocab_trim is not None:
         save_file({k: v.contiguous() for k, v in vocab_trim.items()}, str(tmp / VOCAB_TRIM_FILE))
-    if info is not None:
-        (tmp / "distill.json").write_text(json.dumps(info, indent=2))
+    for name, text in (files or {}).items():
+        (tmp / name).write_text(text)
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
     return folder
+
+
+def save_draft(draft, folder: Path, tokenizer_from: Path, dtype: torch.dtype = torch.float16,
+               vocab_trim: dict[str, torch.Tensor] | None = None, info: dict | None = None) -> Path:
+    """Write an HF folder (config.json, model.safetensors in `dtype`, tokenizer files, the VocabTrim
+    subset and `distill.json`)."""
+    state = {k: v.to(dtype) for k, v in draft.state_dict().items() if k != "lm_head.weight"}
+    config = draft.config.to_dict()
+    config["torch_dtype"] = config["dtype"] = str(dtype).removeprefix("torch.")
+    files = {"distill.json": json.dumps(info, indent=2)} if info is not None else None
+    return write_draft_folder(folder, state, config, tokenizer_from, vocab_trim, files)
+
+
+@dataclass
+class TargetHead:
+    """What a draft trained over the target's embedding and head reads of it."""
+
+    embed: torch.Tensor  # [vocab, H] fp32
+    head_full: torch.Tensor  # [vocab, H] the target's head (tied: the embedding)
+    head: torch.Tensor  # [k, H] the VocabTrim rows the proposal uses, the training head
+    table: dict[str, torch.Tensor]  # the VocabTrim table, ids by frequency in `samples`
+    k: int
+
+
+def target_head(state: dict[str, torch.Tensor], samples, eos: list[int], k: int) -> TargetHead:
+    """The target's embedding and head, and a VocabTrim table of `samples` with its first k rows."""
+    embed = state.get("model.embed_tokens.weight", state.get("embed_tokens.weight")).float()
+    table = vocab_trim_table(vocab_trim_counts(samples, embed.shape[0]), eos)
+    k = min(k, int(table["token_ids"].numel()))
+    head_full = state.get("lm_head.weight", embed).float()
+    return TargetHead(embed, head_full, head_full[table["token_ids"][:k].long()], table, k)
 
 
 def vocab_trim_counts(samples, vocab_size: int) -> torch.Tensor:

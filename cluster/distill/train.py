@@ -203,6 +203,51 @@ def train(draft, train_samples: list[Sample], cfg: TrainConfig, checkpoint: Path
     return {"steps": step, "train_seconds": round(seconds, 1), "final_kl_ema": loss_ema}
 
 
+def run_training(module, params: list[torch.Tensor], batches: list[list[int]], loss_of, cfg: ScheduleConfig,
+                 checkpoint: Path | None, desc: str, progress: bool = True, log=print) -> dict:
+    """AdamW (warmup, then cosine) over `cfg.epochs` passes of `batches` (lists of example indices,
+    shuffled per epoch by cfg.seed + epoch: the same order on resume); loss_of(batch, step) -> the
+    step's loss. Checkpoints every `cfg.checkpoint_every` steps and resumes from `checkpoint`;
+    stops early after `cfg.max_seconds` of training. -> summary."""
+    from tqdm import tqdm
+
+    module.train()
+    total = max(1, int(cfg.epochs * len(batches)))
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    sched = warmup_cosine(opt, cfg, total)
+    step, seconds, ema = 0, 0.0, None
+    if checkpoint is not None and checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=False)
+        module.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        step, seconds = state["step"], state.get("seconds", 0.0)
+        log(f"specray distill: resumed from {checkpoint} at step {step}/{total}")
+    bar = tqdm(total=total, initial=step, desc=desc, disable=not progress, mininterval=5)
+    while step < total:
+        epoch, offset = divmod(step, len(batches))
+        shuffled = list(batches)
+        random.Random(cfg.seed + epoch).shuffle(shuffled)
+        for batch in shuffled[offset:]:
+            start = time.perf_counter()
+            value = optimizer_step(loss_of(batch, step), params, opt, sched)
+            step += 1
+            seconds += time.perf_counter() - start
+            ema = value if ema is None else 0.95 * ema + 0.05 * value
+            bar.set_postfix(loss=f"{ema:.3f}", refresh=False)
+            bar.update(1)
+            out_of_time = cfg.max_seconds is not None and seconds >= cfg.max_seconds
+            if checkpoint is not None and (step % cfg.checkpoint_every == 0 or step == total or out_of_time):
+                _save_checkpoint(checkpoint, module, opt, sched, step, seconds)
+            if out_of_time:
+                log(f"specray distill: {desc} stopped at step {step}/{total} (max_seconds)")
+                total = step
+            if step >= total:
+                break
+    bar.close()
+    return {"steps": step, "train_seconds": round(seconds, 1), "final_loss_ema": ema}
+
+
 def optimizer_step(loss: torch.Tensor, params: list[torch.Tensor], opt, sched) -> float:
     """Backward, clip the gradient norm to 1, step the optimiser and the schedule -> the loss."""
     opt.zero_grad(set_to_none=True)

@@ -193,15 +193,19 @@ def deep_draft(tmp_path_factory):
 
 @pytest.mark.parametrize("spec", [{"method": "draft_model", "tree": {"kind": "rsd_c", "branching": [2, 2, 1]}},
                                   {"method": "aded"}, {"method": "draft_model", "layer_parallel": 3},
-                                  {"method": "draft_model", "layer_parallel": 2, "tree": {"kind": "topk", "k": 2}}])
+                                  {"method": "draft_model", "layer_parallel": 2, "tree": {"kind": "topk", "k": 2}},
+                                  {"method": "longspec"}])
 def test_tree_aded_and_layer_parallel_drafts_through_the_ray_pool(ray_cluster, target_pool, tiny_target, tiny_draft,
-                                                                  deep_draft, reference, spec):
-    """Trees, ADED and EasySpec's layer-parallel drafting (a 5-layer draft) travel the Ray transport;
-    greedy output stays the same."""
+                                                                  deep_draft, reference, spec, request):
+    """Trees, ADED, EasySpec's layer-parallel drafting (a 5-layer draft) and LongSpec (the target's
+    last-layer KV crossing to the draft actor) travel the Ray transport; greedy output stays the same."""
     raw = config(tiny_target, tiny_draft).model_dump()
-    draft = deep_draft if "layer_parallel" in spec else tiny_draft
+    if spec["method"] == "longspec":
+        draft = request.getfixturevalue("tiny_longspec")
+    else:
+        draft = deep_draft if "layer_parallel" in spec else tiny_draft
     raw["speculative_config"] = {**spec, "num_speculative_tokens": 3,
-                                 **({"model": str(draft)} if spec["method"] == "draft_model" else {})}
+                                 **({"model": str(draft)} if spec["method"] != "aded" else {})}
     cfg = ServeConfig.from_dict(raw)
     pool = build_draft_pool(cfg)
     try:
