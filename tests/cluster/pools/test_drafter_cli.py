@@ -37,6 +37,8 @@ def test_drafter_serves_trees_over_grpc(tiny_draft):
     (["--method", "draft_model", "--model", "d", "--vocab-trim", "-1"], "draft_vocab_trim"),
     (["--method", "ngram", "--layer-parallel", "2"], "'layer_parallel' needs method 'draft_model'"),
     (["--method", "draft_model", "--model", "d", "--layer-parallel", "0"], "layer_parallel must be"),
+    (["--method", "longspec", "--model", "d", "--longspec", '{"window": 0}'], "longspec window must be"),
+    (["--method", "ngram", "--longspec", '{"window": 8}'], "'longspec' options need method 'longspec'"),
 ])
 def test_bad_drafter_options_exit_2_with_the_reason(capsys, flags, message):
     assert main(["drafter", *flags]) == 2
@@ -47,3 +49,29 @@ def test_tree_flag_must_be_a_json_object(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["drafter", "--tree", "[1, 2]"])
     assert "expected a JSON object" in capsys.readouterr().err
+
+
+def test_drafter_serves_a_longspec_draft_over_grpc(tiny_longspec):
+    """The external pool builds a LongSpec draft with its window option and drafts from the target
+    KV rows the item carries."""
+    import torch
+
+    from specray.cluster.pools.draft_endpoint import DraftEndpoint
+    from specray.cluster.pools.grpc_transport import GrpcDraftPool, serve_drafter
+
+    args = build_parser().parse_args(["drafter", "--method", "longspec", "--model", str(tiny_longspec),
+                                      "--longspec", '{"window": 4}'])
+    spec = drafter_spec(args)
+    assert spec.longspec == {"window": 4}
+    endpoint = DraftEndpoint.from_spec(spec)
+    server, port = serve_drafter(endpoint, "127.0.0.1:0")
+    pool = GrpcDraftPool(f"127.0.0.1:{port}")
+    try:
+        pool.ready(timeout_s=30)
+        item = DraftItem("s", [1, 5, 9, 12, 7, 8], 3, SeqSpec(SamplingConfig(temperature=0.0)),
+                         features=torch.randn(5, 2 * 2 * 16))
+        (proposal,) = pool.submit_propose([item]).result()
+        assert len(proposal.draft_token_ids) == 3
+    finally:
+        pool.close()
+        server.stop(grace=0)
