@@ -52,6 +52,8 @@ class CategoryCounts:
     seconds: float = 0.0
     rounds: int = 0
     emitted: int = 0
+    requests: int = 0
+    prefill_seconds: float = 0.0  # target steps that held a prefill (batch 1: the prompt's)
 
     def add(self, cell: "Cell", before: tuple) -> None:
         """Add what `cell` counted since `before` (its `snapshot()`)."""
@@ -60,6 +62,8 @@ class CategoryCounts:
         self.seconds += now[1] - before[1]
         self.rounds += now[2] - before[2]
         self.emitted += now[3] - before[3]
+        self.requests += now[4] - before[4]
+        self.prefill_seconds += now[5] - before[5]
 
 
 @dataclass
@@ -83,8 +87,10 @@ class Cell:
     outputs: list[list[int]] = field(default_factory=list)
     per_category: dict[str, CategoryCounts] = field(default_factory=dict)  # batch size 1 only
 
+    prefill_seconds: float = 0.0
+
     def snapshot(self) -> tuple:
-        return self.tokens, self.seconds, self.rounds, self.emitted
+        return self.tokens, self.seconds, self.rounds, self.emitted, self.requests, self.prefill_seconds
 
 
 def skip_reason(method: str, batch_size: int) -> str | None:
@@ -159,12 +165,13 @@ class Runner:
         llm.target.pad_batches = method.endswith("_padded")
         params = [SamplingParams(temperature=temperature, max_tokens=self.args.max_tokens, ignore_eos=True,
                                  seed=seed + i) for i in range(len(group))]
-        before = (llm.router.stats.steps, llm.router.stats.draft_seconds, llm.router.stats.target_seconds)
-        outs = llm.generate([{"prompt_token_ids": ids} for ids in group], params)
         stats = llm.router.stats
+        before = (stats.steps, stats.draft_seconds, stats.target_seconds, stats.prefill_seconds)
+        outs = llm.generate([{"prompt_token_ids": ids} for ids in group], params)
         cell.steps += stats.steps - before[0]
         cell.draft_seconds += stats.draft_seconds - before[1]
         cell.target_seconds += stats.target_seconds - before[2]
+        cell.prefill_seconds += stats.prefill_seconds - before[3]
         for o in outs:
             m = o.metrics
             cell.rounds += m.num_rounds

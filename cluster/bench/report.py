@@ -24,8 +24,9 @@ batch 1 only):
   fraction_of_roofline (batch 1: acceptance length / roofline_seconds_per_step),
   greedy_matches_hf (batch 1, temperature 0), per_category {category: tokens_per_s} (batch 1);
 - `long_context` (prompts with `context_tokens` only, cluster/bench/long_context.py): per method,
-  temperature and context length at batch 1: tokens_per_s, acceptance_length, ms_per_round,
-  draft_own_mib and target_kv_mirror_mib per sequence at that length;
+  temperature and context length at batch 1: decode_tokens_per_s and ms_per_round (prefill steps
+  left out), prefill_s per request, acceptance_length, draft_own_mib and target_kv_mirror_mib per
+  sequence at that length;
 - `summary`: the headline ratios (each null when its cells are missing);
 - `partial`: true while the run is still going (written after every finished (batch size,
   temperature) row, so a stopped run keeps its rows), false in the final file.

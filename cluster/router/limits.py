@@ -99,6 +99,7 @@ class RouterStats:
     steps: int = 0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
+    prefill_seconds: float = 0.0  # the part of target_seconds spent in steps that held a prefill
     num_drafts: int = 0  # rounds in which a sequence had draft tokens verified
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0

@@ -197,7 +197,7 @@ class Router:
         except Exception as e:  # noqa: BLE001 - in-process pools compute (and fail) at submit
             return Done(error=e)
         finally:
-            self.stats.target_seconds += time.perf_counter() - start
+            self._count_target_time(seqs, time.perf_counter() - start)
 
     def _target_item(self, seq: Sequence, proposals: dict[str, Proposal]) -> TargetItem:
         if seq.output_token_ids:
@@ -229,8 +229,13 @@ class Router:
         except Exception as error:  # noqa: BLE001 - the worker left every KV as it was
             return self._isolate(seqs, proposals, error)
         finally:
-            self.stats.target_seconds += time.perf_counter() - start
+            self._count_target_time(seqs, time.perf_counter() - start)
         return self._commit_all(seqs, results)
+
+    def _count_target_time(self, seqs: list[Sequence], seconds: float) -> None:
+        self.stats.target_seconds += seconds
+        if any(not seq.output_token_ids for seq in seqs):  # a prefill rode in this step
+            self.stats.prefill_seconds += seconds
 
     def _isolate(self, seqs: list[Sequence], proposals: dict[str, Proposal], error: Exception) -> list[Sequence]:
         if len(seqs) == 1:
