@@ -105,10 +105,44 @@ async def run_level(base: str, headers: dict, bodies: list[dict], chat: bool, co
                     rate: float | None, seed: int, progress=None) -> tuple[list[Sample], float]:
     import httpx
 
-    url = base.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
+    url = api_root(base) + ("/v1/chat/completions" if chat else "/v1/completions")
     async with httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(600.0)) as client:
         return await drive(lambda body, start: one_request(client, url, _wire(body), chat, start), bodies,
                            concurrency, rate, seed, progress)
+
+
+def api_root(url: str) -> str:
+    """The server's root from `--url`: `http://h:p`, `http://h:p/` and `http://h:p/v1` all name it."""
+    root = url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+def model_ids(listing) -> list[str]:
+    """Model ids from a `/v1/models` body: OpenAI's `data` list, or llama-server's `models` list."""
+    if not isinstance(listing, dict):
+        raise ValueError(f"expected a JSON object, got {type(listing).__name__}")
+    entries = listing.get("data") or listing.get("models") or []
+    ids = [e.get("id") or e.get("model") or e.get("name") for e in entries if isinstance(e, dict)]
+    return [i for i in ids if isinstance(i, str) and i]
+
+
+def first_model(httpx, url: str, headers: dict) -> str:
+    """The first model the server lists; a clear error (status, body) where it lists none."""
+    models_url = api_root(url) + "/v1/models"
+    try:
+        response = httpx.get(models_url, headers=headers, timeout=30)
+    except httpx.HTTPError as e:
+        raise ValueError(f"cannot list models at {models_url}: {e}") from None
+    if response.status_code != 200:
+        raise ValueError(f"cannot list models at {models_url}: HTTP {response.status_code}: "
+                         f"{response.text[:200]!r}; pass --model to skip the listing")
+    try:
+        ids = model_ids(response.json())
+    except ValueError as e:
+        raise ValueError(f"cannot list models at {models_url}: not a model listing ({e})") from None
+    if not ids:
+        raise ValueError(f"{models_url} lists no models: {response.text[:200]!r}; pass --model")
+    return ids[0]
 
 
 def _wire(body: dict) -> dict:
@@ -241,11 +275,7 @@ def cmd_bench_serve(args) -> int:
     import httpx
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    try:
-        model = args.model or httpx.get(args.url.rstrip("/") + "/v1/models", headers=headers,
-                                        timeout=30).json()["data"][0]["id"]
-    except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
-        raise ValueError(f"cannot list models at {args.url}: {e}") from None
+    model = args.model or first_model(httpx, args.url, headers)
     if args.quick:
         args.num_requests, args.max_tokens = min(args.num_requests, 8), min(args.max_tokens, 32)
     from tqdm import tqdm

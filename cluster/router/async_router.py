@@ -42,6 +42,15 @@ class Abort:
 Command = Add | Abort
 
 
+def latest(stream: asyncio.Queue, item):
+    """Coalesce: outputs are cumulative snapshots, so a consumer that fell behind needs only the
+    newest queued one (one chunk instead of one per round). Failures and the final output are
+    never skipped: they end the queue."""
+    while not stream.empty() and isinstance(item, RequestOutput) and not item.finished:
+        item = stream.get_nowait()
+    return item
+
+
 class AsyncRouter:
     def __init__(self, router: Router, max_waiting: int = 256):
         self.router = router
@@ -82,7 +91,7 @@ class AsyncRouter:
         finished = False
         try:
             while not finished:
-                item = await stream.get()
+                item = latest(stream, await stream.get())
                 if isinstance(item, Exception):
                     raise item
                 finished = item.finished
