@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,7 @@ class TargetWorker:
         self.cache = model.make_cache(num_blocks, block_size)
         self.seqs: dict[object, _TargetSeq] = {}
         self.pad_batches = False  # benchmark baseline: pad inputs and keys to the batch's longest
+        self.busy_seconds = 0.0  # wall time inside step(): benchmarks split a round's time with it
 
     @classmethod
     def from_spec(cls, spec: TargetSpec) -> "TargetWorker":
@@ -59,6 +61,9 @@ class TargetWorker:
     def ping(self) -> bool:
         return True
 
+    def busy(self) -> float:
+        return self.busy_seconds
+
     def tp_info(self) -> tuple[int, int]:
         """(tensor-parallel rank, size) of this worker; (0, 1) without TP."""
         return self.model.tp_group.rank, self.model.tp_group.size
@@ -71,6 +76,13 @@ class TargetWorker:
         Tensor-parallel ranks all get the same call: their gathered logits and seeded generators are
         the same, so each returns the same results and keeps its KV shard in step.
         """
+        start = time.perf_counter()
+        try:
+            return self._step(items)
+        finally:
+            self.busy_seconds += time.perf_counter() - start
+
+    def _step(self, items: list[TargetItem]) -> list[VerifyResult]:
         for item in items:
             if item.spec is not None:
                 self.seqs[item.seq_id] = _TargetSeq(item.spec, make_generator(item.spec.seed))

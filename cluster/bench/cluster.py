@@ -1,9 +1,12 @@
 """`specray bench cluster`: the served path against the in-process engine, in one run.
 
-1. In-process engine, closed loop at each concurrency (a new request starts when one finishes).
-2. `specray serve`'s stack on a local Ray cluster (Serve HTTP -> router -> Ray pools), the same
-   closed loop over HTTP with streaming: pipelined router, then one group in flight.
-   With --repeats the two steps alternate that many times and the median pass is reported.
+1. In-process engine, closed loop at each concurrency (a new request starts when one finishes),
+   then the Ray actor pools driven the same way from this process; both split a round's time
+   (target, draft, router; for actors, how much of each wait their worker computed).
+2. `specray serve`'s stack on a local Ray cluster, the same closed loop over HTTP with streaming
+   (and gRPC): as `specray serve` resolves the config (workers in the replica on one node), with
+   separate actor pools, and with separate pools and two groups in flight.
+   With --repeats the passes alternate that many times and the median pass is reported.
 3. Each draft transport (ray, torch_distributed, grpc): bytes and latency per propose round,
    read from the router's side of the link while the engine runs the same prompts.
 Writes cluster.json and cluster.md.
@@ -51,6 +54,37 @@ def closed_loop(router, requests: list[list[int]], params, concurrency: int) -> 
             "tpot_s": percentiles(tpot)}
 
 
+def busy_seconds(pool) -> float | None:
+    """Seconds a pool's worker spent computing (rank 0); None where the router's wait is that."""
+    if pool is None or hasattr(pool, "worker"):  # in this process: waiting is computing
+        return None
+    import ray
+
+    return ray.get((pool.actors[0]).call.remote("busy"))
+
+
+def measured_loop(router, requests, params, concurrency: int) -> dict:
+    """closed_loop plus where a round's time went: waiting on the target and the draft (and, for
+    pools in other processes, how much of each wait their worker computed), the rest in the router."""
+    stats, pools = router.stats, (router.target, router.draft)
+    before = (time.perf_counter(), stats.steps, stats.target_seconds, stats.draft_seconds,
+              *(busy_seconds(p) for p in pools))
+    row = closed_loop(router, requests, params, concurrency)
+    after = (time.perf_counter(), stats.steps, stats.target_seconds, stats.draft_seconds,
+             *(busy_seconds(p) for p in pools))
+    rounds = max(1, after[1] - before[1])
+
+    def ms(i):
+        return None if after[i] is None else round(1000 * (after[i] - before[i]) / rounds, 3)
+
+    wall, target_wait, draft_wait = ms(0), ms(2), ms(3)
+    row["round_ms"] = {"rounds": rounds, "wall": wall, "target_wait": target_wait, "draft_wait": draft_wait,
+                       "target_compute": ms(4) if ms(4) is not None else target_wait,
+                       "draft_compute": ms(5) if ms(5) is not None else draft_wait,
+                       "router": round(wall - target_wait - draft_wait, 3)}
+    return row
+
+
 def in_process(cfg, requests, params, levels) -> list[dict]:
     from specray import LLM
 
@@ -59,8 +93,25 @@ def in_process(cfg, requests, params, levels) -> list[dict]:
         llm = LLM(cfg.model, speculative_config=cfg.speculative_config, max_num_seqs=c,
                   kv_cache_tokens=cfg.router.kv_cache_tokens, pipelined=False)
         closed_loop(llm.router, requests[:2], params, 2)  # warm-up, as the served path gets
-        rows.append(closed_loop(llm.router, requests, params, c))
+        rows.append(measured_loop(llm.router, requests, params, c))
         print(f"in-process c={c}: {rows[-1]['throughput_tokens_per_s']} tokens/s", flush=True)
+    return rows
+
+
+def ray_pools(cfg, requests, params, levels) -> list[dict]:
+    """The Ray pools `specray serve` starts, one group in flight, driven from this process: the
+    actor hops without Serve, HTTP or the replica's threads."""
+    from specray.cluster.serve.runtime import build_runtime
+
+    rows = []
+    for c in levels:
+        runtime = build_runtime(cfg.with_overrides(**{"router.max_num_seqs": c, "router.pipelined": False,
+                                                      "pools.colocate": False}))
+        runtime.async_router.shutdown()  # this thread drives the router
+        closed_loop(runtime.router, requests[:2], params, 2)
+        rows.append(measured_loop(runtime.router, requests, params, c))
+        runtime.shutdown()
+        print(f"ray pools c={c}: {rows[-1]['throughput_tokens_per_s']} tokens/s", flush=True)
     return rows
 
 
@@ -132,17 +183,21 @@ def transports(cfg, requests, params, concurrency: int) -> list[dict]:
     return rows
 
 
-LABELS = ("in_process", "served_pipelined", "served_pipelined_grpc", "served_one_group", "served_one_group_grpc")
+LABELS = ("in_process", "ray_pools", "served", "served_grpc", "served_pools", "served_pools_grpc",
+          "served_pipelined")
+SERVED = (  # label, overrides, with gRPC as well
+    ("served", {}, True),  # as `specray serve` resolves the config (pools.colocate auto)
+    ("served_pools", {"pools.colocate": False, "router.pipelined": False}, True),
+    ("served_pipelined", {"pools.colocate": False, "router.pipelined": True}, False),
+)
 
 
 def one_pass(cfg, requests, params, bodies, levels) -> dict:
-    """In-process, then served pipelined, then served with one group in flight; gRPC as well in the
-    router mode the config resolves to (`router.pipelined`, auto by default)."""
-    out = {"in_process": in_process(cfg, requests, params, levels)}
-    for name, pipelined in (("served_pipelined", True), ("served_one_group", False)):
-        grpc = cfg.pipelined == pipelined
-        out[name], rows = served(cfg.with_overrides(**{"router.pipelined": pipelined}), bodies, levels,
-                                 name.replace("_", " "), grpc=grpc)
+    """In-process, the Ray pools driven from here, then each served configuration over HTTP (and gRPC)."""
+    out = {"in_process": in_process(cfg, requests, params, levels),
+           "ray_pools": ray_pools(cfg, requests, params, levels)}
+    for name, overrides, grpc in SERVED:
+        out[name], rows = served(cfg.with_overrides(**overrides), bodies, levels, name.replace("_", " "), grpc=grpc)
         if grpc:
             out[f"{name}_grpc"] = rows
     return out
@@ -182,6 +237,15 @@ def markdown(report: dict) -> str:
             e, tpot = r["e2e_s"], r.get("tpot_s", {}).get("p50")
             lines.append(f"| {label} | {r['concurrency']} | {r['throughput_tokens_per_s']} | {ratio:.2f}x | "
                          f"{e['p50']}/{e['p99']} | {tpot if tpot is not None else '-'} |")
+    lines += ["", "Where a round's time goes (ms a round, one group in flight; compute: inside the worker):", "",
+              "| path | concurrency | rounds | wall | target wait | target compute | draft wait | draft compute | "
+              "router |", "|---|---|---|---|---|---|---|---|---|"]
+    for label in ("in_process", "ray_pools"):
+        for r in report.get(label, []):
+            if "round_ms" in r:
+                m = r["round_ms"]
+                lines.append(f"| {label} | {r['concurrency']} | {m['rounds']} | {m['wall']} | {m['target_wait']} | "
+                             f"{m['target_compute']} | {m['draft_wait']} | {m['draft_compute']} | {m['router']} |")
     if report.get("transports"):
         lines += ["", "| draft transport | bytes sent/round | bytes received/round | round trip ms | tokens/s |",
                   "|---|---|---|---|---|"]

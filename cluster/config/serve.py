@@ -62,6 +62,24 @@ class PoolsConfig(_Strict):
     # each pool's default resources apply whether or not the pool's block is given
     target: TargetPoolConfig = TargetPoolConfig()
     draft: DraftPoolConfig = DraftPoolConfig()
+    colocate: bool | Literal["auto"] = Field(
+        "auto", description="the target worker (and a draft worker on transport 'ray') inside the Serve "
+        "replica beside the router: no actor call a round, the replica reserves their resources; auto: "
+        "on a one-node cluster with one CPU worker a pool; false: separate actor pools")
+
+    @model_validator(mode="after")
+    def _colocatable(self) -> "PoolsConfig":
+        if self.colocate is True and (self.target.num_workers > 1 or self.draft.num_workers > 1):
+            raise ValueError("pools.colocate true runs one target and one draft worker in the replica: "
+                             "tensor-parallel targets and draft groups need colocate false")
+        return self
+
+    def colocated(self, num_nodes: int) -> bool:
+        """Whether the workers run in the replica, on a cluster of `num_nodes` alive nodes."""
+        if self.colocate != "auto":
+            return self.colocate
+        pools = (self.target, self.draft)
+        return num_nodes == 1 and all(p.num_workers == 1 and p.num_gpus == 0 and p.device == "cpu" for p in pools)
 
 
 class RouterConfig(_Strict):
@@ -216,6 +234,8 @@ class ServeConfig(_Strict):
         default), they halve the verified batch for nothing."""
         if self.router.pipelined != "auto":
             return self.router.pipelined
+        if self.pools.colocate is True:  # workers in the router's process: nothing runs while it waits
+            return False
         spec = self.speculative
         return spec is not None and registry.method(spec.method).needs_model and spec.draft_cap(2) > 0
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from specray.cluster.config.serve import PoolConfig, ServeConfig
 from specray.cluster.config.worker_specs import serve_draft_spec, serve_target_spec
 from specray.cluster.pools.ray_pools import Placement, RayDraftPool, RayTargetPool
@@ -11,20 +13,29 @@ def placement(pool: PoolConfig) -> Placement:
     return Placement(dict(pool.resources), pool.num_cpus, pool.num_gpus)
 
 
-def build_target_pool(cfg: ServeConfig) -> RayTargetPool:
+def build_target_pool(cfg: ServeConfig, colocated: bool = False):
+    """Ray actors, or (`colocated`) the target worker in this process: the Serve replica's."""
+    if colocated:
+        from specray.actors.target_worker import TargetWorker
+        from specray.cluster.pools.in_process import InProcessTargetPool
+
+        return InProcessTargetPool(TargetWorker.from_spec(serve_target_spec(cfg)))
     return RayTargetPool(serve_target_spec(cfg), placement(cfg.pools.target), cfg.pools.target.num_workers)
 
 
-def build_draft_pool(cfg: ServeConfig):
-    """The draft pool behind `transport.kind` (ray, grpc, torch_distributed, inline); None without speculation."""
+def build_draft_pool(cfg: ServeConfig, colocated: bool = False):
+    """The draft pool behind `transport.kind` (ray, grpc, torch_distributed, inline); None without
+    speculation. `colocated` moves a 'ray' draft worker into this process, as 'inline' does."""
     spec = serve_draft_spec(cfg)
     if spec is None:
         return None
     kind, timeout = cfg.transport.kind, cfg.router.draft_timeout_s
-    if kind == "inline":
+    if kind == "inline" or (colocated and kind == "ray"):
         from specray.actors.draft_worker import DraftWorker
         from specray.cluster.pools.in_process import InlineDraftPool
 
+        if colocated:  # its threads are the process's, which the target's worker set
+            spec = replace(spec, threads=None)
         return InlineDraftPool(DraftWorker.from_spec(spec))
     if kind == "grpc":
         from specray.cluster.pools.grpc_transport import GrpcDraftPool

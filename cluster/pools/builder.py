@@ -84,12 +84,28 @@ def namespace() -> str:
     return ray.get_runtime_context().namespace
 
 
+def replica_resources(cfg) -> dict:
+    """What the replica reserves: nothing, or with `pools.colocate` the workers it runs (a draft
+    worker only where it would have been a Ray actor)."""
+    pools = cfg.pools
+    if pools.colocate is not True:
+        return {"num_cpus": 0}
+    hosted = [pools.target] + ([pools.draft] if cfg.speculative_config and cfg.transport.kind == "ray" else [])
+    resources: dict[str, float] = {}
+    for pool in hosted:
+        for name, amount in pool.resources.items():
+            resources[name] = resources.get(name, 0) + amount
+    return {"num_cpus": sum(p.num_cpus for p in hosted), "num_gpus": sum(p.num_gpus for p in hosted),
+            "resources": resources}
+
+
 def serve_deployment(server_cls, cfg):
     """The Serve deployment around `server_cls` (an ASGI ingress built at replica start).
 
     One replica: the router owns the running batch. It reserves no CPU so it fits beside the
-    pools on small clusters, and takes as many requests as the router may run and queue (each is at
-    least one sequence). Beyond that the proxy queues at most `max_waiting` more and answers 429.
+    pools on small clusters (with `pools.colocate`, what the workers it hosts would), and takes as
+    many requests as the router may run and queue (each is at least one sequence). Beyond that the
+    proxy queues at most `max_waiting` more and answers 429.
     """
     from ray import serve
     from ray.serve.config import BackpressureConfig
@@ -99,5 +115,5 @@ def serve_deployment(server_cls, cfg):
         serve.ingress()(server_cls), name="specray", num_replicas=1,
         max_ongoing_requests=r.max_waiting + r.max_num_seqs, max_queued_requests=r.max_waiting,
         backpressure_config=BackpressureConfig(status_code=429, retry_after_s=1),
-        ray_actor_options={"num_cpus": 0}, health_check_period_s=10, health_check_timeout_s=30,
+        ray_actor_options=replica_resources(cfg), health_check_period_s=10, health_check_timeout_s=30,
     )

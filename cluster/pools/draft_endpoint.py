@@ -41,6 +41,10 @@ class DraftEndpoint:
     def ping(self) -> str:
         return self.method
 
+    def busy(self) -> float:
+        """Seconds spent answering proposals (wire format included): benchmarks split rounds with it."""
+        return self.compute_seconds
+
     def propose_bytes(self, payload: bytes) -> bytes:
         with self.lock:
             start = time.perf_counter()

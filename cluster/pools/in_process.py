@@ -23,6 +23,9 @@ class InProcessTargetPool:
     def release(self, seq_id: object) -> None:
         self.worker.release(seq_id)
 
+    def ready(self) -> bool:
+        return True
+
 
 class InProcessDraftPool:
     """A DraftWorker in this process."""

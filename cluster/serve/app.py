@@ -13,7 +13,7 @@ from typing import Any
 from specray.cluster.config.serve import ServeConfig
 from specray.cluster.serve.grpc_service import GenerationService, serve_stream, serve_unary
 from specray.cluster.serve.openai_api import OpenAIServer
-from specray.cluster.serve.runtime import build_runtime
+from specray.cluster.serve.runtime import build_runtime, resolve_colocation
 
 
 class SpecrayServer:
@@ -81,6 +81,10 @@ class SpecrayServer:
         from specray.cluster.pools.builder import namespace
 
         rt = self.runtime
+        if not hasattr(rt.target_pool, "worker_names"):  # colocated: the workers run in this replica
+            import ray
+
+            return {"namespace": namespace(), "colocated": ray.get_runtime_context().get_node_id()}
         out = {"namespace": namespace(), "target": list(zip(rt.target_pool.worker_names(), rt.target_pool.node_ids()))}
         if rt.draft_pool is not None and hasattr(rt.draft_pool, "node_id"):
             try:
@@ -109,5 +113,5 @@ def build_app(args: dict[str, Any] | None = None):
     from specray.cluster.pools.builder import serve_deployment
 
     raw = dict((args or {}).get("config") or {})
-    cfg = ServeConfig.from_dict(raw)  # fail fast, before any replica starts
+    cfg = resolve_colocation(ServeConfig.from_dict(raw))  # fail fast, before any replica starts
     return serve_deployment(SpecrayServer, cfg).bind(cfg.model_dump())

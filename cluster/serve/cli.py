@@ -63,6 +63,10 @@ def add_serve_flags(p) -> None:
     p.add_argument("--transport", choices=["ray", "torch_distributed", "grpc", "inline"],
                    help="inline: the draft worker in the router process (no hop a round; suits ngram)")
     p.add_argument("--drafter-address", help="host:port of a `specray drafter` (grpc transport)")
+    p.add_argument("--colocate", choices=["auto", "on", "off"],
+                   help="the target (and a ray-transport draft) worker inside the Serve replica, beside the router: "
+                        "no actor call a round (on); separate actor pools (off); on only on a one-node CPU "
+                        "cluster with one worker a pool (auto, default)")
     p.add_argument("--tensor-parallel-size", type=int, help="target workers sharing the model")
     p.add_argument("--draft-workers", type=int, help="draft workers of one layer-parallel group (EasySpec across "
                                                      "devices; needs speculative_config layer_parallel >= it)")
@@ -78,6 +82,7 @@ def resolve_config(args):
     cfg = ServeConfig.from_yaml(args.config) if args.config else ServeConfig()
     overrides = {key: getattr(args, flag) for flag, key in FLAG_KEYS.items()}
     overrides["router.pipelined"] = {"on": True, "off": False}.get(args.pipelined, args.pipelined)
+    overrides["pools.colocate"] = {"on": True, "off": False}.get(args.colocate, args.colocate)
     spec = _speculative_override(args, cfg.speculative_config, args.model or cfg.model)
     if spec is not False:
         overrides["speculative_config"] = spec
@@ -209,7 +214,8 @@ def endpoint_banner(cfg, handle) -> str:
     auth = ' -H "Authorization: Bearer $SPECRAY_API_KEY"' if handle.get("api_key") else ""
     lines = [
         f"specray is serving {cfg.model_name!r} "
-        f"(speculation: {(cfg.speculative_config or {}).get('method', 'off')}, transport: {cfg.transport.kind})",
+        f"(speculation: {(cfg.speculative_config or {}).get('method', 'off')}, transport: {cfg.transport.kind}, "
+        f"workers: {'in the replica' if handle.get('colocated') else 'Ray actor pools'})",
         f"  HTTP (OpenAI-compatible): {url}/v1   health: {url}/health   metrics: {url}/metrics",
     ]
     if handle.get("grpc"):

@@ -18,6 +18,7 @@ def run_serve(cfg, app_name: str = "specray", proxy_location: str | None = None)
     from ray.serve.config import HTTPOptions, gRPCOptions
 
     from specray.cluster.serve.app import build_app
+    from specray.cluster.serve.runtime import resolve_colocation
 
     grpc = cfg.grpc.enabled and grpc_available()
     proxy = grpc and cfg.grpc.server == "proxy"  # else the replica serves gRPC itself (cluster/serve/app.py)
@@ -27,5 +28,6 @@ def run_serve(cfg, app_name: str = "specray", proxy_location: str | None = None)
     extra = {"proxy_location": proxy_location} if proxy_location else {}
     http = HTTPOptions(host=cfg.http.host, port=cfg.http.port, keep_alive_timeout_s=cfg.http.keep_alive_timeout_s)
     serve.start(http_options=http, grpc_options=grpc_options, **extra)
+    cfg = resolve_colocation(cfg)
     serve.run(build_app({"config": cfg.model_dump()}), name=app_name, route_prefix="/")
-    return {"grpc": grpc, "api_key": cfg.http.resolved_api_key() is not None}
+    return {"grpc": grpc, "api_key": cfg.http.resolved_api_key() is not None, "colocated": cfg.pools.colocate}

@@ -34,13 +34,30 @@ class Runtime:
                 pool.close()
 
 
+def alive_nodes() -> int:
+    """Nodes of the connected Ray cluster; 1 where Ray is not running (the workers run here anyway)."""
+    import ray
+
+    if not ray.is_initialized():
+        return 1
+    return sum(1 for n in ray.nodes() if n.get("Alive"))
+
+
+def resolve_colocation(cfg: ServeConfig) -> ServeConfig:
+    """`pools.colocate: auto` decided on the connected cluster, before the replica is sized for it."""
+    if cfg.pools.colocate != "auto":
+        return cfg
+    return cfg.with_overrides(**{"pools.colocate": cfg.pools.colocated(alive_nodes())})
+
+
 def build_runtime(cfg: ServeConfig, wait_ready: bool = True) -> Runtime:
     """Start the pools on the connected Ray cluster and a router driving them."""
     checkpoint = resolve(cfg.model)  # converts a GGUF once per node; workers then find it cached
     tokenizer = checkpoint.tokenizer()
     model_config = ModelConfig.from_hf(checkpoint.hf_config())
-    target = build_target_pool(cfg)
-    draft = build_draft_pool(cfg)
+    colocated = cfg.pools.colocated(alive_nodes())
+    target = build_target_pool(cfg, colocated)
+    draft = build_draft_pool(cfg, colocated)
     if wait_ready:
         for pool in (target, draft):
             if pool is not None:

@@ -192,19 +192,24 @@ def test_bench_cluster_closed_loop_and_table(tiny_target, tiny_draft):
     """The pieces of `specray bench cluster` that the served/transport tests (test_serve_app,
     test_ray_pools) do not run: the in-process closed loop and the report table."""
     from specray import LLM, SamplingParams
-    from specray.cluster.bench.cluster import closed_loop, markdown
+    from specray.cluster.bench.cluster import markdown, measured_loop
 
     llm = LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 2},
               max_num_seqs=2)
     requests = [[1, 5 + i, 9, 12] * 2 for i in range(5)]
-    row = closed_loop(llm.router, requests, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), 2)
+    row = measured_loop(llm.router, requests, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), 2)
     assert row["completed"] == 5 and row["output_tokens"] == 30 and not llm.router.has_unfinished()
+    m = row["round_ms"]  # in this process a pool's wait is its compute
+    assert m["rounds"] > 0 and m["target_wait"] > 0 and m["draft_wait"] > 0 and m["router"] > 0
+    assert m["target_compute"] == m["target_wait"] and m["draft_compute"] == m["draft_wait"]
+    assert abs(m["wall"] - m["target_wait"] - m["draft_wait"] - m["router"]) < 0.01
     served = {**row, "throughput_tokens_per_s": row["throughput_tokens_per_s"] / 2}
     table = markdown({"model": "tiny", "speculative_config": {}, "max_tokens": 6, "num_requests": 5,
                       "in_process": [row], "served_pipelined": [served],
                       "transports": [{"transport": "ray", "bytes_sent_per_round": 1, "bytes_received_per_round": 2,
                                       "round_trip_ms": 3, "throughput_tokens_per_s": 4}]})
     assert "| served_pipelined | 2 |" in table and "0.50x" in table and "| ray | 1 | 2 | 3 | 4 |" in table
+    assert f"| in_process | 2 | {m['rounds']} | {m['wall']} |" in table
 
 
 def test_bench_cluster_reports_each_paths_median_pass():
@@ -215,12 +220,12 @@ def test_bench_cluster_reports_each_paths_median_pass():
                 for label in LABELS}
 
     merged = median_rows([pass_(3, 30), pass_(1, 90), pass_(2, 60)])
-    assert [r["throughput_tokens_per_s"] for r in merged["served_one_group"]] == [2, 60]
+    assert [r["throughput_tokens_per_s"] for r in merged["served_pools"]] == [2, 60]
     assert [r["concurrency"] for r in merged["in_process"]] == [1, 8]
     assert [r["throughput_tokens_per_s"] for r in median_rows([pass_(1, 9), pass_(2, 8)])["in_process"]] == [1, 8]
     slow = pass_(3, 30)
-    slow["served_one_group"][1]["throughput_tokens_per_s"] = 15  # half of its pass's in-process
-    paired = median_rows([slow, pass_(1, 90), pass_(2, 60)])["served_one_group"]
+    slow["served_pools"][1]["throughput_tokens_per_s"] = 15  # half of its pass's in-process
+    paired = median_rows([slow, pass_(1, 90), pass_(2, 60)])["served_pools"]
     assert [r["vs_in_process"] for r in paired] == [1.0, 1.0]  # the median pair, not median / median
 
 

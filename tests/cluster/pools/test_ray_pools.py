@@ -90,6 +90,15 @@ def test_pooled_outputs_equal_in_process(target_pool, draft_pool, tiny_target, r
     assert sum(o.metrics.num_draft_tokens for o in outs) > sum(accepted) > 0 and len(set(accepted)) > 1
 
 
+def test_the_round_breakdown_reads_each_workers_compute(target_pool, draft_pool, tiny_target):
+    """`specray bench cluster`'s ray_pools path: a remote worker computes for part of each wait."""
+    from specray.cluster.bench.cluster import measured_loop
+
+    m = measured_loop(make_engine(target_pool, draft_pool, tiny_target), PROMPTS[:4], GREEDY, 2)["round_ms"]
+    assert 0 < m["target_compute"] < m["target_wait"] and 0 < m["draft_compute"] < m["draft_wait"]
+    assert m["router"] > 0 and abs(m["wall"] - m["target_wait"] - m["draft_wait"] - m["router"]) < 0.01
+
+
 def test_killing_the_draft_worker_loses_nothing(target_pool, draft_pool, tiny_target, reference):
     router = make_engine(target_pool, draft_pool, tiny_target, pipelined=True)
     ids = [router.add_request(p, GREEDY) for p in PROMPTS]
