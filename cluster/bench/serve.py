@@ -274,10 +274,14 @@ def plot(report: dict, path: Path) -> None:
 def cmd_bench_serve(args) -> int:
     import httpx
 
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    model = args.model or first_model(httpx, args.url, headers)
     if args.quick:
         args.num_requests, args.max_tokens = min(args.num_requests, 8), min(args.max_tokens, 32)
+    if args.against_llama_server:
+        from specray.cluster.bench.side_by_side import run_side_by_side
+
+        return run_side_by_side(args)
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    model = args.model or first_model(httpx, args.url, headers)
     from tqdm import tqdm
 
     bodies = request_bodies(args, model)
@@ -326,5 +330,15 @@ def add_serve_bench_parser(kinds) -> None:
     srv.add_argument("--quick", action="store_true", help="8 requests, 32 tokens")
     srv.add_argument("--grpc", default=None, metavar="HOST:PORT",
                      help="drive specray's gRPC API at HOST:PORT instead of HTTP (same prompts and report)")
+    srv.add_argument("--against-llama-server", action="store_true",
+                     help="start llama-server and `specray serve` on the same GGUF (--model, default smollm2-135m) "
+                          "and measure both, level by level, in one run (--url is not used)")
+    srv.add_argument("--llama-cpp", default=None, metavar="DIR",
+                     help="a llama.cpp build's bin folder (default: the newest from scripts/build_llama_cpp.sh)")
+    srv.add_argument("--llama-parallel", type=int, default=16, help="llama-server's slots (-np)")
+    srv.add_argument("--llama-ctx", type=int, default=None,
+                     help="llama-server's context, shared by its slots (-c; default 2048 a slot)")
+    srv.add_argument("--threads", type=int, default=None, help="llama-server's threads (default: this node's cores)")
+    srv.add_argument("--specray-args", default="", help="extra `specray serve` flags, e.g. \"--colocate off\"")
     srv.add_argument("--out", default="bench_out")
     srv.set_defaults(func=cmd_bench_serve)

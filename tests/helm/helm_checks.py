@@ -137,6 +137,8 @@ def pool_resource_problems(rayservice: dict[str, Any]) -> list[str]:
     if cfg.speculative_config and cfg.transport.kind != "grpc":
         in_cluster.add("draft")
     problems = []
+    if cfg.pools.colocate is not False:  # auto could resolve to the replica on a head-only cluster
+        problems.append(f"pools.colocate is {cfg.pools.colocate!r}: the chart's pools run in their own pods")
     if "draft" in groups and not cfg.speculative_config:
         problems.append("a draft worker group is rendered but speculative_config is null")
     for pool_name in sorted(in_cluster):

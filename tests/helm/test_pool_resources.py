@@ -39,6 +39,15 @@ def test_drifted_config_resources_are_caught(rendered):
     assert problems == ["pool target: group advertises {'target': 1}, config requests {'target': 2.0}"]
 
 
+def test_workers_inside_the_replica_are_caught(rendered):
+    assert app_config(rendered["default"].rayservice)["pools"]["colocate"] is False
+
+    def drift(cfg):
+        cfg["pools"]["colocate"] = "auto"
+    problems = pool_resource_problems(with_app_config(rendered["default"].rayservice, drift))
+    assert problems == ["pools.colocate is 'auto': the chart's pools run in their own pods"]
+
+
 def test_too_few_target_pods_for_tensor_parallel_are_caught(rendered):
     def drift(cfg):
         cfg["pools"]["target"]["num_workers"] = 2

@@ -38,6 +38,8 @@ so the two cannot drift.
 {{- $http := dict "server" "proxy" "host" "0.0.0.0" "port" (int $v.http.port) "default_max_tokens" (int $v.http.defaultMaxTokens) "api_key_env" nil }}
 {{- if $v.apiKey.enabled }}{{ $_ := set $http "api_key_env" $v.apiKey.envName }}{{ end }}
 {{- $pools := dict "target" (include "specray.poolConfig" (list $v.target $v.target.tensorParallel) | fromYaml) "draft" (include "specray.poolConfig" (list (include "specray.draftGroup" . | fromYaml) $v.draft.groupSize) | fromYaml) }}
+{{- /* the chart runs each pool in its own pods: never the workers inside the Serve replica */}}
+{{- $_ := set $pools "colocate" false }}
 {{- $c := dict "model" $v.model.target "router" $router "pools" $pools "transport" $transport "http" $http }}
 {{- $_ := set $c "grpc" (dict "enabled" $v.grpc.enabled "port" (int $v.grpc.port) "server" "proxy") }}
 {{- if $v.model.servedModelName }}{{ $_ := set $c "served_model_name" $v.model.servedModelName }}{{ end }}

@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from specray import LLM, SamplingParams
 from specray.cluster.cli import main
 from specray.cluster.serve.http_server import free_port
 
@@ -167,11 +168,15 @@ def test_specray_serve_starts_and_answers(tiny_target, tmp_path):
             banner.append(proc.stdout.readline())
         text = "".join(banner)
         assert f"http://127.0.0.1:{port}/v1" in text and "curl" in text and "gRPC" in text
+        assert "workers: in the replica" in text  # one node: pools.colocate auto
         assert "sk-file" not in text
         body = {"prompt": [1, 5, 9, 5, 9], "max_tokens": 8, "temperature": 0}
         resp = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60, json=body,
                           headers={"Authorization": "Bearer sk-file"})
         assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] >= 1
+        want = LLM(str(tiny_target)).generate({"prompt_token_ids": [1, 5, 9, 5, 9]}, SamplingParams(
+            temperature=0, max_tokens=8))[0].outputs[0]
+        assert resp.json()["choices"][0]["text"] == want.text
         assert httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body).status_code == 401
         for path in ("/docs", "/openapi.json"):  # the docs are behind the key too
             assert httpx.get(f"http://127.0.0.1:{port}{path}").status_code == 401

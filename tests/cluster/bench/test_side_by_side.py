@@ -1,0 +1,55 @@
+"""`specray bench serve --against-llama-server`: the pieces that run without a llama.cpp build
+(finding the build and the GGUF, the command lines, the comparison table, a server that fails to
+start). The measurement itself is a benchmark (docs/performance.md), never a test."""
+
+import sys
+
+import pytest
+
+from specray.cluster.bench.side_by_side import (Server, compare, find_llama_server, gguf_of, llama_server_command,
+                                                markdown, specray_command)
+
+
+def level(c, tokens_per_s, ttft, errors=0):
+    return {"concurrency": c, "throughput_tokens_per_s": tokens_per_s, "errors": errors,
+            "ttft_s": {"p50": ttft}, "tpot_s": {"p50": 0.01}, "e2e_s": {"p50": 1.0}}
+
+
+def test_no_build_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECRAY_CACHE", str(tmp_path))
+    with pytest.raises(ValueError, match="build one with `bash scripts/build_llama_cpp.sh`"):
+        find_llama_server(None)
+    with pytest.raises(ValueError, match="no llama-server executable"):
+        find_llama_server(str(tmp_path))
+    build = tmp_path / "llama.cpp" / "1.0" / "bin"
+    build.mkdir(parents=True)
+    (build / "llama-server").write_text("#!/bin/sh\n")
+    (build / "llama-server").chmod(0o755)
+    assert find_llama_server(None) == build / "llama-server" == find_llama_server(str(build))
+
+
+def test_both_servers_load_the_same_gguf(tmp_path):
+    assert gguf_of("smollm2-135m").name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    with pytest.raises(ValueError, match="needs a GGUF model"):
+        gguf_of(str(tmp_path))
+    cmd = llama_server_command(tmp_path / "llama-server", gguf_of("smollm2-135m"), 8080, 2, 8, 16384)
+    assert cmd[cmd.index("-t") + 1] == "2" and cmd[cmd.index("-np") + 1] == "8" and cmd[cmd.index("-c") + 1] == "16384"
+    serve = specray_command("smollm2-135m", 8000, 9000, "--colocate off --max-num-seqs 16")
+    assert serve[-4:] == ["--colocate", "off", "--max-num-seqs", "16"] and "--port" in serve
+
+
+def test_the_comparison_pairs_levels():
+    rows = compare({"llama-server": [level(1, 50.0, 0.2), level(8, 100.0, 0.1)],
+                    "specray": [level(1, 60.0, 0.3), level(8, 150.0, 0.2, errors=1)]})
+    assert [r["ratio"] for r in rows] == [1.2, 1.5] and rows[1]["errors"] == [0, 1]
+    table = markdown({"model": "m", "gguf": "m.gguf", "endpoint": "chat", "num_requests": 4, "max_tokens": 8,
+                      "temperature": 0.0, "ignore_eos": True, "llama_command": ["llama-server", "-t", "2"],
+                      "specray_args": "", "comparison": rows})
+    assert "| 8 | 100.0 | 150.0 | 1.5x | 0.1 / 0.2 | 0.01 / 0.01 | 0 / 1 |" in table
+
+
+def test_a_server_that_exits_is_a_clear_error(tmp_path):
+    with pytest.raises(RuntimeError, match="exited with 3"):
+        with Server("broken", [sys.executable, "-c", "import sys; sys.exit(3)"], "http://127.0.0.1:9",
+                    tmp_path / "log"):
+            pass

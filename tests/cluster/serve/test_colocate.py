@@ -1,0 +1,82 @@
+"""pools.colocate: the target (and a ray-transport draft) worker inside the Serve replica, beside
+the router. Auto only on a one-node CPU cluster with one worker a pool; outputs do not change."""
+
+import pytest
+import torch
+
+from specray import LLM, SamplingParams
+from specray.cluster.config.serve import ServeConfig
+from specray.cluster.pools.builder import replica_resources
+from specray.cluster.pools.in_process import InlineDraftPool, InProcessTargetPool
+from specray.cluster.serve.runtime import build_runtime
+
+PROMPTS = [[1, 5 + i, 9, 5 + i, 9, 14] * (1 + i % 2) for i in range(4)]
+GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+
+
+@pytest.mark.parametrize("pools, nodes, want", [
+    ({}, 1, True),
+    ({}, 2, False),  # a multi-node cluster keeps separate pools
+    ({"target": {"num_workers": 2}}, 1, False),  # tensor parallelism: ranks are actors
+    ({"draft": {"num_gpus": 1}}, 1, False),
+    ({"target": {"device": "cuda"}}, 1, False),
+    ({"colocate": False}, 1, False),
+    ({"colocate": True}, 3, True),
+])
+def test_auto_colocates_on_one_cpu_node_with_one_worker_a_pool(pools, nodes, want):
+    assert ServeConfig.from_dict({"pools": pools}).pools.colocated(nodes) is want
+
+
+def test_colocating_a_tensor_parallel_target_or_a_draft_group_is_a_clear_error():
+    with pytest.raises(ValueError, match="tensor-parallel targets and draft groups need colocate false"):
+        ServeConfig.from_dict({"pools": {"colocate": True, "target": {"num_workers": 2}}})
+
+
+def test_the_replica_reserves_what_it_hosts():
+    pools = {"target": {"num_cpus": 2, "resources": {"target": 1}}, "draft": {"num_cpus": 1}}
+    assert replica_resources(ServeConfig.from_dict({"pools": {**pools, "colocate": False}})) == {"num_cpus": 0}
+    hosted = replica_resources(ServeConfig.from_dict({"pools": {**pools, "colocate": True}}))
+    assert hosted == {"num_cpus": 3, "num_gpus": 0, "resources": {"target": 1, "draft": 1}}
+    inline = ServeConfig.from_dict({"pools": {**pools, "colocate": True}, "transport": {"kind": "inline"}})
+    assert replica_resources(inline)["num_cpus"] == 2  # an inline draft was never an actor
+    plain = ServeConfig.from_dict({"pools": {**pools, "colocate": True}, "speculative_config": None})
+    assert replica_resources(plain)["resources"] == {"target": 1}
+
+
+def test_colocated_runs_one_group_in_flight():
+    draft = {"method": "draft_model", "model": "d", "num_speculative_tokens": 2}
+    assert ServeConfig.from_dict({"speculative_config": draft, "pools": {"colocate": False}}).pipelined
+    assert not ServeConfig.from_dict({"speculative_config": draft, "pools": {"colocate": True}}).pipelined
+
+
+def test_colocated_runtime_equals_in_process_greedy(tiny_target, tiny_draft):
+    cfg = ServeConfig.from_dict({"model": str(tiny_target), "pools": {"colocate": True, "target": {"threads": 1}, "draft": {"threads": 2}},
+                                 "speculative_config": {"method": "draft_model", "model": str(tiny_draft),
+                                                        "num_speculative_tokens": 3},
+                                 "router": {"kv_cache_tokens": 4096}})
+    threads = torch.get_num_threads()
+    runtime = build_runtime(cfg)
+    assert torch.get_num_threads() == 1, "the target worker sets the replica's threads; the draft shares them"
+    torch.set_num_threads(threads)
+    try:
+        assert isinstance(runtime.target_pool, InProcessTargetPool)
+        assert isinstance(runtime.draft_pool, InlineDraftPool)
+        router = runtime.async_router.router
+        runtime.async_router.shutdown()  # drive the router from this thread
+        ids = [router.add_request(p, GREEDY) for p in PROMPTS]
+        done = {}
+        while router.has_unfinished():
+            done.update({o.request_id: o for o in router.step() if o.finished})
+    finally:
+        runtime.shutdown()
+    want = LLM(str(tiny_target)).generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY)
+    assert [done[i].outputs[0].token_ids for i in ids] == [o.outputs[0].token_ids for o in want]
+    assert sum(done[i].metrics.num_draft_tokens for i in ids) > 0
+
+
+@pytest.mark.parametrize("flag, want", [([], "auto"), (["--colocate", "on"], True), (["--colocate", "off"], False)])
+def test_the_colocate_flag(flag, want):
+    from specray.cluster.cli import build_parser
+    from specray.cluster.serve.cli import resolve_config
+
+    assert resolve_config(build_parser().parse_args(["serve", *flag])).pools.colocate == want
