@@ -25,6 +25,7 @@ from pathlib import Path
 from specray.cluster.args import int_list
 from specray.cluster.bench.prompts import load_prompts
 from specray.cluster.bench.serve import percentiles, run_level, run_level_grpc, summarise
+from specray.cluster.router.round_stats import breakdown, snapshot
 from specray.kernels.chat import prompt_token_ids
 
 SCHEMA = "specray.bench.cluster/1"
@@ -54,34 +55,11 @@ def closed_loop(router, requests: list[list[int]], params, concurrency: int) -> 
             "tpot_s": percentiles(tpot)}
 
 
-def busy_seconds(pool) -> float | None:
-    """Seconds a pool's worker spent computing (rank 0); None where the router's wait is that."""
-    if pool is None or hasattr(pool, "worker"):  # in this process: waiting is computing
-        return None
-    import ray
-
-    return ray.get((pool.actors[0]).call.remote("busy"))
-
-
 def measured_loop(router, requests, params, concurrency: int) -> dict:
-    """closed_loop plus where a round's time went: waiting on the target and the draft (and, for
-    pools in other processes, how much of each wait their worker computed), the rest in the router."""
-    stats, pools = router.stats, (router.target, router.draft)
-    before = (time.perf_counter(), stats.steps, stats.target_seconds, stats.draft_seconds,
-              *(busy_seconds(p) for p in pools))
+    """closed_loop plus where a round's time went (cluster/router/round_stats.py)."""
+    before = snapshot(router)
     row = closed_loop(router, requests, params, concurrency)
-    after = (time.perf_counter(), stats.steps, stats.target_seconds, stats.draft_seconds,
-             *(busy_seconds(p) for p in pools))
-    rounds = max(1, after[1] - before[1])
-
-    def ms(i):
-        return None if after[i] is None else round(1000 * (after[i] - before[i]) / rounds, 3)
-
-    wall, target_wait, draft_wait = ms(0), ms(2), ms(3)
-    row["round_ms"] = {"rounds": rounds, "wall": wall, "target_wait": target_wait, "draft_wait": draft_wait,
-                       "target_compute": ms(4) if ms(4) is not None else target_wait,
-                       "draft_compute": ms(5) if ms(5) is not None else draft_wait,
-                       "router": round(wall - target_wait - draft_wait, 3)}
+    row["round_ms"] = breakdown(before, snapshot(router))
     return row
 
 
@@ -122,6 +100,7 @@ def served(cfg, bodies, levels, label, grpc: bool = False) -> tuple[list[dict], 
     from specray.cluster.serve.run import run_serve
 
     started = run_serve(cfg)
+    handle = serve.get_app_handle("specray")
     url, target = f"http://127.0.0.1:{cfg.http.port}", f"127.0.0.1:{cfg.grpc.port}"
     asyncio.run(run_level(url, {}, bodies[:2], True, 2, None, 0))  # warm-up
     protocols = [("HTTP", lambda c: run_level(url, {}, bodies, True, c, None, seed=c))]
@@ -130,9 +109,11 @@ def served(cfg, bodies, levels, label, grpc: bool = False) -> tuple[list[dict], 
     out: dict[str, list[dict]] = {"HTTP": [], "gRPC": []}
     for name, level in protocols:
         for c in levels:
+            before = handle.round_stats.remote().result()
             samples, seconds = asyncio.run(level(c))
             out[name].append(summarise(c, None, samples, seconds))
             row = out[name][-1]
+            row["round_ms"] = breakdown(before, handle.round_stats.remote().result())
             print(f"{label} {name} c={c}: {row['throughput_tokens_per_s']} tokens/s, {row['errors']} errors",
                   flush=True)
     serve.delete("specray")
@@ -237,10 +218,11 @@ def markdown(report: dict) -> str:
             e, tpot = r["e2e_s"], r.get("tpot_s", {}).get("p50")
             lines.append(f"| {label} | {r['concurrency']} | {r['throughput_tokens_per_s']} | {ratio:.2f}x | "
                          f"{e['p50']}/{e['p99']} | {tpot if tpot is not None else '-'} |")
-    lines += ["", "Where a round's time goes (ms a round, one group in flight; compute: inside the worker):", "",
+    lines += ["", "Where a round's time goes (ms a round; compute: inside the worker; served rows count every "
+              "round of the level, requests arriving and leaving included):", "",
               "| path | concurrency | rounds | wall | target wait | target compute | draft wait | draft compute | "
               "router |", "|---|---|---|---|---|---|---|---|---|"]
-    for label in ("in_process", "ray_pools"):
+    for label in LABELS:
         for r in report.get(label, []):
             if "round_ms" in r:
                 m = r["round_ms"]

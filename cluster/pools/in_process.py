@@ -26,6 +26,9 @@ class InProcessTargetPool:
     def ready(self) -> bool:
         return True
 
+    def busy(self) -> float:
+        return self.worker.busy()
+
 
 class InProcessDraftPool:
     """A DraftWorker in this process."""

@@ -120,6 +120,10 @@ class RayTargetPool:
     def node_ids(self) -> list[str]:
         return ray.get([a.node_id.remote() for a in self.actors])
 
+    def busy(self) -> float:
+        """Seconds rank 0 spent in steps (benchmarks split a round's time with it)."""
+        return ray.get(self.actors[0].call.remote("busy"))
+
     def worker_names(self) -> list[str]:
         return [f"{self.name}-s{self.starts}-r{r}" for r in range(len(self.actors))]
 
@@ -219,6 +223,10 @@ class RayDraftPool:
 
     def node_id(self) -> str:
         return ray.get(self.actor.node_id.remote())
+
+    def busy(self) -> float:
+        """Seconds rank 0 spent answering proposals (benchmarks split a round's time with it)."""
+        return ray.get(self.actor.call.remote("busy"))
 
     def worker_names(self) -> list[str]:
         if self.group_size == 1:

@@ -94,6 +94,12 @@ class SpecrayServer:
             out["draft"] = list(zip(rt.draft_pool.worker_names(), [node]))
         return out
 
+    def round_stats(self) -> dict:
+        """The router's round counters and its pools' compute (cluster/router/round_stats.py)."""
+        from specray.cluster.router.round_stats import snapshot
+
+        return snapshot(self.runtime.router)
+
     def check_health(self) -> None:
         """Serve's health probe: the router thread must be alive."""
         if not self.runtime.async_router.alive:

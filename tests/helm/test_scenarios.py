@@ -59,8 +59,8 @@ def test_cpu_profile_has_no_gpus(rendered):
     assert all("nvidia.com/gpu" not in (c.get("resources", {}).get("limits") or {}) for c in _containers(r))
     cfg = app_config(r.rayservice)
     assert cfg["model"] == "smollm2-135m"
-    assert {p["device"] for p in cfg["pools"].values()} == {"cpu"}
-    assert {p["num_gpus"] for p in cfg["pools"].values()} == {0}
+    assert {cfg["pools"][name]["device"] for name in ("target", "draft")} == {"cpu"}
+    assert {cfg["pools"][name]["num_gpus"] for name in ("target", "draft")} == {0}
     assert "tolerations" not in _groups(r)["target"]["template"]["spec"]
 
 

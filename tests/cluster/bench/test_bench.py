@@ -199,9 +199,10 @@ def test_bench_cluster_closed_loop_and_table(tiny_target, tiny_draft):
     requests = [[1, 5 + i, 9, 12] * 2 for i in range(5)]
     row = measured_loop(llm.router, requests, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), 2)
     assert row["completed"] == 5 and row["output_tokens"] == 30 and not llm.router.has_unfinished()
-    m = row["round_ms"]  # in this process a pool's wait is its compute
+    m = row["round_ms"]  # in this process the worker computes for (nearly) all of the wait
     assert m["rounds"] > 0 and m["target_wait"] > 0 and m["draft_wait"] > 0 and m["router"] > 0
-    assert m["target_compute"] == m["target_wait"] and m["draft_compute"] == m["draft_wait"]
+    assert 0.5 * m["target_wait"] < m["target_compute"] <= m["target_wait"]
+    assert m["draft_compute"] == m["draft_wait"]  # an in-process draft pool reports no compute of its own
     assert abs(m["wall"] - m["target_wait"] - m["draft_wait"] - m["router"]) < 0.01
     served = {**row, "throughput_tokens_per_s": row["throughput_tokens_per_s"] / 2}
     table = markdown({"model": "tiny", "speculative_config": {}, "max_tokens": 6, "num_requests": 5,

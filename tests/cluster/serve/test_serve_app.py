@@ -85,11 +85,17 @@ def test_workers_land_on_their_nodes(ray_cluster, handle):
     assert [node for _, node in placement["draft"]] == [ray_cluster["draft"].node_id]
 
 
-def test_concurrent_served_greedy_equals_in_process(client, reference):
+def test_concurrent_served_greedy_equals_in_process(client, reference, handle):
+    from specray.cluster.router.round_stats import breakdown
+
+    before = handle.round_stats.remote().result()
     results, errors = {}, {}
     for t in complete_all(client, PROMPTS, results, errors):
         t.join()
     assert not errors
+    m = breakdown(before, handle.round_stats.remote().result())
+    assert m["rounds"] > 0 and 0 < m["target_compute"] < m["target_wait"]  # a Ray call costs more than the step
+    assert m["draft_compute"] > 0 and m["draft_compute"] != m["draft_wait"]  # reported by the draft actor itself
     assert [results[i].choices[0].text for i in range(len(PROMPTS))] == [r.text for r in reference]
     accepted = [results[i].usage.model_extra["speculative"]["num_accepted_tokens"] for i in range(len(PROMPTS))]
     assert sum(accepted) > 0 and len(set(accepted)) > 1  # ragged acceptance
