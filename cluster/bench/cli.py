@@ -14,24 +14,26 @@ def add_bench_parser(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks")
     kinds = bench.add_subparsers(dest="bench_kind", required=True)
     off = kinds.add_parser("offline", help="specray vs transformers: methods x batch sizes x temperatures, one run")
-    off.add_argument("--model", default="smollm2-135m")
+    off.add_argument("--model", default="smollm2-135m", help="target: alias, HF folder or .gguf file")
     off.add_argument("--dataset", default=str(SHARED_PROMPTS) if SHARED_PROMPTS.exists() else None,
                      help="JSONL with Spec-Bench 'turns' or 'prompt' (default: Spec-Bench if present, else "
                           "the packaged subset); rows with 'context_tokens' (the packaged long-context set, "
                           f"{LONG_CONTEXT}) add the long-context table")
-    off.add_argument("--num-prompts", type=int, default=16)
-    off.add_argument("--max-tokens", type=int, default=128)
+    off.add_argument("--num-prompts", type=int, default=16, help="prompts a cell, round-robin over categories")
+    off.add_argument("--max-tokens", type=int, default=128, help="new tokens a prompt")
     off.add_argument("--methods", default=None, help=f"comma-separated from {list(METHODS)} (default: all; "
                      "specray_eagle with a feature-level draft; trees, drafted by it where there is one, "
                      "else by --draft-model, not in --quick)")
-    off.add_argument("--batch-sizes", type=int_list, default=[1, 4, 8, 16])
-    off.add_argument("--temperatures", type=float_list, default=[0.0, 1.0])
-    off.add_argument("--num-speculative-tokens", type=int, default=2)
+    off.add_argument("--batch-sizes", type=int_list, default=[1, 4, 8, 16], help="comma-separated, e.g. 1,4,8,16")
+    off.add_argument("--temperatures", type=float_list, default=[0.0, 1.0],
+                     help="comma-separated; 0 is greedy (outputs checked against plain decoding)")
+    off.add_argument("--num-speculative-tokens", type=int, default=2, help="draft tokens a round (chains; trees' depth)")
     off.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
     off.add_argument("--draft-model", default=None, help="draft checkpoint for specray_draft and hf_assisted "
                      "(default: the target's packaged standalone draft, smollm2-135m-draft for smollm2-135m; "
                      "else the target, truncated to --draft-num-layers)")
-    off.add_argument("--draft-num-layers", type=int, default=4)
+    off.add_argument("--draft-num-layers", type=int, default=4,
+                     help="layers of the truncated-target draft where no draft model is packaged")
     off.add_argument("--layer-parallel", type=int, default=2,
                      help="specray_easyspec: the draft's middle layers in groups of this many (EasySpec)")
     off.add_argument("--eagle-model", default=None, help="feature-level draft for specray_eagle (method 'eagle'; "
@@ -41,7 +43,7 @@ def add_bench_parser(sub) -> None:
     off.add_argument("--eagle-k", type=int, default=None,
                      help="num_speculative_tokens for specray_eagle (default: --num-speculative-tokens)")
     off.add_argument("--quick", action="store_true", help="4 prompts, 48 tokens, batch sizes <= 4 (~5 min)")
-    off.add_argument("--out", default="bench_out")
+    off.add_argument("--out", default="bench_out", help="folder for offline.{json,md,png}")
     off.set_defaults(func=cmd_bench_offline)
     add_serve_bench_parser(kinds)
     add_cluster_bench_parser(kinds)

@@ -273,12 +273,12 @@ def add_cluster_bench_parser(kinds) -> None:
     p = kinds.add_parser("cluster", help="served (Ray Serve + pools) vs in-process, and the draft transports",
                          description="Takes every `specray serve` flag; runs both router modes itself.")
     add_serve_flags(p)
-    p.add_argument("--concurrency", type=int_list, default=[1, 8, 16])
-    p.add_argument("--num-requests", type=int, default=16)
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--concurrency", type=int_list, default=[1, 8, 16], help="closed-loop levels, e.g. 1,8,16")
+    p.add_argument("--num-requests", type=int, default=16, help="requests a level")
+    p.add_argument("--max-tokens", type=int, default=64, help="new tokens a request (greedy)")
     p.add_argument("--dataset", default=None, help="JSONL of prompts (default: the packaged Spec-Bench subset)")
     p.add_argument("--repeats", type=int, default=1,
                    help="run every path this many times, interleaved, and report each one's median pass")
-    p.add_argument("--skip-transports", action="store_true")
-    p.add_argument("--out", default="bench_out")
+    p.add_argument("--skip-transports", action="store_true", help="leave out the draft transports' table")
+    p.add_argument("--out", default="bench_out", help="folder for cluster.{json,md}")
     p.set_defaults(func=cmd_bench_cluster)

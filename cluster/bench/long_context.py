@@ -95,18 +95,18 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from specray.cluster.bench.report import method_style
+
     temps = sorted({r["temperature"] for r in rows})
     fig, axes = plt.subplots(2, len(temps), figsize=(6 * len(temps), 7), squeeze=False)
     methods = sorted({r["method"] for r in rows})
-    markers = "os^vD<>ph*"
     for col, temp in enumerate(temps):
-        for i, method in enumerate(methods):
+        for method in methods:
             pts = sorted((r["context_tokens"], r["decode_tokens_per_s"], r["draft_own_mib"]) for r in rows
                          if r["method"] == method and r["temperature"] == temp and r["decode_tokens_per_s"])
             if pts:
                 x, tps, mem = zip(*pts)
-                style = dict(marker=markers[i % len(markers)], label=method, color=f"C{i % 10}",
-                             linestyle="-" if i < 10 else "--")
+                style = method_style(method)
                 axes[0][col].plot(x, tps, **style)
                 axes[1][col].plot(x, mem, **style)
         axes[0][col].set(title=f"temperature {temp}", xlabel="context tokens", ylabel="decode tokens/s")

@@ -156,6 +156,22 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+MARKERS = "os^vD<>ph*PXd"
+
+
+def method_style(method: str) -> dict:
+    """One look a method, the same in every plot: its own colour (tab20) and marker; a llama.cpp
+    row is black and dashed, so the peer stands out."""
+    import matplotlib
+
+    from specray.cluster.bench.offline import METHODS
+
+    if method.startswith("llama"):
+        return {"color": "black", "marker": "x", "linestyle": "--", "linewidth": 2.0, "label": method}
+    i = METHODS.index(method) if method in METHODS else len(METHODS) + sum(map(ord, method))
+    return {"color": matplotlib.colormaps["tab20"](i % 20), "marker": MARKERS[i % len(MARKERS)], "label": method}
+
+
 def plot(report: dict, path: Path) -> None:
     import matplotlib
 
@@ -169,7 +185,7 @@ def plot(report: dict, path: Path) -> None:
             pts = sorted((r["batch_size"], r["tokens_per_s"]) for r in report["cells"]
                          if r["method"] == method and r["temperature"] == temp and not r["skipped"])
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=method)
+                ax.plot(*zip(*pts), **method_style(method))
         ax.set(title=f"temperature {temp}", xlabel="batch size", ylabel="tokens/s")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

@@ -313,15 +313,16 @@ def add_serve_bench_parser(kinds) -> None:
     from specray.cluster.bench.prompts import SHARED_PROMPTS
 
     srv = kinds.add_parser("serve", help="load-test any OpenAI-compatible HTTP server")
-    srv.add_argument("--url", default="http://127.0.0.1:8000")
+    srv.add_argument("--url", default="http://127.0.0.1:8000", help="the server's root, with or without /v1")
     srv.add_argument("--model", default=None, help="model name to send (default: the server's first)")
-    srv.add_argument("--api-key", default=None)
-    srv.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
+    srv.add_argument("--api-key", default=None, help="sent as Authorization: Bearer KEY")
+    srv.add_argument("--endpoint", choices=["chat", "completions"], default="chat",
+                     help="/v1/chat/completions (the prompt as a user message) or /v1/completions")
     srv.add_argument("--concurrency", type=int_list, default=[1, 8, 16], help="closed-loop levels, e.g. 1,8,16")
     srv.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals per second (open loop)")
-    srv.add_argument("--num-requests", type=int, default=32)
-    srv.add_argument("--max-tokens", type=int, default=128)
-    srv.add_argument("--temperature", type=float, default=0.0)
+    srv.add_argument("--num-requests", type=int, default=32, help="requests a level")
+    srv.add_argument("--max-tokens", type=int, default=128, help="max_tokens of every request")
+    srv.add_argument("--temperature", type=float, default=0.0, help="of every request (each has its own seed)")
     srv.add_argument("--dataset", default=str(SHARED_PROMPTS) if SHARED_PROMPTS.exists() else None,
                      help="JSONL of prompts (default: Spec-Bench beside the checkout if present, else the "
                           "packaged subset)")
@@ -340,5 +341,5 @@ def add_serve_bench_parser(kinds) -> None:
                      help="llama-server's context, shared by its slots (-c; default 2048 a slot)")
     srv.add_argument("--threads", type=int, default=None, help="llama-server's threads (default: this node's cores)")
     srv.add_argument("--specray-args", default="", help="extra `specray serve` flags, e.g. \"--colocate off\"")
-    srv.add_argument("--out", default="bench_out")
+    srv.add_argument("--out", default="bench_out", help="folder for the report (JSON, Markdown, plot)")
     srv.set_defaults(func=cmd_bench_serve)

@@ -39,7 +39,7 @@ def add_serve_flags(p) -> None:
     p.add_argument("--config", help="YAML file with ServeConfig keys (see docs/serving.md)")
     p.add_argument("--address", help="join this Ray cluster (e.g. auto or ray://host:10001) instead of starting one")
     p.add_argument("--model", help="target: alias, HF folder or .gguf file (default smollm2-135m)")
-    p.add_argument("--served-model-name")
+    p.add_argument("--served-model-name", help="the model name the APIs answer to (default: --model)")
     p.add_argument("--host", help="interface HTTP and gRPC listen on (default 127.0.0.1; 0.0.0.0: every interface)")
     p.add_argument("--port", type=int, help="HTTP port (default 8000)")
     p.add_argument("--grpc-port", type=int, help="gRPC port (default 9000)")
@@ -52,9 +52,9 @@ def add_serve_flags(p) -> None:
     p.add_argument("--speculative-config", type=json_object,
                    help="the whole speculative_config as JSON, as vLLM takes it (trees, budgets, lookup_first, ...); "
                         "not with the other speculation flags")
-    p.add_argument("--speculative-method", choices=[*METHODS, "none"])
-    p.add_argument("--draft-model")
-    p.add_argument("--num-speculative-tokens", type=int)
+    p.add_argument("--speculative-method", choices=[*METHODS, "none"], help="speculative_config.method; none serves without speculation")
+    p.add_argument("--draft-model", help="speculative_config.model: the draft checkpoint or alias")
+    p.add_argument("--num-speculative-tokens", type=int, help="speculative_config.num_speculative_tokens: draft tokens a round")
     p.add_argument("--lookup-first", action="store_true", help="draft_model / eagle: prompt lookup first: a draft model proposes only where the last tokens never occurred before")
     p.add_argument("--pipeline", dest="pipelined", choices=["auto", "on", "off"],
                    help="two groups in flight (on), one (off), or two only with a draft model (auto, default)")
@@ -70,10 +70,10 @@ def add_serve_flags(p) -> None:
     p.add_argument("--tensor-parallel-size", type=int, help="target workers sharing the model")
     p.add_argument("--draft-workers", type=int, help="draft workers of one layer-parallel group (EasySpec across "
                                                      "devices; needs speculative_config layer_parallel >= it)")
-    p.add_argument("--max-num-seqs", type=int)
-    p.add_argument("--max-waiting", type=int)
-    p.add_argument("--kv-cache-tokens", type=int)
-    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--max-num-seqs", type=int, help="running sequences at most")
+    p.add_argument("--max-waiting", type=int, help="queued sequences before 429 / RESOURCE_EXHAUSTED")
+    p.add_argument("--kv-cache-tokens", type=int, help="target KV cache size in tokens")
+    p.add_argument("--max-model-len", type=int, help="longest prompt + output (default: the model's context)")
 
 
 def resolve_config(args):

@@ -1,0 +1,31 @@
+"""`specray bench`: every option explains itself, and every method looks different in the plots."""
+
+import argparse
+
+from specray.cluster.bench.offline import METHODS
+from specray.cluster.bench.report import method_style
+from specray.cluster.cli import build_parser
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict:
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return action.choices
+
+
+def test_every_bench_option_has_help_text():
+    kinds = subcommands(subcommands(build_parser())["bench"])
+    assert set(kinds) >= {"offline", "serve", "cluster", "easyspec"}
+    missing = {name: [a.option_strings[0] for a in p._actions if a.option_strings and not a.help]
+               for name, p in kinds.items()}
+    assert missing == {name: [] for name in kinds}
+
+
+def test_every_method_has_its_own_colour_and_marker():
+    styles = [method_style(m) for m in METHODS]
+    assert len({s["color"] for s in styles}) == len(METHODS) <= 20
+    assert len({s["marker"] for s in styles}) >= 10
+    assert method_style("specray") != method_style("specray_aded")
+    assert method_style("hf") != method_style("specray_rsd_s")
+    llama = method_style("llama_cpp")
+    assert llama["color"] == "black" and llama["linestyle"] == "--"
+    assert method_style("some_new_method")["color"] not in {"black"}
