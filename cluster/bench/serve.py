@@ -102,11 +102,14 @@ async def drive(send, bodies: list[dict], concurrency: int, rate: float | None, 
 
 
 async def run_level(base: str, headers: dict, bodies: list[dict], chat: bool, concurrency: int,
-                    rate: float | None, seed: int, progress=None) -> tuple[list[Sample], float]:
+                    rate: float | None, seed: int, progress=None, keepalive: bool = True) -> tuple[list[Sample], float]:
+    """One level; `keepalive=False` opens a connection a request (llama-server's HTTP library closes
+    a kept-alive connection after a few requests, which a reusing client sees as a failed request)."""
     import httpx
 
     url = api_root(base) + ("/v1/chat/completions" if chat else "/v1/completions")
-    async with httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(600.0)) as client:
+    limits = httpx.Limits() if keepalive else httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(600.0), limits=limits) as client:
         return await drive(lambda body, start: one_request(client, url, _wire(body), chat, start), bodies,
                            concurrency, rate, seed, progress)
 

@@ -172,7 +172,7 @@ def run_side_by_side(args) -> int:
             for name in (SERVERS if i % 2 == 0 else SERVERS[::-1]):
                 with tqdm(total=len(bodies[name]), desc=f"{name} (concurrency {c})", mininterval=1) as bar:
                     samples, seconds = asyncio.run(run_level(urls[name], {}, bodies[name], args.endpoint == "chat",
-                                                             c, None, c, bar))
+                                                             c, None, c, bar, keepalive=False))
                 levels[name].append(summarise(c, None, samples, seconds, categories))
     levels = {name: sorted(rows, key=lambda r: r["concurrency"]) for name, rows in levels.items()}
     report = {"schema": SCHEMA, "model": model, "gguf": gguf.name, "endpoint": args.endpoint,

@@ -29,6 +29,16 @@ from specray.kernels.proposal import Proposal, VerifyResult
 from specray.kernels.verify.rules import pick_rule
 
 
+class Drafted:
+    """A propose call for the sequences that draft this round; its answer keyed by sequence id."""
+
+    def __init__(self, pending: Pending[list[Proposal]], seq_ids: list[object]):
+        self.pending, self.seq_ids = pending, seq_ids
+
+    def result(self) -> dict[object, Proposal]:
+        return dict(zip(self.seq_ids, self.pending.result(), strict=True))
+
+
 @dataclass
 class _Request:
     request_id: str
@@ -140,9 +150,12 @@ class Router:
         return min(budgets) if budgets else None
 
     # -- the round's parts (shared by the sync round and the pipeline) ----------------------
-    def submit_propose(self, seqs: list[Sequence]) -> Pending[list[Proposal]] | None:
-        """Ask the draft pool for proposals; sequences with 0 draft tokens only calibrate."""
-        if self.draft is None or not seqs:
+    def submit_propose(self, seqs: list[Sequence]) -> Drafted | None:
+        """Ask the draft pool for proposals. Calibration rides along: each drafting sequence sends
+        every token committed since its last call (a sequence whose speculation is off, e.g. under
+        load, sends nothing and catches up the next round it drafts)."""
+        seqs = [s for s in seqs if self.num_draft_tokens(s) > 0] if self.draft is not None else []
+        if not seqs:
             return None
         items = []
         for seq in seqs:
@@ -153,14 +166,14 @@ class Router:
             seq.draft_sent, seq.draft_features = seq.num_tokens, []
         start = time.perf_counter()
         try:
-            return self.draft.submit_propose(items)
+            return Drafted(self.draft.submit_propose(items), [s.seq_id for s in seqs])
         except Exception as e:  # noqa: BLE001 - a lost or failing draft pool costs speed, never a request
             self._lose_draft_state(e)
             return None
         finally:  # in-process pools compute here; remote ones only send
             self.stats.draft_seconds += time.perf_counter() - start
 
-    def collect_proposals(self, seqs: list[Sequence], pending: Pending | None) -> dict[str, Proposal]:
+    def collect_proposals(self, seqs: list[Sequence], pending: Drafted | None) -> dict[str, Proposal]:
         proposals = {s.seq_id: Proposal([]) for s in seqs}
         if pending is None:
             return proposals
@@ -172,8 +185,7 @@ class Router:
             return proposals
         finally:
             self.stats.draft_seconds += time.perf_counter() - start
-        for seq, proposal in zip(seqs, drafted, strict=True):
-            proposals[seq.seq_id] = proposal
+        proposals.update((seq_id, p) for seq_id, p in drafted.items() if seq_id in proposals)
         return proposals
 
     def _lose_draft_state(self, error: Exception) -> None:
