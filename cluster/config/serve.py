@@ -63,9 +63,9 @@ class PoolsConfig(_Strict):
     target: TargetPoolConfig = TargetPoolConfig()
     draft: DraftPoolConfig = DraftPoolConfig()
     colocate: bool | Literal["auto"] = Field(
-        "auto", description="the target worker (and a draft worker on transport 'ray') inside the Serve "
+        False, description="the target worker (and a draft worker on transport 'ray') inside the Serve "
         "replica beside the router: no actor call a round, the replica reserves their resources; auto: "
-        "on a one-node cluster with one CPU worker a pool; false: separate actor pools")
+        "on a one-node cluster with one CPU worker a pool; false (default): separate actor pools")
 
     @model_validator(mode="after")
     def _colocatable(self) -> "PoolsConfig":

@@ -65,8 +65,8 @@ def add_serve_flags(p) -> None:
     p.add_argument("--drafter-address", help="host:port of a `specray drafter` (grpc transport)")
     p.add_argument("--colocate", choices=["auto", "on", "off"],
                    help="the target (and a ray-transport draft) worker inside the Serve replica, beside the router: "
-                        "no actor call a round (on); separate actor pools (off); on only on a one-node CPU "
-                        "cluster with one worker a pool (auto, default)")
+                        "no actor call a round (on); separate actor pools (off, default); on only on a one-node "
+                        "CPU cluster with one worker a pool (auto)")
     p.add_argument("--tensor-parallel-size", type=int, help="target workers sharing the model")
     p.add_argument("--draft-workers", type=int, help="draft workers of one layer-parallel group (EasySpec across "
                                                      "devices; needs speculative_config layer_parallel >= it)")

@@ -1,5 +1,6 @@
 """pools.colocate: the target (and a ray-transport draft) worker inside the Serve replica, beside
-the router. Auto only on a one-node CPU cluster with one worker a pool; outputs do not change."""
+the router. Off by default; auto only on a one-node CPU cluster with one worker a pool; outputs do
+not change."""
 
 import pytest
 import torch
@@ -15,12 +16,12 @@ GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 
 
 @pytest.mark.parametrize("pools, nodes, want", [
-    ({}, 1, True),
-    ({}, 2, False),  # a multi-node cluster keeps separate pools
-    ({"target": {"num_workers": 2}}, 1, False),  # tensor parallelism: ranks are actors
-    ({"draft": {"num_gpus": 1}}, 1, False),
-    ({"target": {"device": "cuda"}}, 1, False),
-    ({"colocate": False}, 1, False),
+    ({}, 1, False),  # the default: separate actor pools
+    ({"colocate": "auto"}, 1, True),
+    ({"colocate": "auto"}, 2, False),  # a multi-node cluster keeps separate pools
+    ({"colocate": "auto", "target": {"num_workers": 2}}, 1, False),  # tensor parallelism: ranks are actors
+    ({"colocate": "auto", "draft": {"num_gpus": 1}}, 1, False),
+    ({"colocate": "auto", "target": {"device": "cuda"}}, 1, False),
     ({"colocate": True}, 3, True),
 ])
 def test_auto_colocates_on_one_cpu_node_with_one_worker_a_pool(pools, nodes, want):
@@ -74,7 +75,8 @@ def test_colocated_runtime_equals_in_process_greedy(tiny_target, tiny_draft):
     assert sum(done[i].metrics.num_draft_tokens for i in ids) > 0
 
 
-@pytest.mark.parametrize("flag, want", [([], "auto"), (["--colocate", "on"], True), (["--colocate", "off"], False)])
+@pytest.mark.parametrize("flag, want", [([], False), (["--colocate", "auto"], "auto"), (["--colocate", "on"], True),
+                                        (["--colocate", "off"], False)])
 def test_the_colocate_flag(flag, want):
     from specray.cluster.cli import build_parser
     from specray.cluster.serve.cli import resolve_config

@@ -158,7 +158,7 @@ def test_specray_serve_starts_and_answers(tiny_target, tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "specray.cluster.cli", "serve", "--model", str(tiny_target),
          "--port", str(port), "--grpc-port", str(grpc_port), "--kv-cache-tokens", "4096", "--api-key-file", str(key_file),
-         "--grpc-tls-cert", str(cert), "--grpc-tls-key", str(key)],
+         "--grpc-tls-cert", str(cert), "--grpc-tls-key", str(key), "--colocate", "auto"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
     banner = []
     try:
@@ -168,7 +168,7 @@ def test_specray_serve_starts_and_answers(tiny_target, tmp_path):
             banner.append(proc.stdout.readline())
         text = "".join(banner)
         assert f"http://127.0.0.1:{port}/v1" in text and "curl" in text and "gRPC" in text
-        assert "workers: in the replica" in text  # one node: pools.colocate auto
+        assert "workers: in the replica" in text  # one node: --colocate auto puts them there
         assert "sk-file" not in text
         body = {"prompt": [1, 5, 9, 5, 9], "max_tokens": 8, "temperature": 0}
         resp = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60, json=body,
