@@ -13,14 +13,17 @@ import sys
 import time
 from pathlib import Path
 
-from specray.cluster.bench.serve import first_model, request_bodies, run_level, summarise
+from specray.cluster.bench.listing import first_model
+from specray.cluster.bench.serve import request_bodies, run_level, summarise
 
 SCHEMA = "specray.bench.side_by_side/1"
 SERVERS = ("llama-server", "specray")
 
 
 def llama_cache() -> Path:
-    return Path(os.environ.get("SPECRAY_CACHE", Path.home() / ".cache" / "specray")) / "llama.cpp"
+    from specray.kernels.loader import cache_root
+
+    return cache_root() / "llama.cpp"
 
 
 def find_llama_server(given: str | None) -> Path:

@@ -9,8 +9,8 @@ import time
 def busy_seconds(pool) -> float | None:
     """Seconds the pool's worker spent computing; None where the router's wait is that (in this
     process, or a transport that does not report it)."""
-    busy = getattr(pool, "busy", None)
-    return None if pool is None or busy is None else busy()
+    busy = getattr(pool, "busy", None)  # None for a missing pool too
+    return None if busy is None else busy()
 
 
 def snapshot(router) -> dict:

@@ -154,19 +154,19 @@ class Router:
         """Ask the draft pool for proposals. Calibration rides along: each drafting sequence sends
         every token committed since its last call (a sequence whose speculation is off, e.g. under
         load, sends nothing and catches up the next round it drafts)."""
-        seqs = [s for s in seqs if self.num_draft_tokens(s) > 0] if self.draft is not None else []
-        if not seqs:
+        drafting = [(s, k) for s in seqs if (k := self.num_draft_tokens(s)) > 0]  # no draft pool: k = 0
+        if not drafting:
             return None
         items = []
-        for seq in seqs:
+        for seq, k in drafting:
             delta = seq.token_ids[seq.draft_sent:]
             features = torch.cat(seq.draft_features) if seq.draft_features else None  # [rows, hidden_size]
-            items.append(DraftItem(seq.seq_id, delta, self.num_draft_tokens(seq),
+            items.append(DraftItem(seq.seq_id, delta, k,
                                    seq.spec() if seq.draft_sent == 0 else None, self.verify_budget(seq), features))
             seq.draft_sent, seq.draft_features = seq.num_tokens, []
         start = time.perf_counter()
         try:
-            return Drafted(self.draft.submit_propose(items), [s.seq_id for s in seqs])
+            return Drafted(self.draft.submit_propose(items), [s.seq_id for s, _ in drafting])
         except Exception as e:  # noqa: BLE001 - a lost or failing draft pool costs speed, never a request
             self._lose_draft_state(e)
             return None

@@ -55,7 +55,7 @@ def build_runtime(cfg: ServeConfig, wait_ready: bool = True) -> Runtime:
     checkpoint = resolve(cfg.model)  # converts a GGUF once per node; workers then find it cached
     tokenizer = checkpoint.tokenizer()
     model_config = ModelConfig.from_hf(checkpoint.hf_config())
-    colocated = cfg.pools.colocated(alive_nodes())
+    colocated = resolve_colocation(cfg).pools.colocate
     target = build_target_pool(cfg, colocated)
     draft = build_draft_pool(cfg, colocated)
     if wait_ready:

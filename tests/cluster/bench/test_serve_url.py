@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from specray.cluster.bench.serve import api_root, first_model
+from specray.cluster.bench.listing import api_root, first_model
 
 LISTINGS = {
     "/openai/v1/models": (200, {"object": "list", "data": [{"id": "smollm2-135m", "object": "model"}]}),
