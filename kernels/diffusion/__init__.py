@@ -1,0 +1,1 @@
+"""Masked diffusion language models: a bidirectional runtime, static decoding and FreeDave."""

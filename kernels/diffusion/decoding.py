@@ -1,0 +1,180 @@
+"""Static decoding with low-confidence remasking: the reference every diffusion decoder must equal.
+
+The canvas is the prompt followed by `gen_length` mask tokens, decoded in semi-autoregressive blocks
+of `block_length`. Step t works on block t // steps_per_block: from the logits of the current canvas
+it takes each position's candidate (the argmax, or at temperature > 0 the Gumbel-max draw of step t)
+and its confidence (the candidate's softmax probability), and unmasks the most confident masked
+positions of the block, as many as the step's transfer count (ties: the lower position first).
+The mask token is never a candidate. Randomness is a function of (seed, step, position): decoding is
+reproducible, and FreeDave can replay any step exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specray.kernels.sampling import SamplingConfig, processed_probs
+
+_MIX = 0x9E3779B97F4A7C15  # golden-ratio odd constant: spreads (seed, step) over generator seeds
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How a diffusion LM decodes: `num_drafts` = 1 is static decoding, K > 1 is FreeDave with K drafts."""
+
+    block_length: int = 32
+    steps_per_block: int | None = None  # None: block_length (one token per step)
+    num_drafts: int = 1
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.block_length, int) and self.block_length >= 1,
+               f"block_length must be an integer >= 1, got {self.block_length!r}")
+        spb = self.steps_per_block
+        _check(spb is None or (isinstance(spb, int) and 1 <= spb <= self.block_length),
+               f"steps_per_block must be an integer in [1, block_length={self.block_length}], got {spb!r}")
+        _check(isinstance(self.num_drafts, int) and self.num_drafts >= 1,
+               f"num_drafts (FreeDave's K) must be an integer >= 1, got {self.num_drafts!r}")
+
+    @property
+    def steps(self) -> int:
+        """Steps per block."""
+        return self.steps_per_block or self.block_length
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def transfer_counts(block_length: int, steps: int) -> list[int]:
+    """Tokens unmasked at each step of a block: as even as possible, the remainder first (LLaDA's rule)."""
+    base, extra = divmod(block_length, steps)
+    return [base + (1 if i < extra else 0) for i in range(steps)]
+
+
+@dataclass(frozen=True)
+class CanvasPlan:
+    """Where one sequence's blocks lie and which step decodes which block."""
+
+    prompt_len: int
+    gen_length: int  # a multiple of block_length
+    block_length: int
+    steps_per_block: int
+
+    def __post_init__(self) -> None:
+        assert self.prompt_len >= 1 and self.gen_length >= self.block_length >= 1
+        assert self.gen_length % self.block_length == 0, "the canvas holds whole blocks"
+        assert 1 <= self.steps_per_block <= self.block_length
+
+    @classmethod
+    def for_request(cls, prompt_len: int, max_tokens: int, options: DecodeOptions) -> "CanvasPlan":
+        """max_tokens rounded up to whole blocks (the output is cut back to max_tokens)."""
+        blocks = -(-max_tokens // options.block_length)
+        return cls(prompt_len, blocks * options.block_length, options.block_length, options.steps)
+
+    @property
+    def num_steps(self) -> int:
+        return self.gen_length // self.block_length * self.steps_per_block
+
+    @property
+    def length(self) -> int:
+        return self.prompt_len + self.gen_length
+
+    def block(self, step: int) -> tuple[int, int]:
+        """Positions [start, end) of the block that `step` decodes."""
+        assert 0 <= step < self.num_steps
+        start = self.prompt_len + step // self.steps_per_block * self.block_length
+        return start, start + self.block_length
+
+    def window(self, first_step: int, num_steps: int) -> tuple[int, int]:
+        """Positions of every block that steps [first_step, first_step + num_steps) decode."""
+        last = min(first_step + num_steps, self.num_steps) - 1
+        return self.block(first_step)[0], self.block(last)[1]
+
+    def transfers(self, step: int) -> int:
+        return transfer_counts(self.block_length, self.steps_per_block)[step % self.steps_per_block]
+
+    def finalized_blocks(self, step: int) -> int:
+        """Blocks fully decoded once `step` steps have run."""
+        return step // self.steps_per_block
+
+
+@dataclass(frozen=True)
+class StepSampler:
+    """A sequence's candidate rule: greedy, or Gumbel-max over processed logits with per-step noise."""
+
+    sampling: SamplingConfig
+    seed: int  # the request's seed (drawn at admission when it gave none)
+    mask_token_id: int
+
+    def noise(self, step: int, rows: int, vocab: int) -> torch.Tensor:
+        """Gumbel noise [rows, vocab] (float64) of `step`, row r for the block's r-th position."""
+        gen = torch.Generator().manual_seed((self.seed * _MIX + step) % (1 << 63))
+        u = torch.rand(rows, vocab, generator=gen, dtype=torch.float64).clamp_min(1e-300)
+        return -torch.log(-torch.log(u))
+
+    def candidates(self, logits: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [block_length, vocab_size] of step's block -> candidate [block_length], confidence
+        [block_length] (the candidate's softmax probability, fp32)."""
+        logits = logits.float().clone()
+        logits[:, self.mask_token_id] = float("-inf")
+        probs = logits.softmax(-1)  # [block_length, vocab_size]
+        if self.sampling.greedy:
+            x0 = logits.argmax(-1)
+        else:
+            processed = processed_probs(logits, [self.sampling] * logits.shape[0])
+            x0 = (processed.double().log() + self.noise(step, *logits.shape)).argmax(-1)
+        return x0, probs.gather(1, x0.unsqueeze(1)).squeeze(1)
+
+
+class Scores:
+    """The logits of one canvas over a window of positions, and the candidates each step takes from them."""
+
+    def __init__(self, logits: torch.Tensor, window: tuple[int, int], sampler: StepSampler):
+        assert logits.shape[0] == window[1] - window[0]
+        self.window, self.sampler = window, sampler
+        # Greedy candidates do not depend on the step: keep them, not the logits ([rows] vs [rows, vocab]).
+        self.greedy = sampler.candidates(logits, 0) if sampler.sampling.greedy else None
+        self.logits = None if self.greedy is not None else logits  # [rows, vocab_size]
+
+    def block(self, plan: CanvasPlan, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = plan.block(step)
+        lo, hi = a - self.window[0], b - self.window[0]
+        assert 0 <= lo and hi <= self.window[1] - self.window[0], "the step's block lies outside the scored window"
+        if self.greedy is not None:
+            return self.greedy[0][lo:hi], self.greedy[1][lo:hi]
+        return self.sampler.candidates(self.logits[lo:hi], step)
+
+
+def static_step(canvas: torch.Tensor, scores: Scores, plan: CanvasPlan, step: int, mask_token_id: int) -> torch.Tensor:
+    """canvas [length] at `step` -> the canvas after it: the step's most confident masked positions
+    of its block take their candidates."""
+    a, b = plan.block(step)
+    x0, conf = scores.block(plan, step)
+    masked = canvas[a:b] == mask_token_id  # [block_length]
+    n = plan.transfers(step)
+    assert int(masked.sum()) >= n, "a block holds fewer masks than its step unmasks"
+    conf = torch.where(masked, conf, torch.full_like(conf, float("-inf")))
+    chosen = torch.sort(conf, descending=True, stable=True).indices[:n]
+    out = canvas.clone()
+    out[a + chosen] = x0[chosen]
+    return out
+
+
+def initial_canvas(prompt_ids: list[int], plan: CanvasPlan, mask_token_id: int) -> torch.Tensor:
+    assert len(prompt_ids) == plan.prompt_len
+    return torch.tensor(list(prompt_ids) + [mask_token_id] * plan.gen_length, dtype=torch.long)
+
+
+def static_decode(model, prompt_ids: list[int], plan: CanvasPlan, sampler: StepSampler) -> tuple[torch.Tensor, int]:
+    """The reference: one forward per step, each sequence alone. -> (final canvas [length], calls)."""
+    mask = sampler.mask_token_id
+    canvas = initial_canvas(prompt_ids, plan, mask)
+    for step in range(plan.num_steps):
+        window = plan.block(step)
+        logits = model.forward([canvas], [window])[0]
+        canvas = static_step(canvas, Scores(logits, window, sampler), plan, step, mask)
+    assert not bool((canvas[plan.prompt_len:] == mask).any())
+    return canvas, plan.num_steps

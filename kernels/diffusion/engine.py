@@ -1,0 +1,120 @@
+"""Batched diffusion decoding: every running sequence's drafts in one model call a round.
+
+The engine keeps each sequence's canvas, step and scores (the logits of its current canvas), so a
+round ships nothing but token ids out: finalized blocks as they complete.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specray.kernels.diffusion.decoding import (
+    CanvasPlan,
+    DecodeOptions,
+    Scores,
+    StepSampler,
+    initial_canvas,
+)
+from specray.kernels.diffusion.freedave import accept, build_drafts
+from specray.kernels.diffusion.model import DiffusionModel
+
+
+@dataclass
+class DiffusionSeq:
+    seq_id: object
+    plan: CanvasPlan
+    sampler: StepSampler
+    canvas: torch.Tensor  # [length] the static state at `step`
+    stop_token_ids: frozenset[int]  # a finalized block holding one ends decoding
+    step: int = 0
+    scores: Scores | None = None  # of `canvas`; None before its first forward
+    emitted_blocks: int = 0
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.canvas.shape == (self.plan.length,)
+
+
+@dataclass
+class DiffusionUpdate:
+    """One sequence's outcome of a round."""
+
+    seq_id: object
+    token_ids: list[int]  # newly finalized blocks, in order
+    steps: int  # static steps this round advanced (0 for the first forward)
+    done: bool  # the canvas is complete, or a finalized block holds a stop token
+
+
+@dataclass
+class DiffusionMetrics:
+    model_calls: int = 0
+    steps: int = 0  # static steps advanced
+    canvases: int = 0  # canvases forwarded (drafts included)
+    per_seq_calls: dict = field(default_factory=dict)
+
+
+class DiffusionEngine:
+    def __init__(self, model: DiffusionModel, options: DecodeOptions):
+        self.model, self.options = model, options
+        self.mask_token_id = model.config.mask_token_id
+        self.seqs: dict[object, DiffusionSeq] = {}
+        self.metrics = DiffusionMetrics()
+
+    def add(self, seq_id: object, prompt_ids: list[int], plan: CanvasPlan, sampler: StepSampler,
+            stop_token_ids: frozenset[int] = frozenset()) -> None:
+        assert seq_id not in self.seqs, f"sequence {seq_id!r} is already running"
+        assert plan.length <= self.model.max_len
+        canvas = initial_canvas(prompt_ids, plan, self.mask_token_id)
+        self.seqs[seq_id] = DiffusionSeq(seq_id, plan, sampler, canvas, frozenset(stop_token_ids))
+
+    def release(self, seq_id: object) -> None:
+        self.seqs.pop(seq_id, None)
+
+    def step(self, seq_ids: list[object] | None = None) -> list[DiffusionUpdate]:
+        """One model call for the given running sequences (default: all of them)."""
+        seqs = [self.seqs[i] for i in (list(self.seqs) if seq_ids is None else seq_ids)]
+        seqs = [s for s in seqs if not s.done]
+        if not seqs:
+            return []
+        k = self.options.num_drafts
+        drafts = {s.seq_id: [] if s.scores is None else build_drafts(s.canvas, s.scores, s.plan, s.step, k,
+                                                                        self.mask_token_id) for s in seqs}
+        canvases, windows, owners = [], [], []
+        for s in seqs:
+            states = [(s.canvas, s.step)] if s.scores is None else \
+                [(d, s.step + j + 1) for j, d in enumerate(drafts[s.seq_id])]
+            for canvas, at in states:
+                if at < s.plan.num_steps:  # the final canvas needs no logits
+                    canvases.append(canvas)
+                    windows.append(s.plan.window(at, k))
+                    owners.append(s.seq_id)
+        logits = self.model.forward(canvases, windows) if canvases else []
+        self.metrics.model_calls += 1 if canvases else 0
+        self.metrics.canvases += len(canvases)
+        scored: dict[object, list[Scores]] = {s.seq_id: [] for s in seqs}
+        for owner, window, rows in zip(owners, windows, logits):
+            scored[owner].append(Scores(rows, window, self.seqs[owner].sampler))
+        return [self._advance(s, drafts[s.seq_id], scored[s.seq_id]) for s in seqs]
+
+    def _advance(self, s: DiffusionSeq, drafts: list[torch.Tensor], scores: list[Scores]) -> DiffusionUpdate:
+        if scores:  # this sequence took part in the call
+            self.metrics.per_seq_calls[s.seq_id] = self.metrics.per_seq_calls.get(s.seq_id, 0) + 1
+        if not drafts:  # the first forward: scores of the initial canvas
+            s.scores = scores[0]
+            return DiffusionUpdate(s.seq_id, [], 0, False)
+        best = accept(drafts, scores + [None] * (len(drafts) - len(scores)), s.plan, s.step, self.mask_token_id)
+        s.canvas, s.step = drafts[best - 1], s.step + best
+        s.scores = scores[best - 1] if best - 1 < len(scores) else None
+        self.metrics.steps += best
+        return DiffusionUpdate(s.seq_id, self._finalized(s), best, s.done)
+
+    def _finalized(self, s: DiffusionSeq) -> list[int]:
+        blocks = s.plan.finalized_blocks(s.step)
+        a = s.plan.prompt_len + s.emitted_blocks * s.plan.block_length
+        b = s.plan.prompt_len + blocks * s.plan.block_length
+        s.emitted_blocks = blocks
+        tokens = s.canvas[a:b].tolist()
+        s.done = s.step == s.plan.num_steps or any(t in s.stop_token_ids for t in tokens)
+        return tokens
