@@ -41,3 +41,16 @@ class DraftSpec(DraftOptions):
     group_size: int = 1
     dist_init_method: str | None = None  # rank 0's tcp:// rendezvous; None: "env://"
     dist_backend: str | None = None  # None: "nccl" on a cuda device, else "gloo"
+
+
+@dataclass(frozen=True)
+class DiffusionSpec:
+    """A diffusion LM worker: the model and how it decodes (FreeDave with num_drafts > 1)."""
+
+    model: str
+    dtype: str = "float32"
+    device: str = "cpu"
+    block_length: int = 32
+    steps_per_block: int | None = None  # None: block_length
+    num_drafts: int = 4
+    threads: int | None = None  # torch intra-op threads; None: the node's cores

@@ -26,8 +26,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--speculative-config", type=json_object, default=None,
                    help="the whole speculative_config as JSON, as vLLM takes it (trees, budgets, lookup_first, "
                         "...); not with the other speculation flags")
-    s.add_argument("--speculative-method", default=None, choices=[*METHODS, "none"],
-                   help="default: the target's packaged trained draft (smollm2-135m: eagle), else ngram")
+    s.add_argument("--speculative-method", default=None, choices=[*METHODS, "freedave", "none"],
+                   help="default: the target's packaged trained draft (smollm2-135m: eagle), else ngram; "
+                        "freedave for a diffusion LM (its default)")
     s.add_argument("--draft-model", default=None,
                    help="draft checkpoint for draft_model or eagle (default: the packaged draft, else the target)")
     s.add_argument("--draft-vocab-trim", type=int, default=None,
@@ -44,6 +45,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--lookup-first", action="store_true", help="draft_model / eagle: prompt lookup first: a draft model proposes only where the last tokens never occurred before")
     s.add_argument("--prompt-lookup-min", type=int, default=1)
     s.add_argument("--prompt-lookup-max", type=int, default=4)
+    from specray.cluster.diffusion_args import add_diffusion_args
+
+    add_diffusion_args(p)
 
 
 GENERATE_SPEC_FLAGS = ("speculative_method", "draft_model", "num_speculative_tokens", "draft_vocab_trim",
@@ -106,8 +110,13 @@ def cmd_generate(args) -> int:
     prompts = read_prompts(args)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                             max_tokens=args.max_tokens, stop=args.stop or None, ignore_eos=args.ignore_eos)
-    llm = LLM(args.model, speculative_config=speculative_config(args), dtype=args.dtype, device=args.device,
-              max_model_len=args.max_model_len, kv_cache_tokens=args.kv_cache_tokens)
+    from specray.cluster.diffusion_args import diffusion_configs
+
+    diffusion = diffusion_configs(args)
+    spec, diffusion_config = diffusion if diffusion else (speculative_config(args), None)
+    llm = LLM(args.model, speculative_config=spec, dtype=args.dtype, device=args.device,
+              max_model_len=args.max_model_len, kv_cache_tokens=args.kv_cache_tokens,
+              diffusion_config=diffusion_config)
     inputs = ([{"prompt_token_ids": llm.apply_chat_template([{"role": "user", "content": p}])} for p in prompts]
               if args.chat_template else prompts)
     start, printed, finished = time.perf_counter(), {}, []
@@ -123,17 +132,22 @@ def cmd_generate(args) -> int:
             finished.append(out)
     elapsed = time.perf_counter() - start
     print()
-    print(summary_line(finished, elapsed), file=sys.stderr)
+    print(summary_line(finished, elapsed, diffusion is not None), file=sys.stderr)
     return 0
 
 
-def summary_line(outputs, elapsed: float) -> str:
+def summary_line(outputs, elapsed: float, diffusion: bool = False) -> str:
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     rounds = sum(o.metrics.num_rounds for o in outputs)
     emitted = sum(o.metrics.num_emitted_tokens for o in outputs)
     drafted = sum(o.metrics.num_draft_tokens for o in outputs)
     accepted = sum(o.metrics.num_accepted_tokens for o in outputs)
     tau = emitted / rounds if rounds else 0.0
+    if diffusion:  # rounds are model calls
+        steps = sum(o.metrics.num_diffusion_steps for o in outputs)
+        return (f"[specray] {len(outputs)} request(s), {tokens} tokens in {elapsed:.2f}s = "
+                f"{tokens / max(elapsed, 1e-9):.1f} tokens/s; {rounds / max(emitted, 1):.2f} model calls a token, "
+                f"{steps / max(rounds, 1):.2f} static steps a call")
     rate = accepted / drafted if drafted else 0.0
     return (f"[specray] {len(outputs)} request(s), {tokens} tokens in {elapsed:.2f}s = "
             f"{tokens / max(elapsed, 1e-9):.1f} tokens/s; acceptance length {tau:.2f}, "

@@ -14,9 +14,11 @@ from specray.cluster.config.worker_specs import draft_spec, num_blocks
 from specray.cluster.outputs import CompletionOutput, RequestOutput
 from specray.cluster.params import SamplingParams
 from specray.cluster.pools.in_process import InProcessDraftPool, InProcessTargetPool
+from specray.cluster.router.diffusion_router import diffusion_router
 from specray.cluster.router.router import Router, router_limits
 from specray.kernels.chat import chat_token_ids
 from specray.kernels.drafters.registry import build_drafter
+from specray.kernels.diffusion.weights import is_diffusion_folder
 from specray.kernels.loader import DTYPES, load_model, resolve
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
@@ -43,16 +45,27 @@ class LLM:
     def __init__(self, model: str = "smollm2-135m", speculative_config: dict[str, Any] | None = None,
                  dtype: str | torch.dtype = "float32", device: str = "cpu", max_model_len: int | None = None,
                  max_num_seqs: int = 32, kv_cache_tokens: int = 16384, block_size: int = 16, seed: int = 0,
-                 pipelined: bool = False, tokenizer: str | None = None, skip_tokenizer_init: bool = False):
+                 pipelined: bool = False, tokenizer: str | None = None, skip_tokenizer_init: bool = False,
+                 diffusion_config: dict[str, Any] | None = None):
         """`tokenizer`: a folder or alias to take the tokenizer from (default: the model's own);
-        `skip_tokenizer_init`: none at all, prompts and outputs are token ids (texts stay empty)."""
-        spec = SpeculativeConfig.from_dict(speculative_config)
+        `skip_tokenizer_init`: none at all, prompts and outputs are token ids (texts stay empty).
+        A diffusion LM (a LLaDA or Dream folder) is detected from its config: `speculative_config`
+        then takes FreeDave ({"method": "freedave", "num_drafts": K}) and `diffusion_config` its
+        block_length and steps_per_block (cluster/config/diffusion.py)."""
         torch_dtype = parse_dtype(dtype)
         torch.manual_seed(seed)
         checkpoint = resolve(model)
         self.model_name = model
         self.tokenizer = None if skip_tokenizer_init else resolve(tokenizer).tokenizer() if tokenizer \
             else checkpoint.tokenizer()
+        if is_diffusion_folder(checkpoint.path):
+            self.router = diffusion_router(checkpoint, self.tokenizer, speculative_config, diffusion_config,
+                                           torch_dtype, device, max_model_len, max_num_seqs)
+            self.target, self.draft = self.router.target.worker, None
+            return
+        if diffusion_config:
+            raise ValueError(f"diffusion_config applies to diffusion LMs; {model!r} is autoregressive")
+        spec = SpeculativeConfig.from_dict(speculative_config)
         target_model = load_model(checkpoint, torch_dtype, device)
         blocks = num_blocks(kv_cache_tokens, block_size)
         self.target = TargetWorker(target_model, blocks, block_size)

@@ -13,6 +13,9 @@ class SpecMetrics:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_emitted_tokens: int = 0  # tokens emitted by decode rounds (the prefill's first token excluded)
+    # Diffusion LMs: num_rounds counts model calls, num_emitted_tokens finalized tokens, and this the
+    # static steps they advanced (FreeDave: several a call; static decoding: one)
+    num_diffusion_steps: int = 0
 
     @property
     def acceptance_length(self) -> float:

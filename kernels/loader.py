@@ -65,7 +65,20 @@ class Checkpoint:
         if not any((self.path / name).exists() for name in TOKENIZER_FILES):
             raise ValueError(f"{self.path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); pass "
                              "tokenizer=<folder or alias> or skip_tokenizer_init=True (token ids in and out)")
+        if _is_diffusion_config(self.path):
+            # transformers does not know LLaDA's or Dream's model_type: give it an empty config
+            # rather than let it read config.json (and warn about a model type it cannot build)
+            from transformers import PretrainedConfig
+
+            return AutoTokenizer.from_pretrained(self.path, config=PretrainedConfig())
         return AutoTokenizer.from_pretrained(self.path)
+
+
+def _is_diffusion_config(folder: Path) -> bool:
+    path = folder / "config.json"
+    from specray.kernels.diffusion.config import diffusion_layout
+
+    return path.exists() and diffusion_layout(json.loads(path.read_text())) is not None
 
 
 def hf_config(folder: str | Path):

@@ -56,6 +56,10 @@ def cmd_distill(args) -> int:
     if args.data_only:  # e.g. generate here, train elsewhere with --extra-data
         log(f"specray distill: {len(shards)} shards in {setup.data_dir} ({time.perf_counter() - t0:.0f}s); --data-only")
         return 0
+    if args.kind == "diffusion":
+        from specray.cluster.distill.diffusion import distill_diffusion
+
+        return distill_diffusion(args, setup, shards + setup.extra, log)
     if args.kind in ("eagle", "longspec"):
         from specray.cluster.distill.eagle import distill_eagle
         from specray.cluster.distill.longspec import distill_longspec
@@ -99,10 +103,12 @@ def add_distill_parser(sub) -> None:
     d.add_argument("--data-only", action="store_true",
                    help="stop after writing the shards (no draft, no training)")
     m = p.add_argument_group("draft")
-    m.add_argument("--kind", default="model", choices=["model", "eagle", "longspec"],
+    m.add_argument("--kind", default="model", choices=["model", "eagle", "longspec", "diffusion"],
                    help="model: a standalone Llama draft; eagle: a feature-level draft reading the target's "
                         "hidden states (serve it with method 'eagle'); longspec: one layer with a sliding "
-                        "window cross-attending the target's last-layer KV (method 'longspec')")
+                        "window cross-attending the target's last-layer KV (method 'longspec'); diffusion: a "
+                        "diffusion LM that serves on its own (Dream layout, from --init-from, default the "
+                        "packaged smollm2-135m-draft; trained to unmask the target's responses)")
     m.add_argument("--window", type=int, default=512,
                    help="longspec: the draft's self-attention window (its constant-size ring buffer)")
     m.add_argument("--hidden-size", type=int, default=256)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Generic, Protocol, TypeVar
 
+from specray.actors.diffusion_worker import DiffusionItem
 from specray.actors.messages import DraftItem, TargetItem
+from specray.kernels.diffusion.engine import DiffusionUpdate
 from specray.kernels.proposal import Proposal, VerifyResult
 
 T = TypeVar("T")
@@ -38,6 +40,13 @@ class TargetPool(Protocol):
 
 class DraftPool(Protocol):
     def submit_propose(self, items: list[DraftItem]) -> Pending[list[Proposal]]: ...
+    def release(self, seq_id: object) -> None: ...
+
+
+class DiffusionPool(Protocol):
+    """Workers of a diffusion LM: start sequences and run one model call for the given ones."""
+
+    def submit_step(self, new: list[DiffusionItem], seq_ids: list[object]) -> Pending[list[DiffusionUpdate]]: ...
     def release(self, seq_id: object) -> None: ...
 
 

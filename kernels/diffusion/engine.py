@@ -44,6 +44,8 @@ class DiffusionUpdate:
     seq_id: object
     token_ids: list[int]  # newly finalized blocks, in order
     steps: int  # static steps this round advanced (0 for the first forward)
+    drafts: int  # drafts built this round (FreeDave's K, fewer near the end; 0 for the first forward)
+    forwarded: int  # canvases of this sequence the round's model call scored (0: no call was needed)
     done: bool  # the canvas is complete, or a finalized block holds a stop token
 
 
@@ -103,12 +105,13 @@ class DiffusionEngine:
             self.metrics.per_seq_calls[s.seq_id] = self.metrics.per_seq_calls.get(s.seq_id, 0) + 1
         if not drafts:  # the first forward: scores of the initial canvas
             s.scores = scores[0]
-            return DiffusionUpdate(s.seq_id, [], 0, False)
+            return DiffusionUpdate(s.seq_id, [], 0, 0, len(scores), False)
         best = accept(drafts, scores + [None] * (len(drafts) - len(scores)), s.plan, s.step, self.mask_token_id)
         s.canvas, s.step = drafts[best - 1], s.step + best
         s.scores = scores[best - 1] if best - 1 < len(scores) else None
         self.metrics.steps += best
-        return DiffusionUpdate(s.seq_id, self._finalized(s), best, s.done)
+        tokens = self._finalized(s)
+        return DiffusionUpdate(s.seq_id, tokens, best, len(drafts), len(scores), s.done)
 
     def _finalized(self, s: DiffusionSeq) -> list[int]:
         blocks = s.plan.finalized_blocks(s.step)

@@ -1,0 +1,218 @@
+"""Continuous batching for a diffusion LM, with the Router's surface (add_request, step, abort, ...).
+
+Every step is one model call over every running sequence (FreeDave's drafts included). A sequence
+emits tokens a block at a time, when the block is finalized; EOS, stop tokens, stop strings and
+max_tokens apply to those tokens as they do to an autoregressive model's. The canvas holds
+max_tokens rounded up to whole blocks, so a request needs prompt + that within the model's length.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass
+
+from specray.actors.diffusion_worker import DiffusionItem
+from specray.cluster.outputs import RequestOutput, SpecMetrics
+from specray.cluster.params import SamplingParams
+from specray.cluster.pools.api import DiffusionPool
+from specray.cluster.router.failures import RequestFailed, request_failed
+from specray.cluster.router.limits import RouterStats
+from specray.cluster.router.router import _Request
+from specray.cluster.router.sequence import Sequence
+from specray.kernels.diffusion.engine import DiffusionUpdate
+from specray.kernels.ints import ceil_div
+
+
+@dataclass(frozen=True)
+class DiffusionLimits:
+    max_model_len: int  # prompt + canvas at most
+    vocab_size: int
+    block_length: int
+    max_num_seqs: int = 32
+
+    def __post_init__(self) -> None:
+        assert self.max_model_len >= 2 and self.block_length >= 1 and self.max_num_seqs >= 1
+
+    def canvas_tokens(self, max_tokens: int) -> int:
+        return ceil_div(max_tokens, self.block_length) * self.block_length
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams, has_tokenizer: bool = True) -> None:
+        """ValueError for a request a diffusion LM cannot run, naming what does not apply."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"expected SamplingParams, got {type(params).__name__}")
+        if not prompt_token_ids:
+            raise ValueError("prompt is empty: it must contain at least one token")
+        if any(type(t) is not int or not 0 <= t < self.vocab_size for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
+        canvas = self.canvas_tokens(params.max_tokens)
+        if len(prompt_token_ids) + canvas > self.max_model_len:
+            raise ValueError(f"prompt ({len(prompt_token_ids)} tokens) + max_tokens {params.max_tokens} (a canvas of "
+                             f"{canvas}: whole blocks of {self.block_length}) exceeds the model's length "
+                             f"{self.max_model_len}")
+        if params.logprobs is not None:
+            raise ValueError("logprobs are not defined for a diffusion LM in specray (tokens are not "
+                             "generated left to right from one distribution each)")
+        if params.num_speculative_tokens is not None or params.verify_budget is not None:
+            raise ValueError("num_speculative_tokens and verify_budget do not apply to a diffusion LM: "
+                             "FreeDave's drafts are set by speculative_config['num_drafts']")
+        if not has_tokenizer and params.stop:
+            raise ValueError("stop strings need a tokenizer, and this engine has none; use stop_token_ids")
+        if params.n > self.max_num_seqs:
+            raise ValueError(f"n={params.n} exceeds max_num_seqs {self.max_num_seqs}")
+        if any(t >= self.vocab_size for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be in [0, {self.vocab_size})")
+
+
+@dataclass
+class DiffusionStats(RouterStats):
+    model_calls: int = 0
+    diffusion_steps: int = 0  # static steps advanced, all sequences
+    tokens: int = 0  # tokens emitted
+
+
+class DiffusionRouter:
+    def __init__(self, pool: DiffusionPool, tokenizer, eos_token_ids, limits: DiffusionLimits):
+        self.target, self.draft, self.tokenizer, self.config = pool, None, tokenizer, limits
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.requests: dict[str, _Request] = {}
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.started: set[str] = set()  # sequences the pool holds
+        self.stats = DiffusionStats()
+        self.failures: list[tuple[str, RequestFailed]] = []
+        self._ids = itertools.count()
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None,
+                    request_id: str | None = None) -> str:
+        self.check_prompt(prompt_token_ids, params)
+        request_id = request_id or str(next(self._ids))
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already running")
+        seqs = [Sequence(f"{request_id}/{i}", request_id, i, list(prompt_token_ids), params, self.eos_token_ids,
+                         self.config.max_model_len) for i in range(params.n)]
+        self.requests[request_id] = _Request(request_id, prompt, list(prompt_token_ids), seqs)
+        self.waiting.extend(seqs)
+        return request_id
+
+    def check_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self.config.check_request(prompt_token_ids, params, has_tokenizer=self.tokenizer is not None)
+
+    def abort(self, request_id: str) -> None:
+        req = self.requests.pop(request_id, None)
+        for seq in req.seqs if req else []:
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+            if seq in self.running:
+                self._retire(seq)
+
+    def fail_request(self, request_id: str, error: BaseException) -> None:
+        if request_id in self.requests:
+            self.abort(request_id)
+            self.failures.append((request_id, request_failed(request_id, error)))
+
+    def take_failures(self) -> list[tuple[str, RequestFailed]]:
+        failures, self.failures = self.failures, []
+        return failures
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def fail_all(self) -> list[str]:
+        lost = list(self.requests)
+        self.running, self.started = [], set()
+        self.waiting.clear()
+        self.requests.clear()
+        self.stats.target_failures += 1
+        return lost
+
+    def _item(self, seq: Sequence) -> DiffusionItem:
+        p = seq.params
+        seed = None if p.seed is None else p.seed + seq.index
+        stops = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos_token_ids)
+        return DiffusionItem(seq.seq_id, seq.prompt_token_ids, p.max_tokens, p.sampling_config(), seed, stops)
+
+    def step(self) -> list[RequestOutput]:
+        """One model call for every running sequence (newly admitted ones start with it)."""
+        self.stats.steps += 1
+        new = []
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting.popleft()
+            self.running.append(seq)
+            new.append(self._item(seq))
+        if not self.running:
+            return []
+        group = list(self.running)
+        try:
+            updates = self.target.submit_step(new, [s.seq_id for s in group]).result()
+        except Exception as error:  # inside the worker: this call's requests fail, queued ones go on
+            self.started |= {item.seq_id for item in new}
+            for request_id in dict.fromkeys(s.request_id for s in group):
+                self.fail_request(request_id, error)
+            return []
+        self.started |= {item.seq_id for item in new}
+        self.stats.model_calls += 1
+        by_id = {s.seq_id: s for s in group}
+        for update in updates:
+            self._commit(by_id[update.seq_id], update)
+        return self._outputs(group)
+
+    def _commit(self, seq: Sequence, update: DiffusionUpdate) -> None:
+        m = seq.metrics
+        m.num_rounds += 1 if update.forwarded else 0  # model calls this sequence took part in
+        m.num_draft_tokens += max(update.drafts - 1, 0)  # drafts beyond the first (the static state)
+        m.num_accepted_tokens += max(update.steps - 1, 0)  # steps beyond the first a call advanced
+        m.num_emitted_tokens += len(update.token_ids)
+        m.num_diffusion_steps += update.steps
+        self.stats.diffusion_steps += update.steps
+        if update.token_ids:
+            before = len(seq.output_token_ids)
+            seq.append(update.token_ids, None)
+            self.stats.tokens += len(seq.output_token_ids) - before
+            if self.tokenizer is not None:
+                seq.detokenize(self.tokenizer)
+        if update.done and not seq.finished:  # the canvas is complete: max_tokens reached
+            seq.finish_reason = "length"
+        if seq.finished:
+            self._retire(seq)
+
+    def _retire(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        if seq.seq_id in self.started:
+            self.started.discard(seq.seq_id)
+            self.target.release(seq.seq_id)
+
+    def _outputs(self, seqs: list[Sequence]) -> list[RequestOutput]:
+        out = []
+        for request_id in dict.fromkeys(s.request_id for s in seqs):
+            req = self.requests.get(request_id)
+            if req is None:
+                continue
+            finished = all(s.finished for s in req.seqs)
+            out.append(RequestOutput(request_id, req.prompt, req.prompt_token_ids, [s.completion() for s in req.seqs],
+                                     finished, SpecMetrics.total([s.metrics for s in req.seqs])))
+            if finished:
+                del self.requests[request_id]
+        return out
+
+
+def diffusion_router(checkpoint, tokenizer, speculative_config, diffusion_config, dtype, device: str,
+                     max_model_len: int | None, max_num_seqs: int) -> DiffusionRouter:
+    """A DiffusionRouter over an in-process DiffusionWorker of `checkpoint` (the offline API's engine)."""
+    from specray.actors.diffusion_worker import DiffusionWorker
+    from specray.cluster.config.diffusion import decode_options
+    from specray.cluster.pools.in_process import InProcessDiffusionPool
+    from specray.kernels.diffusion.weights import load_diffusion_model
+
+    options = decode_options(speculative_config, diffusion_config)
+    model = load_diffusion_model(checkpoint.path, dtype, device)
+    limits = diffusion_limits(model.config, options.block_length, max_model_len, max_num_seqs)
+    eos = set(model.config.model.eos_token_ids) or ({tokenizer.eos_token_id} if tokenizer is not None else set())
+    return DiffusionRouter(InProcessDiffusionPool(DiffusionWorker(model, options)), tokenizer, eos, limits)
+
+
+def diffusion_limits(config, block_length: int, max_model_len: int | None, max_num_seqs: int) -> DiffusionLimits:
+    limit = config.model.max_position_embeddings
+    if max_model_len is not None and not 2 <= max_model_len <= limit:
+        raise ValueError(f"max_model_len must be in [2, {limit}], got {max_model_len}")
+    return DiffusionLimits(max_model_len or limit, config.model.vocab_size, block_length, max_num_seqs)

@@ -1,0 +1,123 @@
+"""A diffusion LM through the offline API and the CLI: detected from its folder, outputs equal to
+static decoding (FreeDave or not, any batch), EOS/stops/max_tokens, n and seeds, and clear errors."""
+
+import pytest
+import torch
+from diffusion_helpers import MASK, save_tiny_dllm
+
+from specray import LLM, SamplingParams
+from specray.cluster.cli import main as cli_main
+from specray.kernels.diffusion.decoding import CanvasPlan, DecodeOptions, StepSampler, static_decode
+from specray.kernels.sampling import SamplingConfig
+
+PROMPTS = [[5, 6, 7], [9], [11, 12, 13, 14, 15, 16, 17, 18], [20, 21]]
+
+
+@pytest.fixture(scope="module", params=["llada", "dream"])
+def folder(request, tmp_path_factory):
+    return save_tiny_dllm(tmp_path_factory.mktemp(request.param), request.param, scale=6.0)
+
+
+def _reference(llm: LLM, prompt: list[int], max_tokens: int, block: int, sampling=SamplingConfig(0.0), seed=0,
+               steps: int | None = None, ignore_eos: bool = False):
+    """Static decoding of the whole canvas, then the API's rules: cut after EOS, then at max_tokens."""
+    model = llm.target.model
+    plan = CanvasPlan.for_request(len(prompt), max_tokens, DecodeOptions(block, steps))
+    canvas, _ = static_decode(model, prompt, plan, StepSampler(sampling, seed, MASK))
+    out = canvas[len(prompt):].tolist()
+    eos = None if ignore_eos else next((i for i, t in enumerate(out) if t == 2), None)
+    return out[:eos + 1] if eos is not None and eos < max_tokens else out[:max_tokens]
+
+
+@pytest.mark.parametrize("num_drafts", [1, 4])
+def test_generate_equals_static_decoding_at_every_batch_size(folder, num_drafts):
+    llm = LLM(str(folder), speculative_config={"method": "freedave", "num_drafts": num_drafts},
+              diffusion_config={"block_length": 8}, max_num_seqs=3)
+    params = SamplingParams(temperature=0.0, max_tokens=19)  # 19: not a multiple of the block
+    expected = [_reference(llm, p, 19, 8) for p in PROMPTS]
+    for batch in (1, 2, 4):
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:batch]], params)
+        assert [o.outputs[0].token_ids for o in outs] == expected[:batch]
+        for o in outs:
+            c = o.outputs[0]
+            assert c.finish_reason == ("stop" if c.token_ids[-1] == 2 else "length") and len(c.token_ids) <= 19
+            m = o.metrics
+            assert m.num_diffusion_steps >= m.num_rounds - 1 and m.num_emitted_tokens >= len(c.token_ids)
+
+
+def test_sampled_requests_repeat_with_a_seed_and_choices_differ(folder):
+    llm = LLM(str(folder), speculative_config={"method": "freedave", "num_drafts": 3},
+              diffusion_config={"block_length": 4, "steps_per_block": 2})
+    params = SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=12, n=2, ignore_eos=True)
+    a = llm.generate([{"prompt_token_ids": PROMPTS[0]}], params)[0]
+    b = llm.generate([{"prompt_token_ids": PROMPTS[0]}], params)[0]
+    assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+    assert a.outputs[0].token_ids != a.outputs[1].token_ids
+    static = LLM(str(folder), diffusion_config={"block_length": 4, "steps_per_block": 2})
+    c = static.generate([{"prompt_token_ids": PROMPTS[0]}], params)[0]
+    assert [x.token_ids for x in c.outputs] == [x.token_ids for x in a.outputs]
+    for choice in (0, 1):  # choice i draws with seed + i
+        ref = _reference(llm, PROMPTS[0], 12, 4, SamplingConfig(0.9, top_p=0.95), seed=7 + choice, steps=2,
+                         ignore_eos=True)
+        assert a.outputs[choice].token_ids == ref
+
+
+def test_stop_tokens_strings_and_chat(folder):
+    llm = LLM(str(folder), diffusion_config={"block_length": 8})
+    free = llm.generate([{"prompt_token_ids": PROMPTS[2]}], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    tokens = free[0].outputs[0].token_ids
+    stop_at = tokens[5]
+    cut = llm.generate([{"prompt_token_ids": PROMPTS[2]}], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True,
+                                                                          stop_token_ids=[stop_at]))
+    c = cut[0].outputs[0]
+    assert c.token_ids == tokens[:tokens.index(stop_at) + 1] and c.finish_reason == "stop"
+    word = free[0].outputs[0].text.split()[3]
+    text = llm.generate([{"prompt_token_ids": PROMPTS[2]}], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True,
+                                                                           stop=[word]))[0].outputs[0]
+    assert word not in text.text and text.finish_reason == "stop" and text.stop_reason == word
+    chat = llm.chat([{"role": "user", "content": "w7 w8"}], SamplingParams(temperature=0, max_tokens=8))
+    assert chat[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(speculative_config={"method": "freedave", "model": "some-draft"}), "no draft model"),
+    (dict(speculative_config={"method": "draft_model"}), "freedave"),
+    (dict(speculative_config={"num_speculative_tokens": 3}), "do not apply"),
+    (dict(speculative_config={"method": "freedave", "num_drafts": 0}), "num_drafts"),
+    (dict(diffusion_config={"block_length": 8, "steps_per_block": 9}), "steps_per_block"),
+    (dict(diffusion_config={"blocks": 8}), "unknown diffusion_config"),
+])
+def test_bad_diffusion_configs_are_clear_errors(folder, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LLM(str(folder), **kwargs)
+
+
+def test_bad_requests_are_clear_errors_and_harm_nothing(folder):
+    llm = LLM(str(folder), diffusion_config={"block_length": 8})
+    for params, message in [(SamplingParams(max_tokens=600), "exceeds the model's length"),
+                            (SamplingParams(logprobs=2), "logprobs"),
+                            (SamplingParams(num_speculative_tokens=2), "do not apply"),
+                            (SamplingParams(stop_token_ids=[500]), "stop_token_ids")]:
+        with pytest.raises(ValueError, match=message):
+            llm.generate([{"prompt_token_ids": PROMPTS[0]}, {"prompt_token_ids": PROMPTS[1]}], params)
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate([{"prompt_token_ids": []}], SamplingParams())
+    assert not llm.router.has_unfinished()
+    ok = llm.generate([{"prompt_token_ids": PROMPTS[0]}], SamplingParams(temperature=0, max_tokens=8))
+    assert ok[0].outputs[0].token_ids == _reference(llm, PROMPTS[0], 8, 8)
+
+
+def test_autoregressive_model_refuses_diffusion_options(tiny_target):
+    with pytest.raises(ValueError, match="autoregressive"):
+        LLM(str(tiny_target), diffusion_config={"block_length": 8})
+    assert cli_main(["generate", "--model", str(tiny_target), "--num-drafts", "2", "w5"]) == 2
+
+
+def test_cli_generate_streams_a_diffusion_model(folder, capsys):
+    assert cli_main(["generate", "--model", str(folder), "--no-chat-template", "--max-tokens", "16",
+                     "--block-length", "8", "--num-drafts", "3", "w5 w6"]) == 0
+    captured = capsys.readouterr()
+    assert "model calls a token" in captured.err and captured.out.strip()
+    assert cli_main(["generate", "--model", str(folder), "--draft-model", "x", "w5"]) == 2
+    assert "do not apply to a diffusion LM" in capsys.readouterr().err
+    torch.manual_seed(0)
