@@ -71,3 +71,6 @@ class DiffusionWorker:
 
     def ready(self) -> bool:
         return True
+
+    def ping(self) -> bool:
+        return True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from specray.cluster.config.diffusion import DEFAULT_NUM_DRAFTS, FREEDAVE
+from specray.kernels.loader import is_diffusion_model
 
 # speculation flags that belong to autoregressive models: an error beside a diffusion LM
 AR_FLAGS = ("draft_model", "num_speculative_tokens", "draft_vocab_trim", "draft_num_layers", "draft_quantization",
@@ -19,16 +20,6 @@ def add_diffusion_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--block-length", type=int, default=None, help="semi-autoregressive block (default 32)")
     d.add_argument("--steps-per-block", type=int, default=None,
                    help="static steps a block (default: the block length, one token a step)")
-
-
-def is_diffusion_model(name: str) -> bool:
-    from specray.kernels.diffusion.weights import is_diffusion_folder
-    from specray.kernels.loader import ModelNotFoundError, resolve
-
-    try:
-        return is_diffusion_folder(resolve(name).path)
-    except ModelNotFoundError:
-        return False
 
 
 def diffusion_configs(args) -> tuple[dict | None, dict] | None:
@@ -51,3 +42,16 @@ def diffusion_configs(args) -> tuple[dict | None, dict] | None:
     drafts = 1 if method == "none" else given["num_drafts"] or DEFAULT_NUM_DRAFTS
     diffusion = {k: v for k, v in given.items() if k != "num_drafts" and v is not None}
     return {"method": FREEDAVE, "num_drafts": drafts}, diffusion
+
+
+def serve_overrides(args, model: str, current: dict | None) -> dict:
+    """ServeConfig overrides of the diffusion flags (`specray serve`); {} when none was given."""
+    given = {k: getattr(args, k, None) for k in ("num_drafts", "block_length", "steps_per_block")}
+    if all(v is None for v in given.values()) and getattr(args, "speculative_method", None) != FREEDAVE:
+        return {}
+    if not is_diffusion_model(model):
+        named = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None] or ["--speculative-method freedave"]
+        raise ValueError(f"{', '.join(named)} apply to diffusion LMs; {model!r} is autoregressive")
+    drafts = given["num_drafts"] or (current or {}).get("num_drafts") or DEFAULT_NUM_DRAFTS
+    diffusion = {k: v for k, v in given.items() if k != "num_drafts" and v is not None}
+    return {"speculative_config": {"method": FREEDAVE, "num_drafts": drafts}, "diffusion_config": diffusion or None}

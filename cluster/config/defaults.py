@@ -21,7 +21,13 @@ DEFAULT_DISABLE_BY_BATCH_SIZE = 2
 
 def default_speculative_config(model: str) -> dict[str, Any]:
     """The target's packaged trained draft (`specray distill`; smollm2-135m -> smollm2-135m-eagle),
-    else n-gram prompt lookup."""
+    FreeDave for a diffusion LM, else n-gram prompt lookup."""
+    from specray.kernels.loader import is_diffusion_model
+
+    if is_diffusion_model(model):
+        from specray.cluster.config.diffusion import DEFAULT_NUM_DRAFTS, FREEDAVE
+
+        return {"method": FREEDAVE, "num_drafts": DEFAULT_NUM_DRAFTS}
     if model in DEFAULT_DRAFTS:
         from specray.kernels.drafters.eagle import is_eagle_folder
         from specray.kernels.loader import resolve
@@ -57,5 +63,9 @@ def packaged_draft(model: str, method: str) -> str | None:
 
 
 def is_default_for_other(model: str) -> list[dict[str, Any]]:
-    """The default speculative configs of the other targets with packaged drafts."""
-    return [default_speculative_config(m) for m in DEFAULT_DRAFTS if m != model]
+    """The default speculative configs of the other targets with packaged drafts (and, for a
+    diffusion LM, the autoregressive default too: none of them applies to it)."""
+    others = [default_speculative_config(m) for m in DEFAULT_DRAFTS if m != model]
+    from specray.kernels.loader import is_diffusion_model
+
+    return others + [{"method": "ngram", "num_speculative_tokens": 2}] if is_diffusion_model(model) else others

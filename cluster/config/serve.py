@@ -169,6 +169,8 @@ class ServeConfig(_Strict):
     speculative_config: dict[str, Any] | None = Field(
         default_factory=lambda: {"method": "ngram", "num_speculative_tokens": 2},
         description="vLLM-style keys; null serves without speculation")
+    diffusion_config: dict[str, Any] | None = Field(
+        None, description="diffusion LMs: block_length and steps_per_block of the static decoding served")
     router: RouterConfig = RouterConfig()
     pools: PoolsConfig = PoolsConfig()
     transport: TransportConfig = TransportConfig()
@@ -188,11 +190,33 @@ class ServeConfig(_Strict):
                 raw = {**raw, "speculative_config": default_speculative_config(model)}
         return raw
 
-    @field_validator("speculative_config")
-    @classmethod
-    def _spec(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        SpeculativeConfig.from_dict(v)  # raises ValueError with the reason
-        return v
+    @model_validator(mode="after")
+    def _spec(self) -> "ServeConfig":
+        """speculative_config (and diffusion_config) checked for the model they serve; ValueError says why."""
+        if self.diffusion:
+            from specray.cluster.config.diffusion import decode_options
+
+            decode_options(self.speculative_config, self.diffusion_config)
+            if self.pools.target.num_workers > 1:
+                raise ValueError("a diffusion LM runs on one worker (pools.target.num_workers 1)")
+            return self
+        if self.diffusion_config:
+            raise ValueError(f"diffusion_config applies to diffusion LMs; {self.model!r} is autoregressive")
+        SpeculativeConfig.from_dict(self.speculative_config)
+        return self
+
+    @property
+    def diffusion(self) -> bool:
+        """The model is a diffusion LM (a LLaDA or Dream folder, or a packaged one)."""
+        from specray.kernels.loader import is_diffusion_model
+
+        return is_diffusion_model(self.model)
+
+    def decode_options(self):
+        """A diffusion LM's DecodeOptions (FreeDave's drafts and the blocks)."""
+        from specray.cluster.config.diffusion import decode_options
+
+        return decode_options(self.speculative_config, self.diffusion_config)
 
     @model_validator(mode="after")
     def _transport(self) -> "ServeConfig":
@@ -225,7 +249,8 @@ class ServeConfig(_Strict):
 
     @property
     def speculative(self) -> SpeculativeConfig | None:
-        return SpeculativeConfig.from_dict(self.speculative_config)
+        """The autoregressive speculative config (None for a diffusion LM: FreeDave is decode_options)."""
+        return None if self.diffusion else SpeculativeConfig.from_dict(self.speculative_config)
 
     @property
     def pipelined(self) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from specray.actors.diffusion_worker import DiffusionItem
 from specray.cluster.outputs import RequestOutput, SpecMetrics
 from specray.cluster.params import SamplingParams
-from specray.cluster.pools.api import DiffusionPool
+from specray.cluster.pools.api import DiffusionPool, TargetUnavailable
 from specray.cluster.router.failures import RequestFailed, request_failed
 from specray.cluster.router.limits import RouterStats
 from specray.cluster.router.router import _Request
@@ -119,6 +119,7 @@ class DiffusionRouter:
         return bool(self.waiting or self.running)
 
     def fail_all(self) -> list[str]:
+        """After a worker failure: forget every request (the canvases are gone); returns their ids."""
         lost = list(self.requests)
         self.running, self.started = [], set()
         self.waiting.clear()
@@ -145,6 +146,8 @@ class DiffusionRouter:
         group = list(self.running)
         try:
             updates = self.target.submit_step(new, [s.seq_id for s in group]).result()
+        except TargetUnavailable:  # the worker is lost and restarting: the caller fails what ran
+            raise
         except Exception as error:  # inside the worker: this call's requests fail, queued ones go on
             self.started |= {item.seq_id for item in new}
             for request_id in dict.fromkeys(s.request_id for s in group):

@@ -52,7 +52,8 @@ def add_serve_flags(p) -> None:
     p.add_argument("--speculative-config", type=json_object,
                    help="the whole speculative_config as JSON, as vLLM takes it (trees, budgets, lookup_first, ...); "
                         "not with the other speculation flags")
-    p.add_argument("--speculative-method", choices=[*METHODS, "none"], help="speculative_config.method; none serves without speculation")
+    p.add_argument("--speculative-method", choices=[*METHODS, "freedave", "none"],
+                   help="speculative_config.method; none serves without speculation; freedave for a diffusion LM")
     p.add_argument("--draft-model", help="speculative_config.model: the draft checkpoint or alias")
     p.add_argument("--num-speculative-tokens", type=int, help="speculative_config.num_speculative_tokens: draft tokens a round")
     p.add_argument("--lookup-first", action="store_true", help="draft_model / eagle: prompt lookup first: a draft model proposes only where the last tokens never occurred before")
@@ -74,6 +75,9 @@ def add_serve_flags(p) -> None:
     p.add_argument("--max-waiting", type=int, help="queued sequences before 429 / RESOURCE_EXHAUSTED")
     p.add_argument("--kv-cache-tokens", type=int, help="target KV cache size in tokens")
     p.add_argument("--max-model-len", type=int, help="longest prompt + output (default: the model's context)")
+    from specray.cluster.diffusion_args import add_diffusion_args
+
+    add_diffusion_args(p)
 
 
 def resolve_config(args):
@@ -83,15 +87,22 @@ def resolve_config(args):
     overrides = {key: getattr(args, flag) for flag, key in FLAG_KEYS.items()}
     overrides["router.pipelined"] = {"on": True, "off": False}.get(args.pipelined, args.pipelined)
     overrides["pools.colocate"] = {"on": True, "off": False}.get(args.colocate, args.colocate)
-    spec = _speculative_override(args, cfg.speculative_config, args.model or cfg.model)
+    from specray.cluster.diffusion_args import serve_overrides
+
+    model = args.model or cfg.model
+    whole = serve_overrides(args, model, cfg.speculative_config)  # diffusion LMs: FreeDave, blocks
+    spec = False if whole else _speculative_override(args, cfg.speculative_config, model)
     if spec is not False:
-        overrides["speculative_config"] = spec
-    cfg = cfg.with_overrides(**{k: v for k, v in overrides.items() if k != "speculative_config"})
-    if "speculative_config" in overrides:
-        raw = cfg.model_dump()
-        raw["speculative_config"] = overrides["speculative_config"]
-        cfg = ServeConfig.from_dict(raw)
-    return cfg
+        whole["speculative_config"] = spec
+    raw = cfg.model_dump()
+    for dotted, value in overrides.items():  # dotted keys of sections; validated once, below
+        if value is not None:
+            *parents, leaf = dotted.split(".")
+            node = raw
+            for part in parents:
+                node = node[part]
+            node[leaf] = value
+    return ServeConfig.from_dict({**raw, **whole})
 
 
 def _speculative_override(args, current: dict | None, target: str):

@@ -54,6 +54,8 @@ def build_runtime(cfg: ServeConfig, wait_ready: bool = True) -> Runtime:
     """Start the pools on the connected Ray cluster and a router driving them."""
     checkpoint = resolve(cfg.model)  # converts a GGUF once per node; workers then find it cached
     tokenizer = checkpoint.tokenizer()
+    if cfg.diffusion:
+        return build_diffusion_runtime(cfg, checkpoint, tokenizer, wait_ready)
     model_config = ModelConfig.from_hf(checkpoint.hf_config())
     colocated = resolve_colocation(cfg).pools.colocate
     target = build_target_pool(cfg, colocated)
@@ -67,3 +69,29 @@ def build_runtime(cfg: ServeConfig, wait_ready: bool = True) -> Runtime:
                                 num_blocks(r.kv_cache_tokens, r.block_size), r.block_size, cfg.pipelined)
     router = Router(target, draft, tokenizer, eos, limits)
     return Runtime(cfg, router, AsyncRouter(router, cfg.router.max_waiting), tokenizer, target, draft)
+
+
+def build_diffusion_runtime(cfg: ServeConfig, checkpoint, tokenizer, wait_ready: bool = True) -> Runtime:
+    """A diffusion LM: one worker (a Ray actor, or in this process with pools.colocate) and the
+    DiffusionRouter; no draft pool (FreeDave drafts from the model itself)."""
+    from specray.actors.diffusion_worker import DiffusionWorker
+    from specray.actors.specs import DiffusionSpec
+    from specray.cluster.pools.build import placement
+    from specray.cluster.pools.in_process import InProcessDiffusionPool
+    from specray.cluster.pools.ray_diffusion import RayDiffusionPool
+    from specray.cluster.router.diffusion_router import DiffusionRouter, diffusion_limits
+    from specray.kernels.diffusion.weights import read_config
+
+    options, p, r = cfg.decode_options(), cfg.pools.target, cfg.router
+    spec = DiffusionSpec(cfg.model, p.dtype, p.device, options.block_length, options.steps_per_block,
+                         options.num_drafts, p.threads)
+    colocated = resolve_colocation(cfg).pools.colocate
+    pool = InProcessDiffusionPool(DiffusionWorker.from_spec(spec)) if colocated \
+        else RayDiffusionPool(spec, placement(p))
+    if wait_ready:
+        pool.ready()
+    config = read_config(checkpoint.path)
+    limits = diffusion_limits(config, options.block_length, r.max_model_len, r.max_num_seqs)
+    eos = set(config.model.eos_token_ids) or {tokenizer.eos_token_id}
+    router = DiffusionRouter(pool, tokenizer, eos, limits)
+    return Runtime(cfg, router, AsyncRouter(router, r.max_waiting), tokenizer, pool, None)

@@ -1,0 +1,137 @@
+"""A diffusion LM served: HTTP and gRPC (streaming and not, concurrency 1-8) return what the
+in-process API returns; bad requests get clear 400s / INVALID_ARGUMENT; ServeConfig and the serve
+flags take FreeDave and the blocks, and refuse what does not apply."""
+
+import argparse
+import asyncio
+import json
+
+import httpx
+import pytest
+from diffusion_helpers import save_tiny_dllm
+
+from specray import LLM, SamplingParams
+from specray.client import AsyncClient
+from specray.cluster.config.serve import ServeConfig
+from specray.cluster.router.async_router import AsyncRouter
+from specray.cluster.serve.grpc_server import GrpcServerThread
+from specray.cluster.serve.grpc_service import GenerationService
+from specray.cluster.serve.http_server import BackgroundServer
+from specray.cluster.serve.openai_api import OpenAIServer
+
+SPEC, DIFFUSION = {"method": "freedave", "num_drafts": 3}, {"block_length": 4}
+PROMPTS = [" ".join(f"w{(7 * i + j) % 40 + 3}" for j in range(2 + i % 4)) for i in range(8)]
+
+
+def params(i: int) -> dict:
+    return {"temperature": 0, "max_tokens": 5 + i % 6, "ignore_eos": True, **({"stop": ["w20"]} if i % 3 == 0 else {})}
+
+
+@pytest.fixture(scope="module")
+def dllm(tmp_path_factory):
+    return save_tiny_dllm(tmp_path_factory.mktemp("dllm"), "dream", scale=6.0)
+
+
+@pytest.fixture(scope="module")
+def want(dllm):
+    llm = LLM(str(dllm), speculative_config=SPEC, diffusion_config=DIFFUSION)
+    outs = llm.generate(PROMPTS, [SamplingParams(**params(i)) for i in range(len(PROMPTS))])
+    static = LLM(str(dllm), diffusion_config=DIFFUSION).generate(PROMPTS, [SamplingParams(**params(i))
+                                                                          for i in range(len(PROMPTS))])
+    got = [(o.outputs[0].text, o.outputs[0].finish_reason) for o in outs]
+    assert got == [(o.outputs[0].text, o.outputs[0].finish_reason) for o in static]
+    return got
+
+
+@pytest.fixture(scope="module")
+def served(dllm):
+    llm = LLM(str(dllm), speculative_config=SPEC, diffusion_config=DIFFUSION, max_num_seqs=8)
+    router = AsyncRouter(llm.router)
+    tok = llm.get_tokenizer()
+    service = GenerationService(router, tok, "tiny", speculative_method="freedave")
+    with BackgroundServer(OpenAIServer(router, tok, "tiny").app) as http, GrpcServerThread(service) as grpc_:
+        yield http.url, grpc_.target
+    router.shutdown()
+
+
+async def http_one(client, url, i, stream):
+    body = {"model": "tiny", "prompt": PROMPTS[i], "stream": stream, **params(i)}
+    if not stream:
+        choice = (await client.post(url + "/v1/completions", json=body)).json()["choices"][0]
+        return choice["text"], choice["finish_reason"]
+    text, reason = "", None
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                c = json.loads(line[6:])["choices"][0]
+                text, reason = text + c["text"], c["finish_reason"]
+    return text, reason
+
+
+async def grpc_one(client, i, stream):
+    done = await (client.stream(PROMPTS[i], **params(i)).collect() if stream else client.generate(PROMPTS[i], **params(i)))
+    return done.choices[0].text, done.choices[0].finish_reason
+
+
+async def all_requests(url, target, concurrency, stream):
+    limit = asyncio.Semaphore(concurrency)
+
+    async def limited(call):
+        async with limit:
+            return await call
+
+    async with httpx.AsyncClient(timeout=60) as h, AsyncClient(target, timeout=60) as g:
+        http = await asyncio.gather(*(limited(http_one(h, url, i, stream)) for i in range(len(PROMPTS))))
+        rpc = await asyncio.gather(*(limited(grpc_one(g, i, stream)) for i in range(len(PROMPTS))))
+    return http, rpc
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+@pytest.mark.parametrize("stream", [True, False])
+def test_http_and_grpc_equal_in_process(served, want, concurrency, stream):
+    http, rpc = asyncio.run(all_requests(*served, concurrency, stream))
+    assert list(http) == want and list(rpc) == want
+
+
+def test_bad_requests_get_clear_errors_over_http_and_grpc(served):
+    url, target = served
+    with httpx.Client(timeout=30) as c:
+        for body, words in [({"logprobs": 2}, "logprobs"), ({"max_tokens": 600}, "model's length")]:
+            r = c.post(url + "/v1/completions", json={"model": "tiny", "prompt": "w5", **body})
+            assert r.status_code == 400 and words in r.json()["error"]["message"]
+        ok = c.post(url + "/v1/completions", json={"model": "tiny", "prompt": "w5", "max_tokens": 4})
+        assert ok.status_code == 200
+
+    async def grpc_bad():
+        import grpc
+
+        async with AsyncClient(target, timeout=30) as client:
+            with pytest.raises(Exception) as err:
+                await client.generate("w5", max_tokens=600)
+            assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and "model's length" in str(err.value)
+    asyncio.run(grpc_bad())
+
+
+def test_serve_config_and_flags(dllm, tiny_target):
+    cfg = ServeConfig.from_dict({"model": str(dllm)})
+    assert cfg.diffusion and cfg.speculative is None and cfg.decode_options().num_drafts >= 1
+    cfg = ServeConfig.from_dict({"model": str(dllm), "speculative_config": {"method": "freedave", "num_drafts": 2},
+                                 "diffusion_config": {"block_length": 8, "steps_per_block": 4}})
+    options = cfg.decode_options()
+    assert (options.num_drafts, options.block_length, options.steps) == (2, 8, 4)
+    for bad, words in [({"speculative_config": {"method": "ngram"}}, "freedave"),
+                       ({"speculative_config": {"method": "freedave", "model": "x"}}, "no draft model"),
+                       ({"diffusion_config": {"block_length": 0}}, "block_length"),
+                       ({"pools": {"target": {"num_workers": 2}}}, "one worker")]:
+        with pytest.raises(ValueError, match=words):
+            ServeConfig.from_dict({"model": str(dllm), **bad})
+    with pytest.raises(ValueError, match="autoregressive"):
+        ServeConfig.from_dict({"model": str(tiny_target), "diffusion_config": {"block_length": 8}})
+    from specray.cluster.serve.cli import add_serve_flags, resolve_config
+
+    parser = argparse.ArgumentParser()
+    add_serve_flags(parser)
+    cfg = resolve_config(parser.parse_args(["--model", str(dllm), "--num-drafts", "5", "--block-length", "8"]))
+    assert cfg.decode_options().num_drafts == 5 and cfg.decode_options().block_length == 8
+    with pytest.raises(ValueError, match="autoregressive"):
+        resolve_config(parser.parse_args(["--model", str(tiny_target), "--num-drafts", "5"]))
