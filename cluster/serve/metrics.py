@@ -27,6 +27,14 @@ class _RouterCollector:
             ("specray_spec_decode_num_accepted_tokens", "Draft tokens accepted", stats.num_accepted_tokens),
         ):
             yield CounterMetricFamily(name, doc, value=value)
+        if hasattr(stats, "model_calls"):  # a diffusion LM: model calls per token, static steps per call
+            for name, doc, value in (
+                ("specray_diffusion_model_calls", "Model calls (one a round, FreeDave's drafts included)",
+                 stats.model_calls),
+                ("specray_diffusion_steps", "Static decoding steps advanced", stats.diffusion_steps),
+                ("specray_diffusion_tokens", "Tokens emitted", stats.tokens),
+            ):
+                yield CounterMetricFamily(name, doc, value=value)
         per_pos = CounterMetricFamily("specray_spec_decode_num_accepted_tokens_per_pos",
                                       "Accepted draft tokens by draft position", labels=["position"])
         for pos, count in enumerate(stats.accepted_per_pos):

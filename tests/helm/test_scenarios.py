@@ -216,3 +216,18 @@ def test_trees_through_config_overrides():
     assert cfg["speculative_config"] == {"method": "eagle", "model": "smollm2-135m-eagle",
                                          "num_speculative_tokens": 4, **extra}
     assert ServeConfig.from_dict(cfg).speculative_config == cfg["speculative_config"]
+
+
+def test_diffusion_lm_with_freedave():
+    """method freedave serves a diffusion LM: num_drafts and the blocks render into a config the server
+    accepts, and no draft worker group is rendered (FreeDave drafts from the model itself)."""
+    from helm_render import render
+
+    r = render({"model": {"target": "smollm2-135m-dllm"}, "speculation": {"method": "freedave", "numDrafts": 3},
+                "diffusion": {"blockLength": 16, "stepsPerBlock": 8}}, files=("values-cpu.yaml",))
+    cfg = app_config(r.rayservice)
+    assert cfg["speculative_config"] == {"method": "freedave", "num_drafts": 3}
+    assert cfg["diffusion_config"] == {"block_length": 16, "steps_per_block": 8}
+    options = ServeConfig.from_dict(cfg).decode_options()
+    assert (options.num_drafts, options.block_length, options.steps) == (3, 16, 8)
+    assert "draft" not in _groups(r)

@@ -9,7 +9,7 @@ from helm_render import render
     ({"target": {"replicas": -1}}, "at '/target/replicas': minimum: got -1, want 0"),
     ({"draft": {"minReplicas": -2}}, "at '/draft/minReplicas': minimum: got -2, want 0"),
     ({"speculation": {"method": "medusa"}},
-     "at '/speculation/method': value must be one of 'default', 'ngram', 'draft_model', 'eagle', 'longspec', 'aded', 'none'"),
+     "at '/speculation/method': value must be one of 'default', 'ngram', 'draft_model', 'eagle', 'longspec', 'aded', 'freedave', 'none'"),
     ({"transport": {"kind": "nccl"}},
      "at '/transport/kind': value must be one of 'ray', 'torch_distributed', 'grpc', 'inline'"),
     ({"target": {"tensorParalel": 2}}, "additional properties 'tensorParalel' not allowed"),

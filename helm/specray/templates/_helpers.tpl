@@ -80,7 +80,7 @@ group has GPUs and the draft is a model (default, draft_model, eagle or longspec
 
 {{/* Is the draft worker group rendered? Returns "true" or "". */}}
 {{- define "specray.draftGroupEnabled" -}}
-{{- if and (ne .Values.speculation.method "none") .Values.draft.enabled }}true{{ end }}
+{{- if and (not (has .Values.speculation.method (list "none" "freedave"))) .Values.draft.enabled }}true{{ end }}
 {{- end }}
 
 {{/*

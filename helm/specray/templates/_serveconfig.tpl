@@ -7,7 +7,9 @@ so the two cannot drift.
 {{- define "specray.speculativeConfig" -}}
 {{- $s := .Values.speculation }}
 {{- $c := dict "method" $s.method "num_speculative_tokens" (int $s.numSpeculativeTokens) }}
-{{- if has $s.method (list "draft_model" "eagle" "longspec") }}
+{{- if eq $s.method "freedave" }}
+{{- $c = dict "method" "freedave" "num_drafts" (int $s.numDrafts) }}
+{{- else if has $s.method (list "draft_model" "eagle" "longspec") }}
 {{- $_ := set $c "model" $s.draftModel }}
 {{- if and (eq $s.method "longspec") $s.longspecWindow }}{{ $_ := set $c "longspec" (dict "window" (int $s.longspecWindow)) }}{{ end }}
 {{- if $s.draftNumLayers }}{{ $_ := set $c "draft_num_layers" (int $s.draftNumLayers) }}{{ end }}
@@ -43,6 +45,10 @@ so the two cannot drift.
 {{- $c := dict "model" $v.model.target "router" $router "pools" $pools "transport" $transport "http" $http }}
 {{- $_ := set $c "grpc" (dict "enabled" $v.grpc.enabled "port" (int $v.grpc.port) "server" "proxy") }}
 {{- if $v.model.servedModelName }}{{ $_ := set $c "served_model_name" $v.model.servedModelName }}{{ end }}
+{{- $d := dict }}
+{{- if $v.diffusion.blockLength }}{{ $_ := set $d "block_length" (int $v.diffusion.blockLength) }}{{ end }}
+{{- if $v.diffusion.stepsPerBlock }}{{ $_ := set $d "steps_per_block" (int $v.diffusion.stepsPerBlock) }}{{ end }}
+{{- if $d }}{{ $_ := set $c "diffusion_config" $d }}{{ end }}
 {{- if eq $v.speculation.method "none" }}
 {{- $_ := set $c "speculative_config" nil }}
 {{- else if ne $v.speculation.method "default" }}{{/* default: no key, so the Serve config picks the target's own */}}

@@ -9,7 +9,10 @@ Cross-field checks that values.schema.json cannot express; each fails the render
 {{- if and (eq $v.speculation.method "longspec") (gt (int $v.target.tensorParallel) 1) }}
 {{- fail "speculation.method longspec reads the target's whole last-layer KV: set target.tensorParallel to 1" }}
 {{- end }}
-{{- $speculating := ne $v.speculation.method "none" }}
+{{- $speculating := not (has $v.speculation.method (list "none" "freedave")) }}{{/* freedave: no draft pool */}}
+{{- if and (eq $v.speculation.method "freedave") (gt (int $v.target.tensorParallel) 1) }}
+{{- fail "speculation.method freedave serves a diffusion LM on one worker: set target.tensorParallel to 1" }}
+{{- end }}
 {{- if gt (int $v.draft.groupSize) 1 }}
 {{- if lt (int ($v.speculation.layerParallel | default 1)) (int $v.draft.groupSize) }}
 {{- fail (printf "draft.groupSize %d needs speculation.layerParallel >= %d (a layer group splits its attentions over the draft group)" (int $v.draft.groupSize) (int $v.draft.groupSize)) }}

@@ -101,6 +101,12 @@ def test_bad_requests_get_clear_errors_over_http_and_grpc(served):
             assert r.status_code == 400 and words in r.json()["error"]["message"]
         ok = c.post(url + "/v1/completions", json={"model": "tiny", "prompt": "w5", "max_tokens": 4})
         assert ok.status_code == 200
+        metrics = c.get(url + "/metrics").text
+        calls = float(next(line.split()[-1] for line in metrics.splitlines()
+                           if line.startswith("specray_diffusion_model_calls_total")))
+        steps = float(next(line.split()[-1] for line in metrics.splitlines()
+                           if line.startswith("specray_diffusion_steps_total")))
+        assert calls > 0 and steps >= calls - len(PROMPTS) * 4  # steps per call near or above one
 
     async def grpc_bad():
         import grpc
