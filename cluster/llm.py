@@ -7,18 +7,20 @@ from typing import Any
 
 import torch
 
+from specray.actors.diffusion_worker import DiffusionWorker
 from specray.actors.draft_worker import DraftWorker
 from specray.actors.target_worker import TargetWorker
+from specray.cluster.config.diffusion import decode_options
 from specray.cluster.config.speculative import SpeculativeConfig
 from specray.cluster.config.worker_specs import draft_spec, num_blocks
 from specray.cluster.outputs import CompletionOutput, RequestOutput
 from specray.cluster.params import SamplingParams
-from specray.cluster.pools.in_process import InProcessDraftPool, InProcessTargetPool
-from specray.cluster.router.diffusion_router import diffusion_router
+from specray.cluster.pools.in_process import InProcessDiffusionPool, InProcessDraftPool, InProcessTargetPool
+from specray.cluster.router.diffusion_router import DiffusionRouter, diffusion_limits
 from specray.cluster.router.router import Router, router_limits
 from specray.kernels.chat import chat_token_ids
 from specray.kernels.drafters.registry import build_drafter
-from specray.kernels.diffusion.weights import is_diffusion_folder
+from specray.kernels.diffusion.weights import is_diffusion_folder, load_diffusion_model
 from specray.kernels.loader import DTYPES, load_model, resolve
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
@@ -160,3 +162,14 @@ class LLM:
             self._raise_failures(request_ids)
         bar.close()
         return [done[i] for i in request_ids if i in done]
+
+
+def diffusion_router(checkpoint, tokenizer, speculative_config, diffusion_config, dtype, device: str,
+                     max_model_len: int | None, max_num_seqs: int) -> DiffusionRouter:
+    """A DiffusionRouter over an in-process DiffusionWorker of `checkpoint` (the offline API's engine)."""
+    options = decode_options(speculative_config, diffusion_config)
+    model = load_diffusion_model(checkpoint.path, dtype, device)
+    limits = diffusion_limits(model.config, options.block_length, max_model_len, max_num_seqs)
+    eos = set(model.config.model.eos_token_ids) or ({tokenizer.eos_token_id} if tokenizer is not None else set())
+    return DiffusionRouter(InProcessDiffusionPool(DiffusionWorker(model, options)), tokenizer, eos, limits)
+

@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 C = "specray.cluster."
-TRANSPORTS = {C + f"pools.{m}" for m in ("ray_pools", "builder", "build", "grpc_transport", "dist_transport",
+TRANSPORTS = {C + f"pools.{m}" for m in ("ray_pools", "ray_diffusion", "builder", "build", "grpc_transport", "dist_transport",
                                          "draft_endpoint", "wire", "in_process")}
 RULES = {
     "kernels": {"ray", "grpc", "specray.actors", "specray.cluster", "specray.protos"},

@@ -199,21 +199,6 @@ class DiffusionRouter:
         return out
 
 
-def diffusion_router(checkpoint, tokenizer, speculative_config, diffusion_config, dtype, device: str,
-                     max_model_len: int | None, max_num_seqs: int) -> DiffusionRouter:
-    """A DiffusionRouter over an in-process DiffusionWorker of `checkpoint` (the offline API's engine)."""
-    from specray.actors.diffusion_worker import DiffusionWorker
-    from specray.cluster.config.diffusion import decode_options
-    from specray.cluster.pools.in_process import InProcessDiffusionPool
-    from specray.kernels.diffusion.weights import load_diffusion_model
-
-    options = decode_options(speculative_config, diffusion_config)
-    model = load_diffusion_model(checkpoint.path, dtype, device)
-    limits = diffusion_limits(model.config, options.block_length, max_model_len, max_num_seqs)
-    eos = set(model.config.model.eos_token_ids) or ({tokenizer.eos_token_id} if tokenizer is not None else set())
-    return DiffusionRouter(InProcessDiffusionPool(DiffusionWorker(model, options)), tokenizer, eos, limits)
-
-
 def diffusion_limits(config, block_length: int, max_model_len: int | None, max_num_seqs: int) -> DiffusionLimits:
     limit = config.model.max_position_embeddings
     if max_model_len is not None and not 2 <= max_model_len <= limit:
