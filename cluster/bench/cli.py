@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from specray.cluster.args import float_list, int_list
 from specray.cluster.bench.cluster import add_cluster_bench_parser
+from specray.cluster.bench.diffusion import add_diffusion_bench_parser
 from specray.cluster.bench.easyspec import add_easyspec_parser
 from specray.cluster.bench.offline import METHODS, cmd_bench_offline
 from specray.cluster.bench.prompts import LONG_CONTEXT, SHARED_PROMPTS
@@ -48,3 +49,4 @@ def add_bench_parser(sub) -> None:
     add_serve_bench_parser(kinds)
     add_cluster_bench_parser(kinds)
     add_easyspec_parser(kinds)
+    add_diffusion_bench_parser(kinds)

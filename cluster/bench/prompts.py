@@ -7,7 +7,8 @@ from pathlib import Path
 
 PACKAGED_PROMPTS = Path(__file__).parent / "data" / "spec_bench_subset.jsonl"
 LONG_CONTEXT = Path(__file__).parent / "data" / "long_context.jsonl"  # 2k-8k tokens (scripts/make_long_context.py)
-SHARED_PROMPTS = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+# the shared folder beside the repository (a source checkout; absent from an installed package)
+SHARED_PROMPTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "spec_bench" / "question.jsonl"
 
 
 def load_prompts(path: Path | None, num: int) -> list[dict]:

@@ -115,37 +115,54 @@ class StepSampler:
         u = torch.rand(rows, vocab, generator=gen, dtype=torch.float64).clamp_min(1e-300)
         return -torch.log(-torch.log(u))
 
-    def candidates(self, logits: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits [block_length, vocab_size] of step's block -> candidate [block_length], confidence
-        [block_length] (the candidate's softmax probability, fp32)."""
+    def candidates(self, logits: torch.Tensor, step: int, offsets: torch.Tensor | None = None,
+                   block_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [n, vocab_size] at the block positions `offsets` [n] (default 0..n-1) of step's
+        block -> candidate [n], confidence [n] (the candidate's softmax probability, fp32)."""
         logits = logits.float().clone()
         logits[:, self.mask_token_id] = float("-inf")
-        probs = logits.softmax(-1)  # [block_length, vocab_size]
+        probs = logits.softmax(-1)  # [n, vocab_size]
         if self.sampling.greedy:
             x0 = logits.argmax(-1)
         else:
+            offsets = torch.arange(logits.shape[0]) if offsets is None else offsets
+            noise = self.noise(step, block_length or logits.shape[0], logits.shape[1])[offsets]
             processed = processed_probs(logits, [self.sampling] * logits.shape[0])
-            x0 = (processed.double().log() + self.noise(step, *logits.shape)).argmax(-1)
+            x0 = (processed.double().log() + noise).argmax(-1)
         return x0, probs.gather(1, x0.unsqueeze(1)).squeeze(1)
 
 
 class Scores:
-    """The logits of one canvas over a window of positions, and the candidates each step takes from them."""
+    """The logits of one canvas at some positions (its masked ones near the step), and the candidates
+    each step takes from them. A position without logits has no candidate (-1, confidence -inf)."""
 
-    def __init__(self, logits: torch.Tensor, window: tuple[int, int], sampler: StepSampler):
-        assert logits.shape[0] == window[1] - window[0]
-        self.window, self.sampler = window, sampler
-        # Greedy candidates do not depend on the step: keep them, not the logits ([rows] vs [rows, vocab]).
+    def __init__(self, logits: torch.Tensor, positions: torch.Tensor | tuple[int, int], sampler: StepSampler):
+        if isinstance(positions, tuple):
+            positions = torch.arange(*positions)
+        assert logits.shape[0] == positions.shape[0]
+        self.positions, self.sampler = positions, sampler  # [n]
+        # Greedy candidates do not depend on the step: keep them, not the logits ([n] vs [n, vocab]).
         self.greedy = sampler.candidates(logits, 0) if sampler.sampling.greedy else None
-        self.logits = None if self.greedy is not None else logits  # [rows, vocab_size]
+        self.logits = None if self.greedy is not None else logits  # [n, vocab_size]
 
     def block(self, plan: CanvasPlan, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> candidate [block_length] (-1 where unscored), confidence [block_length] (-inf there)."""
         a, b = plan.block(step)
-        lo, hi = a - self.window[0], b - self.window[0]
-        assert 0 <= lo and hi <= self.window[1] - self.window[0], "the step's block lies outside the scored window"
+        inside = (self.positions >= a) & (self.positions < b)
+        offsets = self.positions[inside] - a
+        x0 = torch.full((b - a,), -1, dtype=torch.long)
+        conf = torch.full((b - a,), float("-inf"))
         if self.greedy is not None:
-            return self.greedy[0][lo:hi], self.greedy[1][lo:hi]
-        return self.sampler.candidates(self.logits[lo:hi], step)
+            x0[offsets], conf[offsets] = self.greedy[0][inside], self.greedy[1][inside]
+        elif offsets.numel():
+            x0[offsets], conf[offsets] = self.sampler.candidates(self.logits[inside], step, offsets, b - a)
+        return x0, conf
+
+
+def masked_positions(canvas: torch.Tensor, window: tuple[int, int], mask_token_id: int) -> torch.Tensor:
+    """Positions [n] of `window` still masked in `canvas`: the only ones a step can use logits of."""
+    a, b = window
+    return a + torch.nonzero(canvas[a:b] == mask_token_id).squeeze(1)
 
 
 def static_step(canvas: torch.Tensor, scores: Scores, plan: CanvasPlan, step: int, mask_token_id: int) -> torch.Tensor:
@@ -156,6 +173,7 @@ def static_step(canvas: torch.Tensor, scores: Scores, plan: CanvasPlan, step: in
     masked = canvas[a:b] == mask_token_id  # [block_length]
     n = plan.transfers(step)
     assert int(masked.sum()) >= n, "a block holds fewer masks than its step unmasks"
+    assert bool((x0[masked] >= 0).all()), "a masked position of the step's block was not scored"
     conf = torch.where(masked, conf, torch.full_like(conf, float("-inf")))
     chosen = torch.sort(conf, descending=True, stable=True).indices[:n]
     out = canvas.clone()
@@ -173,8 +191,8 @@ def static_decode(model, prompt_ids: list[int], plan: CanvasPlan, sampler: StepS
     mask = sampler.mask_token_id
     canvas = initial_canvas(prompt_ids, plan, mask)
     for step in range(plan.num_steps):
-        window = plan.block(step)
-        logits = model.forward([canvas], [window])[0]
-        canvas = static_step(canvas, Scores(logits, window, sampler), plan, step, mask)
+        positions = masked_positions(canvas, plan.block(step), mask)
+        logits = model.forward([canvas], [positions])[0]
+        canvas = static_step(canvas, Scores(logits, positions, sampler), plan, step, mask)
     assert not bool((canvas[plan.prompt_len:] == mask).any())
     return canvas, plan.num_steps

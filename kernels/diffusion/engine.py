@@ -16,6 +16,7 @@ from specray.kernels.diffusion.decoding import (
     Scores,
     StepSampler,
     initial_canvas,
+    masked_positions,
 )
 from specray.kernels.diffusion.freedave import accept, build_drafts
 from specray.kernels.diffusion.model import DiffusionModel
@@ -90,7 +91,7 @@ class DiffusionEngine:
             for canvas, at in states:
                 if at < s.plan.num_steps:  # the final canvas needs no logits
                     canvases.append(canvas)
-                    windows.append(s.plan.window(at, k))
+                    windows.append(masked_positions(canvas, s.plan.window(at, k), self.mask_token_id))
                     owners.append(s.seq_id)
         logits = self.model.forward(canvases, windows) if canvases else []
         self.metrics.model_calls += 1 if canvases else 0

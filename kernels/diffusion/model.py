@@ -58,10 +58,11 @@ class DiffusionModel(nn.Module):
         return self.config.model.max_position_embeddings
 
     @torch.inference_mode()
-    def forward(self, canvases: list[torch.Tensor], windows: list[tuple[int, int]]) -> list[torch.Tensor]:
-        """canvases: token ids [length_i] each; windows: the positions [start_i, end_i) whose logits to
-        return. -> logits [end_i - start_i, vocab_size] (fp32) per canvas, in order."""
+    def forward(self, canvases: list[torch.Tensor], windows: list[tuple[int, int] | torch.Tensor]) -> list[torch.Tensor]:
+        """canvases: token ids [length_i] each; windows: the positions whose logits to return, a range
+        (start_i, end_i) or positions [n_i]. -> logits [n_i, vocab_size] (fp32) per canvas, in order."""
         assert len(canvases) == len(windows) and canvases
+        windows = [torch.arange(w[0], w[1]) if isinstance(w, tuple) else w for w in windows]
         lengths = [int(c.shape[0]) for c in canvases]
         num_tokens = sum(lengths)
         ids = torch.cat(canvases).to(self.device)  # [num_tokens]
@@ -72,7 +73,7 @@ class DiffusionModel(nn.Module):
             h = self._layer(layer, h, num_tokens, lengths, cos, sin)
         rows = self._window_rows(lengths, windows)  # [num_logits]
         logits = F.linear(self._padded(_rms_norm(h[rows], self.norm, self.eps)), self.lm_head)
-        return list(logits[: rows.shape[0]].float().split([b - a for a, b in windows]))
+        return list(logits[: rows.shape[0]].float().split([int(w.shape[0]) for w in windows]))
 
     @property
     def eps(self) -> float:
@@ -83,13 +84,14 @@ class DiffusionModel(nn.Module):
         pad = -x.shape[0] % ROW_TILE
         return torch.cat([x, x.new_zeros(pad, x.shape[1])]) if pad else x
 
-    def _window_rows(self, lengths: list[int], windows: list[tuple[int, int]]) -> torch.Tensor:
+    def _window_rows(self, lengths: list[int], windows: list[torch.Tensor]) -> torch.Tensor:
         """Flat hidden rows whose logits the windows ask for (one row earlier with shifted logits)."""
         shift = 1 if self.config.shift_logits else 0
         starts, rows = 0, []
-        for n, (a, b) in zip(lengths, windows):
-            assert shift <= a <= b <= n, f"window [{a}, {b}) outside a canvas of {n} (shift {shift})"
-            rows.append(torch.arange(starts + a - shift, starts + b - shift))
+        for n, w in zip(lengths, windows):
+            assert w.numel() == 0 or (int(w.min()) >= shift and int(w.max()) < n), \
+                f"positions outside a canvas of {n} (shift {shift})"
+            rows.append(w + (starts - shift))
             starts += n
         return torch.cat(rows).to(self.device)
 
