@@ -45,7 +45,7 @@ class DiffusionWorker:
     def from_spec(cls, spec: DiffusionSpec) -> "DiffusionWorker":
         torch.set_num_threads(spec.threads or len(os.sched_getaffinity(0)))
         model = load_diffusion_model(resolve(spec.model).path, DTYPES[spec.dtype], spec.device)
-        return cls(model, DecodeOptions(spec.block_length, spec.steps_per_block, spec.num_drafts))
+        return cls(model, DecodeOptions(spec.block_length, spec.steps_per_block, spec.num_drafts, spec.adaptive))
 
     def plan(self, prompt_len: int, max_tokens: int) -> CanvasPlan:
         return CanvasPlan.for_request(prompt_len, max_tokens, self.options)

@@ -54,3 +54,4 @@ class DiffusionSpec:
     steps_per_block: int | None = None  # None: block_length
     num_drafts: int = 4
     threads: int | None = None  # torch intra-op threads; None: the node's cores
+    adaptive: bool = True  # each sequence's drafts a round chosen up to num_drafts

@@ -17,6 +17,9 @@ def add_diffusion_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--num-drafts", type=int, default=None,
                    help=f"FreeDave's drafts a model call (default {DEFAULT_NUM_DRAFTS}; 1 = static decoding, "
                         "as does --speculative-method none)")
+    d.add_argument("--fixed-drafts", dest="adaptive", action="store_false", default=None,
+                   help="always --num-drafts drafts (default: each sequence's drafts a round adapt, up to it, "
+                        "to what its chains reach and what a call costs)")
     d.add_argument("--block-length", type=int, default=None, help="semi-autoregressive block (default 32)")
     d.add_argument("--steps-per-block", type=int, default=None,
                    help="static steps a block (default: the block length, one token a step)")
@@ -41,17 +44,25 @@ def diffusion_configs(args) -> tuple[dict | None, dict] | None:
         raise ValueError(f"a diffusion LM speculates with freedave only, got --speculative-method {method}")
     drafts = 1 if method == "none" else given["num_drafts"] or DEFAULT_NUM_DRAFTS
     diffusion = {k: v for k, v in given.items() if k != "num_drafts" and v is not None}
-    return {"method": FREEDAVE, "num_drafts": drafts}, diffusion
+    return _freedave(drafts, args), diffusion
+
+
+def _freedave(drafts: int, args) -> dict:
+    spec = {"method": FREEDAVE, "num_drafts": drafts}
+    if getattr(args, "adaptive", None) is not None:
+        spec["adaptive"] = args.adaptive
+    return spec
 
 
 def serve_overrides(args, model: str, current: dict | None) -> dict:
     """ServeConfig overrides of the diffusion flags (`specray serve`); {} when none was given."""
     given = {k: getattr(args, k, None) for k in ("num_drafts", "block_length", "steps_per_block")}
-    if all(v is None for v in given.values()) and getattr(args, "speculative_method", None) != FREEDAVE:
+    if all(v is None for v in given.values()) and getattr(args, "speculative_method", None) != FREEDAVE \
+            and getattr(args, "adaptive", None) is None:
         return {}
     if not is_diffusion_model(model):
         named = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None] or ["--speculative-method freedave"]
         raise ValueError(f"{', '.join(named)} apply to diffusion LMs; {model!r} is autoregressive")
     drafts = given["num_drafts"] or (current or {}).get("num_drafts") or DEFAULT_NUM_DRAFTS
     diffusion = {k: v for k, v in given.items() if k != "num_drafts" and v is not None}
-    return {"speculative_config": {"method": FREEDAVE, "num_drafts": drafts}, "diffusion_config": diffusion or None}
+    return {"speculative_config": _freedave(drafts, args), "diffusion_config": diffusion or None}

@@ -31,6 +31,7 @@ class Cell:
     model: str
     batch_size: int
     num_drafts: int
+    adaptive: bool
     tokens: int
     seconds: float
     model_calls: int  # engine calls (one a round for the whole batch)
@@ -69,16 +70,18 @@ def decode(model, prompts: list[list[int]], max_tokens: int, options: DecodeOpti
 
 
 def bench_model(name: str, model, prompts: list[list[int]], max_tokens: int, batch_sizes: list[int],
-                drafts: list[int], block_length: int, eos: frozenset[int], log=print) -> list[dict]:
+                drafts: list[tuple[int, bool]], block_length: int, eos: frozenset[int], log=print) -> list[dict]:
+    """`drafts`: (num_drafts, adaptive) variants, static decoding (1, False) first."""
     rows = []
     for b in batch_sizes:
         groups = [prompts[i:i + b] for i in range(0, len(prompts), b)]
-        cells = {k: Cell(name, b, k, 0, 0.0, 0, 0, 0) for k in drafts}
+        cells = {k: Cell(name, b, k[0], k[1], 0, 0.0, 0, 0, 0) for k in drafts}
         for g, group in enumerate(groups):
             order = drafts[g % len(drafts):] + drafts[:g % len(drafts)]  # rotate who goes first
             outputs = {}
             for k in order:
-                outs, seconds, m = decode(model, group, max_tokens, DecodeOptions(block_length, num_drafts=k), eos)
+                options = DecodeOptions(block_length, num_drafts=k[0], adaptive=k[1])
+                outs, seconds, m = decode(model, group, max_tokens, options, eos)
                 outputs[k] = outs
                 c = cells[k]
                 c.tokens += sum(len(o) for o in outs)
@@ -88,7 +91,8 @@ def bench_model(name: str, model, prompts: list[list[int]], max_tokens: int, bat
             assert all(o == outputs[drafts[0]] for o in outputs.values()), "FreeDave changed an output"
         for k in drafts:
             rows.append(cells[k].row())
-            log(f"{name} batch {b} K={k}: {rows[-1]['tokens_per_s']} tok/s, {rows[-1]['calls_per_token']} calls/token, "
+            log(f"{name} batch {b} K={k[0]}{' adaptive' if k[1] else ''}: {rows[-1]['tokens_per_s']} tok/s, "
+                f"{rows[-1]['calls_per_token']} calls/token, "
                 f"{rows[-1]['ms_per_call']} ms/call")
     return rows
 
@@ -109,11 +113,12 @@ def random_llada(layers: int, seed: int = 0):
 def markdown(rows: list[dict]) -> str:
     lines = ["| model | batch | K | tokens/s | vs static | calls/token (a sequence's) | steps/call | canvases/call | ms/call |",
              "|---|---|---|---|---|---|---|---|---|"]
-    static = {(r["model"], r["batch_size"]): r for r in rows if r["num_drafts"] == 1}
+    static = {(r["model"], r["batch_size"]): r for r in rows if r["num_drafts"] == 1 and not r["adaptive"]}
     for r in rows:
         base = static.get((r["model"], r["batch_size"]))
         ratio = f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else "-"
-        lines.append(f"| {r['model']} | {r['batch_size']} | {r['num_drafts']} | {r['tokens_per_s']} | {ratio} | "
+        k = f"{r['num_drafts']}{' adaptive' if r['adaptive'] else ''}"
+        lines.append(f"| {r['model']} | {r['batch_size']} | {k} | {r['tokens_per_s']} | {ratio} | "
                      f"{r['calls_per_token']} | {r['steps_per_call']} | {r['canvases_per_call']} | {r['ms_per_call']} |")
     return "\n".join(lines) + "\n"
 
@@ -128,7 +133,7 @@ def cmd_bench_diffusion(args) -> int:
         torch.set_num_threads(args.threads)
     if 1 not in args.num_drafts:
         raise ValueError("--num-drafts must include 1 (static decoding, the reference and the baseline)")
-    drafts = [1] + [k for k in args.num_drafts if k != 1]
+    drafts = [(1, False)] + [(k, False) for k in args.num_drafts if k != 1] + [(k, True) for k in args.adaptive]
     rows = []
     if args.model != "none":
         checkpoint = resolve(args.model)
@@ -167,6 +172,8 @@ def add_diffusion_bench_parser(kinds) -> None:
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens a prompt (the canvas: whole blocks)")
     p.add_argument("--batch-sizes", type=int_list, default=[1, 8], help="comma-separated, e.g. 1,8")
     p.add_argument("--num-drafts", type=int_list, default=[1, 2, 4, 8], help="FreeDave's K values; 1 = static")
+    p.add_argument("--adaptive", type=int_list, default=[4], help="FreeDave with adaptive drafts up to these K "
+                   "(comma-separated; empty: none)")
     p.add_argument("--block-length", type=int, default=32, help="semi-autoregressive block")
     p.add_argument("--random-llada", type=int, default=0, metavar="LAYERS",
                    help="also a random LLaDA-8B-shaped model (width / 4) of this many layers (0: not)")

@@ -1,8 +1,10 @@
 """User-facing options of a diffusion LM: how it decodes, and FreeDave as its speculative method.
 
-`speculative_config={"method": "freedave", "num_drafts": K}` turns FreeDave on (K drafts a call;
-1 is static decoding); the drafts come from the model itself, so nothing else of an autoregressive
-speculative_config applies and naming it is an error. `diffusion_config={"block_length": B,
+`speculative_config={"method": "freedave", "num_drafts": K, "adaptive": A}` turns FreeDave on (at
+most K drafts a call; 1 is static decoding; with A, each sequence's drafts a round are the number
+that maximises expected steps per second, kernels/diffusion/budget.py); the drafts come from the
+model itself, so nothing else of an autoregressive speculative_config applies and naming it is an
+error. `diffusion_config={"block_length": B,
 "steps_per_block": S}` sets the static decoding every method must reproduce.
 """
 
@@ -14,6 +16,7 @@ from specray.kernels.diffusion.decoding import DecodeOptions
 
 FREEDAVE = "freedave"
 DEFAULT_NUM_DRAFTS = 4  # when speculative_config names freedave without num_drafts
+DEFAULT_ADAPTIVE = True  # ... or without adaptive
 DIFFUSION_KEYS = ("block_length", "steps_per_block")
 
 
@@ -24,13 +27,15 @@ def decode_options(speculative_config: dict[str, Any] | None,
     unknown = sorted(set(diffusion) - set(DIFFUSION_KEYS))
     if unknown:
         raise ValueError(f"unknown diffusion_config keys {unknown}; known keys: {list(DIFFUSION_KEYS)}")
-    return DecodeOptions(**diffusion, num_drafts=num_drafts(speculative_config))
+    drafts, adaptive = freedave_options(speculative_config)
+    return DecodeOptions(**diffusion, num_drafts=drafts, adaptive=adaptive)
 
 
-def num_drafts(speculative_config: dict[str, Any] | None) -> int:
+def freedave_options(speculative_config: dict[str, Any] | None) -> tuple[int, bool]:
+    """-> (num_drafts, adaptive); (1, False) without speculative_config: static decoding."""
     spec = dict(speculative_config or {})
     if not spec:
-        return 1
+        return 1, False
     method = spec.pop("method", FREEDAVE)
     if method != FREEDAVE:
         raise ValueError(f"a diffusion LM speculates with method 'freedave' only (its drafts come from the model "
@@ -39,9 +44,12 @@ def num_drafts(speculative_config: dict[str, Any] | None) -> int:
         raise ValueError("a diffusion LM takes no draft model: FreeDave drafts from the model itself; "
                          "drop speculative_config['model']")
     drafts = spec.pop("num_drafts", DEFAULT_NUM_DRAFTS)
+    adaptive = spec.pop("adaptive", DEFAULT_ADAPTIVE)
     if spec:
         raise ValueError(f"speculative_config keys {sorted(spec)} do not apply to a diffusion LM; "
-                         "FreeDave takes 'method' and 'num_drafts'")
+                         "FreeDave takes 'method', 'num_drafts' and 'adaptive'")
     if not isinstance(drafts, int) or isinstance(drafts, bool) or drafts < 1:
         raise ValueError(f"num_drafts (FreeDave's K) must be an integer >= 1, got {drafts!r}")
-    return drafts
+    if not isinstance(adaptive, bool):
+        raise ValueError(f"adaptive must be true or false, got {adaptive!r}")
+    return drafts, adaptive

@@ -26,10 +26,10 @@ class SpecrayServer:
         rt, cfg = self.runtime, self.config
         self.http = OpenAIServer(rt.async_router, rt.tokenizer, cfg.model_name, rt.api_key, cfg.http.default_max_tokens,
                                  cfg.http.max_request_bytes)
-        spec = cfg.speculative
+        spec = cfg.speculative_config or {}  # a diffusion LM's: freedave
         self.generation = GenerationService(rt.async_router, rt.tokenizer, cfg.model_name, api_key=rt.api_key,
                                             metrics=self.http.metrics, default_max_tokens=cfg.http.default_max_tokens,
-                                            speculative_method=spec.method if spec else "")
+                                            speculative_method=spec.get("method", ""))
         self.grpc_server = self._start_grpc() if cfg.grpc.enabled and cfg.grpc.server == "replica" else None
         self.http_server = self._start_http() if cfg.http.server == "replica" else None
 

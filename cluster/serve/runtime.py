@@ -84,7 +84,7 @@ def build_diffusion_runtime(cfg: ServeConfig, checkpoint, tokenizer, wait_ready:
 
     options, p, r = cfg.decode_options(), cfg.pools.target, cfg.router
     spec = DiffusionSpec(cfg.model, p.dtype, p.device, options.block_length, options.steps_per_block,
-                         options.num_drafts, p.threads)
+                         options.num_drafts, p.threads, options.adaptive)
     colocated = resolve_colocation(cfg).pools.colocate
     pool = InProcessDiffusionPool(DiffusionWorker.from_spec(spec)) if colocated \
         else RayDiffusionPool(spec, placement(p))

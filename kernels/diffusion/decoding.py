@@ -27,6 +27,7 @@ class DecodeOptions:
     block_length: int = 32
     steps_per_block: int | None = None  # None: block_length (one token per step)
     num_drafts: int = 1
+    adaptive: bool = False  # FreeDave: each sequence's drafts a round chosen up to num_drafts (budget.py)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.block_length, int) and self.block_length >= 1,

@@ -6,10 +6,12 @@ round ships nothing but token ids out: finalized blocks as they complete.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
 
+from specray.kernels.diffusion.budget import CallCost, ChainOdds, best_num_drafts
 from specray.kernels.diffusion.decoding import (
     CanvasPlan,
     DecodeOptions,
@@ -33,6 +35,7 @@ class DiffusionSeq:
     scores: Scores | None = None  # of `canvas`; None before its first forward
     emitted_blocks: int = 0
     done: bool = False
+    chain: ChainOdds = field(default_factory=ChainOdds)  # how far its chains reach (adaptive drafts)
 
     def __post_init__(self) -> None:
         assert self.canvas.shape == (self.plan.length,)
@@ -64,6 +67,14 @@ class DiffusionEngine:
         self.mask_token_id = model.config.mask_token_id
         self.seqs: dict[object, DiffusionSeq] = {}
         self.metrics = DiffusionMetrics()
+        self.cost = CallCost()  # what a call costs, for adaptive drafts
+
+    def num_drafts(self, s: DiffusionSeq, batch: int) -> int:
+        """This round's drafts for `s`: num_drafts, or with `adaptive` the budget's pick."""
+        if not self.options.adaptive or self.options.num_drafts == 1:
+            return self.options.num_drafts
+        fixed, per_token = self.cost.fit()
+        return best_num_drafts(s.chain.odds, fixed / batch, per_token * s.plan.length, self.options.num_drafts)
 
     def add(self, seq_id: object, prompt_ids: list[int], plan: CanvasPlan, sampler: StepSampler,
             stop_token_ids: frozenset[int] = frozenset()) -> None:
@@ -81,9 +92,9 @@ class DiffusionEngine:
         seqs = [s for s in seqs if not s.done]
         if not seqs:
             return []
-        k = self.options.num_drafts
-        drafts = {s.seq_id: [] if s.scores is None else build_drafts(s.canvas, s.scores, s.plan, s.step, k,
-                                                                        self.mask_token_id) for s in seqs}
+        k = self.options.num_drafts  # scores cover the steps of the most drafts a round may build
+        drafts = {s.seq_id: [] if s.scores is None else build_drafts(
+            s.canvas, s.scores, s.plan, s.step, self.num_drafts(s, len(seqs)), self.mask_token_id) for s in seqs}
         canvases, windows, owners = [], [], []
         for s in seqs:
             states = [(s.canvas, s.step)] if s.scores is None else \
@@ -93,7 +104,10 @@ class DiffusionEngine:
                     canvases.append(canvas)
                     windows.append(masked_positions(canvas, s.plan.window(at, k), self.mask_token_id))
                     owners.append(s.seq_id)
+        start = time.perf_counter()
         logits = self.model.forward(canvases, windows) if canvases else []
+        if canvases:
+            self.cost.record(sum(int(c.shape[0]) for c in canvases), time.perf_counter() - start)
         self.metrics.model_calls += 1 if canvases else 0
         self.metrics.canvases += len(canvases)
         scored: dict[object, list[Scores]] = {s.seq_id: [] for s in seqs}
@@ -108,6 +122,7 @@ class DiffusionEngine:
             s.scores = scores[0]
             return DiffusionUpdate(s.seq_id, [], 0, 0, len(scores), False)
         best = accept(drafts, scores + [None] * (len(drafts) - len(scores)), s.plan, s.step, self.mask_token_id)
+        s.chain.record(len(drafts), best)
         s.canvas, s.step = drafts[best - 1], s.step + best
         s.scores = scores[best - 1] if best - 1 < len(scores) else None
         self.metrics.steps += best

@@ -226,7 +226,7 @@ def test_diffusion_lm_with_freedave():
     r = render({"model": {"target": "smollm2-135m-dllm"}, "speculation": {"method": "freedave", "numDrafts": 3},
                 "diffusion": {"blockLength": 16, "stepsPerBlock": 8}}, files=("values-cpu.yaml",))
     cfg = app_config(r.rayservice)
-    assert cfg["speculative_config"] == {"method": "freedave", "num_drafts": 3}
+    assert cfg["speculative_config"] == {"method": "freedave", "num_drafts": 3, "adaptive": True}
     assert cfg["diffusion_config"] == {"block_length": 16, "steps_per_block": 8}
     options = ServeConfig.from_dict(cfg).decode_options()
     assert (options.num_drafts, options.block_length, options.steps) == (3, 16, 8)

@@ -8,7 +8,7 @@ so the two cannot drift.
 {{- $s := .Values.speculation }}
 {{- $c := dict "method" $s.method "num_speculative_tokens" (int $s.numSpeculativeTokens) }}
 {{- if eq $s.method "freedave" }}
-{{- $c = dict "method" "freedave" "num_drafts" (int $s.numDrafts) }}
+{{- $c = dict "method" "freedave" "num_drafts" (int $s.numDrafts) "adaptive" $s.adaptiveDrafts }}
 {{- else if has $s.method (list "draft_model" "eagle" "longspec") }}
 {{- $_ := set $c "model" $s.draftModel }}
 {{- if and (eq $s.method "longspec") $s.longspecWindow }}{{ $_ := set $c "longspec" (dict "window" (int $s.longspecWindow)) }}{{ end }}

@@ -22,7 +22,7 @@ def test_bench_diffusion_writes_rows_for_every_k(tmp_path, monkeypatch):
                  "--random-llada", "1", "--random-prompts", "2", "--random-max-tokens", "8",
                  "--out", str(out)]) == 0
     rows = json.loads((out / "diffusion.json").read_text())["rows"]
-    assert len(rows) == 2 * 2 * 2  # two models x two batch sizes x two K
+    assert len(rows) == 2 * 2 * 3  # two models x two batch sizes x (static, K = 3, adaptive up to 4)
     for r in rows:
         assert r["tokens"] > 0 and r["calls_per_token"] > 0 and (r["num_drafts"] > 1 or r["steps_per_call"] <= 1)
     assert "| vs static |" in (out / "diffusion.md").read_text()

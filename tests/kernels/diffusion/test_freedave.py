@@ -122,8 +122,8 @@ def test_freedave_equals_static_decoding_token_for_token(dllm, temperature):
             static = [static_decode(dllm, p, CanvasPlan.for_request(len(p), max_tokens, DecodeOptions(block, steps)),
                                     StepSampler(sampling, s, MASK)) for p, s in zip(prompts, seeds)]
             static_calls = sum(calls for _, calls in static)
-            for k in (1, 2, 4, 8):
-                out, metrics = _run(dllm, DecodeOptions(block, steps, k), prompts, max_tokens, sampling, seeds)
+            for k, adaptive in ((1, False), (2, False), (4, False), (8, False), (4, True)):
+                out, metrics = _run(dllm, DecodeOptions(block, steps, k, adaptive), prompts, max_tokens, sampling, seeds)
                 for i, (canvas, _) in enumerate(static):
                     assert out[i] == canvas[len(prompts[i]):].tolist(), (case, batch, k, i)
                 calls = sum(metrics.per_seq_calls.values())
