@@ -8,17 +8,14 @@ max_tokens rounded up to whole blocks, so a request needs prompt + that within t
 
 from __future__ import annotations
 
-import itertools
-from collections import deque
 from dataclasses import dataclass
 
 from specray.actors.diffusion_worker import DiffusionItem
-from specray.cluster.outputs import RequestOutput, SpecMetrics
+from specray.cluster.outputs import RequestOutput
 from specray.cluster.params import SamplingParams
 from specray.cluster.pools.api import DiffusionPool, TargetUnavailable
-from specray.cluster.router.failures import RequestFailed, request_failed
 from specray.cluster.router.limits import RouterStats
-from specray.cluster.router.router import _Request
+from specray.cluster.router.requests import RequestBook
 from specray.cluster.router.sequence import Sequence
 from specray.kernels.diffusion.engine import DiffusionUpdate
 from specray.kernels.ints import ceil_div
@@ -71,52 +68,12 @@ class DiffusionStats(RouterStats):
     tokens: int = 0  # tokens emitted
 
 
-class DiffusionRouter:
+class DiffusionRouter(RequestBook):
     def __init__(self, pool: DiffusionPool, tokenizer, eos_token_ids, limits: DiffusionLimits):
-        self.target, self.draft, self.tokenizer, self.config = pool, None, tokenizer, limits
-        self.eos_token_ids = frozenset(eos_token_ids)
-        self.requests: dict[str, _Request] = {}
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        super().__init__(tokenizer, eos_token_ids, limits)
+        self.target, self.draft = pool, None
         self.started: set[str] = set()  # sequences the pool holds
         self.stats = DiffusionStats()
-        self.failures: list[tuple[str, RequestFailed]] = []
-        self._ids = itertools.count()
-
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None,
-                    request_id: str | None = None) -> str:
-        self.check_prompt(prompt_token_ids, params)
-        request_id = request_id or str(next(self._ids))
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already running")
-        seqs = [Sequence(f"{request_id}/{i}", request_id, i, list(prompt_token_ids), params, self.eos_token_ids,
-                         self.config.max_model_len) for i in range(params.n)]
-        self.requests[request_id] = _Request(request_id, prompt, list(prompt_token_ids), seqs)
-        self.waiting.extend(seqs)
-        return request_id
-
-    def check_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        self.config.check_request(prompt_token_ids, params, has_tokenizer=self.tokenizer is not None)
-
-    def abort(self, request_id: str) -> None:
-        req = self.requests.pop(request_id, None)
-        for seq in req.seqs if req else []:
-            if seq in self.waiting:
-                self.waiting.remove(seq)
-            if seq in self.running:
-                self._retire(seq)
-
-    def fail_request(self, request_id: str, error: BaseException) -> None:
-        if request_id in self.requests:
-            self.abort(request_id)
-            self.failures.append((request_id, request_failed(request_id, error)))
-
-    def take_failures(self) -> list[tuple[str, RequestFailed]]:
-        failures, self.failures = self.failures, []
-        return failures
-
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
 
     def fail_all(self) -> list[str]:
         """After a worker failure: forget every request (the canvases are gone); returns their ids."""
@@ -158,7 +115,7 @@ class DiffusionRouter:
         by_id = {s.seq_id: s for s in group}
         for update in updates:
             self._commit(by_id[update.seq_id], update)
-        return self._outputs(group)
+        return self.outputs(group)
 
     def _commit(self, seq: Sequence, update: DiffusionUpdate) -> None:
         m = seq.metrics
@@ -184,19 +141,6 @@ class DiffusionRouter:
         if seq.seq_id in self.started:
             self.started.discard(seq.seq_id)
             self.target.release(seq.seq_id)
-
-    def _outputs(self, seqs: list[Sequence]) -> list[RequestOutput]:
-        out = []
-        for request_id in dict.fromkeys(s.request_id for s in seqs):
-            req = self.requests.get(request_id)
-            if req is None:
-                continue
-            finished = all(s.finished for s in req.seqs)
-            out.append(RequestOutput(request_id, req.prompt, req.prompt_token_ids, [s.completion() for s in req.seqs],
-                                     finished, SpecMetrics.total([s.metrics for s in req.seqs])))
-            if finished:
-                del self.requests[request_id]
-        return out
 
 
 def diffusion_limits(config, block_length: int, max_model_len: int | None, max_num_seqs: int) -> DiffusionLimits:

@@ -10,20 +10,17 @@ The pools may be in-process workers or Ray actors; the router only sees `pools/a
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import time
-from collections import deque
-from dataclasses import dataclass
 
 import torch
 
 from specray.actors.messages import DraftItem, TargetItem
-from specray.cluster.outputs import RequestOutput, SpecMetrics
-from specray.cluster.params import SamplingParams
+from specray.cluster.outputs import RequestOutput
 from specray.cluster.pools.api import Done, DraftPool, DraftUnavailable, Pending, TargetPool, TargetUnavailable
-from specray.cluster.router.failures import RequestFailed, log, request_failed
+from specray.cluster.router.failures import log
 from specray.cluster.router.limits import RouterLimits, RouterStats, router_limits  # noqa: F401 (re-export)
 from specray.cluster.router.pipeline import Pipeline
+from specray.cluster.router.requests import RequestBook
 from specray.cluster.router.sequence import Sequence
 from specray.kernels.proposal import Proposal, VerifyResult
 from specray.kernels.verify.rules import pick_rule
@@ -39,70 +36,16 @@ class Drafted:
         return dict(zip(self.seq_ids, self.pending.result(), strict=True))
 
 
-@dataclass
-class _Request:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    seqs: list[Sequence]
-
-
-class Router:
+class Router(RequestBook):
     def __init__(self, target: TargetPool, draft: DraftPool | None, tokenizer, eos_token_ids,
                  config: RouterLimits):
-        self.target, self.draft, self.tokenizer, self.config = target, draft, tokenizer, config
-        self.eos_token_ids = frozenset(eos_token_ids)
-        self.requests: dict[str, _Request] = {}
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        super().__init__(tokenizer, eos_token_ids, config)
+        self.target, self.draft = target, draft
         self.reserved_tokens = 0
         self.stats = RouterStats()
-        self.failures: list[tuple[str, RequestFailed]] = []  # failed inside a worker; see take_failures
-        self._ids = itertools.count()
         self.pipeline = Pipeline(self) if config.pipelined and draft is not None else None
 
-    # -- requests ---------------------------------------------------------------------------
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None,
-                    request_id: str | None = None) -> str:
-        """Validate and queue a request; a bad one raises ValueError and touches nothing else."""
-        self.check_prompt(prompt_token_ids, params)
-        request_id = request_id or str(next(self._ids))
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already running")
-        seqs = [Sequence(f"{request_id}/{i}", request_id, i, list(prompt_token_ids), params,
-                         self.eos_token_ids, self.config.max_model_len) for i in range(params.n)]
-        self.requests[request_id] = _Request(request_id, prompt, list(prompt_token_ids), seqs)
-        self.waiting.extend(seqs)
-        return request_id
-
-    def check_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """A request the engine could never run raises ValueError (RouterLimits.check_request)."""
-        self.config.check_request(prompt_token_ids, params, has_tokenizer=self.tokenizer is not None)
-
-    def abort(self, request_id: str) -> None:
-        req = self.requests.pop(request_id, None)
-        if req is None:
-            return
-        for seq in req.seqs:
-            if seq in self.waiting:
-                self.waiting.remove(seq)
-            if seq in self.running:
-                self._retire(seq)
-
-    def fail_request(self, request_id: str, error: BaseException) -> None:
-        """Abort one request that broke a round; its consumer gets a RequestFailed."""
-        if request_id in self.requests:
-            self.abort(request_id)
-            self.failures.append((request_id, request_failed(request_id, error)))
-
-    def take_failures(self) -> list[tuple[str, RequestFailed]]:
-        """(request id, error) of requests failed since the last call."""
-        failures, self.failures = self.failures, []
-        return failures
-
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
-
+    # -- requests (the rest in RequestBook) -----------------------------------------------------
     def fail_all(self) -> list[str]:
         """After a target failure: forget every request (their KV is gone); returns their ids."""
         lost = list(self.requests)
@@ -312,16 +255,3 @@ class Router:
             self.target.release(seq.seq_id)
         if self.draft is not None and seq.draft_sent:
             self.draft.release(seq.seq_id)
-
-    def outputs(self, seqs: list[Sequence]) -> list[RequestOutput]:
-        out = []
-        for request_id in dict.fromkeys(s.request_id for s in seqs):
-            req = self.requests.get(request_id)
-            if req is None:  # aborted meanwhile
-                continue
-            finished = all(s.finished for s in req.seqs)
-            out.append(RequestOutput(request_id, req.prompt, req.prompt_token_ids,
-                                     [s.completion() for s in req.seqs], finished, SpecMetrics.total([s.metrics for s in req.seqs])))
-            if finished:
-                del self.requests[request_id]
-        return out

@@ -1,0 +1,96 @@
+"""The request bookkeeping both routers share: queue, abort, failures, and the outputs of a round.
+
+A request is n sequences (its choices); a router subclass says how a sequence leaves the running
+batch (`_retire`) and what runs a round (`step`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass
+
+from specray.cluster.outputs import RequestOutput, SpecMetrics
+from specray.cluster.params import SamplingParams
+from specray.cluster.router.failures import RequestFailed, request_failed
+from specray.cluster.router.sequence import Sequence
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    seqs: list[Sequence]
+
+
+class RequestBook:
+    """Requests, their waiting and running sequences, and failures; `config.check_request` and
+    `config.max_model_len` come from the subclass's limits."""
+
+    def __init__(self, tokenizer, eos_token_ids, config):
+        self.tokenizer, self.config = tokenizer, config
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.requests: dict[str, _Request] = {}
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.failures: list[tuple[str, RequestFailed]] = []  # failed inside a worker; see take_failures
+        self._ids = itertools.count()
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None,
+                    request_id: str | None = None) -> str:
+        """Validate and queue a request; a bad one raises ValueError and touches nothing else."""
+        self.check_prompt(prompt_token_ids, params)
+        request_id = request_id or str(next(self._ids))
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already running")
+        seqs = [Sequence(f"{request_id}/{i}", request_id, i, list(prompt_token_ids), params,
+                         self.eos_token_ids, self.config.max_model_len) for i in range(params.n)]
+        self.requests[request_id] = _Request(request_id, prompt, list(prompt_token_ids), seqs)
+        self.waiting.extend(seqs)
+        return request_id
+
+    def check_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """A request the engine could never run raises ValueError (the limits' check_request)."""
+        self.config.check_request(prompt_token_ids, params, has_tokenizer=self.tokenizer is not None)
+
+    def abort(self, request_id: str) -> None:
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return
+        for seq in req.seqs:
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+            if seq in self.running:
+                self._retire(seq)
+
+    def _retire(self, seq: Sequence) -> None:
+        raise NotImplementedError
+
+    def fail_request(self, request_id: str, error: BaseException) -> None:
+        """Abort one request that broke a round; its consumer gets a RequestFailed."""
+        if request_id in self.requests:
+            self.abort(request_id)
+            self.failures.append((request_id, request_failed(request_id, error)))
+
+    def take_failures(self) -> list[tuple[str, RequestFailed]]:
+        """(request id, error) of requests failed since the last call."""
+        failures, self.failures = self.failures, []
+        return failures
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def outputs(self, seqs: list[Sequence]) -> list[RequestOutput]:
+        """The changed requests' outputs; a finished request is forgotten."""
+        out = []
+        for request_id in dict.fromkeys(s.request_id for s in seqs):
+            req = self.requests.get(request_id)
+            if req is None:  # aborted meanwhile
+                continue
+            finished = all(s.finished for s in req.seqs)
+            out.append(RequestOutput(request_id, req.prompt, req.prompt_token_ids, [s.completion() for s in req.seqs],
+                                     finished, SpecMetrics.total([s.metrics for s in req.seqs])))
+            if finished:
+                del self.requests[request_id]
+        return out
