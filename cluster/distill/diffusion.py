@@ -44,7 +44,8 @@ def dream_config_from_llama(raw: dict, mask_token_id: int) -> dict:
 
 
 def init_dllm(folder: Path, mask_token_id: int) -> tuple[DiffusionModel, dict]:
-    """A Dream-layout DLLM over the weights of the autoregressive Llama folder `folder`."""
+    """A Dream-layout DLLM over the weights of `folder`: an autoregressive Llama folder, or a DLLM
+    this command saved (training continues)."""
     from safetensors.torch import load_file
 
     raw = dream_config_from_llama(json.loads((folder / "config.json").read_text()), mask_token_id)
@@ -83,6 +84,9 @@ def distill_diffusion(args, setup, shards: list[Path], log) -> int:
     tok = setup.tokenizer
     mask_id = tok.convert_tokens_to_ids(MASK_TOKEN)
     model, raw = init_dllm(init.path, mask_id)
+    if model.config.model.vocab_size != len(tok):
+        raise ValueError(f"--init-from {init.name} has a vocabulary of {model.config.model.vocab_size}, the target's "
+                         f"tokenizer {len(tok)}: a DLLM trained on the target's text needs its tokenizer")
     gen_length = -(-args.max_tokens // BLOCK) * BLOCK
     eos = setup.eos[0]
     exs = examples(load_samples(shards), gen_length, eos, max_prompt=args.max_len - gen_length)

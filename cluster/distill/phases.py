@@ -168,7 +168,7 @@ def check_args(args) -> list[Path]:
         limit = resolve(args.model).hf_config().max_position_embeddings
         if not 1 <= args.window <= limit:
             raise ValueError(f"--window must be in [1, {limit}] (the target's context), got {args.window}")
-    if args.init_from:
+    if args.init_from and args.kind != "diffusion":  # a DLLM checks its own start (distill/diffusion.py)
         check_init_from(args, resolve(args.model))
     return extra
 

@@ -2,7 +2,8 @@
 
 The canvas is the prompt followed by `gen_length` mask tokens, decoded in semi-autoregressive blocks
 of `block_length`. Step t works on block t // steps_per_block: from the logits of the current canvas
-it takes each position's candidate (the argmax, or at temperature > 0 the Gumbel-max draw of step t)
+it takes each position's candidate (the argmax, or at temperature > 0 a draw from the processed
+distribution by inverse CDF at a uniform hashed from (seed, step, position))
 and its confidence (the candidate's softmax probability), and unmasks the most confident masked
 positions of the block, as many as the step's transfer count (ties: the lower position first).
 The mask token is never a candidate. Randomness is a function of (seed, step, position): decoding is
@@ -17,7 +18,21 @@ import torch
 
 from specray.kernels.sampling import SamplingConfig, processed_probs
 
-_MIX = 0x9E3779B97F4A7C15  # golden-ratio odd constant: spreads (seed, step) over generator seeds
+_MIX = 0x9E3779B97F4A7C15  # golden-ratio odd constant: spreads (seed, step, position) over 64 bits
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix(x: int) -> int:
+    """SplitMix64's finaliser: a well-mixed 64-bit hash of x."""
+    x = (x + _MIX) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _unit(h: int) -> float:
+    """The top 53 bits of a 64-bit hash as a float in [0, 1)."""
+    return (h >> 11) * (1.0 / (1 << 53))
 
 
 @dataclass(frozen=True)
@@ -110,14 +125,14 @@ class StepSampler:
     seed: int  # the request's seed (drawn at admission when it gave none)
     mask_token_id: int
 
-    def noise(self, step: int, rows: int, vocab: int) -> torch.Tensor:
-        """Gumbel noise [rows, vocab] (float64) of `step`, row r for the block's r-th position."""
-        gen = torch.Generator().manual_seed((self.seed * _MIX + step) % (1 << 63))
-        u = torch.rand(rows, vocab, generator=gen, dtype=torch.float64).clamp_min(1e-300)
-        return -torch.log(-torch.log(u))
+    def uniforms(self, step: int, offsets: torch.Tensor) -> torch.Tensor:
+        """U[0, 1) [len(offsets)] (float64) of `step` at those positions of its block: a hash of
+        (seed, step, position), so a draw is the same whichever other positions are drawn."""
+        return torch.tensor([_unit(_splitmix((self.seed * _MIX + step) * _MIX + o)) for o in offsets.tolist()],
+                            dtype=torch.float64)
 
-    def candidates(self, logits: torch.Tensor, step: int, offsets: torch.Tensor | None = None,
-                   block_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def candidates(self, logits: torch.Tensor, step: int,
+                   offsets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [n, vocab_size] at the block positions `offsets` [n] (default 0..n-1) of step's
         block -> candidate [n], confidence [n] (the candidate's softmax probability, fp32)."""
         logits = logits.float().clone()
@@ -125,11 +140,11 @@ class StepSampler:
         probs = logits.softmax(-1)  # [n, vocab_size]
         if self.sampling.greedy:
             x0 = logits.argmax(-1)
-        else:
+        else:  # inverse CDF of the processed distribution at the position's uniform
             offsets = torch.arange(logits.shape[0]) if offsets is None else offsets
-            noise = self.noise(step, block_length or logits.shape[0], logits.shape[1])[offsets]
-            processed = processed_probs(logits, [self.sampling] * logits.shape[0])
-            x0 = (processed.double().log() + noise).argmax(-1)
+            cdf = processed_probs(logits, [self.sampling] * logits.shape[0]).double().cumsum(-1)  # [n, vocab]
+            point = (self.uniforms(step, offsets) * cdf[:, -1]).unsqueeze(1)  # [n, 1], below each total
+            x0 = torch.searchsorted(cdf, point, right=True).squeeze(1).clamp_max(logits.shape[1] - 1)
         return x0, probs.gather(1, x0.unsqueeze(1)).squeeze(1)
 
 
@@ -145,18 +160,26 @@ class Scores:
         # Greedy candidates do not depend on the step: keep them, not the logits ([n] vs [n, vocab]).
         self.greedy = sampler.candidates(logits, 0) if sampler.sampling.greedy else None
         self.logits = None if self.greedy is not None else logits  # [n, vocab_size]
+        self.drawn: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (step, offsets) -> candidates
 
-    def block(self, plan: CanvasPlan, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> candidate [block_length] (-1 where unscored), confidence [block_length] (-inf there)."""
+    def block(self, plan: CanvasPlan, step: int, needed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> candidate [block_length] (-1 where unscored or not `needed` [block_length] bool),
+        confidence [block_length] (-inf there). A sampled step's candidates are drawn once per
+        (step, positions): drafting and verifying replay the same steps."""
         a, b = plan.block(step)
         inside = (self.positions >= a) & (self.positions < b)
+        if needed is not None:
+            inside &= needed[(self.positions - a).clamp(0, b - a - 1)]
         offsets = self.positions[inside] - a
         x0 = torch.full((b - a,), -1, dtype=torch.long)
         conf = torch.full((b - a,), float("-inf"))
         if self.greedy is not None:
             x0[offsets], conf[offsets] = self.greedy[0][inside], self.greedy[1][inside]
         elif offsets.numel():
-            x0[offsets], conf[offsets] = self.sampler.candidates(self.logits[inside], step, offsets, b - a)
+            key = (step, tuple(offsets.tolist()))
+            if key not in self.drawn:
+                self.drawn[key] = self.sampler.candidates(self.logits[inside], step, offsets)
+            x0[offsets], conf[offsets] = self.drawn[key]
         return x0, conf
 
 
@@ -170,8 +193,8 @@ def static_step(canvas: torch.Tensor, scores: Scores, plan: CanvasPlan, step: in
     """canvas [length] at `step` -> the canvas after it: the step's most confident masked positions
     of its block take their candidates."""
     a, b = plan.block(step)
-    x0, conf = scores.block(plan, step)
     masked = canvas[a:b] == mask_token_id  # [block_length]
+    x0, conf = scores.block(plan, step, masked)
     n = plan.transfers(step)
     assert int(masked.sum()) >= n, "a block holds fewer masks than its step unmasks"
     assert bool((x0[masked] >= 0).all()), "a masked position of the step's block was not scored"

@@ -175,7 +175,7 @@ def _chi2_pvalue(sampler: StepSampler, logits_row: torch.Tensor, expected: torch
 
 
 def test_a_sampled_step_draws_candidates_from_the_processed_distribution():
-    """Gumbel-max over the processed logits (temperature, top-k; mask excluded) at 10^5 draws,
+    """Draws from the processed logits (temperature, top-k; mask excluded) at 10^5 draws,
     and a wrong temperature as the negative control."""
     logits = torch.tensor([1.0, 0.2, -0.5, 0.9, 0.0, 3.0])  # the mask (id 5) is the likeliest: never drawn
     for temperature, top_k in [(1.0, 0), (0.6, 0), (1.5, 3)]:

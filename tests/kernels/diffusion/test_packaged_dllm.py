@@ -28,7 +28,7 @@ def run(model, prompts, options: DecodeOptions, temperature: float = 0.0):
     engine = DiffusionEngine(model, options)
     for i, p in enumerate(prompts):
         sampler = StepSampler(SamplingConfig(temperature), 11 + i, model.config.mask_token_id)
-        engine.add(i, p, CanvasPlan.for_request(len(p), 64, options), sampler)
+        engine.add(i, p, CanvasPlan.for_request(len(p), 32, options), sampler)
     out = {i: [] for i in range(len(prompts))}
     while any(not s.done for s in engine.seqs.values()):
         for u in engine.step():
