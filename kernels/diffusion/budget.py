@@ -6,7 +6,9 @@ decoding slower than static. The budget picks, per sequence and round, the K <= 
 maximises expected static steps per second: steps E(K) = 1 + a + ... + a^(K-1) with a the
 sequence's chance that the chain reaches one draft further (counted so far, prior 1/2), and seconds
 = the call's fixed cost shared by the batch + K x the sequence's canvas cost (a least-squares fit of
-the engine's calls, seconds on canvas tokens). Whatever K it picks, the output is static decoding's.
+the engine's calls, seconds on canvas tokens). While recent calls were all of one size the fit cannot
+tell the two parts apart: the budget then explores with two drafts (old calls decay, so it looks
+again from time to time). Whatever K it picks, the output is static decoding's.
 """
 
 from __future__ import annotations
@@ -30,13 +32,22 @@ class CallCost:
         self.n, self.sx, self.sy = d * self.n + 1, d * self.sx + tokens, d * self.sy + seconds
         self.sxx, self.sxy = d * self.sxx + tokens * tokens, d * self.sxy + tokens * seconds
 
+    def separable(self) -> bool:
+        """Whether recent calls varied enough in size (a 5 % spread of canvas tokens) to tell the
+        fixed part from the per-token part."""
+        if self.n < 2:
+            return False
+        mean = self.sx / self.n
+        var = max(self.sxx / self.n - mean * mean, 0.0)
+        return var > (0.05 * mean) ** 2
+
     def fit(self) -> tuple[float, float]:
         """(fixed seconds, seconds per canvas token); (0, mean) until the calls vary in size."""
         if self.n == 0:
             return 0.0, 1.0
-        var = self.n * self.sxx - self.sx ** 2
-        if var <= 1e-9 * max(self.n * self.sxx, 1.0):
+        if not self.separable():
             return 0.0, self.sy / max(self.sx, 1.0)
+        var = self.n * self.sxx - self.sx ** 2
         slope = (self.n * self.sxy - self.sx * self.sy) / var
         slope = max(slope, 1e-12)
         return max((self.sy - slope * self.sx) / self.n, 0.0), slope

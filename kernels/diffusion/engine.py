@@ -73,6 +73,8 @@ class DiffusionEngine:
         """This round's drafts for `s`: num_drafts, or with `adaptive` the budget's pick."""
         if not self.options.adaptive or self.options.num_drafts == 1:
             return self.options.num_drafts
+        if not self.cost.separable():  # explore: calls of another size let the fit split the cost
+            return 2
         fixed, per_token = self.cost.fit()
         return best_num_drafts(s.chain.odds, fixed / batch, per_token * s.plan.length, self.options.num_drafts)
 

@@ -9,9 +9,12 @@ def test_call_cost_fits_fixed_and_per_token_parts():
     cost = CallCost()
     assert cost.fit() == (0.0, 1.0)
     cost.record(100, 0.06)
-    assert cost.fit() == pytest.approx((0.0, 0.0006))  # one size: no fixed part can be told apart yet
+    cost.record(101, 0.06)
+    assert not cost.separable()  # one size: no fixed part can be told apart yet
+    assert cost.fit() == pytest.approx((0.0, 0.06 / 100.5), rel=1e-3)
     for tokens in (60, 120, 240, 60, 480):
         cost.record(tokens, 0.03 + 0.0003 * tokens)
+    assert cost.separable()
     fixed, per_token = cost.fit()
     assert fixed == pytest.approx(0.03, rel=0.2) and per_token == pytest.approx(0.0003, rel=0.1)
 
