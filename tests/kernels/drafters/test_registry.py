@@ -32,12 +32,13 @@ def test_config_cli_and_helm_derive_from_the_registry():
     sub = build_parser()._subparsers._group_actions[0].choices
     for command in ("generate", "serve"):
         action = next(a for a in sub[command]._actions if a.dest == "speculative_method")
-        assert list(action.choices) == [*registry.METHODS, "none"]
+        # freedave: diffusion LMs' own method (cluster/config/diffusion.py), not a drafter
+        assert list(action.choices) == [*registry.METHODS, "freedave", "none"]
     drafter = next(a for a in sub["drafter"]._actions if a.dest == "method")
     assert list(drafter.choices) == list(registry.METHODS)
     schema = json.loads((ROOT / "helm/specray/values.schema.json").read_text())
     helm = schema["properties"]["speculation"]["properties"]["method"]["enum"]
-    assert set(helm) - {"default", "none"} <= set(registry.METHODS)
+    assert set(helm) - {"default", "none", "freedave"} <= set(registry.METHODS)
 
 
 @pytest.mark.parametrize("options, message", [
