@@ -1,5 +1,6 @@
 """Tier 4 on the real model: SmolLM2-135M greedy output with speculation equals transformers'
-`generate(do_sample=False)` token for token (8 Spec-Bench prompts, 64 new tokens, batch 1 and 8)."""
+`generate(do_sample=False)` token for token (8 Spec-Bench prompts, 64 new tokens, batch 8; three of
+them at batch 1)."""
 
 import pytest
 import torch
@@ -54,7 +55,7 @@ def test_speculative_greedy_equals_transformers(name, prompt_ids, transformers_g
     sp = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
     batch8 = llm.generate(prompts, sp)
-    batch1 = [llm.generate(p, sp)[0] for p in prompts]
+    batch1 = [llm.generate(p, sp)[0] for p in prompts[:3]]  # batch 1 on three of them: the slow half of the test
     tok = llm.get_tokenizer()
     for out, want in zip(batch8, transformers_greedy):
         assert out.outputs[0].token_ids == want

@@ -11,7 +11,7 @@ from specray.kernels.loader import ModelNotFoundError, resolve
 from specray.kernels.sampling import SamplingConfig
 
 QUESTIONS = ["What is the capital of France?", "Give me three tips for staying healthy.",
-             "Write a haiku about the sea.", "Explain what a CPU does in one paragraph."]
+             "Write a haiku about the sea."]
 
 
 @pytest.fixture(scope="module")
