@@ -43,6 +43,8 @@ def add_bench_parser(sub) -> None:
                      "specray_longspec_topk (method 'longspec'; default: the target's packaged one, if any)")
     off.add_argument("--eagle-k", type=int, default=None,
                      help="num_speculative_tokens for specray_eagle (default: --num-speculative-tokens)")
+    off.add_argument("--llama-cpp", default=None, help="llama.cpp build (bin folder) for llama-bench rows at batch 1, "
+                     "greedy, on the same GGUF (default: specray's cached build, if any; none: no llama.cpp rows)")
     off.add_argument("--quick", action="store_true", help="4 prompts, 48 tokens, batch sizes <= 4 (~5 min)")
     off.add_argument("--out", default="bench_out", help="folder for offline.{json,md,png}")
     off.set_defaults(func=cmd_bench_offline)

@@ -274,6 +274,11 @@ def cmd_bench_offline(args) -> int:
 
     cells, prompts, runner = run_matrix(
         args, on_row=lambda c, p, r: write_outputs(report(c, p, r, True), Path(args.out), partial=True))
+    from specray.cluster.bench.llama_cpp import llama_cells
+
+    import torch
+
+    cells += llama_cells(args, torch.get_num_threads())
     final = report(cells, prompts, runner, False)
     for path in write_outputs(final, Path(args.out)):
         print(f"wrote {path}")

@@ -66,7 +66,7 @@ def cell_json(cell, hf_cell, step_s: float | None, roofline_s: float | None = No
         roofline_tokens_per_s=round(roofline, 2) if roofline else None,
         fraction_of_roofline=round(tps / roofline, 3) if roofline else None,
         greedy_matches_hf=(cell.outputs == hf_cell.outputs) if hf_cell and cell.batch_size == 1
-        and cell.temperature == 0 and cell.method != "hf" else None,
+        and cell.temperature == 0 and cell.method != "hf" and not cell.method.startswith("llama") else None,
         per_category={c: round(n.tokens / n.seconds, 2) for c, n in cell.per_category.items() if n.seconds} or None,
     )
     return out

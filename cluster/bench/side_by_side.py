@@ -20,25 +20,15 @@ SCHEMA = "specray.bench.side_by_side/1"
 SERVERS = ("llama-server", "specray")
 
 
-def llama_cache() -> Path:
-    from specray.kernels.loader import cache_root
-
-    return cache_root() / "llama.cpp"
-
-
 def find_llama_server(given: str | None) -> Path:
     """--llama-cpp (a build's bin folder or the binary), else the newest build in specray's cache."""
-    if given:
-        path = Path(given).expanduser()
-        binary = path / "llama-server" if path.is_dir() else path
-        if not (binary.is_file() and os.access(binary, os.X_OK)):
-            raise ValueError(f"no llama-server executable at {binary}")
-        return binary
-    builds = sorted(llama_cache().glob("*/bin/llama-server"), key=lambda p: p.stat().st_mtime)
-    if not builds:
+    from specray.cluster.bench.llama_cpp import find_llama_binary, llama_cache
+
+    binary = find_llama_binary("llama-server", given)
+    if binary is None:
         raise ValueError(f"no llama-server in {llama_cache()}: build one with `bash scripts/build_llama_cpp.sh` "
                          "(benchmarks only) or pass --llama-cpp DIR")
-    return builds[-1]
+    return binary
 
 
 def gguf_of(model: str) -> Path:
