@@ -278,7 +278,7 @@ def cmd_bench_offline(args) -> int:
 
     import torch
 
-    cells += llama_cells(args, torch.get_num_threads())
+    cells += llama_cells(args, torch.get_num_threads(), prompts=[p["prompt"] for p in prompts])
     final = report(cells, prompts, runner, False)
     for path in write_outputs(final, Path(args.out)):
         print(f"wrote {path}")

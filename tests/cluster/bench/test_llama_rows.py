@@ -40,6 +40,36 @@ def test_failures_and_missing_builds_are_clear(tmp_path, monkeypatch):
     logged = []
     args = SimpleNamespace(llama_cpp=None, batch_sizes=[1], temperatures=[0.0], model="smollm2-135m", max_tokens=8)
     assert llama_cells(args, 2, logged.append) == [] and "no llama-bench" in logged[0]
-    args.llama_cpp = str(fake_bench(tmp_path))
+    assert "no llama-lookup" in logged[1] and "no llama-batched-bench" in logged[2]
+    logged.clear()
     args.model = str(tmp_path)  # a folder, not a GGUF file
-    assert llama_cells(args, 2, logged.append) == [] and "no GGUF" in logged[1]
+    assert llama_cells(args, 2, logged.append) == [] and "no GGUF" in logged[0]
+
+
+def fake_tool(folder, name, text, stream="stderr"):
+    binary = folder / name
+    target = ">&2" if stream == "stderr" else ""
+    binary.write_text("#!/bin/sh\ncat <<'EOF' " + target + "\n" + text + "\nEOF\n")
+    binary.chmod(binary.stat().st_mode | stat.S_IEXEC)
+    return binary
+
+
+def test_lookup_and_batched_bench_rows(tmp_path, monkeypatch):
+    from specray.cluster.bench import llama_cpp
+
+    lookup = fake_tool(tmp_path, "llama-lookup", "decoded   64 tokens in    0.500 seconds, speed:  128.000 t/s\n"
+                       "n_drafted    = 40\nn_accept     = 22")
+    cell = llama_cpp.llama_lookup_cell(lookup, tmp_path / "m.gguf", ["a", "b"], 64, 2, 3)
+    assert (cell.tokens, cell.seconds, cell.drafted, cell.accepted) == (128, 1.0, 80, 44)
+    lines = "\n".join(json.dumps({"pp": 128, "tg": 64, "pl": b, "speed_tg": 50.0 * b}) for b in (4, 8))
+    batched = fake_tool(tmp_path, "llama-batched-bench", lines, stream="stdout")
+    cells = llama_cpp.llama_batched_cells(batched, tmp_path / "m.gguf", [4, 8], 64, 2)
+    assert [(c.batch_size, c.tokens / c.seconds) for c in cells] == [(4, 200.0), (8, 400.0)]
+    fake_bench(tmp_path)
+    monkeypatch.setattr(llama_cpp, "gguf_of", lambda model: tmp_path / "m.gguf", raising=False)
+    import specray.cluster.bench.side_by_side as sbs
+    monkeypatch.setattr(sbs, "gguf_of", lambda model: tmp_path / "m.gguf")
+    args = SimpleNamespace(llama_cpp=str(tmp_path), batch_sizes=[1, 4, 8], temperatures=[0.0], model="x.gguf",
+                           max_tokens=64, num_speculative_tokens=3)
+    methods = [(c.method, c.batch_size) for c in llama_cells(args, 2, print, prompts=["a"])]
+    assert methods == [("llama_bench", 1), ("llama_lookup", 1), ("llama_batched", 4), ("llama_batched", 8)]
