@@ -59,7 +59,7 @@ def llama_lookup_cell(binary: Path, gguf: Path, prompts: list[str], max_tokens: 
     cell = Cell("llama_lookup", 1, 0.0)
     for prompt in prompts:
         done = _run([str(binary), "-m", str(gguf), "-p", prompt, "-n", str(max_tokens), "-t", str(threads),
-                     "--draft", str(num_draft), "--temp", "0", "-c", "4096"])
+                     "--spec-draft-n-max", str(num_draft), "--temp", "0", "-c", "4096"])
         log = done.stderr + done.stdout
         decoded = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
         drafted, accepted = re.search(r"n_drafted\s*=\s*(\d+)", log), re.search(r"n_accept\s*=\s*(\d+)", log)
@@ -111,10 +111,20 @@ def llama_cells(args, threads: int, log=print, prompts: list[str] | None = None)
             (folder / name if os.access(folder / name, os.X_OK) else None)
         if binary is None:
             log(f"no {name} in {folder or llama_cache()}: its rows are not run (scripts/build_llama_cpp.sh builds it)")
-        elif name == "llama-bench" and 1 in args.batch_sizes:
-            cells.append(llama_bench_cell(binary, gguf, args.max_tokens, threads))
-        elif name == "llama-lookup" and prompts and 1 in args.batch_sizes:
-            cells.append(llama_lookup_cell(binary, gguf, prompts, args.max_tokens, threads, args.num_speculative_tokens))
-        elif name == "llama-batched-bench" and [b for b in args.batch_sizes if b > 1]:
-            cells += llama_batched_cells(binary, gguf, [b for b in args.batch_sizes if b > 1], args.max_tokens, threads)
+            continue
+        try:
+            cells += _rows(name, binary, gguf, args, threads, prompts)
+        except ValueError as e:  # a build that takes other flags: the other rows still run
+            log(f"{name}: {e}")
+    return cells
+
+
+def _rows(name: str, binary: Path, gguf: Path, args, threads: int, prompts: list[str] | None) -> list[Cell]:
+    cells = []
+    if name == "llama-bench" and 1 in args.batch_sizes:
+        cells.append(llama_bench_cell(binary, gguf, args.max_tokens, threads))
+    elif name == "llama-lookup" and prompts and 1 in args.batch_sizes:
+        cells.append(llama_lookup_cell(binary, gguf, prompts, args.max_tokens, threads, args.num_speculative_tokens))
+    elif name == "llama-batched-bench" and [b for b in args.batch_sizes if b > 1]:
+        cells += llama_batched_cells(binary, gguf, [b for b in args.batch_sizes if b > 1], args.max_tokens, threads)
     return cells
