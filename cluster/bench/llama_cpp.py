@@ -1,6 +1,7 @@
 """llama.cpp rows in `specray bench offline`, on the same GGUF and threads: `llama-bench` at batch 1
 (generation only), `llama-lookup` (its prompt-lookup speculation, greedy, on the run's prompts) and
-`llama-batched-bench` at the batch sizes above 1 (128-token prompts, generation speed S_TG).
+`llama-batched-bench` at the batch sizes above 1 (128-token prompts; generated tokens over the whole
+time, prefill included, as specray's rows count them).
 Benchmarks only: the build comes from `scripts/build_llama_cpp.sh` (specray's cache) or --llama-cpp;
 a binary the build lacks is a row not run, said in the log."""
 
@@ -74,8 +75,8 @@ def llama_lookup_cell(binary: Path, gguf: Path, prompts: list[str], max_tokens: 
 
 
 def llama_batched_cells(binary: Path, gguf: Path, batch_sizes: list[int], max_tokens: int, threads: int) -> list[Cell]:
-    """`llama-batched-bench -npp 128 -ntg max_tokens -npl B,...` -> one greedy row a batch size
-    (its S_TG: generated tokens of all sequences / generation time)."""
+    """`llama-batched-bench -npp 128 -ntg max_tokens -npl B,...` -> one greedy row a batch size:
+    generated tokens of all sequences over its total time T (prefill included)."""
     command = [str(binary), "-m", str(gguf), "-c", str(max(batch_sizes) * (128 + max_tokens) + 64), "-b", "2048",
                "-ub", "512", "-npp", "128", "-ntg", str(max_tokens), "-npl", ",".join(map(str, batch_sizes)),
                "-t", str(threads), "--output-format", "jsonl"]
@@ -84,8 +85,7 @@ def llama_batched_cells(binary: Path, gguf: Path, batch_sizes: list[int], max_to
     cells = []
     for r in rows:
         tokens = int(r["pl"]) * int(r["tg"])
-        cells.append(Cell("llama_batched", int(r["pl"]), 0.0, requests=int(r["pl"]), tokens=tokens,
-                          seconds=tokens / float(r["speed_tg"])))
+        cells.append(Cell("llama_batched", int(r["pl"]), 0.0, requests=int(r["pl"]), tokens=tokens, seconds=float(r["t"])))
     if len(cells) != len(batch_sizes):
         raise ValueError(f"llama-batched-bench reported {len(cells)} of {len(batch_sizes)} batch sizes")
     return cells

@@ -61,7 +61,7 @@ def test_lookup_and_batched_bench_rows(tmp_path, monkeypatch):
                        "n_drafted    = 40\nn_accept     = 22")
     cell = llama_cpp.llama_lookup_cell(lookup, tmp_path / "m.gguf", ["a", "b"], 64, 2, 3)
     assert (cell.tokens, cell.seconds, cell.drafted, cell.accepted) == (128, 1.0, 80, 44)
-    lines = "\n".join(json.dumps({"pp": 128, "tg": 64, "pl": b, "speed_tg": 50.0 * b}) for b in (4, 8))
+    lines = "\n".join(json.dumps({"pp": 128, "tg": 64, "pl": b, "t": 64 / 50.0}) for b in (4, 8))
     batched = fake_tool(tmp_path, "llama-batched-bench", lines, stream="stdout")
     cells = llama_cpp.llama_batched_cells(batched, tmp_path / "m.gguf", [4, 8], 64, 2)
     assert [(c.batch_size, c.tokens / c.seconds) for c in cells] == [(4, 200.0), (8, 400.0)]
