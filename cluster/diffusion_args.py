@@ -25,15 +25,25 @@ def add_diffusion_args(p: argparse.ArgumentParser) -> None:
                    help="static steps a block (default: the block length, one token a step)")
 
 
+def _given(args) -> dict:
+    return {k: getattr(args, k, None) for k in ("num_drafts", "block_length", "steps_per_block")}
+
+
+def _refuse_for_autoregressive(args, model: str, given: dict) -> None:
+    """The diffusion flags (or --speculative-method freedave) beside an autoregressive model: an error."""
+    named = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
+    named += ["--fixed-drafts"] if getattr(args, "adaptive", None) is False else []
+    if named or getattr(args, "speculative_method", None) == FREEDAVE:
+        raise ValueError(f"{', '.join(named) or '--speculative-method freedave'} apply to diffusion LMs; "
+                         f"{model!r} is autoregressive")
+
+
 def diffusion_configs(args) -> tuple[dict | None, dict] | None:
     """(speculative_config, diffusion_config) for a diffusion model; None for an autoregressive one
     (then the diffusion flags are an error)."""
-    given = {k: getattr(args, k, None) for k in ("num_drafts", "block_length", "steps_per_block")}
+    given = _given(args)
     if not is_diffusion_model(args.model):
-        named = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
-        if named or getattr(args, "speculative_method", None) == FREEDAVE:
-            raise ValueError(f"{', '.join(named) or '--speculative-method freedave'} apply to diffusion LMs; "
-                             f"{args.model!r} is autoregressive")
+        _refuse_for_autoregressive(args, args.model, given)
         return None
     wrong = [f"--{k.replace('_', '-')}" for k in AR_FLAGS if getattr(args, k, None) not in (None, False)]
     if wrong or getattr(args, "speculative_config", None) is not None:
@@ -56,13 +66,12 @@ def _freedave(drafts: int, args) -> dict:
 
 def serve_overrides(args, model: str, current: dict | None) -> dict:
     """ServeConfig overrides of the diffusion flags (`specray serve`); {} when none was given."""
-    given = {k: getattr(args, k, None) for k in ("num_drafts", "block_length", "steps_per_block")}
+    given = _given(args)
     if all(v is None for v in given.values()) and getattr(args, "speculative_method", None) != FREEDAVE \
             and getattr(args, "adaptive", None) is None:
         return {}
     if not is_diffusion_model(model):
-        named = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None] or ["--speculative-method freedave"]
-        raise ValueError(f"{', '.join(named)} apply to diffusion LMs; {model!r} is autoregressive")
+        _refuse_for_autoregressive(args, model, given)
     drafts = given["num_drafts"] or (current or {}).get("num_drafts") or DEFAULT_NUM_DRAFTS
     diffusion = {k: v for k, v in given.items() if k != "num_drafts" and v is not None}
     return {"speculative_config": _freedave(drafts, args), "diffusion_config": diffusion or None}

@@ -20,7 +20,8 @@ from specray.cluster.router.diffusion_router import DiffusionRouter, diffusion_l
 from specray.cluster.router.router import Router, router_limits
 from specray.kernels.chat import chat_token_ids
 from specray.kernels.drafters.registry import build_drafter
-from specray.kernels.diffusion.weights import is_diffusion_folder, load_diffusion_model
+from specray.kernels.diffusion.config import is_diffusion_folder
+from specray.kernels.diffusion.weights import load_diffusion_model
 from specray.kernels.loader import DTYPES, load_model, resolve
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from specray.kernels.config import ModelConfig
+from specray.kernels.diffusion.config import is_diffusion_folder
 from specray.kernels.model import LlamaModel
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -68,7 +69,7 @@ class Checkpoint:
         if not any((self.path / name).exists() for name in TOKENIZER_FILES):
             raise ValueError(f"{self.path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); pass "
                              "tokenizer=<folder or alias> or skip_tokenizer_init=True (token ids in and out)")
-        if _is_diffusion_config(self.path):
+        if is_diffusion_folder(self.path):
             # transformers does not know LLaDA's or Dream's model_type: give it an empty config
             # rather than let it read config.json (and warn about a model type it cannot build)
             from transformers import PretrainedConfig
@@ -84,14 +85,7 @@ def is_diffusion_model(name: str) -> bool:
     if name in ALIASES or name in DRAFT_ALIASES:
         return False
     path = Path(name).expanduser()
-    return path.is_dir() and _is_diffusion_config(path)
-
-
-def _is_diffusion_config(folder: Path) -> bool:
-    path = folder / "config.json"
-    from specray.kernels.diffusion.config import diffusion_layout
-
-    return path.exists() and diffusion_layout(json.loads(path.read_text())) is not None
+    return path.is_dir() and is_diffusion_folder(path)
 
 
 def hf_config(folder: str | Path):

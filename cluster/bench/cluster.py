@@ -244,7 +244,8 @@ def markdown(report: dict) -> str:
 
 def cmd_bench_cluster(args) -> int:
     from specray.cluster.params import SamplingParams
-    from specray.cluster.serve.cli import resolve_config, start_ray
+    from specray.cluster.serve.cli import resolve_config
+    from specray.cluster.serve.local_ray import start_ray
     from specray.kernels.loader import resolve
 
     cfg = resolve_config(args).with_overrides(**{"http.host": "127.0.0.1"})

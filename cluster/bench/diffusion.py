@@ -17,9 +17,8 @@ from pathlib import Path
 import torch
 
 from specray.cluster.args import int_list
-from specray.kernels.diffusion.decoding import CanvasPlan, DecodeOptions, StepSampler
-from specray.kernels.diffusion.engine import DiffusionEngine
-from specray.kernels.sampling import SamplingConfig
+from specray.kernels.diffusion.decoding import DecodeOptions
+from specray.kernels.diffusion.engine import decode_greedy
 
 # LLaDA-8B: d_model 4096, 32 heads, MLP 12288, vocabulary 126464; scaled to a quarter of the width
 LLADA_SCALED = {"d_model": 1024, "n_heads": 8, "n_kv_heads": 8, "mlp_hidden_size": 3072, "vocab_size": 126464,
@@ -53,20 +52,9 @@ class Cell:
 
 def decode(model, prompts: list[list[int]], max_tokens: int, options: DecodeOptions, eos: frozenset[int]):
     """-> (outputs, seconds, metrics): greedy, all prompts in one running batch, cut at EOS."""
-    engine = DiffusionEngine(model, options)
-    sampler = StepSampler(SamplingConfig(0.0), 0, model.config.mask_token_id)
-    for i, p in enumerate(prompts):
-        engine.add(i, p, CanvasPlan.for_request(len(p), max_tokens, options), sampler, eos)
-    out = {i: [] for i in range(len(prompts))}
     start = time.perf_counter()
-    while any(not s.done for s in engine.seqs.values()):
-        for u in engine.step():
-            out[u.seq_id] += u.token_ids
-    seconds = time.perf_counter() - start
-    for i, ids in out.items():
-        cut = next((j for j, t in enumerate(ids) if t in eos), None)
-        out[i] = ids[:max_tokens] if cut is None else ids[:min(cut + 1, max_tokens)]
-    return [out[i] for i in range(len(prompts))], seconds, engine.metrics
+    outputs, metrics = decode_greedy(model, prompts, max_tokens, options, eos)
+    return outputs, time.perf_counter() - start, metrics
 
 
 def bench_model(name: str, model, prompts: list[list[int]], max_tokens: int, batch_sizes: list[int],

@@ -20,14 +20,13 @@ from pathlib import Path
 import torch
 
 from specray.cluster.distill.data import load_samples
-from specray.cluster.distill.diffusion_train import DiffusionExample, diffusion_loss, examples, masked_token_loss
+from specray.cluster.distill.diffusion_train import diffusion_loss, examples, masked_token_loss
 from specray.cluster.distill.train import ScheduleConfig, run_training
 from specray.kernels.diffusion.config import diffusion_config
-from specray.kernels.diffusion.decoding import CanvasPlan, DecodeOptions, StepSampler
-from specray.kernels.diffusion.engine import DiffusionEngine
+from specray.kernels.diffusion.decoding import DecodeOptions
+from specray.kernels.diffusion.engine import decode_greedy
 from specray.kernels.diffusion.model import DiffusionModel
 from specray.kernels.diffusion.weights import dream_state, load_state
-from specray.kernels.sampling import SamplingConfig
 
 DEFAULT_INIT = "smollm2-135m-draft"
 MASK_TOKEN = "<empty_output>"  # a SmolLM2 special token chat text never holds
@@ -59,21 +58,8 @@ def init_dllm(folder: Path, mask_token_id: int) -> tuple[DiffusionModel, dict]:
 
 def samples_text(model: DiffusionModel, tokenizer, prompts: list[list[int]], max_tokens: int, eos: list[int]) -> list[str]:
     """Greedy static decoding (block 32) of each prompt, cut at the first EOS."""
-    options = DecodeOptions(BLOCK)
-    engine = DiffusionEngine(model.eval(), options)
-    sampler = StepSampler(SamplingConfig(0.0), 0, model.config.mask_token_id)
-    for i, p in enumerate(prompts):
-        engine.add(i, p, CanvasPlan.for_request(len(p), max_tokens, options), sampler, frozenset(eos))
-    out = {i: [] for i in range(len(prompts))}
-    while any(not s.done for s in engine.seqs.values()):
-        for u in engine.step():
-            out[u.seq_id] += u.token_ids
-    texts = []
-    for i in range(len(prompts)):
-        ids = out[i]
-        cut = next((j for j, t in enumerate(ids) if t in eos), len(ids))
-        texts.append(tokenizer.decode(ids[:cut], skip_special_tokens=True))
-    return texts
+    outputs, _ = decode_greedy(model.eval(), prompts, max_tokens, DecodeOptions(BLOCK), frozenset(eos))
+    return [tokenizer.decode(ids, skip_special_tokens=True) for ids in outputs]
 
 
 def distill_diffusion(args, setup, shards: list[Path], log) -> int:

@@ -30,23 +30,11 @@ class InProcessTargetPool:
         return self.worker.busy()
 
 
-class InProcessDiffusionPool:
+class InProcessDiffusionPool(InProcessTargetPool):
     """A DiffusionWorker in this process."""
-
-    def __init__(self, worker):
-        self.worker = worker
 
     def submit_step(self, new, seq_ids: list[object]) -> Done:
         return Done(self.worker.step(new, seq_ids))
-
-    def release(self, seq_id: object) -> None:
-        self.worker.release(seq_id)
-
-    def ready(self) -> bool:
-        return True
-
-    def busy(self) -> float:
-        return self.worker.busy()
 
 
 class InProcessDraftPool:

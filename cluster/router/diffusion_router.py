@@ -101,16 +101,15 @@ class DiffusionRouter(RequestBook):
         if not self.running:
             return []
         group = list(self.running)
+        self.started |= {item.seq_id for item in new}  # the worker holds them once the call starts
         try:
             updates = self.target.submit_step(new, [s.seq_id for s in group]).result()
         except TargetUnavailable:  # the worker is lost and restarting: the caller fails what ran
             raise
         except Exception as error:  # inside the worker: this call's requests fail, queued ones go on
-            self.started |= {item.seq_id for item in new}
             for request_id in dict.fromkeys(s.request_id for s in group):
                 self.fail_request(request_id, error)
             return []
-        self.started |= {item.seq_id for item in new}
         self.stats.model_calls += 1
         by_id = {s.seq_id: s for s in group}
         for update in updates:

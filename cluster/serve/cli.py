@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -162,32 +161,6 @@ def _draft_method(name: str) -> str:
         return "draft_model"
 
 
-def local_resources(cfg) -> dict[str, float]:
-    """Custom resources a one-machine cluster must advertise for the pools to place."""
-    need: dict[str, float] = {}
-    pools = [(cfg.pools.target, cfg.pools.target.num_workers)]
-    if cfg.speculative is not None and cfg.transport.kind not in ("grpc", "inline"):  # no draft actor
-        pools.append((cfg.pools.draft, cfg.pools.draft.num_workers))
-    for pool, count in pools:
-        for name, amount in pool.resources.items():
-            need[name] = need.get(name, 0) + amount * count
-    return need
-
-
-def start_ray(cfg) -> None:
-    import ray
-
-    if ray.is_initialized():  # embedded in a process that already joined a cluster
-        return
-    if cfg.ray_address:
-        ray.init(address=cfg.ray_address)
-        return
-    pools = [cfg.pools.target] * cfg.pools.target.num_workers + [cfg.pools.draft] * cfg.pools.draft.num_workers
-    cpus = max(os.cpu_count() or 1, int(sum(p.num_cpus for p in pools) + 0.999))
-    # "local": always a new cluster, never one some other job left running on this machine
-    ray.init(address="local", num_cpus=cpus, resources=local_resources(cfg), include_dashboard=False)
-
-
 def cmd_serve(args) -> int:
     import yaml
 
@@ -202,6 +175,7 @@ def cmd_serve(args) -> int:
         print("specray serve: --api-key is visible in the process list; prefer --api-key-file or SPECRAY_API_KEY",
               file=sys.stderr)
     cfg.http.resolved_api_key()  # an unreadable key file fails here, before anything starts
+    from specray.cluster.serve.local_ray import start_ray
     from specray.cluster.serve.run import run_serve
 
     start_ray(cfg)

@@ -7,7 +7,9 @@ by one, as its autoregressive initialisation left it); LLaDA predicts position i
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from specray.kernels.config import ModelConfig, UnsupportedModelError
@@ -36,6 +38,12 @@ class DiffusionConfig:
 def diffusion_layout(raw: dict[str, Any]) -> str | None:
     """The layout of a raw config.json dict, or None for a model that is not a diffusion LM."""
     return _MODEL_TYPES.get(str(raw.get("model_type", "")).lower())
+
+
+def is_diffusion_folder(folder: str | Path) -> bool:
+    """Whether a checkpoint folder's config.json names a diffusion LM layout."""
+    path = Path(folder) / "config.json"
+    return path.exists() and diffusion_layout(json.loads(path.read_text())) is not None
 
 
 def diffusion_config(raw: dict[str, Any]) -> DiffusionConfig:

@@ -22,6 +22,7 @@ from specray.kernels.diffusion.decoding import (
 )
 from specray.kernels.diffusion.freedave import accept, build_drafts
 from specray.kernels.diffusion.model import DiffusionModel
+from specray.kernels.sampling import SamplingConfig
 
 
 @dataclass
@@ -87,6 +88,7 @@ class DiffusionEngine:
 
     def release(self, seq_id: object) -> None:
         self.seqs.pop(seq_id, None)
+        self.metrics.per_seq_calls.pop(seq_id, None)
 
     def step(self, seq_ids: list[object] | None = None) -> list[DiffusionUpdate]:
         """One model call for the given running sequences (default: all of them)."""
@@ -139,3 +141,20 @@ class DiffusionEngine:
         tokens = s.canvas[a:b].tolist()
         s.done = s.step == s.plan.num_steps or any(t in s.stop_token_ids for t in tokens)
         return tokens
+
+
+def decode_greedy(model: DiffusionModel, prompts: list[list[int]], max_tokens: int, options: DecodeOptions,
+                  eos: frozenset[int]) -> tuple[list[list[int]], DiffusionMetrics]:
+    """All prompts in one running batch, greedy, to the end -> (each one's tokens, cut after its
+    first EOS and at max_tokens; the engine's metrics). Benchmarks and training evaluations use it."""
+    engine = DiffusionEngine(model, options)
+    sampler = StepSampler(SamplingConfig(0.0), 0, model.config.mask_token_id)
+    for i, p in enumerate(prompts):
+        engine.add(i, p, CanvasPlan.for_request(len(p), max_tokens, options), sampler, eos)
+    out: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    while any(not s.done for s in engine.seqs.values()):
+        for u in engine.step():
+            out[u.seq_id] += u.token_ids
+    cut = [next((j + 1 for j, t in enumerate(ids) if t in eos), len(ids)) for ids in out.values()]
+    return [out[i][:min(c, max_tokens)] for i, c in enumerate(cut)], engine.metrics
+

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from specray.kernels.config import UnsupportedModelError
-from specray.kernels.diffusion.config import DiffusionConfig, diffusion_config, diffusion_layout
+from specray.kernels.diffusion.config import DiffusionConfig, diffusion_config
 from specray.kernels.diffusion.model import DiffusionModel
 
 # Per layout: (embedding, final norm, untied head, per-layer names). q, k and v (and gate, up) are
@@ -32,11 +32,6 @@ def read_config(folder: str | Path) -> DiffusionConfig:
     if not path.exists():
         raise UnsupportedModelError(f"{folder} has no config.json")
     return diffusion_config(json.loads(path.read_text()))
-
-
-def is_diffusion_folder(folder: str | Path) -> bool:
-    path = Path(folder) / "config.json"
-    return path.exists() and diffusion_layout(json.loads(path.read_text())) is not None
 
 
 def load_diffusion_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> DiffusionModel:

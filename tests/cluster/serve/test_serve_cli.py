@@ -136,7 +136,7 @@ def test_inline_transport_places_no_draft_actor():
     """transport inline: the draft worker lives in the router, so a local cluster advertises only
     what the target pool needs."""
     from specray.cluster.config.serve import ServeConfig
-    from specray.cluster.serve.cli import local_resources
+    from specray.cluster.serve.local_ray import local_resources
 
     pools = {"draft": {"resources": {"draft": 1}}, "target": {"resources": {"target": 1}}}
     ray_cfg = ServeConfig.from_dict({"pools": pools, "transport": {"kind": "ray"}})

@@ -9,7 +9,8 @@ from diffusion_helpers import MASK, bidirectional_logits, hf_twin, save_tiny_dll
 
 from specray.kernels.config import UnsupportedModelError
 from specray.kernels.diffusion.config import diffusion_config
-from specray.kernels.diffusion.weights import is_diffusion_folder, load_diffusion_model
+from specray.kernels.diffusion.config import is_diffusion_folder
+from specray.kernels.diffusion.weights import load_diffusion_model
 
 
 @pytest.fixture(scope="module", params=["llada", "dream"])
