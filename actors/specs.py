@@ -21,9 +21,12 @@ class TargetSpec:
     tp_size: int = 1
     dist_init_method: str | None = None  # e.g. "tcp://10.0.0.5:29500" (rank 0's host); None: "env://"
     dist_backend: str | None = None  # None: "nccl" on a cuda device, else "gloo"
+    kernels: str = "exact"  # numeric mode of the packed CPU kernels: exact | fast (kernels/fast_linear.py)
 
     def __post_init__(self) -> None:
         assert self.num_blocks >= 1 and self.block_size >= 1
+        if self.kernels not in ("exact", "fast"):
+            raise ValueError(f"kernels must be 'exact' or 'fast', got {self.kernels!r}")
         if not (self.tp_size >= 1 and 0 <= self.tp_rank < self.tp_size):
             raise ValueError(f"need tp_size >= 1 and 0 <= tp_rank < tp_size, got rank {self.tp_rank} "
                              f"of {self.tp_size}")

@@ -47,7 +47,7 @@ class TargetWorker:
         """Build inside the worker's process. With tp_size > 1 this joins the process group and
         blocks until every rank has: create all ranks before waiting on any."""
         torch.set_num_threads(spec.threads or auto_threads(spec.tp_size))
-        model = load_model(resolve(spec.model), DTYPES[spec.dtype], spec.device)
+        model = load_model(resolve(spec.model), DTYPES[spec.dtype], spec.device, kernels=spec.kernels)
         if spec.tp_size > 1:
             check_shardable(model.config, spec.tp_size)  # fail on every rank before the rendezvous
             device = torch.device(spec.device)

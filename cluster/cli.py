@@ -18,6 +18,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default="smollm2-135m", help="alias, HF checkpoint folder or .gguf file")
     g.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
     g.add_argument("--device", default="cpu")
+    g.add_argument("--kernels", default="exact", choices=["exact", "fast"],
+                   help="the target's CPU kernels on GGUF weights: exact (the fp32 model) or fast (8-bit activations)")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--kv-cache-tokens", type=int, default=16384, help="target KV cache size in tokens")
     from specray.cluster.serve.cli import json_object
@@ -116,7 +118,7 @@ def cmd_generate(args) -> int:
     spec, diffusion_config = diffusion if diffusion else (speculative_config(args), None)
     llm = LLM(args.model, speculative_config=spec, dtype=args.dtype, device=args.device,
               max_model_len=args.max_model_len, kv_cache_tokens=args.kv_cache_tokens,
-              diffusion_config=diffusion_config)
+              diffusion_config=diffusion_config, kernels=args.kernels)
     inputs = ([{"prompt_token_ids": llm.apply_chat_template([{"role": "user", "content": p}])} for p in prompts]
               if args.chat_template else prompts)
     start, printed, finished = time.perf_counter(), {}, []

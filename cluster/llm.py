@@ -49,12 +49,13 @@ class LLM:
                  dtype: str | torch.dtype = "float32", device: str = "cpu", max_model_len: int | None = None,
                  max_num_seqs: int = 32, kv_cache_tokens: int = 16384, block_size: int = 16, seed: int = 0,
                  pipelined: bool = False, tokenizer: str | None = None, skip_tokenizer_init: bool = False,
-                 diffusion_config: dict[str, Any] | None = None):
+                 diffusion_config: dict[str, Any] | None = None, kernels: str = "exact"):
         """`tokenizer`: a folder or alias to take the tokenizer from (default: the model's own);
         `skip_tokenizer_init`: none at all, prompts and outputs are token ids (texts stay empty).
         A diffusion LM (a LLaDA or Dream folder) is detected from its config: `speculative_config`
         then takes FreeDave ({"method": "freedave", "num_drafts": K}) and `diffusion_config` its
-        block_length and steps_per_block (cluster/config/diffusion.py)."""
+        block_length and steps_per_block (cluster/config/diffusion.py). `kernels`: the target's CPU
+        kernels on GGUF weights, "exact" (the fp32 model) or "fast" (8-bit activations; kernels/fast_linear.py)."""
         torch_dtype = parse_dtype(dtype)
         torch.manual_seed(seed)
         checkpoint = resolve(model)
@@ -62,6 +63,9 @@ class LLM:
         self.tokenizer = None if skip_tokenizer_init else resolve(tokenizer).tokenizer() if tokenizer \
             else checkpoint.tokenizer()
         if is_diffusion_folder(checkpoint.path):
+            if kernels != "exact":
+                raise ValueError(f"kernels={kernels!r} applies to autoregressive GGUF models; {model!r} is a "
+                                 "diffusion LM")
             self.router = diffusion_router(checkpoint, self.tokenizer, speculative_config, diffusion_config,
                                            torch_dtype, device, max_model_len, max_num_seqs)
             self.target, self.draft = self.router.target.worker, None
@@ -69,7 +73,7 @@ class LLM:
         if diffusion_config:
             raise ValueError(f"diffusion_config applies to diffusion LMs; {model!r} is autoregressive")
         spec = SpeculativeConfig.from_dict(speculative_config)
-        target_model = load_model(checkpoint, torch_dtype, device)
+        target_model = load_model(checkpoint, torch_dtype, device, kernels=kernels)
         blocks = num_blocks(kv_cache_tokens, block_size)
         self.target = TargetWorker(target_model, blocks, block_size)
         draft = draft_spec(spec, model, dtype_name(torch_dtype), device, kv_cache_tokens, block_size)

@@ -18,8 +18,8 @@ import warnings
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = [CSRC / "quant_linear.c", CSRC / "cpu_ops.c", CSRC / "attention.c", CSRC / "decoder.c"]
-HEADERS = [CSRC / "vec16.h"]
+SOURCES = [CSRC / "quant_linear.c", CSRC / "fast_linear.c", CSRC / "cpu_ops.c", CSRC / "attention.c", CSRC / "decoder.c"]
+HEADERS = [CSRC / "vec16.h", CSRC / "fast_linear_avx512.h", CSRC / "fast_linear_avx2.h"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 # Extra compiler flags, e.g. "-mno-avx512f" to run the AVX2 paths on an AVX-512 machine (the tests do)
 FLAGS_ENV = "SPECRAY_CPU_KERNEL_FLAGS"
@@ -28,6 +28,10 @@ P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
     "specray_q4_1_linear": [P, I64, I64, P, I64, P, I32],  # x, rows, in, blocks, out, y, threads
     "specray_q8_0_linear": [P, I64, I64, P, I64, P, I32],
+    "specray_fast_scratch_bytes": [I64, I64],  # rows, in -> bytes of quantised activations
+    "specray_fast_quantize": [P, I64, I64, P],  # x, rows, in, act
+    "specray_fast_linear_q": [P, I64, I64, P, I32, I64, P, I32],  # act, rows, in, blocks, kind, out, y, threads
+    "specray_fast_linear": [P, I64, I64, P, I32, I64, P, P, I32],  # x, rows, in, blocks, kind, out, y, act, threads
     "specray_rms_norm": [P, I64, I64, P, F32, P],  # x, rows, n, weight, eps, y
     "specray_add_rms_norm": [P, P, I64, I64, P, F32, P],  # h, delta, rows, n, weight, eps, y
     "specray_argmax_rows": [P, I64, I64, P, I32],  # x, rows, n, out (int64), threads
@@ -35,7 +39,8 @@ SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
     # q, q_stride, rows, heads, kv_heads, dim, kv, num_slots, key_slots, key_start, num_ctx, num_new,
     # num_pad, new_mask, max_new, scale, out, scratch, max_keys, threads
     "specray_attention": [P, I64, I64, I64, I64, I64, P, I64, P, P, P, P, P, P, I64, F32, P, P, I64, I32],
-    "specray_attention_split_scratch": [I64, I64, I64, I64, I64],  # rows, heads, kv_heads, dim, max_new -> floats
+    "specray_attention_split_scratch": [I64, I64, I64, I64, I64],
+    "specray_attention_score_rows": [],  # -> rows of score scratch (times heads * max_keys)  # rows, heads, kv_heads, dim, max_new -> floats
     "specray_set_attention_split": [I64, I64],  # min context, min rows for the hybrid (split) attention
     "specray_decoder_workspace": [I64, P, I64],  # rows, dims, max_keys -> floats
     # h, rows, dims, eps, scale, weights, kinds, kv, kv_layer_stride, num_slots, cos, sin, slots,
@@ -43,7 +48,8 @@ SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
     "specray_decoder_layers": [P, I64, P, F32, F32, P, P, P, I64, I64, P, P, P,
                                P, P, P, P, P, P, I64, I64, P, I32],
 }
-RESTYPES = {"specray_decoder_workspace": I64, "specray_attention_split_scratch": I64}  # the rest return nothing
+RESTYPES = {"specray_decoder_workspace": I64, "specray_attention_split_scratch": I64,
+            "specray_fast_scratch_bytes": I64, "specray_attention_score_rows": I64}  # the rest return nothing
 
 _LIBRARY: ctypes.CDLL | None | bool = False  # False: not tried yet
 

@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from specray.kernels import cpu_kernels
-from specray.kernels.attention import HYBRID, SMALL_QUERY_ROWS, ancestor_matrix
+from specray.kernels.attention import HYBRID, NEVER_SPLIT, SMALL_QUERY_ROWS, ancestor_matrix
 from specray.kernels.batch import RaggedBatch
+from specray.kernels.fast_linear import FastWeight
 from specray.kernels.rope import apply_rotary
 
 
@@ -136,7 +137,9 @@ def attention(qkv: torch.Tensor, num_heads: int, layer_kv: torch.Tensor, key_slo
     out = torch.empty(num_tokens, num_heads * dim)
     lib = cpu_kernels.library()
     split = lib.specray_attention_split_scratch(num_tokens, num_heads, num_kv_heads, dim, rows.new_mask.shape[1])
-    scratch = torch.empty(num_tokens * num_heads * rows.max_keys + split)  # scores per (token, head), split tasks
+    scores = lib.specray_attention_score_rows() * num_heads * rows.max_keys  # per (thread, head)
+    scratch = torch.empty(scores + split)  # scores, then the split tasks'
+
     lib.specray_set_attention_split(HYBRID.c_min_context, HYBRID.c_min_rows)
     lib.specray_attention(
         _ptr(qkv), width * dim, num_tokens, num_heads, num_kv_heads, dim, _ptr(layer_kv), layer_kv.shape[1],
@@ -154,11 +157,17 @@ class DecoderTable:
 
     dims: torch.Tensor  # int64 [6] hidden, heads, kv_heads, head_dim, intermediate, layers
     weights: torch.Tensor  # int64 [layers, 6] addresses: qkv, o, gate_up, down blocks; input, post norms
-    kinds: torch.Tensor  # int32 [layers, 4] 0 = q4_1, 1 = q8_0 per projection
+    kinds: torch.Tensor  # int32 [layers, 4] per projection: KINDS, + FAST in the fast layout
     eps: float
     scale: float
+    split: bool = True  # the hybrid split attention where HYBRID says (the fast mode: never, see attention.c)
 
     KINDS = {"q4_1": 0, "q8_0": 1}
+    FAST = 2  # csrc/decoder.c: kinds 2 and 3 are q4_1 and q8_0 in fast_linear's layout
+
+    @classmethod
+    def kind(cls, packed) -> int:
+        return cls.KINDS[packed.kind] + (cls.FAST if isinstance(packed, FastWeight) else 0)
 
     def __post_init__(self):
         layers = int(self.dims[5])
@@ -183,7 +192,8 @@ def decoder_layers(h: torch.Tensor, table: DecoderTable, kv: torch.Tensor, cos: 
     assert slots.shape == (num_tokens,) and slots.dtype == key_slots.dtype == torch.int64
     lib = cpu_kernels.library()
     work = torch.empty(lib.specray_decoder_workspace(num_tokens, _ptr(table.dims), rows.max_keys))
-    lib.specray_set_attention_split(HYBRID.c_min_context, HYBRID.c_min_rows)
+    lib.specray_set_attention_split(HYBRID.c_min_context if table.split else NEVER_SPLIT["c_min_context"],
+                                    HYBRID.c_min_rows)
     lib.specray_decoder_layers(
         _ptr(h), num_tokens, _ptr(table.dims), table.eps, table.scale, _ptr(table.weights), _ptr(table.kinds),
         _ptr(kv), kv.stride(0), kv.shape[2], _ptr(cos), _ptr(sin), _ptr(slots), _ptr(key_slots),

@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import torch
 
 from specray.kernels.config import ModelConfig
 from specray.kernels.diffusion.config import is_diffusion_folder
-from specray.kernels.model import LlamaModel
+from specray.kernels.model import KERNEL_MODES, LlamaModel
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -199,12 +200,12 @@ GEMV_COPY_LIMIT_BYTES = 2 << 30
 
 def load_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, device: str = "cpu",
                num_layers: int | None = None, gemv_weights: bool | None = None,
-               cpu_kernels: bool | None = None) -> LlamaModel:
+               cpu_kernels: bool | None = None, kernels: str = "exact") -> LlamaModel:
     """Load weights into the runtime; `num_layers` keeps only the first layers (a truncated draft).
 
     `cpu_kernels` turns on the C kernels (fused norms and RoPE, and exact Q4_1/Q8_0 blocks of weights
     that came from such a GGUF; see `LlamaModel.enable_cpu_kernels`); None means: on CPU in fp32
-    unless SPECRAY_CPU_KERNELS=0.
+    unless SPECRAY_CPU_KERNELS=0. `kernels` is their numeric mode: "exact" or "fast" (kernels/fast_linear.py).
     `gemv_weights` keeps transposed copies of the other weights for one-row steps (see
     `LlamaModel.add_gemv_weights`); None means: on CPU when the weights take at most 2 GiB.
     """
@@ -217,8 +218,11 @@ def load_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, devic
     model.load_hf_state_dict(_read_safetensors(checkpoint.path))
     if cpu_kernels is None:
         cpu_kernels = str(device) == "cpu" and dtype == torch.float32
-    if cpu_kernels:
-        model.enable_cpu_kernels()
+    if kernels not in KERNEL_MODES:
+        raise ValueError(f"kernels must be one of {KERNEL_MODES}, got {kernels!r}")
+    if cpu_kernels and model.enable_cpu_kernels(kernels) == 0 and kernels == "fast":
+        warnings.warn(f"kernels='fast' found no GGUF Q4_1/Q8_0 weights in {checkpoint.path}: the model runs as "
+                      "it would with kernels='exact'")
     if gemv_weights is None:
         gemv_weights = str(device) == "cpu" and model.weight_bytes() <= GEMV_COPY_LIMIT_BYTES
     if gemv_weights:

@@ -24,10 +24,12 @@ from specray.kernels.attention import (
 from specray.kernels.batch import RaggedBatch
 from specray.kernels.config import ModelConfig
 from specray.kernels.kv_cache import PagedKVCache
+from specray.kernels.fast_linear import FastWeight, fast_linear, pack_fast
 from specray.kernels.quant_linear import PackedWeight, kernel_available, pack_exact, packed_linear, round_to_q8_0
 from specray.kernels.rope import RotaryTable
 from specray.kernels.tp_group import TPGroup
 
+KERNEL_MODES = ("exact", "fast")  # numeric modes of the packed projections (see fast_linear)
 SPLIT_ROWS = 1024  # weight rows per call for 4..12-row CPU steps (see LlamaModel.linear)
 # Steps of at most this many rows use packed weights (decode, verification, small batches): there the
 # packed kernel beats MKL's fp32; the crossover is measured in docs/performance.md.
@@ -65,7 +67,8 @@ class LlamaModel(nn.Module):
         self.rotary = RotaryTable(config, dtype, device)
         self.scale = config.head_dim ** -0.5
         self.gemv_weights: dict[int, torch.Tensor] = {}  # id(weight) -> weight.T contiguous
-        self.packed_weights: dict[int, PackedWeight] = {}  # id(weight) -> its exact Q4_1/Q8_0 blocks
+        self.packed_weights: dict[int, PackedWeight | FastWeight] = {}  # id(weight) -> its Q4_1/Q8_0 blocks
+        self.kernel_mode = "exact"  # "fast": the blocks in the fast layout, 8-bit activations (fast_linear)
         self.fused_cpu_ops = False  # norms and RoPE through the C ops (`enable_cpu_kernels`)
         self.native_layers = True  # every layer in one C call where `decoder_table` applies
         # (packed_weights it was built from, the table or None): rebuilt when packed_weights is replaced
@@ -76,13 +79,22 @@ class LlamaModel(nn.Module):
         return [self.lm_head] + [w for layer in self.layers
                                  for w in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
 
-    def enable_cpu_kernels(self) -> int:
+    def enable_cpu_kernels(self, mode: str = "exact") -> int:
         """Use the C kernels where they apply (CPU, fp32, a compiled library): fused norms and RoPE,
-        and packed weights (`add_packed_weights`). -> how many weights were packed."""
+        and packed weights (`add_packed_weights`) in numeric `mode` ("exact": the fp32 values, what
+        transformers computes; "fast": 8-bit activations and integer dot products, a model of its
+        own). -> how many weights were packed."""
+        if mode not in KERNEL_MODES:
+            raise ValueError(f"kernels must be one of {KERNEL_MODES}, got {mode!r}")
         if self.embed_tokens.device.type != "cpu" or self.dtype != torch.float32 or not cpu_ops.available():
             return 0
-        self.fused_cpu_ops = True
+        self.fused_cpu_ops, self.kernel_mode = True, mode
         return self.add_packed_weights()
+
+    def pack_weight(self, weight: torch.Tensor) -> PackedWeight | FastWeight | None:
+        """The blocks of a weight whose fp32 values are exact GGUF blocks, in this model's mode; else None."""
+        packed = pack_exact(weight.detach())
+        return pack_fast(packed) if packed is not None and self.kernel_mode == "fast" else packed
 
     def add_packed_weights(self) -> int:
         """Keep exact Q4_1/Q8_0 blocks of every projection whose fp32 values they hold bit for bit
@@ -91,21 +103,25 @@ class LlamaModel(nn.Module):
         if not kernel_available():
             return 0
         for w in self.projections():
-            packed = pack_exact(w.detach())
+            packed = self.pack_weight(w)
             if packed is not None:
                 self.packed_weights[id(w)] = packed
                 self.gemv_weights.pop(id(w), None)  # the packed blocks serve one-row steps
         return len(self.packed_weights)
 
-    def round_weights_to_q8_0(self) -> int:
+    def round_weights_to_q8_0(self, kernels: str = "exact") -> int:
         """Round every projection (and the embedding, if tied to the head) to Q8_0 values in place,
-        then pack them where the C kernels are on: the model *becomes* a Q8_0 model, so its
-        reference and fast paths still agree. For drafts (see `round_to_q8_0`). -> weights packed."""
+        then pack them where the C kernels are on, in numeric mode `kernels`: the model *becomes* a
+        Q8_0 model, so its reference and packed paths still agree. For drafts (see `round_to_q8_0`),
+        which take the fast mode: their numbers only shape proposals. -> weights packed."""
+        assert kernels in KERNEL_MODES, kernels
         with torch.no_grad():
             for w in self.projections():
                 if w.shape[1] % 32 == 0:
                     w.copy_(round_to_q8_0(w))
         had_gemv, self.gemv_weights = bool(self.gemv_weights), {}  # stale copies of the old values
+        if self.fused_cpu_ops:
+            self.kernel_mode = kernels
         packed = self.add_packed_weights() if self.fused_cpu_ops else 0
         if had_gemv:
             self.add_gemv_weights()
@@ -124,7 +140,9 @@ class LlamaModel(nn.Module):
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x [rows, in] @ weight [out, in]^T -> [rows, out].
 
-        Weights with packed blocks take the packed kernel up to PACKED_MAX_ROWS rows. Otherwise, on
+        Weights in the fast layout always take the fast kernel (a weight's numbers must not depend on
+        the step's size). Weights with exact packed blocks take the packed kernel up to
+        PACKED_MAX_ROWS rows. Otherwise, on
         CPU (where `gemv_weights` exist): one row takes the GEMV copy; 4..12 rows (verification,
         small batches) go through SPLIT_ROWS-row slices of the weight. MKL packs the whole weight for
         those row counts, which runs slower than the same work on slices that fit in L2
@@ -132,6 +150,8 @@ class LlamaModel(nn.Module):
         """
         rows = x.shape[0]
         packed = self.packed_weights.get(id(weight)) if self.packed_weights else None
+        if isinstance(packed, FastWeight):
+            return fast_linear(x, packed)
         if packed is not None and rows <= PACKED_MAX_ROWS:
             return packed_linear(x, packed)
         if not self.gemv_weights or 1 < rows < 4 or rows > 12:
@@ -182,8 +202,8 @@ class LlamaModel(nn.Module):
                 torch.tensor([c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
                               c.num_layers]),
                 torch.tensor(weights, dtype=torch.int64),
-                torch.tensor([[cpu_ops.DecoderTable.KINDS[p.kind] for p in ps] for ps in packed], dtype=torch.int32),
-                c.rms_norm_eps, self.scale)
+                torch.tensor([[cpu_ops.DecoderTable.kind(p) for p in ps] for ps in packed], dtype=torch.int32),
+                c.rms_norm_eps, self.scale, split=self.kernel_mode == "exact")
         self._decoder_table = (self.packed_weights, table)
         return table
 
@@ -204,7 +224,9 @@ class LlamaModel(nn.Module):
         else:
             assert inputs_embeds.shape == (batch.num_tokens, self.config.hidden_size)
             h = inputs_embeds.to(self.dtype).contiguous()
-        table = self.decoder_table() if rows is not None and batch.num_tokens <= PACKED_MAX_ROWS else None
+        # the fast mode runs every step there: a row's numbers must not depend on the step's size
+        few = batch.num_tokens <= PACKED_MAX_ROWS or self.kernel_mode == "fast"
+        table = self.decoder_table() if rows is not None and few else None
         if table is not None and len(self.layers) == cache.kv.shape[0]:
             cos, sin = self.rotary.cos[batch.positions], self.rotary.sin[batch.positions]  # [num_tokens, head_dim]
             cpu_ops.decoder_layers(h, table, cache.kv, cos, sin, batch.slot_mapping, batch.key_slots, rows)

@@ -24,7 +24,8 @@ def add_bench_parser(sub) -> None:
     off.add_argument("--max-tokens", type=int, default=128, help="new tokens a prompt")
     off.add_argument("--methods", default=None, help=f"comma-separated from {list(METHODS)} (default: all; "
                      "specray_eagle with a feature-level draft; trees, drafted by it where there is one, "
-                     "else by --draft-model, not in --quick)")
+                     "else by --draft-model, not in --quick); a specray method + '_fast' (e.g. specray_fast, "
+                     "specray_eagle_fast) runs it with the fast kernels")
     off.add_argument("--batch-sizes", type=int_list, default=[1, 4, 8, 16], help="comma-separated, e.g. 1,4,8,16")
     off.add_argument("--temperatures", type=float_list, default=[0.0, 1.0],
                      help="comma-separated; 0 is greedy (outputs checked against plain decoding)")

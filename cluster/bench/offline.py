@@ -26,6 +26,15 @@ LONGSPEC_METHODS = ("specray_longspec", "specray_longspec_topk")
 SPECRAY_METHODS = ("specray", "specray_ngram", "specray_draft", "specray_easyspec", "specray_eagle",
                    "specray_ngram_padded", "specray_draft_padded") + TREE_METHODS + ("specray_draft_topk",) + LONGSPEC_METHODS
 METHODS = HF_METHODS + SPECRAY_METHODS
+FAST = "_fast"  # a specray method + this suffix: the same engine with the fast kernels (kernels/fast_linear.py)
+
+
+def base_method(method: str) -> str:
+    return method[: -len(FAST)] if method.endswith(FAST) else method
+
+
+def known_method(method: str) -> bool:
+    return method in METHODS or (method.endswith(FAST) and base_method(method) in SPECRAY_METHODS)
 
 
 def tree_shapes(depth: int) -> dict[str, dict]:
@@ -127,10 +136,11 @@ class Runner:
                         "specray_longspec_topk": {**longspec, "tree": tree_shapes(k)["topk"]}})
         wanted = {m.replace("_padded", "") for m in methods}  # a padded method reuses its engine
         kv_k = max(k, args.eagle_k or 0)
-        self.llms = {m: LLM(args.model, speculative_config=configs[m], max_num_seqs=max_seqs,
+        self.llms = {m: LLM(args.model, speculative_config=configs[base_method(m)], max_num_seqs=max_seqs,
                             kv_cache_tokens=kv_tokens_needed(encoded, args.batch_sizes, args.max_tokens, kv_k,
-                                                             padded=f"{m}_padded" in methods))
-                     for m in configs if m in wanted}
+                                                             padded=f"{m}_padded" in methods),
+                            kernels="fast" if m.endswith(FAST) else "exact")
+                     for m in sorted(wanted) if base_method(m) in configs}
         self.hf = load_hf(self.ckpt.path) if any(m in HF_METHODS for m in methods) else None
         self.assistant = None
         if "hf_assisted" in methods:  # the very draft specray_draft uses
@@ -161,7 +171,7 @@ class Runner:
     def _run_specray(self, method, group, temperature, seed, cell: Cell) -> list[list[int]]:
         from specray import SamplingParams
 
-        llm = self.llms[method.replace("_padded", "")]
+        llm = self.llms[method.replace("_padded", "")]  # specray_ngram_padded_fast: specray_ngram_fast
         llm.target.pad_batches = method.endswith("_padded")
         params = [SamplingParams(temperature=temperature, max_tokens=self.args.max_tokens, ignore_eos=True,
                                  seed=seed + i) for i in range(len(group))]
@@ -210,9 +220,10 @@ def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
         args.longspec_model = packaged_draft(args.model, "longspec")
     methods = [m for m in (args.methods or default_methods(args)).split(",") if m]
     args.methods = ",".join(methods)
-    unknown = sorted(set(methods) - set(METHODS))
+    unknown = sorted(m for m in methods if not known_method(m))
     if unknown:
-        raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
+        raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}, or a specray method + "
+                         f"'{FAST}' (the fast kernels)")
     if "specray_eagle" in methods and not args.eagle_model:
         raise ValueError("method specray_eagle needs --eagle-model (a feature-level draft, `specray distill --kind eagle`)")
     if set(methods) & set(LONGSPEC_METHODS) and not args.longspec_model:

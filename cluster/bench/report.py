@@ -1,7 +1,7 @@
 """Benchmark output: JSON (schema below), a Markdown table and PNG plots.
 
-JSON schema `specray.bench.offline/5` (/4 had no arithmetic floor nor raw counts, and bounds at
-batch 1 only):
+JSON schema `specray.bench.offline/6` (/5 had no decode-only rate, no `_fast` methods and no
+llama.cpp ratios; /4 had no arithmetic floor nor raw counts, and bounds at batch 1 only):
 - `config`: model, max_tokens, num_speculative_tokens, draft_num_layers, draft_model (null: the
   target, truncated), eagle_model (also the trees' drafter; null: trees use the draft model),
   batch_sizes, temperatures, methods,
@@ -22,12 +22,17 @@ batch 1 only):
   acceptance length / seconds_per_step; a step reads the weights once for the whole group, and its
   KV reads are left out, so large batches overstate the bound), roofline_tokens_per_s and
   fraction_of_roofline (batch 1: acceptance length / roofline_seconds_per_step),
-  greedy_matches_hf (batch 1, temperature 0), per_category {category: tokens_per_s} (batch 1);
+  greedy_matches_hf (batch 1, temperature 0; exact kernels only), greedy_matches_plain (temperature 0:
+  equal to specray's plain decoding in the same kernel mode and batch size), decode_tokens_per_s
+  (batch 1: tokens after the first over the time outside prefill steps, what llama-bench and
+  llama-lookup report), per_category {category: tokens_per_s} (batch 1). A method ending in
+  `_fast` is its engine with the fast kernels (kernels/fast_linear.py);
 - `long_context` (prompts with `context_tokens` only, cluster/bench/long_context.py): per method,
   temperature and context length at batch 1: decode_tokens_per_s and ms_per_round (prefill steps
   left out), prefill_s per request, acceptance_length, draft_own_mib and target_kv_mirror_mib per
   sequence at that length;
-- `summary`: the headline ratios (each null when its cells are missing);
+- `summary`: the headline ratios (each null when its cells are missing); the llama.cpp ones compare
+  decode-only rates at batch 1 (specray's plain: the faster kernel mode) and tokens/s at batch 16;
 - `partial`: true while the run is still going (written after every finished (batch size,
   temperature) row, so a stopped run keeps its rows), false in the final file.
 """
@@ -40,15 +45,30 @@ from pathlib import Path
 
 import torch
 
-SCHEMA = "specray.bench.offline/5"
+SCHEMA = "specray.bench.offline/6"
 
 
-def cell_json(cell, hf_cell, step_s: float | None, roofline_s: float | None = None) -> dict:
+def decode_tokens_per_s(cell) -> float | None:
+    """Batch 1: tokens after the first over the time outside prefill steps (what llama-bench and
+    llama-lookup report); llama.cpp rows are decode-only already."""
+    if cell.batch_size != 1 or not cell.seconds:
+        return None
+    if cell.method in ("llama_bench", "llama_lookup"):
+        return cell.tokens / cell.seconds
+    if not cell.method.startswith("specray") or cell.seconds <= cell.prefill_seconds:
+        return None
+    return cell.emitted / (cell.seconds - cell.prefill_seconds)
+
+
+def cell_json(cell, hf_cell, step_s: float | None, roofline_s: float | None = None, plain_cell=None) -> dict:
+    """`plain_cell`: specray's plain decoding in the same kernel mode, batch size and temperature."""
     out = {"method": cell.method, "batch_size": cell.batch_size, "temperature": cell.temperature,
            "skipped": cell.skipped}
     if cell.skipped:
         return out
     tps = cell.tokens / cell.seconds if cell.seconds else 0.0
+    decode = decode_tokens_per_s(cell)
+    fast = cell.method.endswith("_fast")
     tau = cell.emitted / cell.rounds if cell.rounds else None
     sequences = min(cell.batch_size, cell.requests)  # a step reads the weights once for all of them
     bound = sequences * (tau or 1.0) / step_s if step_s else None
@@ -65,8 +85,12 @@ def cell_json(cell, hf_cell, step_s: float | None, roofline_s: float | None = No
         fraction_of_bound=round(tps / bound, 3) if bound else None,
         roofline_tokens_per_s=round(roofline, 2) if roofline else None,
         fraction_of_roofline=round(tps / roofline, 3) if roofline else None,
-        greedy_matches_hf=(cell.outputs == hf_cell.outputs) if hf_cell and cell.batch_size == 1
+        decode_tokens_per_s=round(decode, 2) if decode else None,
+        greedy_matches_hf=(cell.outputs == hf_cell.outputs) if hf_cell and cell.batch_size == 1 and not fast
         and cell.temperature == 0 and cell.method != "hf" and not cell.method.startswith("llama") else None,
+        # lossless in every kernel mode: greedy output = plain greedy output of the same mode
+        greedy_matches_plain=(cell.outputs == plain_cell.outputs) if plain_cell is not None and plain_cell is not cell
+        and cell.temperature == 0 and plain_cell.outputs else None,
         per_category={c: round(n.tokens / n.seconds, 2) for c, n in cell.per_category.items() if n.seconds} or None,
     )
     return out
@@ -83,7 +107,21 @@ def summary(rows: list[dict]) -> dict:
     at1 = [r for r in rows if r["batch_size"] == 1 and r["temperature"] == 0 and not r["skipped"]]
     best_specray = max((r for r in at1 if r["method"].startswith("specray")), key=lambda r: r["tokens_per_s"], default=None)
     best_hf = max((r for r in at1 if r["method"].startswith("hf")), key=lambda r: r["tokens_per_s"], default=None)
+
+    def decode(method):
+        return next((r["decode_tokens_per_s"] for r in at1 if r["method"] == method), None)
+
+    def best_decode(prefix):
+        return max((r["decode_tokens_per_s"] or 0 for r in at1 if r["method"].startswith(prefix)), default=None)
+
+    plain = max(decode("specray") or 0, decode("specray_fast") or 0) or None
     return {
+        # batch 1, decode-only (llama-bench and llama-lookup report decode alone), greedy
+        "specray_plain_vs_llama_bench_batch1": ratio(plain, decode("llama_bench")),
+        "best_specray_vs_best_llama_batch1": ratio(best_decode("specray"), best_decode("llama")),
+        "best_specray_vs_specray_plain_batch1": ratio(best_decode("specray"), plain),
+        "specray_vs_llama_batched_16": ratio(max(tps("specray", 16) or 0, tps("specray_fast", 16) or 0) or None,
+                                             tps("llama_batched", 16)),
         "specray_plain_vs_hf_plain_batch1": ratio(tps("specray", 1), tps("hf", 1)),
         "best_specray_method_batch1": best_specray["method"] if best_specray else None,
         "best_specray_vs_best_hf_batch1": ratio(best_specray and best_specray["tokens_per_s"],
@@ -112,7 +150,11 @@ def build_report(args, cells, prompts, bandwidth, partial: bool = False) -> dict
     hf = {(c.batch_size, c.temperature): c for c in cells if c.method == "hf" and not c.skipped}
     step_s = bandwidth.step_s if bandwidth is not None else None
     roofline_s = bandwidth.roofline_step_s if bandwidth is not None else None
-    rows = [cell_json(c, hf.get((c.batch_size, c.temperature)), step_s, roofline_s) for c in cells]
+    plain = {(c.method.endswith("_fast"), c.batch_size, c.temperature): c for c in cells
+             if c.method in ("specray", "specray_fast") and not c.skipped}
+    rows = [cell_json(c, hf.get((c.batch_size, c.temperature)), step_s, roofline_s,
+                      plain.get((c.method.endswith("_fast"), c.batch_size, c.temperature))
+                      if c.method.startswith("specray") else None) for c in cells]
     return {
         "schema": SCHEMA,
         "config": {"model": args.model, "max_tokens": args.max_tokens, "methods": args.methods.split(","),
@@ -130,9 +172,9 @@ def build_report(args, cells, prompts, bandwidth, partial: bool = False) -> dict
     }
 
 
-COLUMNS = ("temperature", "batch_size", "method", "tokens_per_s", "acceptance_length", "acceptance_rate",
+COLUMNS = ("temperature", "batch_size", "method", "tokens_per_s", "decode_tokens_per_s", "acceptance_length", "acceptance_rate",
            "draft_ms_per_round", "verify_ms_per_round", "speedup_vs_hf", "fraction_of_bound", "fraction_of_roofline",
-           "greedy_matches_hf")
+           "greedy_matches_hf", "greedy_matches_plain")
 
 
 def _ms(seconds: float | None) -> str:

@@ -51,6 +51,9 @@ class PoolConfig(_Strict):
 class TargetPoolConfig(PoolConfig):
     resources: dict[str, float] = Field(default_factory=lambda: {"target": 1.0},
                                         description="custom Ray resources the worker's node must advertise")
+    kernels: Literal["exact", "fast"] = Field(
+        "exact", description="numeric mode of the CPU kernels on GGUF weights: exact (the fp32 model, what "
+        "transformers computes) or fast (8-bit activations, integer dot products; lossless against itself)")
 
 
 class DraftPoolConfig(PoolConfig):

@@ -18,7 +18,7 @@ FLAG_KEYS = {
     "max_waiting": "router.max_waiting", "kv_cache_tokens": "router.kv_cache_tokens",
     "max_model_len": "router.max_model_len", "transport": "transport.kind",
     "drafter_address": "transport.drafter_address", "tensor_parallel_size": "pools.target.num_workers",
-    "draft_workers": "pools.draft.num_workers",
+    "draft_workers": "pools.draft.num_workers", "kernels": "pools.target.kernels",
     "address": "ray_address",
 }
 
@@ -68,6 +68,9 @@ def add_serve_flags(p) -> None:
                         "no actor call a round (on); separate actor pools (off, default); on only on a one-node "
                         "CPU cluster with one worker a pool (auto)")
     p.add_argument("--tensor-parallel-size", type=int, help="target workers sharing the model")
+    p.add_argument("--kernels", choices=["exact", "fast"],
+                   help="the target's CPU kernels on GGUF weights: exact (default: the fp32 model) or fast (8-bit "
+                        "activations, integer dot products: a model of its own, speculation lossless against it)")
     p.add_argument("--draft-workers", type=int, help="draft workers of one layer-parallel group (EasySpec across "
                                                      "devices; needs speculative_config layer_parallel >= it)")
     p.add_argument("--max-num-seqs", type=int, help="running sequences at most")

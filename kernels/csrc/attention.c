@@ -1,5 +1,6 @@
 // Attention for steps of short sequences on the CPU (decode, verification chains and trees).
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -131,11 +132,15 @@ static void softmax(float* s, int64_t n) {
         vstore(s + j, e);
         totals += e;
     }
-    float total = hsum(totals);
-    for (; j < n; j++) {
-        s[j] = s[j] == -INFINITY ? 0.f : expf(s[j] - top);
-        total += s[j];
+    if (j < n) {  // the last partial block the same way, padded with masked keys (exp = 0)
+        float tail[LANES];
+        for (int k = 0; k < LANES; k++) tail[k] = j + k < n ? s[j + k] : -INFINITY;
+        vec16 e = exp16(vload(tail) - top);
+        vstore(tail, e);
+        memcpy(s + j, tail, (n - j) * sizeof(float));
+        totals += e;
     }
+    float total = hsum(totals);  // key j in lane j % 16 whatever n is: masked keys add exact zeros
     float inv = 1.f / total;
     for (j = 0; j < n; j++) s[j] *= inv;
 }
@@ -146,19 +151,34 @@ static void softmax(float* s, int64_t n) {
 static void attend(const float* q, int num, const float* keys, const float* values, const int64_t* slots,
                    int64_t ctx, int64_t n, int64_t pad, const uint8_t* visible_new, int64_t dim,
                    float scale, float* s, int64_t s_stride, float* o) {
+    // Every key is scored by the same arithmetic wherever it falls (a last partial block of keys
+    // is padded with repeats of key 0 and cut), so a row's scores depend on its keys alone, not on
+    // how many keys follow them: a verification row and the decode row of the same position agree.
     int64_t j = 0;
 #if defined(__AVX512F__)
     if (dim % LANES == 0)  // 16 keys at a time, in L1 for every head of the group
-        for (; j + LANES <= n + pad; j += LANES)
-            for (int g = 0; g < num; g++)
-                vstore(s + g * s_stride + j, scale * dot16(q + g * dim, keys, slots + j, dim));
+        for (; j < n + pad; j += LANES) {
+            int64_t block[LANES], m = n + pad - j < LANES ? n + pad - j : LANES;
+            for (int k = 0; k < LANES; k++) block[k] = k < m ? slots[j + k] : slots[0];
+            for (int g = 0; g < num; g++) {
+                float sv[LANES];
+                vstore(sv, scale * dot16(q + g * dim, keys, block, dim));
+                memcpy(s + g * s_stride + j, sv, m * sizeof(float));
+            }
+        }
 #else
     if (dim % 8 == 0)  // 8 keys at a time, in L1 for every head of the group
-        for (; j + 8 <= n + pad; j += 8)
-            for (int g = 0; g < num; g++)
-                vstore8(s + g * s_stride + j, scale * dot8(q + g * dim, keys, slots + j, dim));
+        for (; j < n + pad; j += 8) {
+            int64_t block[8], m = n + pad - j < 8 ? n + pad - j : 8;
+            for (int k = 0; k < 8; k++) block[k] = k < m ? slots[j + k] : slots[0];
+            for (int g = 0; g < num; g++) {
+                float sv[8];
+                vstore8(sv, scale * dot8(q + g * dim, keys, block, dim));
+                memcpy(s + g * s_stride + j, sv, m * sizeof(float));
+            }
+        }
 #endif
-    for (; j < n + pad; j++)  // pad keys too: stored, so the work is not optimised out
+    for (; j < n + pad; j++)  // other head sizes: one key at a time (pad keys too, so the work stays)
         for (int g = 0; g < num; g++) s[g * s_stride + j] = scale * dot(q + g * dim, keys + slots[j] * dim, dim);
     for (int g = 0; g < num; g++) {
         for (j = ctx; j < n; j++)
@@ -175,6 +195,11 @@ static void attend(const float* q, int num, const float* keys, const float* valu
 
 #define SPLIT_TILE 8   // query vectors sharing one pass over the context
 #define SPLIT_BLOCK 256 // context keys scored per block (their keys and values stay in L2)
+
+#define SCORE_THREADS 16  // score buffers: one per thread (more threads are capped), not one per row
+
+// Rows' worth of score scratch `specray_attention` needs (times heads * max_keys).
+int64_t specray_attention_score_rows(void) { return SCORE_THREADS; }
 
 static int64_t split_min_ctx = 2048, split_min_rows = 3;  // which sequences split (HybridSplit sets them)
 
@@ -296,7 +321,7 @@ static void split_task(const float* q, int64_t q_stride, int64_t heads, int64_t 
 // dim] (keys then values); key_slots [num_keys]; per row: key_start (its sequence's first key in
 // key_slots), num_ctx, num_pad (the padded baseline's masked dummy keys after the sequence's
 // num_new keys: scored, then dropped, as a padded kernel would); new_mask [rows, max_new]
-// (1 = visible); out [rows, heads * dim]; scratch [rows * heads * max_keys].
+// (1 = visible); out [rows, heads * dim]; scratch [SCORE_THREADS * heads * max_keys + the split's].
 // Sequences of split_min_rows+ rows after split_min_ctx context or more take the hybrid (split) path.
 void specray_attention(const float* q, int64_t q_stride, int64_t rows, int64_t heads, int64_t kv_heads,
                        int64_t dim, const float* kv, int64_t num_slots, const int64_t* key_slots,
@@ -322,9 +347,11 @@ void specray_attention(const float* q, int64_t q_stride, int64_t rows, int64_t h
         t += n;
     }
     int64_t per_task = SPLIT_TILE * SPLIT_BLOCK + MAX_GROUP * dim + max_new;
-    float* split_scratch = scratch + rows * heads * max_keys;  // the caller sizes scratch for both
+    float* split_scratch = scratch + SCORE_THREADS * heads * max_keys;  // the caller sizes scratch for both
+    if (threads > SCORE_THREADS) threads = SCORE_THREADS;
 #pragma omp parallel num_threads(threads) if (work > (1 << 18))
     {
+        float* scores = scratch + omp_get_thread_num() * heads * max_keys;
 #pragma omp for collapse(2) schedule(static) nowait
         for (int64_t t = 0; t < rows; t++)
             for (int64_t c = 0; c < kv_heads * chunks; c++) {  // chunk c of KV head c / chunks's group
@@ -333,7 +360,7 @@ void specray_attention(const float* q, int64_t q_stride, int64_t rows, int64_t h
                 int num = (int)(group - (c % chunks) * MAX_GROUP < MAX_GROUP ? group - (c % chunks) * MAX_GROUP : MAX_GROUP);
                 attend(q + t * q_stride + h * dim, num, kv + kvh * num_slots * dim, kv + (kv_heads + kvh) * num_slots * dim,
                        key_slots + key_start[t], num_ctx[t], num_ctx[t] + num_new[t], num_pad[t],
-                       new_mask + t * max_new, dim, scale, scratch + (t * heads + h) * max_keys, max_keys,
+                       new_mask + t * max_new, dim, scale, scores + h * max_keys, max_keys,
                        out + (t * heads + h) * dim);
             }
 #pragma omp for collapse(2) schedule(static)

@@ -23,15 +23,20 @@ void specray_attention(const float* q, int64_t q_stride, int64_t rows, int64_t h
                        const int64_t* num_pad, const uint8_t* new_mask, int64_t max_new, float scale,
                        float* out, float* scratch, int64_t max_keys, int threads);
 int64_t specray_attention_split_scratch(int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, int64_t max_new);
+int64_t specray_attention_score_rows(void);
+int64_t specray_fast_scratch_bytes(int64_t rows, int64_t in);
+void specray_fast_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks, int kind, int64_t out,
+                         float* y, uint8_t* act, int threads);
 
 // dims: what `specray_decoder_layers` reads from its `dims` argument.
 enum { D_HIDDEN, D_HEADS, D_KV_HEADS, D_HEAD_DIM, D_INTERMEDIATE, D_LAYERS, D_COUNT };
 // A layer's row of the weight table: addresses of the packed blocks, then of the two norm weights.
 enum { W_QKV, W_O, W_GATE_UP, W_DOWN, W_INPUT_NORM, W_POST_NORM, W_COUNT };
-enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1 };
+enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_FAST = 2 };  // KIND_FAST + kind: fast_linear.c's layout
 
 typedef struct {  // the step's scratch, carved out of one buffer
     float *x, *qkv, *attn, *delta, *gate_up, *act, *scores;
+    uint8_t* quantised;  // the fast kernels' 8-bit activations (after the attention's scratch)
 } Workspace;
 
 // Floats of each part of the workspace, in Workspace's order.
@@ -39,7 +44,8 @@ static void part_sizes(int64_t rows, const int64_t* d, int64_t max_keys, int64_t
     int64_t width = (d[D_HEADS] + 2 * d[D_KV_HEADS]) * d[D_HEAD_DIM];
     int64_t parts[7] = {d[D_HIDDEN], width, d[D_HEADS] * d[D_HEAD_DIM], d[D_HIDDEN], 2 * d[D_INTERMEDIATE],
                         d[D_INTERMEDIATE], d[D_HEADS] * max_keys};
-    for (int i = 0; i < 7; i++) sizes[i] = rows * parts[i];
+    for (int i = 0; i < 6; i++) sizes[i] = rows * parts[i];
+    sizes[6] = specray_attention_score_rows() * parts[6];  // scores: per thread, not per row
 }
 
 static Workspace carve(float* work, int64_t rows, const int64_t* d, int64_t max_keys) {
@@ -53,22 +59,30 @@ static Workspace carve(float* work, int64_t rows, const int64_t* d, int64_t max_
         *fields[i] = work;
         work += sizes[i];
     }
+    // the split attention's scratch follows the scores, then the 8-bit activations
+    uintptr_t after = (uintptr_t)(work + specray_attention_split_scratch(rows, d[D_HEADS], d[D_KV_HEADS], d[D_HEAD_DIM], rows));
+    w.quantised = (uint8_t*)((after + 63) & ~(uintptr_t)63);  // whole cache lines: 64-byte loads
     return w;
 }
 
 // Floats of scratch `specray_decoder_layers` needs (the caller allocates it).
 int64_t specray_decoder_workspace(int64_t rows, const int64_t* d, int64_t max_keys) {
-    int64_t sizes[7], total = 0;
+    int64_t sizes[7], total = 0, widest = d[D_HIDDEN];
     part_sizes(rows, d, max_keys, sizes);
     for (int i = 0; i < 7; i++) total += sizes[i];
-    // the split attention's scratch follows the scores (a sequence has at most `rows` new tokens)
-    return total + specray_attention_split_scratch(rows, d[D_HEADS], d[D_KV_HEADS], d[D_HEAD_DIM], rows);
+    // a sequence has at most `rows` new tokens
+    total += specray_attention_split_scratch(rows, d[D_HEADS], d[D_KV_HEADS], d[D_HEAD_DIM], rows);
+    if (d[D_INTERMEDIATE] > widest) widest = d[D_INTERMEDIATE];
+    if (d[D_HEADS] * d[D_HEAD_DIM] > widest) widest = d[D_HEADS] * d[D_HEAD_DIM];
+    return total + (specray_fast_scratch_bytes(rows, widest) + 63) / 4 + 1;
 }
 
 static void linear(const float* x, int64_t rows, int64_t in, int64_t address, int32_t kind, int64_t out,
-                   float* y, int threads) {
+                   float* y, uint8_t* quantised, int threads) {
     const uint8_t* blocks = (const uint8_t*)(intptr_t)address;
-    if (kind == KIND_Q4_1)
+    if (kind >= KIND_FAST)
+        specray_fast_linear(x, rows, in, blocks, kind - KIND_FAST, out, y, quantised, threads);
+    else if (kind == KIND_Q4_1)
         specray_q4_1_linear(x, rows, in, blocks, out, y, threads);
     else
         specray_q8_0_linear(x, rows, in, blocks, out, y, threads);
@@ -102,16 +116,16 @@ void specray_decoder_layers(float* h, int64_t rows, const int64_t* d, float eps,
         const int64_t* lw = weights + l * W_COUNT;
         const int32_t* lk = kinds + l * 4;
         float* layer_kv = kv + l * kv_layer_stride;
-        linear(w.x, rows, hidden, lw[W_QKV], lk[W_QKV], width, w.qkv, threads);
+        linear(w.x, rows, hidden, lw[W_QKV], lk[W_QKV], width, w.qkv, w.quantised, threads);
         specray_rope_store_kv(w.qkv, rows, heads, kv_heads, dim, cos, sin, slots, layer_kv, num_slots);
         specray_attention(w.qkv, width, rows, heads, kv_heads, dim, layer_kv, num_slots, key_slots, key_start,
                           num_ctx, num_new, num_pad, new_mask, max_new, scale, w.attn, w.scores, max_keys,
                           threads);
-        linear(w.attn, rows, heads * dim, lw[W_O], lk[W_O], hidden, w.delta, threads);
+        linear(w.attn, rows, heads * dim, lw[W_O], lk[W_O], hidden, w.delta, w.quantised, threads);
         specray_add_rms_norm(h, w.delta, rows, hidden, (const float*)(intptr_t)lw[W_POST_NORM], eps, w.x);
-        linear(w.x, rows, hidden, lw[W_GATE_UP], lk[W_GATE_UP], 2 * inter, w.gate_up, threads);
+        linear(w.x, rows, hidden, lw[W_GATE_UP], lk[W_GATE_UP], 2 * inter, w.gate_up, w.quantised, threads);
         silu_mul(w.gate_up, rows, inter, w.act);
-        linear(w.act, rows, inter, lw[W_DOWN], lk[W_DOWN], hidden, w.delta, threads);
+        linear(w.act, rows, inter, lw[W_DOWN], lk[W_DOWN], hidden, w.delta, w.quantised, threads);
         if (l + 1 < d[D_LAYERS])
             specray_add_rms_norm(h, w.delta, rows, hidden, (const float*)(intptr_t)lw[W_COUNT + W_INPUT_NORM],
                                  eps, w.x);

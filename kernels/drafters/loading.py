@@ -63,7 +63,7 @@ def build_draft_model(options: DraftOptions, workers=None) -> Drafter:
     draft = load_model(checkpoint, DTYPES[options.dtype], options.device, options.draft_num_layers,
                        gemv_weights=False if ids is not None else None)
     if rounds_to_q8_0(options):  # before trimming: the kept head rows are then exact blocks
-        draft.round_weights_to_q8_0()
+        draft.round_weights_to_q8_0(kernels="fast")
     blocks = (options.num_blocks, options.block_size)
     groups = None if options.layer_parallel is None else LayerGroups.uniform(len(draft.layers), options.layer_parallel)
     if options.tree is not None:
@@ -90,7 +90,7 @@ def build_eagle(options: DraftOptions) -> Drafter:
     if _cpu_fp32(options):
         draft.enable_cpu_kernels()
     if rounds_to_q8_0(options):
-        draft.round_weights_to_q8_0()
+        draft.round_weights_to_q8_0(kernels="fast")
     drafter = EagleDrafter(draft, options.num_blocks, options.block_size,
                            vocab_trim_ids=_vocab_trim_ids(options, checkpoint.path))
     return drafter if options.tree is None else EagleTreeDrafter(drafter, TreeSpec.from_dict(options.tree))

@@ -18,7 +18,6 @@ from torch import nn
 
 from specray.kernels.drafters.draft_model import DraftModelDrafter
 from specray.kernels.model import LlamaModel
-from specray.kernels.quant_linear import pack_exact
 
 VOCAB_TRIM_FILE = "vocab_trim.safetensors"
 
@@ -50,7 +49,7 @@ def trim_lm_head(model: LlamaModel, token_ids: torch.Tensor) -> None:
     model.lm_head = head
     if had_gemv:
         model.gemv_weights[id(head)] = head.detach().t().contiguous()
-    packed = pack_exact(head.detach()) if packed is not None else None  # kept rows stay exact blocks
+    packed = model.pack_weight(head) if packed is not None else None  # kept rows stay exact blocks
     if packed is not None:
         model.packed_weights[id(head)] = packed
 

@@ -8,14 +8,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from specray.kernels import cpu_kernels
 
 TESTS = Path(__file__).parent
-SUITES = ["test_cpu_ops.py", "test_quant_linear.py", "test_decoder_layers.py", "test_hybrid_attention.py"]
+SUITES = ["test_cpu_ops.py", "test_quant_linear.py", "test_fast_linear.py", "test_decoder_layers.py",
+          "test_hybrid_attention.py"]
 
 
-@pytest.mark.parametrize("flags", ["-mno-avx512f", "-mno-avx512f -mno-avx2 -mno-fma"])
+@pytest.mark.parametrize("flags", ["-mno-avx512f", "-mno-avx512f -mno-avx2 -mno-fma", "-mno-avx512vnni"])
 def test_kernels_built_for_narrower_isas_match_their_references(flags, tmp_path):
     if not cpu_kernels.available():
         pytest.skip("no C compiler: the torch paths run everywhere")
@@ -28,3 +30,35 @@ def test_kernels_built_for_narrower_isas_match_their_references(flags, tmp_path)
                          timeout=600, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert " passed" in run.stdout
+
+
+FAST_OUTPUTS = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from helpers import gguf_exact
+from specray.kernels import fast_linear as fl, quant_linear as ql
+torch.manual_seed(0)
+outs = []
+for kind in ("q4_1", "q8_0"):
+    for blocks in (3, 18, 33):
+        fw = fl.pack_fast(ql.pack_exact(gguf_exact(torch.randn(21, 32 * blocks), kind)))
+        outs.append(fl.fast_linear(torch.randn(11, 32 * blocks), fw))
+torch.save(outs, {out!r})
+"""
+
+
+def test_the_fast_kernels_give_the_same_bits_on_every_isa(tmp_path):
+    """One lane order everywhere (csrc/fast_linear.c): AVX-512 with and without VNNI, AVX2 and
+    scalar builds give bit-identical outputs, so a fast-mode model is the same model on any CPU."""
+    if not cpu_kernels.available():
+        pytest.skip("no C compiler")
+    results = []
+    for i, flags in enumerate(["", "-mno-avx512vnni", "-mno-avx512f", "-mno-avx512f -mno-avx2 -mno-fma"]):
+        out = tmp_path / f"{i}.pt"
+        env = {**os.environ, cpu_kernels.FLAGS_ENV: flags}
+        done = subprocess.run([sys.executable, "-c", FAST_OUTPUTS.format(tests=str(TESTS.parent), out=str(out))],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        results.append(torch.load(out))
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))

@@ -1,0 +1,124 @@
+"""The fast kernel mode end to end: a model of its own (close to the exact mode, not equal), whose
+rows ignore the other rows of a step, with speculation lossless against plain decoding in that
+mode: greedy token for token at batch 1-16 and a chi-square on sampled tokens (with a negative
+control), both against the fast model's own distribution."""
+
+import pytest
+import torch
+
+from specray import LLM, SamplingParams
+from specray.kernels.batch import RaggedBatch, SeqChunk
+from specray.kernels.fast_linear import FastWeight
+from specray.kernels.loader import Checkpoint, load_model
+from specray.kernels.quant_linear import PackedWeight, kernel_available
+from specray.kernels.verify import chain as verify
+
+from helpers import save_tiny_llama
+from router_helpers import PROMPT, chi2, prompts, second_tokens
+
+pytestmark = pytest.mark.skipif(not kernel_available(), reason="no C compiler: no packed kernels, no fast mode")
+
+
+@pytest.fixture(scope="module")
+def peaky_gguf(tmp_path_factory):
+    """A peaky target whose weights are exact GGUF blocks, and its perturbed (fp32) draft."""
+    target = save_tiny_llama(tmp_path_factory.mktemp("peaky_gguf"), seed=0, head_scale=3.0, gguf=True)
+    draft = save_tiny_llama(tmp_path_factory.mktemp("peaky_gguf_draft"), seed=1, perturb_from=target, noise=0.35)
+    return target, draft
+
+
+def logits_of(model, chunks):
+    cache = model.make_cache(256, block_size=4)
+    for c in chunks:  # the context each chunk claims, as a prefill
+        if c.context_len:
+            model(RaggedBatch.build([SeqChunk(c.seq_id, list(range(3, 3 + c.context_len)), 0)], cache), cache)
+            cache.set_cached(c.seq_id, c.context_len)
+    return model(RaggedBatch.build(chunks, cache), cache)
+
+
+def test_the_fast_mode_is_a_model_of_its_own(tiny_gguf_target):
+    exact = load_model(Checkpoint(tiny_gguf_target, "t"), kernels="exact")
+    fast = load_model(Checkpoint(tiny_gguf_target, "t"), kernels="fast")
+    assert all(isinstance(p, PackedWeight) for p in exact.packed_weights.values())
+    assert all(isinstance(p, FastWeight) for p in fast.packed_weights.values())
+    assert len(fast.packed_weights) == len(exact.packed_weights) == 1 + 4 * fast.config.num_layers
+    chunk = [SeqChunk("a", [4, 5, 6, 7, 8], 0, num_logits=5)]
+    a, b = logits_of(exact, chunk), logits_of(fast, chunk)
+    assert not torch.equal(a, b)
+    assert (a - b).norm() / a.norm() < 0.05
+    with pytest.raises(ValueError, match="kernels must be"):
+        load_model(Checkpoint(tiny_gguf_target, "t"), kernels="int4")
+
+
+def test_a_rows_logits_ignore_the_other_rows_of_a_fast_step(tiny_gguf_target):
+    """Decode alone, or beside verification rows and another decode: the same bits."""
+    model = load_model(Checkpoint(tiny_gguf_target, "t"), kernels="fast")
+    alone = logits_of(model, [SeqChunk("a", [9], 6)])
+    mixed = logits_of(model, [SeqChunk("b", [4, 5, 6], 3, num_logits=3), SeqChunk("a", [9], 6),
+                              SeqChunk("c", [7], 11)])
+    assert torch.equal(mixed[3], alone[0])
+
+
+CONFIGS = {"ngram": {"method": "ngram", "num_speculative_tokens": 3},
+           "draft_model": {"method": "draft_model", "num_speculative_tokens": 3}}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_greedy_speculation_equals_plain_decoding_in_the_fast_mode(peaky_gguf, name):
+    target, draft = peaky_gguf
+    spec = dict(CONFIGS[name], **({"model": str(draft)} if name == "draft_model" else {}))
+    plain = LLM(str(target), kernels="fast", max_num_seqs=16)
+    llm = LLM(str(target), speculative_config=spec, kernels="fast", max_num_seqs=16)
+    sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    ps = prompts(16)
+    want = [o.outputs[0].token_ids for o in plain.generate(ps, sp)]
+    for batch in (1, 5, 16):
+        got = [o.outputs[0].token_ids for g in range(0, 16, batch) for o in llm.generate(ps[g:g + batch], sp)]
+        assert got == want, f"batch {batch}"
+    outs = llm.generate(ps, sp)
+    accepted = [o.metrics.num_accepted_tokens for o in outs]
+    assert 0 < sum(accepted) < sum(o.metrics.num_draft_tokens for o in outs) and len(set(accepted)) > 1
+
+
+def fast_second_token_distribution(folder) -> "numpy.ndarray":
+    """P(token 2) = sum_t1 q(t1 | prompt) q(t2 | prompt, t1) from the fast model's own logits."""
+    model = load_model(Checkpoint(folder, "t"), kernels="fast")
+    ids = PROMPT["prompt_token_ids"]
+    vocab = model.config.vocab_size
+    cache = model.make_cache(512, block_size=4)
+    q1 = model(RaggedBatch.build([SeqChunk("p", ids, 0)], cache), cache)[0].softmax(-1).double()  # [V]
+    cache = model.make_cache(512, block_size=4)
+    rows = model(RaggedBatch.build([SeqChunk(t, ids + [t], 0) for t in range(vocab)], cache), cache)  # [V, V]
+    return (q1.unsqueeze(1) * rows.softmax(-1).double()).sum(0).numpy()
+
+
+N = 12_000
+
+
+@pytest.fixture(scope="module")
+def fast_sampling(peaky_gguf):
+    target, draft = peaky_gguf
+    llm = LLM(str(target), speculative_config={"model": str(draft), "num_speculative_tokens": 3}, kernels="fast",
+              kv_cache_tokens=65536, max_num_seqs=512)
+    return llm, fast_second_token_distribution(target)
+
+
+def test_fast_mode_sampling_is_lossless(fast_sampling):
+    llm, want = fast_sampling
+    torch.manual_seed(0)
+    assert chi2(second_tokens(llm, N), want) > 1e-3
+
+
+def test_fast_mode_negative_control_detected(fast_sampling, monkeypatch):
+    llm, want = fast_sampling
+    torch.manual_seed(1)
+    monkeypatch.setattr(verify, "residual_distribution", lambda q, p: q)
+    assert chi2(second_tokens(llm, N), want) < 1e-6
+
+
+def test_a_diffusion_lm_refuses_the_fast_kernels(tmp_path):
+    from diffusion_helpers import save_tiny_dllm
+
+    folder = save_tiny_dllm(tmp_path / "dllm")
+    with pytest.raises(ValueError, match="autoregressive GGUF"):
+        LLM(str(folder), kernels="fast")

@@ -1,0 +1,95 @@
+"""The fast numeric mode's projections: the layout round trip, the C kernel against the torch
+specification (8-bit activations, integer dot products), row independence, non-finite inputs."""
+
+import pytest
+import torch
+
+from specray.kernels import fast_linear as fl
+from specray.kernels import quant_linear as ql
+
+from helpers import gguf_exact
+
+needs_kernel = pytest.mark.skipif(not ql.kernel_available(), reason="no C compiler for the fast kernel")
+
+
+def packed_weight(kind, out=37, blocks=5, seed=0) -> ql.PackedWeight:
+    torch.manual_seed(seed)
+    return ql.pack_exact(gguf_exact(torch.randn(out, 32 * blocks), kind))
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("blocks", [1, 2, 3, 4, 5, 8, 18])
+def test_fast_layout_holds_the_blocks_values(kind, blocks):
+    packed = packed_weight(kind, blocks=blocks)
+    fw = fl.pack_fast(packed)
+    assert fw.nbytes == packed.out_features * blocks * fl.BLOCK_BYTES[kind]
+    q, d, m = fl.weight_values(fw)  # [out, nb, 32], [out, nb], [out, nb]
+    values = (d.unsqueeze(-1) * q + m.unsqueeze(-1)).reshape(packed.out_features, -1)
+    assert torch.equal(values, ql.dequantize(packed).double())
+
+
+def test_activation_quantisation_by_hand():
+    x = torch.zeros(2, 64)
+    x[0, :4] = torch.tensor([1.0, -0.5, 0.25, 2.0])  # amax 2: scale 63.5, q = 63.5 -> 64 (half to even)
+    x[1, 32] = float("nan")
+    q, d, s = fl.quantize_activations(x)
+    assert q[0, 0, :4].tolist() == [64.0, -32.0, 16.0, 127.0]  # 63.5 rounds to 64, 31.75 to 32, 15.875 to 16
+    assert d[0, 0].item() == pytest.approx(2 / 127) and s[0, 0] == d[0, 0] * (64 - 32 + 16 + 127)
+    assert d[0, 1] == 0 and not q[0, 1].any()  # an all-zero block
+    assert torch.isnan(d[1, 1]) and not q[1, 1].any() and d[1, 0] == 0
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("blocks", [1, 2, 3, 5, 8, 18, 33, 48])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 17])
+def test_kernel_matches_the_integer_reference(kind, blocks, rows):
+    fw = fl.pack_fast(packed_weight(kind, blocks=blocks, seed=rows))
+    x = torch.randn(rows, fw.in_features) * torch.rand(rows, fw.in_features) ** 4  # uneven magnitudes
+    got = fl.fast_linear(x, fw)  # [rows, out]
+    want = fl.reference_linear(x, fw)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_fast_mode_stays_close_to_the_exact_mode(kind):
+    """A different model, not a different answer: the 8-bit activations move outputs by about 1 %."""
+    packed = packed_weight(kind, out=64, blocks=18)
+    x = torch.randn(6, packed.in_features)
+    exact = ql.reference_linear(x, packed)
+    fast = fl.fast_linear(x, fl.pack_fast(packed))
+    assert not torch.equal(fast, exact)
+    assert (fast - exact).norm() / exact.norm() < 0.02
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_kernel_rows_do_not_depend_on_batch_or_threads(kind):
+    """The same bits alone (decode) or among 20 rows (two chunks of 8 and one of 4 on AVX-512),
+    with 1 or 2 threads; 301 features leave a remainder after every feature grouping."""
+    fw = fl.pack_fast(packed_weight(kind, out=301, blocks=7))
+    x = torch.randn(20, fw.in_features)
+    together = fl.fast_linear(x, fw)
+    alone = torch.cat([fl.fast_linear(x[i:i + 1], fw) for i in range(20)])
+    assert torch.equal(together, alone)
+    assert torch.equal(fl.fast_linear(x[5:8], fw), together[5:8])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(fl.fast_linear(x, fw), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_kernel
+def test_non_finite_rows_stay_in_their_row():
+    fw = fl.pack_fast(packed_weight("q4_1", out=16, blocks=3))
+    x = torch.randn(3, fw.in_features)
+    clean = fl.fast_linear(x, fw)
+    x[1, 40] = float("inf")
+    x[2].zero_()
+    got = fl.fast_linear(x, fw)
+    assert torch.equal(got[0], clean[0])
+    assert torch.isnan(got[1]).all()
+    assert torch.equal(got[2], torch.zeros(16))
