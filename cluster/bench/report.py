@@ -203,11 +203,13 @@ MARKERS = "os^vD<>ph*PXd"
 
 def method_style(method: str) -> dict:
     """One look a method, the same in every plot: its own colour (tab20) and marker; a llama.cpp
-    row is black and dashed, so the peer stands out."""
+    row is black and dashed, so the peer stands out; a `_fast` method is its base method dotted."""
     import matplotlib
 
-    from specray.cluster.bench.offline import METHODS
+    from specray.cluster.bench.offline import FAST, METHODS, base_method
 
+    if method.endswith(FAST):
+        return {**method_style(base_method(method)), "linestyle": ":", "label": method}
     if method.startswith("llama"):
         return {"color": "black", "marker": "x", "linestyle": "--", "linewidth": 2.0, "label": method}
     i = METHODS.index(method) if method in METHODS else len(METHODS) + sum(map(ord, method))

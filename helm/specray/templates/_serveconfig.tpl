@@ -27,6 +27,7 @@ so the two cannot drift.
 {{- $g := index . 0 }}
 {{- $p := dict "num_workers" (int (index . 1)) "num_cpus" $g.numCpus "num_gpus" (int $g.gpus) "resources" $g.rayResources "dtype" $g.dtype "device" (include "specray.device" $g) }}
 {{- if $g.threads }}{{ $_ := set $p "threads" (int $g.threads) }}{{ end }}
+{{- if $g.kernels }}{{ $_ := set $p "kernels" $g.kernels }}{{ end }}
 {{- toYaml $p }}
 {{- end }}
 

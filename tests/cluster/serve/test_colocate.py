@@ -82,3 +82,15 @@ def test_the_colocate_flag(flag, want):
     from specray.cluster.serve.cli import resolve_config
 
     assert resolve_config(build_parser().parse_args(["serve", *flag])).pools.colocate == want
+
+
+@pytest.mark.parametrize("flag, want", [([], "exact"), (["--kernels", "fast"], "fast")])
+def test_the_kernels_flag_sets_the_target_pool(flag, want):
+    from specray.cluster.cli import build_parser
+    from specray.cluster.serve.cli import resolve_config
+
+    cfg = resolve_config(build_parser().parse_args(["serve", *flag]))
+    assert cfg.pools.target.kernels == want
+    from specray.cluster.config.worker_specs import serve_target_spec
+
+    assert serve_target_spec(cfg).kernels == want
