@@ -69,7 +69,7 @@ def in_process(cfg, requests, params, levels) -> list[dict]:
     rows = []
     for c in levels:
         llm = LLM(cfg.model, speculative_config=cfg.speculative_config, max_num_seqs=c,
-                  kv_cache_tokens=cfg.router.kv_cache_tokens, pipelined=False)
+                  kv_cache_tokens=cfg.router.kv_cache_tokens, pipelined=False, kernels=cfg.pools.target.kernels)
         closed_loop(llm.router, requests[:2], params, 2)  # warm-up, as the served path gets
         rows.append(measured_loop(llm.router, requests, params, c))
         print(f"in-process c={c}: {rows[-1]['throughput_tokens_per_s']} tokens/s", flush=True)

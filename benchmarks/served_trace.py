@@ -1,0 +1,140 @@
+"""Where a served request's CPU time goes: py-spy on every process of a running `specray serve`
+(the Serve replica with the router, the target and draft worker actors, Serve's proxy and
+controller) while a closed-loop load runs, summed per process and per hop.
+
+    specray serve &                     # or with --kernels fast, --colocate on, ...
+    python benchmarks/served_trace.py --concurrency 1,8 --num-requests 16 --max-tokens 64 \\
+        --out bench_out/served_trace.json
+
+Needs py-spy (`pip install py-spy`; benchmarks only) and permission to attach to the processes
+(root, or ptrace allowed). Samples are of running (not idle) threads, so each process's figure is
+CPU seconds; a hop's share is the samples whose stack passes through its code (the first match in
+HOPS, in that order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+RATE = 200  # samples a second
+PROCESSES = ("ServeReplica", "WorkerHost", "ProxyActor", "ServeController")  # `ray::<name>` titles
+HOPS = (  # (hop, stack substrings): the first hop whose substring a stack holds takes the sample
+    ("target forward (C kernels)", ("kernels/model.py", "kernels/cpu_ops.py", "fast_linear.py")),
+    ("draft", ("kernels/drafters/",)),
+    ("verification and sampling", ("kernels/verify/", "kernels/sampling.py")),
+    ("target worker bookkeeping", ("actors/target_worker.py", "actors/draft_worker.py")),
+    ("wire encoding", ("cluster/pools/wire", "pickle", "serialization", "msgpack")),
+    ("detokenisation", ("tokenizers", "detok", "cluster/outputs.py")),
+    ("router round", ("cluster/router/",)),
+    ("HTTP / gRPC / SSE", ("cluster/serve/", "uvicorn", "starlette", "fastapi", "grpc", "h11", "httptools")),
+    ("Ray Serve", ("ray/serve/",)),
+    ("Ray core (actor calls, object store)", ("ray/_private", "ray/actor", "_raylet", "ray/_raylet")),
+    ("asyncio", ("asyncio/",)),
+)
+
+
+def ray_processes() -> dict[int, str]:
+    """pid -> `ray::<name>` of the processes worth tracing."""
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
+    found = {}
+    for line in out.splitlines():
+        pid, _, args = line.strip().partition(" ")
+        m = re.match(r"ray::(\S+)", args.strip())
+        if m and any(m.group(1).startswith(p) for p in PROCESSES):
+            found[int(pid)] = m.group(1)
+    return found
+
+
+def hop_of(stack: str) -> str:
+    for hop, keys in HOPS:
+        if any(k in stack for k in keys):
+            return hop
+    return "other"
+
+
+def summarise(raw: Path) -> dict:
+    """py-spy's raw (collapsed) output -> CPU seconds in total and per hop."""
+    hops: Counter = Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            hops[hop_of(stack)] += int(count)
+    total = sum(hops.values())
+    return {"cpu_s": round(total / RATE, 3),
+            "hops": {h: round(n / RATE, 3) for h, n in hops.most_common()}}
+
+
+def load(url: str, model: str, concurrency: int, num_requests: int, max_tokens: int) -> tuple[int, float]:
+    """The closed-loop load of `specray bench serve` (chat, streaming, greedy) -> (tokens, seconds)."""
+    from specray.cluster.bench.prompts import load_prompts
+    from specray.cluster.bench.serve import run_level
+
+    prompts = [p["prompt"] for p in load_prompts(None, num_requests)]
+    bodies = [{"model": model, "messages": [{"role": "user", "content": p}], "max_tokens": max_tokens,
+               "temperature": 0.0, "stream": True, "ignore_eos": True,
+               "stream_options": {"include_usage": True}} for p in prompts]
+    samples, seconds = asyncio.run(run_level(url, {}, bodies, True, concurrency, None, 0))
+    return sum(s.tokens for s in samples), seconds
+
+
+def trace_level(url: str, concurrency: int, args) -> dict:
+    procs = ray_processes()
+    if not procs:
+        raise SystemExit("no `ray::ServeReplica` or worker processes: start `specray serve` first")
+    with tempfile.TemporaryDirectory() as tmp:
+        spies = {pid: subprocess.Popen(["py-spy", "record", "-p", str(pid), "-r", str(RATE), "-d",
+                                        str(args.seconds), "-f", "raw", "--nonblocking", "-o", f"{tmp}/{pid}.txt"],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in procs}
+        time.sleep(1.0)  # py-spy attached
+        tokens, seconds = load(url, args.model, concurrency, args.num_requests, args.max_tokens)
+        for spy in spies.values():
+            spy.wait(timeout=args.seconds + 60)
+        per_process = {}
+        for pid, name in procs.items():
+            raw = Path(f"{tmp}/{pid}.txt")
+            per_process[f"{name} ({pid})"] = summarise(raw) if raw.exists() else None
+    return {"concurrency": concurrency, "tokens": tokens, "seconds": round(seconds, 3),
+            "tokens_per_s": round(tokens / seconds, 2), "traced_s": args.seconds, "processes": per_process}
+
+
+def markdown(levels: list[dict]) -> str:
+    lines = []
+    for lv in levels:
+        lines += [f"concurrency {lv['concurrency']}: {lv['tokens_per_s']} tokens/s ({lv['tokens']} tokens in "
+                  f"{lv['seconds']} s; CPU seconds over the {lv['traced_s']} s traced)", "",
+                  "| process | CPU s | hops (CPU s) |", "|---|---|---|"]
+        for name, s in lv["processes"].items():
+            hops = "-" if s is None else ", ".join(f"{h} {v}" for h, v in s["hops"].items())
+            lines.append(f"| {name} | {'-' if s is None else s['cpu_s']} | {hops} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--url", default="http://127.0.0.1:8000", help="the server's root")
+    ap.add_argument("--model", default="smollm2-135m", help="the served model name")
+    ap.add_argument("--concurrency", default="1,8", help="closed-loop levels, e.g. 1,8")
+    ap.add_argument("--num-requests", type=int, default=16, help="requests a level")
+    ap.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every request")
+    ap.add_argument("--seconds", type=int, default=20, help="how long py-spy samples each level")
+    ap.add_argument("--out", default="bench_out/served_trace.json")
+    args = ap.parse_args()
+    levels = [trace_level(args.url.rstrip("/"), int(c), args) for c in args.concurrency.split(",")]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"levels": levels}, indent=1))
+    out.with_suffix(".md").write_text(markdown(levels))
+    print(markdown(levels))
+
+
+if __name__ == "__main__":
+    main()
