@@ -27,6 +27,7 @@ GROUP = 16  # blocks per group of the fast layout (one int32 lane each)
 BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}  # fp16 scales, as the GGUF blocks store them
 KINDS = {"q4_1": 0, "q8_0": 1}
 MIN_AMAX = 1e-30  # activation blocks below this quantise to zero (127 / amax would overflow)
+SLACK = 64  # bytes after the last feature: a short last group is read as whole 32-byte vectors
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class FastWeight:
         assert self.kind in BLOCK_BYTES, self.kind
         assert self.blocks.dtype == torch.uint8 and self.blocks.is_contiguous()
         assert self.blocks.shape == (self.out_features, self.in_features // QK * BLOCK_BYTES[self.kind])
+        slack = self.blocks.untyped_storage().nbytes() - self.blocks.storage_offset() - self.blocks.numel()
+        assert slack >= SLACK, "fast weights come from pack_fast, which leaves slack after the last feature"
 
     @property
     def nbytes(self) -> int:
@@ -81,7 +84,10 @@ def pack_fast(packed: PackedWeight) -> FastWeight:
         else:
             q = (b[:, g, 4:].view(torch.int8).to(torch.int16) + 128).to(torch.uint8)  # [out, t, 32]
             parts += [_slices(q), _halves(b[:, g, 0:4])]
-    return FastWeight(packed.kind, torch.cat(parts, dim=1).contiguous(), packed.out_features, packed.in_features)
+    body = torch.cat(parts, dim=1)  # [out, nb * block bytes]
+    storage = torch.zeros(body.numel() + SLACK, dtype=torch.uint8)  # the AVX2 path reads whole vectors
+    storage[: body.numel()] = body.reshape(-1)
+    return FastWeight(packed.kind, storage[: body.numel()].view(body.shape), packed.out_features, packed.in_features)
 
 
 def weight_values(fw: FastWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
