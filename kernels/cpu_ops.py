@@ -170,6 +170,16 @@ class DecoderTable:
     def kind(cls, packed) -> int:
         return cls.KINDS[packed.kind] + (cls.FAST if isinstance(packed, FastWeight) else 0)
 
+    @classmethod
+    def build(cls, c, layers, packed: list[list], scale: float, split: bool) -> "DecoderTable":
+        """From a model's (shard) config, its layers and their packed (qkv, o, gate_up, down) weights."""
+        weights = [[p.blocks.data_ptr() for p in ps] + [layer.input_norm.data_ptr(), layer.post_attention_norm.data_ptr()]
+                   for ps, layer in zip(packed, layers)]
+        dims = [c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.num_layers]
+        return cls(torch.tensor(dims), torch.tensor(weights, dtype=torch.int64),
+                   torch.tensor([[cls.kind(p) for p in ps] for ps in packed], dtype=torch.int32),
+                   c.rms_norm_eps, scale, split)
+
     def __post_init__(self):
         layers = int(self.dims[5])
         assert self.dims.shape == (6,) and self.dims.dtype == torch.int64

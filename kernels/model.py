@@ -190,20 +190,11 @@ class LlamaModel(nn.Module):
         built_from, table = self._decoder_table
         if built_from is self.packed_weights:
             return table
-        table = None
         names = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
         packed = [[self.packed_weights.get(id(getattr(layer, n))) for n in names] for layer in self.layers]
-        if self.fused_cpu_ops and self.tp_group.size == 1 and all(p for ps in packed for p in ps):
-            c = self.shard_config
-            weights = [[p.blocks.data_ptr() for p in ps] + [layer.input_norm.data_ptr(),
-                                                             layer.post_attention_norm.data_ptr()]
-                       for ps, layer in zip(packed, self.layers)]
-            table = cpu_ops.DecoderTable(
-                torch.tensor([c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
-                              c.num_layers]),
-                torch.tensor(weights, dtype=torch.int64),
-                torch.tensor([[cpu_ops.DecoderTable.kind(p) for p in ps] for ps in packed], dtype=torch.int32),
-                c.rms_norm_eps, self.scale, split=self.kernel_mode == "exact")
+        whole = self.fused_cpu_ops and self.tp_group.size == 1 and all(p for ps in packed for p in ps)
+        table = cpu_ops.DecoderTable.build(self.shard_config, self.layers, packed, self.scale,
+                                           split=self.kernel_mode == "exact") if whole else None
         self._decoder_table = (self.packed_weights, table)
         return table
 
