@@ -110,11 +110,12 @@ class AttentionRows:
         assert all(t.dtype == torch.int64 for t in (self.key_start, self.num_ctx, self.num_new, self.num_pad))
 
     @classmethod
-    def build(cls, batch: RaggedBatch) -> "AttentionRows | None":
+    def build(cls, batch: RaggedBatch, any_size: bool = False) -> "AttentionRows | None":
         """None where the step has a prefill chunk (more than SMALL_QUERY_ROWS new tokens): the fused
-        SDPA path is faster there."""
+        SDPA path is faster there; `any_size` (the fast kernel mode) keeps every row in the C
+        attention, whose rows do not depend on the step."""
         counts = [batch.cu_seqlens[b + 1] - batch.cu_seqlens[b] for b in range(batch.batch_size)]
-        if max(counts) > SMALL_QUERY_ROWS:
+        if max(counts) > SMALL_QUERY_ROWS and not any_size:
             return None
         pads = batch.key_pads or [0] * batch.batch_size
         new_mask = torch.zeros(batch.num_tokens, max(counts), dtype=torch.uint8)

@@ -209,7 +209,8 @@ class LlamaModel(nn.Module):
         Steps of short sequences with packed weights run every layer in one C call; otherwise the
         layers run op by op (`layer_loop`); `reference` is pure torch on the fp32 weights."""
         fused = self.fused_cpu_ops and not reference  # C ops for norms, RoPE and attention (see cpu_ops)
-        rows = cpu_ops.AttentionRows.build(batch) if fused else None  # one C attention call per layer
+        # one C attention call per layer; in the fast mode for every step, prefill included
+        rows = cpu_ops.AttentionRows.build(batch, any_size=self.kernel_mode == "fast") if fused else None
         if inputs_embeds is None:
             h = self.embed_tokens[batch.input_ids]  # [num_tokens, hidden_size]
         else:

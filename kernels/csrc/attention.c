@@ -9,18 +9,19 @@
 #define MAX_GROUP 4  // query heads whose outputs share the value loads (GQA group, or a chunk of it)
 
 // o[g] [dim] = sum_j p[g][j] * v_j for g < num (p rows s_stride apart, o rows dim apart), with
-// v_j = values + slots[j] * dim. Each value vector is loaded once for the whole group, and the
+// v_j = values + slot_j * dim, slot_j = head[j] for j < head_n, then tail[j - head_n]. Each value vector is loaded once for the whole group, and the
 // outputs stay in registers (a load-add-store per key was a third of attention): 64 floats at a
 // time on AVX-512; 16 on AVX2, whose 16 registers spilled every accumulator of the 64-float
 // version, so there each value row is read dim / 16 times from L1/L2.
-static void weighted_values(const float* p, int64_t s_stride, int num, const float* values,
-                            const int64_t* slots, int64_t n, int64_t dim, float* o) {
+static void weighted_values(const float* p, int64_t s_stride, int num, const float* values, const int64_t* head,
+                            int64_t head_n, const int64_t* tail, int64_t n, int64_t dim, float* o) {
+#define SLOT(j) ((j) < head_n ? head[j] : tail[(j) - head_n])
     int64_t d0 = 0;
 #if defined(__AVX512F__)
     for (; d0 + 4 * LANES <= dim; d0 += 4 * LANES) {
         vec16 acc[MAX_GROUP][4] = {{{0}}};
         for (int64_t j = 0; j < n; j++) {
-            const float* v = values + slots[j] * dim + d0;
+            const float* v = values + SLOT(j) * dim + d0;
             vec16 vj[4] = {vload(v), vload(v + LANES), vload(v + 2 * LANES), vload(v + 3 * LANES)};
             for (int g = 0; g < num; g++)
                 for (int k = 0; k < 4; k++) acc[g][k] += p[g * s_stride + j] * vj[k];
@@ -32,7 +33,7 @@ static void weighted_values(const float* p, int64_t s_stride, int num, const flo
     for (; d0 + 16 <= dim; d0 += 16) {
         vec8 acc[MAX_GROUP][2] = {{{0}}};
         for (int64_t j = 0; j < n; j++) {
-            const float* v = values + slots[j] * dim + d0;
+            const float* v = values + SLOT(j) * dim + d0;
             vec8 v0 = vload8(v), v1 = vload8(v + 8);
             for (int g = 0; g < num; g++) {
                 float pj = p[g * s_stride + j];
@@ -49,9 +50,11 @@ static void weighted_values(const float* p, int64_t s_stride, int num, const flo
     for (; d0 < dim; d0++)
         for (int g = 0; g < num; g++) {
             float acc = 0.f;
-            for (int64_t j = 0; j < n; j++) acc += p[g * s_stride + j] * values[slots[j] * dim + d0];
+            for (int64_t j = 0; j < n; j++)  // fmaf: the same rounding however the compiler vectorises
+                acc = fmaf(p[g * s_stride + j], values[SLOT(j) * dim + d0], acc);
             o[g * dim + d0] = acc;
         }
+#undef SLOT
 }
 
 // The dot products of q [dim] with 16 keys (dim % 16 == 0) as one vector, lane k for key k. Each
@@ -148,44 +151,48 @@ static void softmax(float* s, int64_t n) {
 // `num` query heads (q rows dim apart) that share one KV head, over their sequence's keys: the
 // first `ctx` all visible, the next n - ctx where visible_new says, then `pad` dummy keys that are
 // scored and dropped. s [num, s_stride >= n + pad] scratch; o [num, dim] out.
+// A row's keys are its context, then its visible new keys in order (masked ones are left out, not
+// zeroed), then the dummies; every key is scored by the same arithmetic wherever it falls (a last
+// partial block is padded with repeats and cut). So a row's numbers depend on its visible keys
+// alone: a verification row (chain or tree node), a prefill row and the decode row of the same
+// tokens agree bit for bit (the fast kernel mode's exactness rests on it).
 static void attend(const float* q, int num, const float* keys, const float* values, const int64_t* slots,
                    int64_t ctx, int64_t n, int64_t pad, const uint8_t* visible_new, int64_t dim,
                    float scale, float* s, int64_t s_stride, float* o) {
-    // Every key is scored by the same arithmetic wherever it falls (a last partial block of keys
-    // is padded with repeats of key 0 and cut), so a row's scores depend on its keys alone, not on
-    // how many keys follow them: a verification row and the decode row of the same position agree.
+    int64_t seen[n - ctx + 1], m = 0;  // the visible new keys' slots
+    for (int64_t j = ctx; j < n; j++)
+        if (visible_new[j - ctx]) seen[m++] = slots[j];
+    const int64_t total = ctx + m, all = total + pad;
+#define KEY_SLOT(i) ((i) < ctx ? slots[i] : (i) < total ? seen[(i) - ctx] : slots[n + (i) - total])
     int64_t j = 0;
 #if defined(__AVX512F__)
     if (dim % LANES == 0)  // 16 keys at a time, in L1 for every head of the group
-        for (; j < n + pad; j += LANES) {
-            int64_t block[LANES], m = n + pad - j < LANES ? n + pad - j : LANES;
-            for (int k = 0; k < LANES; k++) block[k] = k < m ? slots[j + k] : slots[0];
+        for (; j < all; j += LANES) {
+            int64_t block[LANES], k_n = all - j < LANES ? all - j : LANES;
+            for (int k = 0; k < LANES; k++) block[k] = k < k_n ? KEY_SLOT(j + k) : KEY_SLOT(0);
             for (int g = 0; g < num; g++) {
                 float sv[LANES];
                 vstore(sv, scale * dot16(q + g * dim, keys, block, dim));
-                memcpy(s + g * s_stride + j, sv, m * sizeof(float));
+                memcpy(s + g * s_stride + j, sv, k_n * sizeof(float));
             }
         }
 #else
     if (dim % 8 == 0)  // 8 keys at a time, in L1 for every head of the group
-        for (; j < n + pad; j += 8) {
-            int64_t block[8], m = n + pad - j < 8 ? n + pad - j : 8;
-            for (int k = 0; k < 8; k++) block[k] = k < m ? slots[j + k] : slots[0];
+        for (; j < all; j += 8) {
+            int64_t block[8], k_n = all - j < 8 ? all - j : 8;
+            for (int k = 0; k < 8; k++) block[k] = k < k_n ? KEY_SLOT(j + k) : KEY_SLOT(0);
             for (int g = 0; g < num; g++) {
                 float sv[8];
                 vstore8(sv, scale * dot8(q + g * dim, keys, block, dim));
-                memcpy(s + g * s_stride + j, sv, m * sizeof(float));
+                memcpy(s + g * s_stride + j, sv, k_n * sizeof(float));
             }
         }
 #endif
-    for (; j < n + pad; j++)  // other head sizes: one key at a time (pad keys too, so the work stays)
-        for (int g = 0; g < num; g++) s[g * s_stride + j] = scale * dot(q + g * dim, keys + slots[j] * dim, dim);
-    for (int g = 0; g < num; g++) {
-        for (j = ctx; j < n; j++)
-            if (!visible_new[j - ctx]) s[g * s_stride + j] = -INFINITY;
-        softmax(s + g * s_stride, n);
-    }
-    weighted_values(s, s_stride, num, values, slots, n, dim, o);
+    for (; j < all; j++)  // other head sizes: one key at a time (dummies too, so the work stays)
+        for (int g = 0; g < num; g++) s[g * s_stride + j] = scale * dot(q + g * dim, keys + KEY_SLOT(j) * dim, dim);
+#undef KEY_SLOT
+    for (int g = 0; g < num; g++) softmax(s + g * s_stride, total);
+    weighted_values(s, s_stride, num, values, slots, ctx, seen, total, dim, o);
 }
 
 // -- hybrid tree attention (LongSpec): the prefix part and the tree part, merged by log-sum-exp -------
@@ -255,7 +262,7 @@ static void attend_prefix(const float* const* qs, int num, const float* keys, co
         }
         for (int i0 = 0; i0 < num; i0 += MAX_GROUP) {  // each value row once per MAX_GROUP vectors
             int g = num - i0 < MAX_GROUP ? num - i0 : MAX_GROUP;
-            weighted_values(s + i0 * SPLIT_BLOCK, SPLIT_BLOCK, g, values, slots + j0, nb, dim, part);
+            weighted_values(s + i0 * SPLIT_BLOCK, SPLIT_BLOCK, g, values, slots + j0, nb, NULL, nb, dim, part);
             for (int i = 0; i < g; i++)
                 for (int64_t d = 0; d < dim; d++) o[i0 + i][d] += part[i * dim + d];
         }

@@ -59,14 +59,48 @@ def test_a_rows_logits_ignore_the_other_rows_of_a_fast_step(tiny_gguf_target):
     assert torch.equal(mixed[3], alone[0])
 
 
+def test_a_tree_nodes_logits_are_those_of_decoding_its_path(tiny_gguf_target):
+    """Node d of the tree a -> {b, c}, c -> d sees a and c at key positions 0 and 2 of the round;
+    decoding a, c, d one by one sees them at 0 and 1: the same bits (masked keys are left out)."""
+    model = load_model(Checkpoint(tiny_gguf_target, "t"), kernels="fast")
+    cache = model.make_cache(64, block_size=4)
+    context = list(range(3, 23))
+    model(RaggedBatch.build([SeqChunk("s", context, 0)], cache), cache)
+    cache.set_cached("s", len(context))
+    tree = model(RaggedBatch.build([SeqChunk("s", [40, 41, 42, 43], len(context), parents=[-1, 0, 0, 2],
+                                             num_logits=4)], cache), cache)
+    for i, token in enumerate([40, 42, 43]):  # the path a, c, d, decoded
+        step = model(RaggedBatch.build([SeqChunk("s", [token], len(context) + i)], cache), cache)
+        cache.set_cached("s", len(context) + i + 1)
+    assert torch.equal(tree[3], step[0])
+
+
+def test_a_prefill_rows_logits_are_those_of_decoding(tiny_gguf_target):
+    """A 40-token prompt prefilled at once (past the C attention's usual 16-row limit) and decoded
+    token by token: the same bits at every position."""
+    model = load_model(Checkpoint(tiny_gguf_target, "t"), kernels="fast")
+    prompt = [3 + (7 * i) % 90 for i in range(40)]
+    cache = model.make_cache(64, block_size=4)
+    prefill = model(RaggedBatch.build([SeqChunk("p", prompt, 0, num_logits=40)], cache), cache)
+    cache = model.make_cache(64, block_size=4)
+    for i, token in enumerate(prompt):
+        step = model(RaggedBatch.build([SeqChunk("d", [token], i)], cache), cache)
+        cache.set_cached("d", i + 1)
+        assert torch.equal(prefill[i], step[0]), f"position {i}"
+
+
 CONFIGS = {"ngram": {"method": "ngram", "num_speculative_tokens": 3},
-           "draft_model": {"method": "draft_model", "num_speculative_tokens": 3}}
+           "draft_model": {"method": "draft_model", "num_speculative_tokens": 3},
+           "topk_tree": {"method": "draft_model", "num_speculative_tokens": 3,
+                         "tree": {"kind": "topk", "k": 2, "width": 3}},
+           "rsd_c_tree": {"method": "draft_model", "num_speculative_tokens": 3,
+                          "tree": {"kind": "rsd_c", "branching": [2, 2, 1]}}}
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_greedy_speculation_equals_plain_decoding_in_the_fast_mode(peaky_gguf, name):
     target, draft = peaky_gguf
-    spec = dict(CONFIGS[name], **({"model": str(draft)} if name == "draft_model" else {}))
+    spec = dict(CONFIGS[name], **({"model": str(draft)} if CONFIGS[name]["method"] == "draft_model" else {}))
     plain = LLM(str(target), kernels="fast", max_num_seqs=16)
     llm = LLM(str(target), speculative_config=spec, kernels="fast", max_num_seqs=16)
     sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
