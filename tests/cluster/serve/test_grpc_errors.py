@@ -116,11 +116,13 @@ def test_api_key(served):
 def test_deadline_frees_the_sequence(client, served):
     router = served[2]
     n = len(router.aborted)
+    # 1 s: LONG takes 2 s or more, and a busy CI box must still admit the request before its
+    # deadline (at 0.3 s one run saw the deadline pass before any sequence existed to abort)
     with pytest.raises(DeadlineExceededError):
-        client.generate(PROMPT, timeout=0.3, **LONG)
+        client.generate(PROMPT, timeout=1.0, **LONG)
     assert wait_idle(router, n)
     with pytest.raises(DeadlineExceededError):
-        list(client.stream(PROMPT, timeout=0.3, **LONG))
+        list(client.stream(PROMPT, timeout=1.0, **LONG))
     assert wait_idle(router, n + 1)
     assert client.generate(PROMPT, max_tokens=2).usage.completion_tokens == 2
 
