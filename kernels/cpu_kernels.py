@@ -39,8 +39,8 @@ SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
     # q, q_stride, rows, heads, kv_heads, dim, kv, num_slots, key_slots, key_start, num_ctx, num_new,
     # num_pad, new_mask, max_new, scale, out, scratch, max_keys, threads
     "specray_attention": [P, I64, I64, I64, I64, I64, P, I64, P, P, P, P, P, P, I64, F32, P, P, I64, I32],
-    "specray_attention_split_scratch": [I64, I64, I64, I64, I64],
-    "specray_attention_score_rows": [],  # -> rows of score scratch (times heads * max_keys)  # rows, heads, kv_heads, dim, max_new -> floats
+    "specray_attention_split_scratch": [I64, I64, I64, I64, I64],  # rows, heads, kv_heads, dim, max_new -> floats
+    "specray_attention_score_rows": [],  # -> rows of score scratch (times heads * max_keys)
     "specray_set_attention_split": [I64, I64],  # min context, min rows for the hybrid (split) attention
     "specray_decoder_workspace": [I64, P, I64],  # rows, dims, max_keys -> floats
     # h, rows, dims, eps, scale, weights, kinds, kv, kv_layer_stride, num_slots, cos, sin, slots,

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from specray.kernels import cpu_kernels
 from specray.kernels.attention import HYBRID, NEVER_SPLIT, SMALL_QUERY_ROWS, ancestor_matrix
 from specray.kernels.batch import RaggedBatch
+from specray.kernels.fast_linear import KINDS as FAST_KINDS
 from specray.kernels.fast_linear import FastWeight
 from specray.kernels.rope import apply_rotary
 
@@ -141,7 +142,6 @@ def attention(qkv: torch.Tensor, num_heads: int, layer_kv: torch.Tensor, key_slo
     split = lib.specray_attention_split_scratch(num_tokens, num_heads, num_kv_heads, dim, rows.new_mask.shape[1])
     scores = lib.specray_attention_score_rows() * num_heads * rows.max_keys  # per (thread, head)
     scratch = torch.empty(scores + split)  # scores, then the split tasks'
-
     lib.specray_set_attention_split(HYBRID.c_min_context, HYBRID.c_min_rows)
     lib.specray_attention(
         _ptr(qkv), width * dim, num_tokens, num_heads, num_kv_heads, dim, _ptr(layer_kv), layer_kv.shape[1],
@@ -164,7 +164,7 @@ class DecoderTable:
     scale: float
     split: bool = True  # the hybrid split attention where HYBRID says (the fast mode: never, see attention.c)
 
-    KINDS = {"q4_1": 0, "q8_0": 1}
+    KINDS = FAST_KINDS  # the same codes in csrc/decoder.c
     FAST = 2  # csrc/decoder.c: kinds 2 and 3 are q4_1 and q8_0 in fast_linear's layout
 
     @classmethod
@@ -172,8 +172,10 @@ class DecoderTable:
         return cls.KINDS[packed.kind] + (cls.FAST if isinstance(packed, FastWeight) else 0)
 
     @classmethod
-    def build(cls, c, layers, packed: list[list], scale: float, split: bool) -> "DecoderTable":
-        """From a model's (shard) config, its layers and their packed (qkv, o, gate_up, down) weights."""
+    def build(cls, c, layers, packed: list[list], scale: float) -> "DecoderTable":
+        """From a model's (shard) config, its layers and their packed (qkv, o, gate_up, down) weights;
+        weights in the fast layout turn the split off."""
+        split = not any(isinstance(p, FastWeight) for ps in packed for p in ps)
         weights = [[p.blocks.data_ptr() for p in ps] + [layer.input_norm.data_ptr(), layer.post_attention_norm.data_ptr()]
                    for ps, layer in zip(packed, layers)]
         dims = [c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.num_layers]

@@ -23,7 +23,8 @@ import torch
 
 from specray.kernels.config import ModelConfig
 from specray.kernels.diffusion.config import is_diffusion_folder
-from specray.kernels.model import KERNEL_MODES, LlamaModel
+from specray.kernels.cpu_weights import check_kernel_mode
+from specray.kernels.model import LlamaModel
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -218,8 +219,7 @@ def load_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, devic
     model.load_hf_state_dict(_read_safetensors(checkpoint.path))
     if cpu_kernels is None:
         cpu_kernels = str(device) == "cpu" and dtype == torch.float32
-    if kernels not in KERNEL_MODES:
-        raise ValueError(f"kernels must be one of {KERNEL_MODES}, got {kernels!r}")
+    check_kernel_mode(kernels)
     if cpu_kernels and model.enable_cpu_kernels(kernels) == 0 and kernels == "fast":
         warnings.warn(f"kernels='fast' found no GGUF Q4_1/Q8_0 weights in {checkpoint.path}: the model runs as "
                       "it would with kernels='exact'")

@@ -45,6 +45,8 @@ from pathlib import Path
 
 import torch
 
+from specray.cluster.bench.offline import FAST, METHODS, base_method
+
 SCHEMA = "specray.bench.offline/6"
 
 
@@ -68,7 +70,7 @@ def cell_json(cell, hf_cell, step_s: float | None, roofline_s: float | None = No
         return out
     tps = cell.tokens / cell.seconds if cell.seconds else 0.0
     decode = decode_tokens_per_s(cell)
-    fast = cell.method.endswith("_fast")
+    fast = cell.method.endswith(FAST)
     tau = cell.emitted / cell.rounds if cell.rounds else None
     sequences = min(cell.batch_size, cell.requests)  # a step reads the weights once for all of them
     bound = sequences * (tau or 1.0) / step_s if step_s else None
@@ -150,10 +152,10 @@ def build_report(args, cells, prompts, bandwidth, partial: bool = False) -> dict
     hf = {(c.batch_size, c.temperature): c for c in cells if c.method == "hf" and not c.skipped}
     step_s = bandwidth.step_s if bandwidth is not None else None
     roofline_s = bandwidth.roofline_step_s if bandwidth is not None else None
-    plain = {(c.method.endswith("_fast"), c.batch_size, c.temperature): c for c in cells
+    plain = {(c.method.endswith(FAST), c.batch_size, c.temperature): c for c in cells
              if c.method in ("specray", "specray_fast") and not c.skipped}
     rows = [cell_json(c, hf.get((c.batch_size, c.temperature)), step_s, roofline_s,
-                      plain.get((c.method.endswith("_fast"), c.batch_size, c.temperature))
+                      plain.get((c.method.endswith(FAST), c.batch_size, c.temperature))
                       if c.method.startswith("specray") else None) for c in cells]
     return {
         "schema": SCHEMA,
@@ -205,8 +207,6 @@ def method_style(method: str) -> dict:
     """One look a method, the same in every plot: its own colour (tab20) and marker; a llama.cpp
     row is black and dashed, so the peer stands out; a `_fast` method is its base method dotted."""
     import matplotlib
-
-    from specray.cluster.bench.offline import FAST, METHODS, base_method
 
     if method.endswith(FAST):
         return {**method_style(base_method(method)), "linestyle": ":", "label": method}

@@ -9,8 +9,8 @@
 #define MAX_GROUP 4  // query heads whose outputs share the value loads (GQA group, or a chunk of it)
 
 // o[g] [dim] = sum_j p[g][j] * v_j for g < num (p rows s_stride apart, o rows dim apart), with
-// v_j = values + slot_j * dim, slot_j = head[j] for j < head_n, then tail[j - head_n]. Each value vector is loaded once for the whole group, and the
-// outputs stay in registers (a load-add-store per key was a third of attention): 64 floats at a
+// v_j = values + slot_j * dim, slot_j = head[j] for j < head_n, then tail[j - head_n]. Each value
+// vector is loaded once for the whole group, and the outputs stay in registers (a load-add-store per key was a third of attention): 64 floats at a
 // time on AVX-512; 16 on AVX2, whose 16 registers spilled every accumulator of the 64-float
 // version, so there each value row is read dim / 16 times from L1/L2.
 static void weighted_values(const float* p, int64_t s_stride, int num, const float* values, const int64_t* head,
