@@ -114,6 +114,20 @@ def test_greedy_speculation_equals_plain_decoding_in_the_fast_mode(peaky_gguf, n
     assert 0 < sum(accepted) < sum(o.metrics.num_draft_tokens for o in outs) and len(set(accepted)) > 1
 
 
+def test_seeded_sampling_repeats_alone_or_in_a_batch_in_the_fast_mode(peaky_gguf):
+    target, draft = peaky_gguf
+    llm = LLM(str(target), speculative_config={"model": str(draft), "num_speculative_tokens": 3}, kernels="fast",
+              max_num_seqs=8)
+    sp = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=20, seed=1234, ignore_eos=True)
+    others = [{"prompt_token_ids": [1, 5 + i, 9]} for i in range(5)]
+    alone = llm.generate(PROMPT, sp)[0].outputs[0].token_ids
+    batch = llm.generate([*others[:2], PROMPT, *others[2:]],
+                         [SamplingParams(temperature=1.0, max_tokens=15)] * 2 + [sp] + [SamplingParams(temperature=1.0, max_tokens=15)] * 3)
+    assert batch[2].outputs[0].token_ids == alone
+    reseeded = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=20, seed=99, ignore_eos=True)
+    assert llm.generate(PROMPT, reseeded)[0].outputs[0].token_ids != alone
+
+
 def fast_second_token_distribution(folder) -> "numpy.ndarray":
     """P(token 2) = sum_t1 q(t1 | prompt) q(t2 | prompt, t1) from the fast model's own logits."""
     model = load_model(Checkpoint(folder, "t"), kernels="fast")
