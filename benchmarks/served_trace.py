@@ -31,6 +31,7 @@ HOPS = (  # (hop, stack substrings): the first hop whose substring a stack holds
     ("draft", ("kernels/drafters/",)),
     ("verification and sampling", ("kernels/verify/", "kernels/sampling.py")),
     ("target worker bookkeeping", ("actors/target_worker.py", "actors/draft_worker.py")),
+    ("same-node channel", ("cluster/pools/local_channel", "multiprocessing/connection")),
     ("wire encoding", ("cluster/pools/wire", "pickle", "serialization", "msgpack")),
     ("detokenisation", ("tokenizers", "detok", "cluster/outputs.py")),
     ("router round", ("cluster/router/",)),

@@ -76,11 +76,13 @@ def tiny_draft(tmp_path_factory, tiny_target) -> Path:
 def ray_cluster():
     """One multi-node Ray cluster on this machine for the whole session (start-up is the slow part):
     a head, a node advertising `draft` and a node advertising `target`. Logical CPUs, so several
-    pools can coexist."""
+    pools can coexist. The head advertises `driver_node`: workers placed there share the test
+    process's node (same-node channels)."""
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                                "resources": {"driver_node": 4}})
     nodes = {"draft": cluster.add_node(num_cpus=3, resources={"draft": 3}),
              "target": cluster.add_node(num_cpus=4, resources={"target": 4})}
     ray.init(address=cluster.address, log_to_driver=False)

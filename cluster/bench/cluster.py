@@ -5,7 +5,8 @@
    (target, draft, router; for actors, how much of each wait their worker computed).
 2. `specray serve`'s stack on a local Ray cluster, the same closed loop over HTTP with streaming
    (and gRPC): as the flags configure it, with separate actor pools, and with separate pools and two
-   groups in flight (a configuration equal to one already measured in the pass is not run again).
+   groups in flight, and with separate pools on Ray actor calls instead of same-node channels (a
+   configuration equal to one already measured in the pass is not run again).
    With --repeats the passes alternate that many times and the median pass is reported.
 3. Each draft transport (ray, torch_distributed, grpc): bytes and latency per propose round,
    read from the router's side of the link while the engine runs the same prompts.
@@ -165,11 +166,12 @@ def transports(cfg, requests, params, concurrency: int) -> list[dict]:
 
 
 LABELS = ("in_process", "ray_pools", "served", "served_grpc", "served_pools", "served_pools_grpc",
-          "served_pipelined")
+          "served_pipelined", "served_ray_calls")
 SERVED = (  # label, overrides, with gRPC as well
     ("served", {}, True),  # as the flags configure `specray serve`
     ("served_pools", {"pools.colocate": False, "router.pipelined": False}, True),
     ("served_pipelined", {"pools.colocate": False, "router.pipelined": True}, False),
+    ("served_ray_calls", {"pools.colocate": False, "router.pipelined": False, "pools.channel": "ray"}, False),
 )
 
 

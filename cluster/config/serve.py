@@ -69,6 +69,9 @@ class PoolsConfig(_Strict):
         False, description="the target worker (and a draft worker on transport 'ray') inside the Serve "
         "replica beside the router: no actor call a round, the replica reserves their resources; auto: "
         "on a one-node cluster with one CPU worker a pool; false (default): separate actor pools")
+    channel: Literal["auto", "ray"] = Field(
+        "auto", description="how the router calls a lone pool worker each round: auto: a Unix socket where the "
+        "worker runs on the router's node (Ray actor calls elsewhere); ray: Ray actor calls always")
 
     @model_validator(mode="after")
     def _colocatable(self) -> "PoolsConfig":

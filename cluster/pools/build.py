@@ -20,7 +20,8 @@ def build_target_pool(cfg: ServeConfig, colocated: bool = False):
         from specray.cluster.pools.in_process import InProcessTargetPool
 
         return InProcessTargetPool(TargetWorker.from_spec(serve_target_spec(cfg)))
-    return RayTargetPool(serve_target_spec(cfg), placement(cfg.pools.target), cfg.pools.target.num_workers)
+    return RayTargetPool(serve_target_spec(cfg), placement(cfg.pools.target), cfg.pools.target.num_workers,
+                         channel=cfg.pools.channel == "auto")
 
 
 def build_draft_pool(cfg: ServeConfig, colocated: bool = False):
@@ -45,4 +46,5 @@ def build_draft_pool(cfg: ServeConfig, colocated: bool = False):
         from specray.cluster.pools.dist_transport import DistDraftPool
 
         return DistDraftPool(spec, placement(cfg.pools.draft), timeout)
-    return RayDraftPool(spec, placement(cfg.pools.draft), timeout, cfg.pools.draft.num_workers)
+    return RayDraftPool(spec, placement(cfg.pools.draft), timeout, cfg.pools.draft.num_workers,
+                        channel=cfg.pools.channel == "auto")

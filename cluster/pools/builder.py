@@ -4,6 +4,7 @@ class becomes a Ray Serve deployment here."""
 from __future__ import annotations
 
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group
@@ -11,13 +12,31 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 
 class WorkerHost:
-    """Builds a plain worker from its spec inside the actor's process and forwards calls to it."""
+    """Builds a plain worker from its spec inside the actor's process and forwards calls to it, from
+    Ray or from a same-node channel (cluster/pools/local_channel.py).
+
+    One thread owns the worker and runs every call: a second thread computing would start a second
+    OpenMP team, and with more OpenMP threads than cores libgomp sleeps between parallel regions
+    instead of spinning (a decode step took twice as long; docs/performance.md).
+    """
 
     def __init__(self, build, spec):
-        self.worker = build(spec)
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="specray-worker")
+        self.worker = self.executor.submit(build, spec).result()
+        self.channel = None
 
     def call(self, method: str, *args):
-        return getattr(self.worker, method)(*args)
+        return self.executor.submit(getattr(self.worker, method), *args).result()
+
+    def open_channel(self) -> tuple[str, bytes] | None:
+        """The address and auth key of this worker's channel; None where the platform has none."""
+        from specray.cluster.pools import local_channel
+
+        if not local_channel.supported():
+            return None
+        if self.channel is None:
+            self.channel = local_channel.ChannelServer(self.call)
+        return self.channel.address, self.channel.authkey
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()

@@ -25,6 +25,8 @@ from specray.cluster.pools import wire
 from specray.cluster.pools.api import DraftUnavailable, TargetUnavailable
 from specray.cluster.pools.builder import all_of, kill_worker, release_group, rendezvous_address, reserve, start_worker
 from specray.cluster.pools.draft_endpoint import DraftEndpoint, TransportStats
+from specray.cluster.pools.local_channel import ChannelClosed, ChannelPending
+from specray.cluster.pools.worker_calls import WorkerCalls
 
 ActorFailure = (RayActorError, GetTimeoutError)
 RANK_GRACE_S = 5.0  # a rank still busy this long after another raised is stuck in a collective
@@ -85,12 +87,14 @@ class _RayPending:
 class RayTargetPool:
     """The target: one worker, or `spec.tp_size` tensor-parallel ranks that all run every step."""
 
-    def __init__(self, spec: TargetSpec, placement: Placement = Placement({"target": 1}), tp_size: int = 1):
+    def __init__(self, spec: TargetSpec, placement: Placement = Placement({"target": 1}), tp_size: int = 1,
+                 channel: bool = True):
         self.spec, self.placement, self.tp_size = spec, placement, tp_size
         self.name = f"specray-target-{uuid.uuid4().hex[:8]}"
         self.group = reserve([placement.bundle()] * tp_size)
         self.starts = 0
         self.actors = self._start()
+        self.calls = WorkerCalls(channel and tp_size == 1)  # ranks agree through Ray's refs
 
     def _start(self) -> list:
         specs = [self.spec]
@@ -102,11 +106,18 @@ class RayTargetPool:
         return [start_worker(TargetWorker.from_spec, s, self.group, self.placement, bundle_index=r,
                              name=f"{self.name}-s{self.starts}-r{r}") for r, s in enumerate(specs)]
 
-    def submit_step(self, items) -> _RayPending:
+    def submit_step(self, items) -> _RayPending | ChannelPending:
+        channel = self.calls.get(self.actors[0])
+        if channel is not None:
+            try:
+                return ChannelPending(channel, channel.send("step", items), self._failed)
+            except ChannelClosed as e:
+                raise self._failed(e) from None
         ref = ray.put(items) if self.tp_size > 1 else items
         return _RayPending([a.call.remote("step", ref) for a in self.actors], self._failed)
 
     def _failed(self, error: Exception) -> TargetUnavailable:
+        self.calls.reset()
         for actor in self.actors:  # a lost rank strands the others mid-collective: restart all
             kill_worker(actor)
         self.actors = self._start()
@@ -114,20 +125,21 @@ class RayTargetPool:
         return TargetUnavailable("a target worker failed and is restarting; its requests were lost, retry them")
 
     def release(self, seq_id) -> None:
-        for actor in self.actors:
-            actor.call.remote("release", seq_id)  # fire and forget; ordered after in-flight steps
+        for actor in self.actors:  # fire and forget; ordered after in-flight steps
+            self.calls.send_no_reply(actor, "release", seq_id)
 
     def node_ids(self) -> list[str]:
         return ray.get([a.node_id.remote() for a in self.actors])
 
     def busy(self) -> float:
         """Seconds rank 0 spent in steps (benchmarks split a round's time with it)."""
-        return ray.get(self.actors[0].call.remote("busy"))
+        return self.calls.call(self.actors[0], "busy")
 
     def worker_names(self) -> list[str]:
         return [f"{self.name}-s{self.starts}-r{r}" for r in range(len(self.actors))]
 
     def close(self) -> None:
+        self.calls.reset()
         for actor in self.actors:
             kill_worker(actor)
         release_group(self.group)
@@ -142,8 +154,9 @@ class RayDraftPool:
     call, rank 0 answers). Items and proposals travel in wire format as object refs."""
 
     def __init__(self, spec: DraftSpec, placement: Placement = Placement({"draft": 1}),
-                 propose_timeout_s: float = 60.0, group_size: int = 1):
+                 propose_timeout_s: float = 60.0, group_size: int = 1, channel: bool = True):
         self.spec, self.placement, self.group_size = spec, placement, group_size
+        self.calls = WorkerCalls(channel and group_size == 1)  # a group's ranks all receive each call
         self.group = reserve([placement.bundle()] * group_size)
         self.name = f"specray-draft-{uuid.uuid4().hex[:8]}"
         self.starts = 0
@@ -206,10 +219,18 @@ class RayDraftPool:
             self.stats.record(len(payload), len(reply), time.perf_counter() - start)
             return wire.decode_proposals(reply)
 
+        channel = self.calls.get(self.actor)
+        if channel is not None:
+            try:
+                ticket = channel.send("propose_bytes", payload)
+            except ChannelClosed as e:
+                raise self._failed(e) from None
+            return ChannelPending(channel, ticket, self._failed, self.propose_timeout_s, decode)
         refs = [a.call.remote("propose_bytes", payload) for a in self.actors]
         return _RayPending(refs, self._failed, self.propose_timeout_s, decode)
 
     def _failed(self, error: Exception) -> DraftUnavailable:
+        self.calls.reset()
         if self.group_size > 1:  # the other ranks wait in a collective for the lost one: start afresh
             self._restart_group()
         self._revival = self._ping()
@@ -219,14 +240,14 @@ class RayDraftPool:
     def release(self, seq_id) -> None:
         if self._revival is None:
             for actor in self.actors:
-                actor.call.remote("release_many", [seq_id])
+                self.calls.send_no_reply(actor, "release_many", [seq_id])
 
     def node_id(self) -> str:
         return ray.get(self.actor.node_id.remote())
 
     def busy(self) -> float:
         """Seconds rank 0 spent answering proposals (benchmarks split a round's time with it)."""
-        return ray.get(self.actor.call.remote("busy"))
+        return self.calls.call(self.actor, "busy")
 
     def worker_names(self) -> list[str]:
         if self.group_size == 1:
@@ -237,6 +258,7 @@ class RayDraftPool:
         ray.get([a.call.remote("ping") for a in self.actors], timeout=timeout_s)
 
     def close(self) -> None:
+        self.calls.reset()
         for actor in self.actors:
             kill_worker(actor)
         release_group(self.group)

@@ -18,7 +18,7 @@ FLAG_KEYS = {
     "max_waiting": "router.max_waiting", "kv_cache_tokens": "router.kv_cache_tokens",
     "max_model_len": "router.max_model_len", "transport": "transport.kind",
     "drafter_address": "transport.drafter_address", "tensor_parallel_size": "pools.target.num_workers",
-    "draft_workers": "pools.draft.num_workers", "kernels": "pools.target.kernels",
+    "draft_workers": "pools.draft.num_workers", "kernels": "pools.target.kernels", "worker_channel": "pools.channel",
     "address": "ray_address",
 }
 
@@ -67,6 +67,9 @@ def add_serve_flags(p) -> None:
                    help="the target (and a ray-transport draft) worker inside the Serve replica, beside the router: "
                         "no actor call a round (on); separate actor pools (off, default); on only on a one-node "
                         "CPU cluster with one worker a pool (auto)")
+    p.add_argument("--worker-channel", choices=["auto", "ray"],
+                   help="how the router calls a lone pool worker each round: a Unix socket where it runs on the "
+                        "router's node (auto, default), or Ray actor calls always (ray)")
     p.add_argument("--tensor-parallel-size", type=int, help="target workers sharing the model")
     p.add_argument("--kernels", choices=["exact", "fast"],
                    help="the target's CPU kernels on GGUF weights: exact (default: the fp32 model) or fast (8-bit "

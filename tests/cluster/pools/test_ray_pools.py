@@ -10,7 +10,8 @@ import pytest
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.xdist_group("ray")  # one Ray cluster at a time (tests/conftest.py)
 
-from specray import LLM, SamplingParams  # noqa: E402
+from pool_helpers import GREEDY, PROMPTS, SAMPLED, config, in_process_outputs, make_engine, run  # noqa: E402
+
 from specray.cluster.config.serve import ServeConfig  # noqa: E402
 from specray.cluster.config.worker_specs import serve_target_spec  # noqa: E402
 from specray.cluster.pools.api import TargetUnavailable  # noqa: E402
@@ -18,20 +19,6 @@ from specray.cluster.pools.build import build_draft_pool, placement  # noqa: E40
 from specray.cluster.router.router import Router, router_limits  # noqa: E402
 from specray.kernels.config import ModelConfig  # noqa: E402
 from specray.kernels.loader import Checkpoint  # noqa: E402
-
-GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
-SAMPLED = [SamplingParams(temperature=1.0, top_p=0.9, seed=7 + i, max_tokens=12, ignore_eos=True) for i in range(3)]
-PROMPTS = [[1, 3 + i, 17, 40 + 2 * i, 9] * (1 + i % 3) for i in range(6)]
-
-
-def config(tiny_target, tiny_draft, transport="ray", **router):
-    return ServeConfig.from_dict({
-        "model": str(tiny_target),
-        "speculative_config": {"method": "draft_model", "model": str(tiny_draft), "num_speculative_tokens": 3},
-        "router": {"kv_cache_tokens": 8192, "max_num_seqs": 8, **router},
-        "pools": {"target": {"threads": 1}, "draft": {"threads": 1}},
-        "transport": {"kind": transport, "drafter_address": "x:1" if transport == "grpc" else None}})
-
 
 @pytest.fixture(scope="module")
 def target_pool(ray_cluster, tiny_target, tiny_draft):
@@ -50,36 +37,16 @@ def draft_pool(ray_cluster, tiny_target, tiny_draft):
     pool.close()
 
 
-def make_engine(target, draft, tiny_target, pipelined=False):
-    checkpoint = Checkpoint(tiny_target, "tiny")
-    tok = checkpoint.tokenizer()
-    spec = config(tiny_target, tiny_target).speculative
-    limits, eos = router_limits(ModelConfig.from_hf(checkpoint.hf_config()), tok, spec, None, 8, 512, 16, pipelined)
-    return Router(target, draft, tok, eos, limits)
-
-
-def run(router, prompts, params=GREEDY):
-    ids = [router.add_request(p, params if isinstance(params, SamplingParams) else params[i])
-           for i, p in enumerate(prompts)]
-    done = {}
-    while router.has_unfinished():
-        for out in router.step():
-            if out.finished:
-                done[out.request_id] = out
-    return [done[i] for i in ids]
-
-
 @pytest.fixture(scope="module")
 def reference(tiny_target, tiny_draft):
-    llm = LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 3})
-    greedy = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY)]
-    sampled = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": PROMPTS[0]}] * 3, SAMPLED)]
-    return greedy, sampled
+    return in_process_outputs(tiny_target, tiny_draft)
 
 
 def test_workers_land_on_their_nodes(ray_cluster, target_pool, draft_pool):
     assert target_pool.node_ids() == [ray_cluster["target"].node_id]
     assert draft_pool.node_id() == ray_cluster["draft"].node_id
+    # workers on other nodes than the router's take Ray actor calls (no same-node channel)
+    assert target_pool.calls.get(target_pool.actors[0]) is None and draft_pool.calls.get(draft_pool.actor) is None
 
 
 @pytest.mark.parametrize("pipelined", [False, True])
