@@ -67,8 +67,9 @@ def main() -> None:
     ap.add_argument("--base", required=True, help="commit whose kernels/csrc is the baseline")
     ap.add_argument("--rows", default="1,3,8")
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--kernels", choices=["exact", "fast"], default="exact", help="the model's numeric mode")
     args = ap.parse_args()
-    model = load_model(resolve("smollm2-135m"))
+    model = load_model(resolve("smollm2-135m"), kernels=args.kernels)
     with tempfile.TemporaryDirectory() as tmp:
         libs = {"base": build(sources_at(args.base), Path(tmp) / "base"),
                 "tree": build(sources_at(None), Path(tmp) / "tree")}

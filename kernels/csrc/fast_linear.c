@@ -219,7 +219,7 @@ void specray_fast_linear_q(const uint8_t* act, int64_t rows, int64_t in, const u
         float* yr = y + r0 * out;
         const int nf = features_per_call(nr);
         int64_t calls = out / nf;
-        _Pragma("omp parallel for schedule(static) num_threads(threads)")
+        _Pragma("omp parallel for schedule(guided) num_threads(threads)")
         for (int64_t c = 0; c < calls; c++)
             fast_features(blocks + c * nf * stride, stride, nb, kind, a, nr, yr, out, c * nf, nf);
         for (int64_t o = calls * nf; o < out; o++) fast_features(blocks + o * stride, stride, nb, kind, a, nr, yr, out, o, 1);

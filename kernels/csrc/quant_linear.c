@@ -194,7 +194,7 @@ static inline __attribute__((always_inline)) void q8_0_features(
     case N: {                                                                                 \
         const int nf = FEATURES_FOR(N);                                                       \
         int64_t groups = out / nf;                                                            \
-        _Pragma("omp parallel for schedule(static) num_threads(threads)")                        \
+        _Pragma("omp parallel for schedule(guided) num_threads(threads)")                        \
         for (int64_t g = 0; g < groups; g++) FEATURES(x, r0, N, nf, in, blocks, y, out, g * nf); \
         for (int64_t o = groups * nf; o < out; o++) FEATURES(x, r0, N, 1, in, blocks, y, out, o); \
         break;                                                                                \
