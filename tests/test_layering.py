@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 C = "specray.cluster."
 TRANSPORTS = {C + f"pools.{m}" for m in ("ray_pools", "ray_diffusion", "builder", "build", "grpc_transport", "dist_transport",
                                          "draft_endpoint", "wire", "in_process",
-                                         "local_channel", "worker_calls")}
+                                         "local_channel", "worker_calls", "compute_thread")}
 RULES = {
     "kernels": {"ray", "grpc", "specray.actors", "specray.cluster", "specray.protos"},
     "actors": {"ray", "grpc", "specray.cluster", "specray.protos"},

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from specray.cluster.config.serve import PoolConfig, ServeConfig
 from specray.cluster.config.worker_specs import serve_draft_spec, serve_target_spec
+from specray.cluster.pools.compute_thread import OnComputeThread
 from specray.cluster.pools.ray_pools import Placement, RayDraftPool, RayTargetPool
 
 
@@ -19,7 +20,7 @@ def build_target_pool(cfg: ServeConfig, colocated: bool = False):
         from specray.actors.target_worker import TargetWorker
         from specray.cluster.pools.in_process import InProcessTargetPool
 
-        return InProcessTargetPool(TargetWorker.from_spec(serve_target_spec(cfg)))
+        return InProcessTargetPool(OnComputeThread(TargetWorker.from_spec, serve_target_spec(cfg)))
     return RayTargetPool(serve_target_spec(cfg), placement(cfg.pools.target), cfg.pools.target.num_workers,
                          channel=cfg.pools.channel == "auto")
 
@@ -37,7 +38,7 @@ def build_draft_pool(cfg: ServeConfig, colocated: bool = False):
 
         if colocated:  # its threads are the process's, which the target's worker set
             spec = replace(spec, threads=None)
-        return InlineDraftPool(DraftWorker.from_spec(spec))
+        return InlineDraftPool(OnComputeThread(DraftWorker.from_spec, spec))
     if kind == "grpc":
         from specray.cluster.pools.grpc_transport import GrpcDraftPool
 

@@ -4,29 +4,25 @@ class becomes a Ray Serve deployment here."""
 from __future__ import annotations
 
 import socket
-from concurrent.futures import ThreadPoolExecutor
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from specray.cluster.pools.compute_thread import OnComputeThread
+
 
 class WorkerHost:
     """Builds a plain worker from its spec inside the actor's process and forwards calls to it, from
-    Ray or from a same-node channel (cluster/pools/local_channel.py).
-
-    One thread owns the worker and runs every call: a second thread computing would start a second
-    OpenMP team, and with more OpenMP threads than cores libgomp sleeps between parallel regions
-    instead of spinning (a decode step took twice as long; docs/performance.md).
-    """
+    Ray or from a same-node channel (cluster/pools/local_channel.py), on the process's compute
+    thread (cluster/pools/compute_thread.py)."""
 
     def __init__(self, build, spec):
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="specray-worker")
-        self.worker = self.executor.submit(build, spec).result()
+        self.worker = OnComputeThread(build, spec)
         self.channel = None
 
     def call(self, method: str, *args):
-        return self.executor.submit(getattr(self.worker, method), *args).result()
+        return getattr(self.worker, method)(*args)
 
     def open_channel(self) -> tuple[str, bytes] | None:
         """The address and auth key of this worker's channel; None where the platform has none."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from specray.actors.draft_worker import DraftWorker
 from specray.actors.specs import DraftSpec
 from specray.cluster.pools import wire
+from specray.cluster.pools.compute_thread import OnComputeThread
 
 
 @dataclass
@@ -36,7 +37,8 @@ class DraftEndpoint:
 
     @classmethod
     def from_spec(cls, spec: DraftSpec) -> "DraftEndpoint":
-        return cls(DraftWorker.from_spec(spec), spec.method)
+        """The worker on the process's compute thread: gRPC answers on a pool of threads."""
+        return cls(OnComputeThread(DraftWorker.from_spec, spec), spec.method)
 
     def ping(self) -> str:
         return self.method

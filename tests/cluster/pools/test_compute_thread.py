@@ -1,0 +1,35 @@
+"""Workers built and called on the process's one compute thread (cluster/pools/compute_thread.py):
+the thread count their build set holds for their calls, and a call from the compute thread itself
+runs directly instead of waiting on itself."""
+
+import threading
+
+import torch
+
+from specray.cluster.pools.compute_thread import OnComputeThread, run
+
+
+class Probe:
+    def __init__(self, threads: int):
+        self.built_on = threading.current_thread()
+        torch.set_num_threads(threads)  # per thread, as a worker's from_spec does
+
+    def where(self) -> tuple[threading.Thread, int]:
+        return threading.current_thread(), torch.get_num_threads()
+
+    def nested(self) -> threading.Thread:
+        return run(lambda: threading.current_thread())
+
+
+def test_a_worker_is_built_and_called_on_one_thread_with_its_thread_count():
+    before = run(torch.get_num_threads)
+    mine = torch.get_num_threads()
+    try:
+        worker = OnComputeThread(Probe, 1)
+        thread, threads = worker.where()
+        assert thread is worker.built_on and thread is not threading.current_thread()
+        assert threads == 1 and torch.get_num_threads() == mine  # the caller's count is its own
+        assert worker.nested() is thread
+        assert OnComputeThread(Probe, 1).built_on is thread  # every worker of the process shares it
+    finally:
+        run(torch.set_num_threads, before)
