@@ -74,6 +74,23 @@ def test_a_wrong_key_is_refused_and_the_server_keeps_serving(served):
     assert Channel(server.address, server.authkey).call("echo", 2) == ("echo", (2,))  # still accepting
 
 
+def test_tensors_cross_as_raw_bytes_exactly():
+    import pickle
+
+    import torch
+
+    from specray.cluster.pools.local_channel import dumps
+
+    x = torch.randn(4, 6)
+    tensors = [x, x.t(), x[:, 1:3], torch.randn(3).to(torch.bfloat16), torch.arange(5), torch.tensor(True),
+               torch.tensor(2.5), torch.empty(0, 7), torch.tensor([float("nan"), -0.0, float("inf")])]
+    back = pickle.loads(dumps({"nested": [(t, i) for i, t in enumerate(tensors)]}))["nested"]
+    for t, (u, i) in zip(tensors, back, strict=True):
+        assert u.dtype == t.dtype and u.shape == t.shape and u.is_contiguous()
+        assert torch.equal(u.view(-1).view(torch.uint8) if u.numel() else u, t.contiguous().view(-1).view(torch.uint8)
+                           if t.numel() else t)  # bit for bit, NaN and -0.0 included
+
+
 SERVER = """
 import json, time
 from specray.cluster.pools.local_channel import ChannelServer
