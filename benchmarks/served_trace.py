@@ -7,7 +7,9 @@ controller) while a closed-loop load runs, summed per process and per hop.
         --out bench_out/served_trace.json
 
 Needs py-spy (`pip install py-spy`; benchmarks only) and permission to attach to the processes
-(root, or ptrace allowed). Samples are of running (not idle) threads, so each process's figure is
+(root, or ptrace allowed). `--cpu-only` skips py-spy and reads each process's exact CPU seconds
+from /proc instead (Ray's daemons and the load generator included): sampling slows the server, and
+counts a thread blocked in a socket read as running. Samples are of running (not idle) threads, so each process's figure is
 CPU seconds; a hop's share is the samples whose stack passes through its code (the first match in
 HOPS, in that order).
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import subprocess
 import tempfile
@@ -52,6 +55,42 @@ def ray_processes() -> dict[int, str]:
         if m and any(m.group(1).startswith(p) for p in PROCESSES):
             found[int(pid)] = m.group(1)
     return found
+
+
+def thread_cpu(pids) -> dict[tuple[int, int], float]:
+    """(pid, tid) -> CPU seconds so far (utime + stime from /proc): exact, unlike sampling, which
+    also counts a thread blocked in a socket read as running."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # the thread ended
+                continue
+            out[(pid, int(task.name))] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def ray_daemons() -> dict[int, str]:
+    """pid -> name of Ray's own daemons (raylet, GCS), which share the cores too."""
+    out = subprocess.run(["ps", "-eo", "pid=,comm="], capture_output=True, text=True, check=True).stdout
+    return {int(pid): comm for pid, comm in (line.split(None, 1) for line in out.splitlines())
+            if comm.strip() in ("raylet", "gcs_server")}
+
+
+def measured_cpu(url: str, concurrency: int, args) -> dict:
+    """The load without py-spy: each process's CPU seconds from /proc, and this process's (the load
+    generator's), over the level."""
+    procs = {**ray_processes(), **ray_daemons()}
+    before, client = thread_cpu(procs), time.process_time()
+    tokens, seconds = load(url, args.model, concurrency, args.num_requests, args.max_tokens)
+    after, client = thread_cpu(procs), time.process_time() - client
+    per_process = {f"{name} ({pid})": round(sum(v - before.get(k, 0.0) for k, v in after.items() if k[0] == pid), 2)
+                   for pid, name in procs.items()}
+    per_process["load generator (this process)"] = round(client, 2)
+    return {"concurrency": concurrency, "tokens": tokens, "seconds": round(seconds, 3),
+            "tokens_per_s": round(tokens / seconds, 2), "cpu_s": per_process}
 
 
 def hop_of(stack: str) -> str:
@@ -109,6 +148,11 @@ def trace_level(url: str, concurrency: int, args) -> dict:
 def markdown(levels: list[dict]) -> str:
     lines = []
     for lv in levels:
+        if "cpu_s" in lv:
+            lines += [f"concurrency {lv['concurrency']}: {lv['tokens_per_s']} tokens/s ({lv['tokens']} tokens in "
+                      f"{lv['seconds']} s), CPU seconds over the level from /proc", "", "| process | CPU s |", "|---|---|"]
+            lines += [f"| {name} | {cpu} |" for name, cpu in lv["cpu_s"].items()] + [""]
+            continue
         lines += [f"concurrency {lv['concurrency']}: {lv['tokens_per_s']} tokens/s ({lv['tokens']} tokens in "
                   f"{lv['seconds']} s; CPU seconds over the {lv['traced_s']} s traced)", "",
                   "| process | CPU s | hops (CPU s) |", "|---|---|---|"]
@@ -127,9 +171,12 @@ def main() -> None:
     ap.add_argument("--num-requests", type=int, default=16, help="requests a level")
     ap.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every request")
     ap.add_argument("--seconds", type=int, default=20, help="how long py-spy samples each level")
+    ap.add_argument("--cpu-only", action="store_true",
+                    help="no py-spy: each process's exact CPU seconds from /proc (sampling slows the server)")
     ap.add_argument("--out", default="bench_out/served_trace.json")
     args = ap.parse_args()
-    levels = [trace_level(args.url.rstrip("/"), int(c), args) for c in args.concurrency.split(",")]
+    level = measured_cpu if args.cpu_only else trace_level
+    levels = [level(args.url.rstrip("/"), int(c), args) for c in args.concurrency.split(",")]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"levels": levels}, indent=1))
