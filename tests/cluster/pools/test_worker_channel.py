@@ -140,15 +140,19 @@ def pools(tiny_target, tiny_draft, channel: bool):
             RayDraftPool(serve_draft_spec(cfg), here(), channel=channel))
 
 
-@pytest.mark.parametrize("channel", [True, False])
-def test_same_node_workers_take_the_channel_with_equal_outputs(ray_cluster, tiny_target, tiny_draft, reference,
-                                                               channel):
-    target, draft = pools(tiny_target, tiny_draft, channel)
+def test_channel_ray_never_opens_one():
+    from specray.cluster.pools.worker_calls import WorkerCalls
+
+    assert WorkerCalls(use_channel=False).get(actor=None) is None  # asks Ray nothing
+
+
+def test_same_node_workers_take_the_channel_with_equal_outputs(ray_cluster, tiny_target, tiny_draft, reference):
+    target, draft = pools(tiny_target, tiny_draft, True)
     try:
         router = make_engine(target, draft, tiny_target, pipelined=True)
         assert [o.outputs[0].token_ids for o in run(router, PROMPTS)] == reference[0]
         assert [o.outputs[0].token_ids for o in run(router, [PROMPTS[0]] * 3, SAMPLED)] == reference[1]
-        assert (target.calls.channel is not None) == channel and (draft.calls.channel is not None) == channel
+        assert target.calls.channel is not None and draft.calls.channel is not None
         assert draft.stats.rounds > 0 and target.busy() > 0 and draft.busy() > 0
     finally:
         target.close()
