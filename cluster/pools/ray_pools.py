@@ -12,6 +12,7 @@ fresh workers at once, so the service recovers without a restart.
 from __future__ import annotations
 
 import logging
+import pickle
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -25,7 +26,7 @@ from specray.cluster.pools import wire
 from specray.cluster.pools.api import DraftUnavailable, TargetUnavailable
 from specray.cluster.pools.builder import all_of, kill_worker, release_group, rendezvous_address, reserve, start_worker
 from specray.cluster.pools.draft_endpoint import DraftEndpoint, TransportStats
-from specray.cluster.pools.local_channel import ChannelClosed, ChannelPending
+from specray.cluster.pools.local_channel import ChannelClosed, ChannelPending, dumps
 from specray.cluster.pools.worker_calls import WorkerCalls
 
 ActorFailure = (RayActorError, GetTimeoutError)
@@ -113,8 +114,10 @@ class RayTargetPool:
                 return ChannelPending(channel, channel.send("step", items), self._failed)
             except ChannelClosed as e:
                 raise self._failed(e) from None
-        ref = ray.put(items) if self.tp_size > 1 else items
-        return _RayPending([a.call.remote("step", ref) for a in self.actors], self._failed)
+        payload = dumps((items,))  # the results' tensors as raw bytes, as over a channel
+        ref = ray.put(payload) if self.tp_size > 1 else payload
+        return _RayPending([a.call_packed.remote("step", ref) for a in self.actors], self._failed,
+                           on_result=pickle.loads)
 
     def _failed(self, error: Exception) -> TargetUnavailable:
         self.calls.reset()
