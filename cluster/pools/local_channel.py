@@ -90,8 +90,21 @@ class ChannelServer:
                 except (EOFError, OSError):
                     return
                 ok, value = self._run(method, args)
-                if reply:
-                    conn.send_bytes(dumps((ticket, ok, value)))
+                if reply and not self._reply(conn, ticket, ok, value):
+                    return
+
+    @staticmethod
+    def _reply(conn: Connection, ticket: int, ok: bool, value) -> bool:
+        """Send a reply (a result that cannot be pickled fails its call); False once the client left."""
+        try:
+            data = dumps((ticket, ok, value))
+        except Exception as e:  # noqa: BLE001
+            data = dumps((ticket, False, "".join(traceback.format_exception(e))))
+        try:
+            conn.send_bytes(data)
+        except OSError:
+            return False
+        return True
 
     def _run(self, method: str, args: tuple) -> tuple[bool, object]:
         try:

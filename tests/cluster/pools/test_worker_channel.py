@@ -31,6 +31,8 @@ class Recorder:
             time.sleep(args[0])
         if method == "fail":
             raise ValueError(f"bad item {args[0]}")
+        if method == "unpicklable":
+            return lambda: None
         return method, args
 
 
@@ -55,6 +57,8 @@ def test_a_worker_error_fails_that_call_only(served):
     _, _, channel = served
     with pytest.raises(WorkerError, match="ValueError: bad item 7"):
         channel.call("fail", 7)
+    with pytest.raises(WorkerError, match="pickle"):
+        channel.call("unpicklable")
     assert channel.call("echo", 8) == ("echo", (8,))
 
 
