@@ -40,3 +40,21 @@ def test_cli_entry_and_distill_module_run():
     out = subprocess.run([sys.executable, "-m", "specray.cluster.distill", "--help"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0 and "--kind" in out.stdout
+
+
+def test_every_subpackage_is_in_the_wheel():
+    """pyproject.toml lists packages by hand (the folders map onto `specray.*`): an editable install
+    finds a package left out, a wheel does not (`specray.kernels.diffusion` was, and `from specray
+    import LLM` failed on a plain `pip install .`)."""
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {name: Path(folder) for name, folder in setuptools["package-dir"].items()}
+    found = set()
+    for root in set(folders.values()):
+        for init in (ROOT / root).rglob("__init__.py"):
+            folder = init.parent.relative_to(ROOT)
+            owner = max((n for n, f in folders.items() if folder == f or f in folder.parents),
+                        key=lambda n: len(folders[n].parts))  # the innermost mapping holds it
+            found.add(".".join([owner, *folder.relative_to(folders[owner]).parts]))
+    assert found == set(setuptools["packages"])
