@@ -7,11 +7,11 @@ controller) while a closed-loop load runs, summed per process and per hop.
         --out bench_out/served_trace.json
 
 Needs py-spy (`pip install py-spy`; benchmarks only) and permission to attach to the processes
-(root, or ptrace allowed). `--cpu-only` skips py-spy and reads each process's exact CPU seconds
-from /proc instead (Ray's daemons and the load generator included): sampling slows the server, and
-counts a thread blocked in a socket read as running. Samples are of running (not idle) threads, so each process's figure is
-CPU seconds; a hop's share is the samples whose stack passes through its code (the first match in
-HOPS, in that order).
+(root, or ptrace allowed). A hop's share is the samples whose stack passes through its code (the
+first match in HOPS, in that order). Samples are meant to be of running threads, but a thread
+blocked in a socket read counts as running, and sampling slows the server: `--cpu-only` skips
+py-spy and reads each process's exact CPU seconds from /proc (Ray's daemons and the load
+generator included).
 """
 
 from __future__ import annotations
@@ -57,18 +57,17 @@ def ray_processes() -> dict[int, str]:
     return found
 
 
-def thread_cpu(pids) -> dict[tuple[int, int], float]:
-    """(pid, tid) -> CPU seconds so far (utime + stime from /proc): exact, unlike sampling, which
-    also counts a thread blocked in a socket read as running."""
+def process_cpu(pids) -> dict[int, float]:
+    """pid -> CPU seconds so far (utime + stime from /proc, ended threads included): exact, unlike
+    sampling."""
     tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for pid in pids:
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            try:
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:  # the thread ended
-                continue
-            out[(pid, int(task.name))] = (int(fields[11]) + int(fields[12])) / tick
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended
+            continue
+        out[pid] = (int(fields[11]) + int(fields[12])) / tick
     return out
 
 
@@ -83,11 +82,10 @@ def measured_cpu(url: str, concurrency: int, args) -> dict:
     """The load without py-spy: each process's CPU seconds from /proc, and this process's (the load
     generator's), over the level."""
     procs = {**ray_processes(), **ray_daemons()}
-    before, client = thread_cpu(procs), time.process_time()
+    before, client = process_cpu(procs), time.process_time()
     tokens, seconds = load(url, args.model, concurrency, args.num_requests, args.max_tokens)
-    after, client = thread_cpu(procs), time.process_time() - client
-    per_process = {f"{name} ({pid})": round(sum(v - before.get(k, 0.0) for k, v in after.items() if k[0] == pid), 2)
-                   for pid, name in procs.items()}
+    after, client = process_cpu(procs), time.process_time() - client
+    per_process = {f"{name} ({pid})": round(after.get(pid, 0.0) - before.get(pid, 0.0), 2) for pid, name in procs.items()}
     per_process["load generator (this process)"] = round(client, 2)
     return {"concurrency": concurrency, "tokens": tokens, "seconds": round(seconds, 3),
             "tokens_per_s": round(tokens / seconds, 2), "cpu_s": per_process}

@@ -12,83 +12,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from specray.cluster.config.defaults import DEFAULT_MAX_REQUEST_BYTES, default_speculative_config, is_default_for_other
+from specray.cluster.config.pools import PoolsConfig, Strict
 from specray.cluster.config.speculative import SpeculativeConfig
 from specray.kernels.drafters import registry
 
 TRANSPORTS = ("ray", "torch_distributed", "grpc", "inline")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PoolConfig(_Strict):
-    """Where and how one pool's workers run."""
-
-    num_workers: int = Field(1, ge=1, description="target: tensor-parallel degree; draft: 1, or a "
-                             "layer-parallel draft group's size (speculative_config.layer_parallel)")
-    num_cpus: float = Field(1.0, ge=0, description="CPUs each worker reserves")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs each worker reserves")
-    resources: dict[str, float] = Field(default_factory=dict,
-                                        description="custom Ray resources the worker's node must advertise")
-    threads: int | None = Field(None, ge=1, description="torch intra-op threads per worker; unset: a target "
-                                "worker uses its node's cores / num_workers, a draft worker its num_cpus")
-    dtype: str = "float32"
-    device: str = "cpu"
-
-    @field_validator("resources")
-    @classmethod
-    def _positive(cls, v: dict[str, float]) -> dict[str, float]:
-        bad = {k: x for k, x in v.items() if x <= 0}
-        if bad:
-            raise ValueError(f"resource amounts must be > 0, got {bad}")
-        return v
-
-
-class TargetPoolConfig(PoolConfig):
-    resources: dict[str, float] = Field(default_factory=lambda: {"target": 1.0},
-                                        description="custom Ray resources the worker's node must advertise")
-    kernels: Literal["exact", "fast"] = Field(
-        "exact", description="numeric mode of the CPU kernels on GGUF weights: exact (the fp32 model, what "
-        "transformers computes) or fast (8-bit activations, integer dot products; lossless against itself)")
-
-
-class DraftPoolConfig(PoolConfig):
-    resources: dict[str, float] = Field(default_factory=lambda: {"draft": 1.0},
-                                        description="custom Ray resources the worker's node must advertise")
-
-
-class PoolsConfig(_Strict):
-    # each pool's default resources apply whether or not the pool's block is given
-    target: TargetPoolConfig = TargetPoolConfig()
-    draft: DraftPoolConfig = DraftPoolConfig()
-    colocate: bool | Literal["auto"] = Field(
-        False, description="the target worker (and a draft worker on transport 'ray') inside the Serve "
-        "replica beside the router: no actor call a round, the replica reserves their resources; auto: "
-        "on a one-node cluster with one CPU worker a pool; false (default): separate actor pools")
-    channel: Literal["auto", "ray"] = Field(
-        "auto", description="how the router calls a lone pool worker each round: auto: a Unix socket where the "
-        "worker runs on the router's node (Ray actor calls elsewhere); ray: Ray actor calls always")
-
-    @model_validator(mode="after")
-    def _colocatable(self) -> "PoolsConfig":
-        if self.colocate is True and (self.target.num_workers > 1 or self.draft.num_workers > 1):
-            raise ValueError("pools.colocate true runs one target and one draft worker in the replica: "
-                             "tensor-parallel targets and draft groups need colocate false")
-        return self
-
-    def colocated(self, num_nodes: int) -> bool:
-        """Whether the workers run in the replica, on a cluster of `num_nodes` alive nodes."""
-        if self.colocate != "auto":
-            return self.colocate
-        pools = (self.target, self.draft)
-        return num_nodes == 1 and all(p.num_workers == 1 and p.num_gpus == 0 and p.device == "cpu" for p in pools)
-
-
-class RouterConfig(_Strict):
+class RouterConfig(Strict):
     pipelined: bool | Literal["auto"] = Field(
         "auto", description="two groups in flight: draft B while verifying A; auto: only when the draft is a model")
     max_num_seqs: int = Field(32, ge=1, description="running sequences at most")
@@ -99,7 +33,7 @@ class RouterConfig(_Strict):
     draft_timeout_s: float = Field(60.0, gt=0, description="a slower draft pool counts as lost")
 
 
-class TransportConfig(_Strict):
+class TransportConfig(Strict):
     # inline: the draft worker runs in the router's process (no hop a round; for n-gram and ADED,
     # whose drafting is cheap CPU work, or a small draft on a router with cores to spare)
     kind: Literal["ray", "torch_distributed", "grpc", "inline"] = "ray"
@@ -107,7 +41,7 @@ class TransportConfig(_Strict):
     master_port: int | None = Field(None, ge=1, le=65535, description="torch_distributed rendezvous port")
 
 
-class HttpConfig(_Strict):
+class HttpConfig(Strict):
     # replica: specray's own HTTP server in the Serve replica (no proxy hop; request heads must arrive
     # within header_timeout_s and stay under 64 KiB); proxy: Ray Serve's HTTP proxy, which runs on every
     # node but bounds neither (the Helm chart's choice: put a reverse proxy with those limits in front)
@@ -139,7 +73,7 @@ class HttpConfig(_Strict):
         return (os.environ.get(self.api_key_env) if self.api_key_env else None) or None
 
 
-class GrpcConfig(_Strict):
+class GrpcConfig(Strict):
     port: int = Field(9000, ge=1, le=65535)
     enabled: bool = True
     # replica: specray's own grpc.aio server in the Serve replica (binds `host`, TLS, message limit,
@@ -169,7 +103,7 @@ class GrpcConfig(_Strict):
         except OSError as e:
             raise ValueError(f"grpc TLS: cannot read {e.filename}: {e.strerror}") from None
 
-class ServeConfig(_Strict):
+class ServeConfig(Strict):
     model: str = Field("smollm2-135m", description="target: alias, HF folder or .gguf file")
     served_model_name: str | None = None
     speculative_config: dict[str, Any] | None = Field(

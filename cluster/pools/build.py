@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specray.cluster.config.serve import PoolConfig, ServeConfig
+from specray.cluster.config.pools import PoolConfig
+from specray.cluster.config.serve import ServeConfig
 from specray.cluster.config.worker_specs import serve_draft_spec, serve_target_spec
 from specray.cluster.pools.compute_thread import OnComputeThread
 from specray.cluster.pools.ray_pools import Placement, RayDraftPool, RayTargetPool

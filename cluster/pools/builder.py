@@ -10,8 +10,8 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from specray.cluster.pools.compute_thread import OnComputeThread
 from specray.cluster.pools import local_channel
+from specray.cluster.pools.compute_thread import OnComputeThread
 
 
 class WorkerHost:

@@ -15,7 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 _LOCK = threading.Lock()
 _EXECUTOR: ThreadPoolExecutor | None = None
-_THREAD: list[threading.Thread] = []  # the compute thread, once it ran something
+_HERE = threading.local()  # .compute is True on the compute thread only
+
+
+def _mark() -> None:
+    _HERE.compute = True
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -23,13 +27,13 @@ def _executor() -> ThreadPoolExecutor:
     with _LOCK:
         if _EXECUTOR is None:
             _EXECUTOR = ThreadPoolExecutor(1, thread_name_prefix="specray-compute",
-                                           initializer=lambda: _THREAD.append(threading.current_thread()))
+                                           initializer=_mark)
         return _EXECUTOR
 
 
 def run(fn, *args):
     """fn(*args) on the compute thread (directly when already on it)."""
-    if _THREAD and threading.current_thread() is _THREAD[0]:
+    if getattr(_HERE, "compute", False):
         return fn(*args)
     return _executor().submit(fn, *args).result()
 

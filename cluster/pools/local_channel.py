@@ -18,6 +18,7 @@ import copyreg
 import io
 import os
 import pickle
+import sys
 import threading
 import traceback
 from multiprocessing import AuthenticationError
@@ -60,7 +61,11 @@ def dumps(obj) -> bytes:
 
 def supported() -> bool:
     """Abstract Unix sockets are Linux's."""
-    return hasattr(os, "sched_getaffinity") and os.uname().sysname == "Linux"
+    return sys.platform.startswith("linux")
+
+
+def _traceback(e: BaseException) -> str:
+    return "".join(traceback.format_exception(e))
 
 
 class ChannelServer:
@@ -99,7 +104,7 @@ class ChannelServer:
         try:
             data = dumps((ticket, ok, value))
         except Exception as e:  # noqa: BLE001
-            data = dumps((ticket, False, "".join(traceback.format_exception(e))))
+            data = dumps((ticket, False, _traceback(e)))
         try:
             conn.send_bytes(data)
         except OSError:
@@ -110,7 +115,7 @@ class ChannelServer:
         try:
             return True, self.call(method, *args)
         except Exception as e:  # noqa: BLE001 - the caller decides what a failed call means
-            return False, "".join(traceback.format_exception(e))
+            return False, _traceback(e)
 
 
 class Channel:
@@ -122,7 +127,6 @@ class Channel:
         self.next_ticket = 0
         self.replies: dict[int, tuple[bool, object]] = {}  # arrived before their receiver asked
         self.abandoned: set[int] = set()
-        self.closed = False
 
     def send(self, method: str, *args, reply: bool = True) -> int:
         with self.send_lock:
@@ -130,7 +134,6 @@ class Channel:
             try:
                 self.conn.send_bytes(dumps((ticket, method, args, reply)))
             except OSError as e:
-                self.closed = True
                 raise ChannelClosed(f"the worker's channel is closed ({e})") from None
             return ticket
 
@@ -149,7 +152,6 @@ class Channel:
             if answered:
                 got, ok, value = pickle.loads(self.conn.recv_bytes())
         except (EOFError, OSError) as e:
-            self.closed = True
             raise ChannelClosed(f"the worker's channel is closed ({type(e).__name__})") from None
         if not answered:
             self.abandoned.add(ticket)
@@ -163,7 +165,6 @@ class Channel:
         return self.receive(self.send(method, *args), timeout_s)
 
     def close(self) -> None:
-        self.closed = True
         self.conn.close()
 
 

@@ -26,7 +26,7 @@ from specray.cluster.pools import wire
 from specray.cluster.pools.api import DraftUnavailable, TargetUnavailable
 from specray.cluster.pools.builder import all_of, kill_worker, release_group, rendezvous_address, reserve, start_worker
 from specray.cluster.pools.draft_endpoint import DraftEndpoint, TransportStats
-from specray.cluster.pools.local_channel import ChannelClosed, ChannelPending, dumps
+from specray.cluster.pools.local_channel import ChannelPending, dumps
 from specray.cluster.pools.worker_calls import WorkerCalls
 
 ActorFailure = (RayActorError, GetTimeoutError)
@@ -108,12 +108,9 @@ class RayTargetPool:
                              name=f"{self.name}-s{self.starts}-r{r}") for r, s in enumerate(specs)]
 
     def submit_step(self, items) -> _RayPending | ChannelPending:
-        channel = self.calls.get(self.actors[0])
-        if channel is not None:
-            try:
-                return ChannelPending(channel, channel.send("step", items), self._failed)
-            except ChannelClosed as e:
-                raise self._failed(e) from None
+        pending = self.calls.submit(self.actors[0], "step", items, on_failure=self._failed)
+        if pending is not None:
+            return pending
         payload = dumps((items,))  # the results' tensors as raw bytes, as over a channel
         ref = ray.put(payload) if self.tp_size > 1 else payload
         return _RayPending([a.call_packed.remote("step", ref) for a in self.actors], self._failed,
@@ -222,13 +219,10 @@ class RayDraftPool:
             self.stats.record(len(payload), len(reply), time.perf_counter() - start)
             return wire.decode_proposals(reply)
 
-        channel = self.calls.get(self.actor)
-        if channel is not None:
-            try:
-                ticket = channel.send("propose_bytes", payload)
-            except ChannelClosed as e:
-                raise self._failed(e) from None
-            return ChannelPending(channel, ticket, self._failed, self.propose_timeout_s, decode)
+        pending = self.calls.submit(self.actor, "propose_bytes", payload, on_failure=self._failed,
+                                    timeout_s=self.propose_timeout_s, on_result=decode)
+        if pending is not None:
+            return pending
         refs = [a.call.remote("propose_bytes", payload) for a in self.actors]
         return _RayPending(refs, self._failed, self.propose_timeout_s, decode)
 

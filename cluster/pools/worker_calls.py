@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ray
 
-from specray.cluster.pools.local_channel import Channel, ChannelClosed
+from specray.cluster.pools.local_channel import Channel, ChannelClosed, ChannelPending
 
 
 def open_channel(actor) -> Channel | None:
@@ -34,6 +34,19 @@ class WorkerCalls:
         if self.channel is not None:
             self.channel.close()
         self.channel, self.tried = None, False
+
+    def submit(self, actor, method: str, *args, on_failure, timeout_s: float | None = None,
+               on_result=None) -> ChannelPending | None:
+        """The call sent over the channel, its reply pending; None where Ray carries calls. A
+        channel found closed fails the call as a lost reply would (`on_failure`)."""
+        channel = self.get(actor)
+        if channel is None:
+            return None
+        try:
+            ticket = channel.send(method, *args)
+        except ChannelClosed as e:
+            raise on_failure(e) from None
+        return ChannelPending(channel, ticket, on_failure, timeout_s, on_result)
 
     def send_no_reply(self, actor, method: str, *args) -> None:
         """Fire and forget, ordered after the calls sent before it; a closed channel drops it (the

@@ -1,0 +1,75 @@
+"""The `pools` section of the serving config: where and how the draft and target workers run, and
+how the router reaches them (cluster/config/serve.py holds the rest)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PoolConfig(Strict):
+    """Where and how one pool's workers run."""
+
+    num_workers: int = Field(1, ge=1, description="target: tensor-parallel degree; draft: 1, or a "
+                             "layer-parallel draft group's size (speculative_config.layer_parallel)")
+    num_cpus: float = Field(1.0, ge=0, description="CPUs each worker reserves")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs each worker reserves")
+    resources: dict[str, float] = Field(default_factory=dict,
+                                        description="custom Ray resources the worker's node must advertise")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads per worker; unset: a target "
+                                "worker uses its node's cores / num_workers, a draft worker its num_cpus")
+    dtype: str = "float32"
+    device: str = "cpu"
+
+    @field_validator("resources")
+    @classmethod
+    def _positive(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: x for k, x in v.items() if x <= 0}
+        if bad:
+            raise ValueError(f"resource amounts must be > 0, got {bad}")
+        return v
+
+
+class TargetPoolConfig(PoolConfig):
+    resources: dict[str, float] = Field(default_factory=lambda: {"target": 1.0},
+                                        description="custom Ray resources the worker's node must advertise")
+    kernels: Literal["exact", "fast"] = Field(
+        "exact", description="numeric mode of the CPU kernels on GGUF weights: exact (the fp32 model, what "
+        "transformers computes) or fast (8-bit activations, integer dot products; lossless against itself)")
+
+
+class DraftPoolConfig(PoolConfig):
+    resources: dict[str, float] = Field(default_factory=lambda: {"draft": 1.0},
+                                        description="custom Ray resources the worker's node must advertise")
+
+
+class PoolsConfig(Strict):
+    # each pool's default resources apply whether or not the pool's block is given
+    target: TargetPoolConfig = TargetPoolConfig()
+    draft: DraftPoolConfig = DraftPoolConfig()
+    colocate: bool | Literal["auto"] = Field(
+        False, description="the target worker (and a draft worker on transport 'ray') inside the Serve "
+        "replica beside the router: no actor call a round, the replica reserves their resources; auto: "
+        "on a one-node cluster with one CPU worker a pool; false (default): separate actor pools")
+    channel: Literal["auto", "ray"] = Field(
+        "auto", description="how the router calls a lone pool worker each round: auto: a Unix socket where the "
+        "worker runs on the router's node (Ray actor calls elsewhere); ray: Ray actor calls always")
+
+    @model_validator(mode="after")
+    def _colocatable(self) -> "PoolsConfig":
+        if self.colocate is True and (self.target.num_workers > 1 or self.draft.num_workers > 1):
+            raise ValueError("pools.colocate true runs one target and one draft worker in the replica: "
+                             "tensor-parallel targets and draft groups need colocate false")
+        return self
+
+    def colocated(self, num_nodes: int) -> bool:
+        """Whether the workers run in the replica, on a cluster of `num_nodes` alive nodes."""
+        if self.colocate != "auto":
+            return self.colocate
+        pools = (self.target, self.draft)
+        return num_nodes == 1 and all(p.num_workers == 1 and p.num_gpus == 0 and p.device == "cpu" for p in pools)
