@@ -153,6 +153,10 @@ static inline __attribute__((always_inline)) void vfeatures(const uint8_t* first
     __m512 acc[2][FAST_ROW_CHUNK];
     for (int f = 0; f < NF; f++)
         for (int r = 0; r < NR; r++) acc[f][r] = _mm512_setzero_ps();
+    // The NF features' bytes, PREFETCH_BYTES ahead: whole features, so a short last group and a
+    // feature that starts inside a cache line are covered too (prefetching full groups only left
+    // a 576-wide projection's last lines to demand misses; docs/performance.md).
+    for (int64_t line = 0; line < NF * stride; line += 64) PREFETCH(first + PREFETCH_BYTES + line);
     for (int64_t g = 0; g < ng; g++) {
         int t = nb - g * GB < GB ? (int)(nb - g * GB) : GB;
         if (t <= GB / 2) {  // only in the last group
@@ -164,11 +168,7 @@ static inline __attribute__((always_inline)) void vfeatures(const uint8_t* first
             break;
         }
         VGroup w[2];
-        for (int f = 0; f < NF; f++) {
-            const uint8_t* gp = first + f * stride + g * group_bytes;
-            for (int64_t line = 0; line < group_bytes; line += 64) PREFETCH(gp + PREFETCH_BYTES + line);
-            vgroup(gp, t, kind, &w[f]);
-        }
+        for (int f = 0; f < NF; f++) vgroup(first + f * stride + g * group_bytes, t, kind, &w[f]);
         for (int r = 0; r < NR; r++)
             for (int f = 0; f < NF; f++) acc[f][r] = vrow(&w[f], act + (r * ng + g) * GROUP_BYTES, kind, acc[f][r]);
     }
