@@ -36,8 +36,8 @@ def build(sources: dict[str, bytes], out: Path) -> ctypes.CDLL:
     out.mkdir(parents=True, exist_ok=True)
     for name, text in sources.items():
         (out / name).write_bytes(text)
-    c_files = [str(out / p.name) for p in cpu_kernels.SOURCES]
-    subprocess.run([os.environ.get("CC", "cc"), *cpu_kernels.CFLAGS, *c_files, "-o", str(out / "lib.so"), "-lm"],
+    c_files = [str(out / p.name) for p in cpu_kernels.SOURCES if p.name in sources]
+    subprocess.run([os.environ.get("CC", "cc"), *cpu_kernels.CFLAGS, "-fopenmp", *c_files, "-o", str(out / "lib.so"), "-lm"],
                    check=True, capture_output=True)
     lib = ctypes.CDLL(str(out / "lib.so"))
     for name, argtypes in cpu_kernels.SIGNATURES.items():  # an older commit may lack newer functions
@@ -51,8 +51,9 @@ def sources_at(rev: str | None) -> dict[str, bytes]:
     names = [p.name for p in cpu_kernels.SOURCES + cpu_kernels.HEADERS]
     if rev is None:
         return {n: (cpu_kernels.CSRC / n).read_bytes() for n in names}
-    return {n: subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:kernels/csrc/{n}"], check=True,
-                              capture_output=True).stdout for n in names}
+    shown = {n: subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:kernels/csrc/{n}"], capture_output=True)
+             for n in names}
+    return {n: done.stdout for n, done in shown.items() if done.returncode == 0}  # files it did not have yet
 
 
 def logits(model, rows: int) -> torch.Tensor:

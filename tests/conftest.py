@@ -3,6 +3,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+import specray  # noqa: F401  before torch, as in the product: torch's threads sleep between ops
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
