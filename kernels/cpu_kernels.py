@@ -2,11 +2,12 @@
 
 The shared library lands in the specray cache, keyed by the sources, the flags and the CPU
 (-march=native binaries never cross CPUs). Its parallel loops run on its own thread pool
-(csrc/pool.h: a preempted thread never holds up a step) where torch's OpenMP threads sleep between
-torch's ops (OMP_WAIT_POLICY=PASSIVE, which `import specray` sets before torch loads); where they
-spin, the loops run on torch's OpenMP team instead (the library links the libgomp torch loaded, same
-soname), as two spinning pools would fight for the cores. Without a compiler (or with
-SPECRAY_CPU_KERNELS=0) `library()` is None and callers keep their torch paths.
+(csrc/pool.h: a preempted thread never holds up a step) where torch's OpenMP threads stop spinning
+soon after torch's ops (a short GOMP_SPINCOUNT, which `import specray` sets before torch loads, or
+OMP_WAIT_POLICY=PASSIVE); where they spin for long, the loops run on torch's OpenMP team instead
+(the library links the libgomp torch loaded, same soname), as two spinning pools would fight for
+the cores. Without a compiler (or with SPECRAY_CPU_KERNELS=0) `library()` is None and callers keep
+their torch paths.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import warnings
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = [CSRC / "quant_linear.c", CSRC / "fast_linear.c", CSRC / "cpu_ops.c", CSRC / "attention.c", CSRC / "decoder.c",
-           CSRC / "pool.c"]
+SOURCES = [CSRC / "quant_linear.c", CSRC / "fast_linear.c", CSRC / "cpu_ops.c", CSRC / "attention.c",
+           CSRC / "decoder.c", CSRC / "pool.c"]
 HEADERS = [CSRC / "vec16.h", CSRC / "pool.h", CSRC / "fast_linear_avx512.h", CSRC / "fast_linear_avx2.h"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-pthread", "-shared", "-fPIC", "-std=gnu11"]
 # Extra compiler flags, e.g. "-mno-avx512f" to run the AVX2 paths on an AVX-512 machine (the tests do)
@@ -76,14 +77,14 @@ def library() -> ctypes.CDLL | None:
 
 
 def use_pool() -> bool:
-    """Whether the kernels run on their own threads: where torch's OpenMP threads sleep between
-    ops (SPECRAY_CPU_POOL overrides)."""
+    """Whether the kernels run on their own threads: where torch's OpenMP threads stop spinning
+    soon after torch's ops (SPECRAY_CPU_POOL overrides)."""
     forced = os.environ.get(POOL_ENV)
     if forced is not None:
         return forced == "1"
     import specray
 
-    return specray.TORCH_THREADS_SLEEP
+    return specray.OWN_KERNEL_THREADS
 
 
 def available() -> bool:

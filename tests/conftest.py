@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-import specray  # noqa: F401  before torch, as in the product: torch's threads sleep between ops
+import specray  # noqa: F401  before torch, as in the product (torch's threads spin briefly)
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))

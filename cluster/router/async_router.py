@@ -51,6 +51,11 @@ def latest(stream: asyncio.Queue, item):
     return item
 
 
+def _put_all(puts: list[tuple[asyncio.Queue, object]]) -> None:
+    for stream, item in puts:
+        stream.put_nowait(item)
+
+
 class AsyncRouter:
     def __init__(self, router: Router, max_waiting: int = 256):
         self.router = router
@@ -148,10 +153,7 @@ class AsyncRouter:
                     self._deliver(request_id, e)
             except Exception as e:  # noqa: BLE001 - a router bug fails what ran, never the server
                 self._fail_running(e)
-            for out in outputs:
-                self._deliver(out.request_id, out)
-            for request_id, failure in self.router.take_failures():  # requests that broke a round
-                self._deliver(request_id, failure)
+            self._deliver_all([(out.request_id, out) for out in outputs] + self.router.take_failures())
 
     def _fail_running(self, error: Exception) -> None:
         for request_id in list(self.router.requests):
@@ -159,7 +161,15 @@ class AsyncRouter:
             self._deliver(request_id, request_failed(request_id, error))
 
     def _deliver(self, request_id: str, item) -> None:
-        target = self._streams.get(request_id)
-        if target is not None:
-            loop, stream = target
-            loop.call_soon_threadsafe(stream.put_nowait, item)
+        self._deliver_all([(request_id, item)])
+
+    def _deliver_all(self, items: list[tuple[str, object]]) -> None:
+        """A round's outputs (and failures), in order: one wake-up per event loop, not one per
+        request (each costs the loop a self-pipe write and the router thread a GIL hand-off)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for request_id, item in items:
+            target = self._streams.get(request_id)
+            if target is not None:
+                by_loop.setdefault(target[0], []).append((target[1], item))
+        for loop, puts in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, puts)

@@ -112,11 +112,11 @@ def test_kernels_give_the_same_bits_on_either_runner_and_any_thread_count(kind):
 
 
 def test_the_product_runs_the_kernels_own_threads():
-    """`import specray` before torch makes torch's threads sleep between ops, so the kernels use
-    their own; with torch imported first (its threads spin) they use torch's OpenMP team."""
+    """`import specray` before torch makes torch's threads stop spinning soon after its ops, so the
+    kernels use their own; with torch imported first (its threads spin for long) torch's team."""
     probe = ("import {first}, {second}; from specray.kernels import cpu_kernels; "
              "print(cpu_kernels.use_pool())")
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", cpu_kernels.POOL_ENV)}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", cpu_kernels.POOL_ENV)}
     for first, second, want in [("specray", "torch", "True"), ("torch", "specray", "False")]:
         out = subprocess.run([sys.executable, "-c", probe.format(first=first, second=second)], env=env,
                              capture_output=True, text=True, timeout=120)
