@@ -37,7 +37,7 @@ def build(sources: dict[str, bytes], out: Path) -> ctypes.CDLL:
     for name, text in sources.items():
         (out / name).write_bytes(text)
     c_files = [str(out / p.name) for p in cpu_kernels.SOURCES if p.name in sources]
-    subprocess.run([os.environ.get("CC", "cc"), *cpu_kernels.CFLAGS, "-fopenmp", *c_files, "-o", str(out / "lib.so"), "-lm"],
+    subprocess.run([os.environ.get("CC", "cc"), *cpu_kernels.CFLAGS, *c_files, "-o", str(out / "lib.so"), "-lm"],
                    check=True, capture_output=True)
     lib = ctypes.CDLL(str(out / "lib.so"))
     for name, argtypes in cpu_kernels.SIGNATURES.items():  # an older commit may lack newer functions

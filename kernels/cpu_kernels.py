@@ -1,13 +1,9 @@
 """The C kernels under `csrc/`, compiled once per machine with the system C compiler.
 
 The shared library lands in the specray cache, keyed by the sources, the flags and the CPU
-(-march=native binaries never cross CPUs). Its parallel loops run on its own thread pool
-(csrc/pool.h: a preempted thread never holds up a step) where torch's OpenMP threads stop spinning
-soon after torch's ops (a short GOMP_SPINCOUNT, which `import specray` sets before torch loads, or
-OMP_WAIT_POLICY=PASSIVE); where they spin for long, the loops run on torch's OpenMP team instead
-(the library links the libgomp torch loaded, same soname), as two spinning pools would fight for
-the cores. Without a compiler (or with SPECRAY_CPU_KERNELS=0) `library()` is None and callers keep
-their torch paths.
+(-march=native binaries never cross CPUs). It links the libgomp that torch already loaded (same
+soname), so its OpenMP loops share torch's thread pool instead of spinning against it. Without a
+compiler (or with SPECRAY_CPU_KERNELS=0) `library()` is None and callers keep their torch paths.
 """
 
 from __future__ import annotations
@@ -22,13 +18,11 @@ import warnings
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = [CSRC / "quant_linear.c", CSRC / "fast_linear.c", CSRC / "cpu_ops.c", CSRC / "attention.c",
-           CSRC / "decoder.c", CSRC / "pool.c"]
-HEADERS = [CSRC / "vec16.h", CSRC / "pool.h", CSRC / "fast_linear_avx512.h", CSRC / "fast_linear_avx2.h"]
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-pthread", "-shared", "-fPIC", "-std=gnu11"]
+SOURCES = [CSRC / "quant_linear.c", CSRC / "fast_linear.c", CSRC / "cpu_ops.c", CSRC / "attention.c", CSRC / "decoder.c"]
+HEADERS = [CSRC / "vec16.h", CSRC / "fast_linear_avx512.h", CSRC / "fast_linear_avx2.h"]
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 # Extra compiler flags, e.g. "-mno-avx512f" to run the AVX2 paths on an AVX-512 machine (the tests do)
 FLAGS_ENV = "SPECRAY_CPU_KERNEL_FLAGS"
-POOL_ENV = "SPECRAY_CPU_POOL"  # "1" / "0": the kernels' own thread pool or torch's OpenMP team
 
 P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
@@ -53,8 +47,6 @@ SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
     # key_slots, key_start, num_ctx, num_new, num_pad, new_mask, max_new, max_keys, work, threads
     "specray_decoder_layers": [P, I64, P, F32, F32, P, P, P, I64, I64, P, P, P,
                                P, P, P, P, P, P, I64, I64, P, I32],
-    "specray_use_pool": [I32],  # 1: the kernels' own threads, 0: torch's OpenMP team
-    "specray_parallel_check": [I64, I64, I32, P],  # n, chunk, threads, seen (int32 [n]): the pool's test
 }
 RESTYPES = {"specray_decoder_workspace": I64, "specray_attention_split_scratch": I64,
             "specray_fast_scratch_bytes": I64, "specray_attention_score_rows": I64}  # the rest return nothing
@@ -71,20 +63,7 @@ def library() -> ctypes.CDLL | None:
                 _LIBRARY = _bind(ctypes.CDLL(str(_build())))
             except (OSError, subprocess.SubprocessError) as e:
                 warnings.warn(f"specray: C kernels unavailable, using the torch paths ({e})")
-            else:
-                _LIBRARY.specray_use_pool(int(use_pool()))
     return _LIBRARY or None
-
-
-def use_pool() -> bool:
-    """Whether the kernels run on their own threads: where torch's OpenMP threads stop spinning
-    soon after torch's ops (SPECRAY_CPU_POOL overrides)."""
-    forced = os.environ.get(POOL_ENV)
-    if forced is not None:
-        return forced == "1"
-    import specray
-
-    return specray.OWN_KERNEL_THREADS
 
 
 def available() -> bool:

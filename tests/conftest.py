@@ -3,8 +3,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-import specray  # noqa: F401  before torch, as in the product (torch's threads spin briefly)
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
