@@ -18,8 +18,9 @@ import warnings
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = [CSRC / "quant_linear.c", CSRC / "fast_linear.c", CSRC / "cpu_ops.c", CSRC / "attention.c", CSRC / "decoder.c"]
-HEADERS = [CSRC / "vec16.h", CSRC / "fast_linear_avx512.h", CSRC / "fast_linear_avx2.h"]
+SOURCES = [CSRC / "quant_linear.c", CSRC / "fast_linear.c", CSRC / "cpu_ops.c", CSRC / "attention.c",
+           CSRC / "decoder.c", CSRC / "parallel.c"]
+HEADERS = [CSRC / "vec16.h", CSRC / "parallel.h", CSRC / "fast_linear_avx512.h", CSRC / "fast_linear_avx2.h"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 # Extra compiler flags, e.g. "-mno-avx512f" to run the AVX2 paths on an AVX-512 machine (the tests do)
 FLAGS_ENV = "SPECRAY_CPU_KERNEL_FLAGS"
@@ -47,6 +48,7 @@ SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
     # key_slots, key_start, num_ctx, num_new, num_pad, new_mask, max_new, max_keys, work, threads
     "specray_decoder_layers": [P, I64, P, F32, F32, P, P, P, I64, I64, P, P, P,
                                P, P, P, P, P, P, I64, I64, P, I32],
+    "specray_parallel_check": [I64, I64, I32, P],  # n, chunk, threads, seen (int32 [n]): the loops' test
 }
 RESTYPES = {"specray_decoder_workspace": I64, "specray_attention_split_scratch": I64,
             "specray_fast_scratch_bytes": I64, "specray_attention_score_rows": I64}  # the rest return nothing

@@ -10,7 +10,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from specray.cluster.pools import local_channel
+from specray.cluster.pools import compute_thread, local_channel
 from specray.cluster.pools.compute_thread import OnComputeThread
 
 
@@ -35,8 +35,8 @@ class WorkerHost:
         """The address and auth key of this worker's channel; None where the platform has none."""
         if not local_channel.supported():
             return None
-        if self.channel is None:
-            self.channel = local_channel.ChannelServer(self.call)
+        if self.channel is None:  # its calls are read and answered on the compute thread
+            self.channel = local_channel.ChannelServer(self.call, watch=compute_thread.watch)
         return self.channel.address, self.channel.authkey
 
     def node_id(self) -> str:

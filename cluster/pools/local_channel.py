@@ -69,11 +69,13 @@ def _traceback(e: BaseException) -> str:
 
 
 class ChannelServer:
-    """The worker's end: a thread a connection reads calls in order and hands each to `call` (the
-    host runs them on the thread that owns the worker, Ray's calls too)."""
+    """The worker's end: each connection's calls are read in order and handed to `call`, on a
+    thread of the connection's own, or (`watch`) by whoever `watch(conn, answer_one)` hands it to:
+    a worker host gives it to the compute thread, which then reads, runs and answers each call
+    itself."""
 
-    def __init__(self, call):
-        self.call = call
+    def __init__(self, call, watch=None):
+        self.call, self.watch = call, watch
         self.authkey = os.urandom(32)
         self.address = f"\0specray-{os.getpid()}-{os.urandom(6).hex()}"
         self.listener = Listener(self.address, family="AF_UNIX", authkey=self.authkey)
@@ -85,18 +87,24 @@ class ChannelServer:
                 conn = self.listener.accept()
             except (AuthenticationError, EOFError, OSError):  # a client that failed the handshake
                 continue
-            threading.Thread(target=self._answer, args=(conn,), name="specray-channel-conn", daemon=True).start()
+            if self.watch is not None:
+                self.watch(conn, self.answer_one)
+            else:
+                threading.Thread(target=self._answer, args=(conn,), name="specray-channel-conn", daemon=True).start()
 
     def _answer(self, conn: Connection) -> None:
         with conn:
-            while True:
-                try:
-                    ticket, method, args, reply = pickle.loads(conn.recv_bytes())
-                except (EOFError, OSError):
-                    return
-                ok, value = self._run(method, args)
-                if reply and not self._reply(conn, ticket, ok, value):
-                    return
+            while self.answer_one(conn):
+                pass
+
+    def answer_one(self, conn: Connection) -> bool:
+        """Read one call, run it, answer it; False once the client left (the caller closes it)."""
+        try:
+            ticket, method, args, reply = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return False
+        ok, value = self._run(method, args)
+        return not reply or self._reply(conn, ticket, ok, value)
 
     @staticmethod
     def _reply(conn: Connection, ticket: int, ok: bool, value) -> bool:

@@ -1,9 +1,9 @@
 // Attention for steps of short sequences on the CPU (decode, verification chains and trees).
 #include <math.h>
-#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "parallel.h"
 #include "vec16.h"
 
 #define MAX_GROUP 4  // query heads whose outputs share the value loads (GQA group, or a chunk of it)
@@ -322,6 +322,55 @@ static void split_task(const float* q, int64_t q_stride, int64_t heads, int64_t 
     }
 }
 
+typedef struct {  // specray_attention's arguments, as the pool's chunks see them
+    const float* q;
+    int64_t q_stride, heads, kv_heads, dim;
+    const float* kv;
+    int64_t num_slots;
+    const int64_t *key_slots, *key_start, *num_ctx, *num_new, *num_pad;
+    const uint8_t* new_mask;
+    int64_t max_new;
+    float scale;
+    float *out, *scratch;
+    int64_t max_keys, group, chunks;
+    const uint8_t* split_row;
+    const int64_t *task_t0, *task_v0, *task_num;
+    int64_t per_task;
+    float* split_scratch;
+} AttentionJob;
+
+// Items [i0, i1) of (row, chunk c of KV head c / chunks's group), on thread `thread`'s scores.
+static void row_chunk(void* ctx, int64_t i0, int64_t i1, int thread, int fresh) {
+    (void)fresh;
+    const AttentionJob* j = (const AttentionJob*)ctx;
+    float* scores = j->scratch + thread * j->heads * j->max_keys;
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t t = i / (j->kv_heads * j->chunks), c = i % (j->kv_heads * j->chunks);
+        if (j->split_row[t]) continue;
+        int64_t kvh = c / j->chunks, h = kvh * j->group + (c % j->chunks) * MAX_GROUP;
+        int num = (int)(j->group - (c % j->chunks) * MAX_GROUP < MAX_GROUP ? j->group - (c % j->chunks) * MAX_GROUP
+                                                                            : MAX_GROUP);
+        attend(j->q + t * j->q_stride + h * j->dim, num, j->kv + kvh * j->num_slots * j->dim,
+               j->kv + (j->kv_heads + kvh) * j->num_slots * j->dim, j->key_slots + j->key_start[t], j->num_ctx[t],
+               j->num_ctx[t] + j->num_new[t], j->num_pad[t], j->new_mask + t * j->max_new, j->dim, j->scale,
+               scores + h * j->max_keys, j->max_keys, j->out + (t * j->heads + h) * j->dim);
+    }
+}
+
+// Items [i0, i1) of (split task, KV head).
+static void split_chunk(void* ctx, int64_t i0, int64_t i1, int thread, int fresh) {
+    (void)thread, (void)fresh;
+    const AttentionJob* j = (const AttentionJob*)ctx;
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t k = i / j->kv_heads, kvh = i % j->kv_heads;
+        int64_t t = j->task_t0[k], n = j->num_new[t], v0 = j->task_v0[k];
+        split_task(j->q, j->q_stride, j->heads, j->group, kvh, j->dim, j->kv + kvh * j->num_slots * j->dim,
+                   j->kv + (j->kv_heads + kvh) * j->num_slots * j->dim, j->key_slots + j->key_start[t], j->num_ctx[t],
+                   n, j->new_mask, j->max_new, t, v0, (int)j->task_num[k], j->scale, j->out,
+                   j->split_scratch + (k * j->kv_heads + kvh) * j->per_task);
+    }
+}
+
 // Attention for a step of short sequences (decode, verification chains and trees), each query row
 // over its own sequence's keys only: its context (all visible) and the new tokens `new_mask` marks
 // (its ancestry). q rows have stride q_stride floats, heads of `dim`; kv [2 * kv_heads, num_slots,
@@ -354,32 +403,14 @@ void specray_attention(const float* q, int64_t q_stride, int64_t rows, int64_t h
         t += n;
     }
     int64_t per_task = SPLIT_TILE * SPLIT_BLOCK + MAX_GROUP * dim + max_new;
-    float* split_scratch = scratch + SCORE_THREADS * heads * max_keys;  // the caller sizes scratch for both
     if (threads > SCORE_THREADS) threads = SCORE_THREADS;
-#pragma omp parallel num_threads(threads) if (work > (1 << 18))
-    {
-        float* scores = scratch + omp_get_thread_num() * heads * max_keys;
-#pragma omp for collapse(2) schedule(static) nowait
-        for (int64_t t = 0; t < rows; t++)
-            for (int64_t c = 0; c < kv_heads * chunks; c++) {  // chunk c of KV head c / chunks's group
-                if (split_row[t]) continue;
-                int64_t kvh = c / chunks, h = kvh * group + (c % chunks) * MAX_GROUP;
-                int num = (int)(group - (c % chunks) * MAX_GROUP < MAX_GROUP ? group - (c % chunks) * MAX_GROUP : MAX_GROUP);
-                attend(q + t * q_stride + h * dim, num, kv + kvh * num_slots * dim, kv + (kv_heads + kvh) * num_slots * dim,
-                       key_slots + key_start[t], num_ctx[t], num_ctx[t] + num_new[t], num_pad[t],
-                       new_mask + t * max_new, dim, scale, scores + h * max_keys, max_keys,
-                       out + (t * heads + h) * dim);
-            }
-#pragma omp for collapse(2) schedule(static)
-        for (int64_t k = 0; k < tasks; k++)
-            for (int64_t kvh = 0; kvh < kv_heads; kvh++) {
-                int64_t t = task_t0[k], n = num_new[t], v0 = task_v0[k];
-                int num = (int)task_num[k];
-                split_task(q, q_stride, heads, group, kvh, dim, kv + kvh * num_slots * dim,
-                           kv + (kv_heads + kvh) * num_slots * dim, key_slots + key_start[t], num_ctx[t], n,
-                           new_mask, max_new, t, v0, num, scale, out, split_scratch + (k * kv_heads + kvh) * per_task);
-            }
-    }
+    if (work <= (1 << 18)) threads = 1;
+    AttentionJob job = {q, q_stride, heads, kv_heads, dim, kv, num_slots, key_slots, key_start, num_ctx, num_new,
+                        num_pad, new_mask, max_new, scale, out, scratch, max_keys, group, chunks, split_row,
+                        task_t0, task_v0, task_num, per_task,
+                        scratch + SCORE_THREADS * heads * max_keys};  // the caller sizes scratch for both
+    specray_parallel(rows * kv_heads * chunks, 1, threads, row_chunk, &job);
+    specray_parallel(tasks * kv_heads, 1, threads, split_chunk, &job);
 }
 
 // Floats of scratch `specray_attention` needs beyond rows * heads * max_keys (the split tasks').

@@ -4,6 +4,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "parallel.h"
+
 #include "vec16.h"
 
 // y = w * (x * rsqrt(mean(x^2) + eps)) per row (the Llama order). x, y [rows, n]; w [n].
@@ -85,10 +87,22 @@ static int64_t first_nan(const float* x, int64_t n) {
     return 0;
 }
 
-void specray_argmax_rows(const float* x, int64_t rows, int64_t n, int64_t* out, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows >= 4)
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t a = argmax_row(x + r * n, n);
-        out[r] = a >= 0 ? a : first_nan(x + r * n, n);
+typedef struct {
+    const float* x;
+    int64_t n;
+    int64_t* out;
+} ArgmaxJob;
+
+static void argmax_chunk(void* ctx, int64_t r0, int64_t r1, int thread, int fresh) {
+    (void)thread, (void)fresh;
+    const ArgmaxJob* j = (const ArgmaxJob*)ctx;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t a = argmax_row(j->x + r * j->n, j->n);
+        j->out[r] = a >= 0 ? a : first_nan(j->x + r * j->n, j->n);
     }
+}
+
+void specray_argmax_rows(const float* x, int64_t rows, int64_t n, int64_t* out, int threads) {
+    ArgmaxJob job = {x, n, out};
+    specray_parallel(rows, 1, rows >= 4 ? threads : 1, argmax_chunk, &job);
 }

@@ -24,6 +24,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "parallel.h"
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -209,20 +211,33 @@ static void fast_features(const uint8_t* first, int64_t stride, int64_t nb, int 
 }
 #endif
 
+typedef struct {  // one row chunk's projection, as the pool's chunks see it
+    const uint8_t *blocks, *act;
+    int64_t stride, nb, out;
+    int kind, nr, nf;
+    float* y;
+} FastJob;
+
+static void fast_chunk(void* ctx, int64_t c0, int64_t c1, int thread, int fresh) {
+    (void)thread;
+    const FastJob* j = (const FastJob*)ctx;
+    const int64_t call_bytes = j->nf * j->stride;
+    if (fresh) prefetch_head(j->blocks + c0 * call_bytes, (c1 - c0) * call_bytes, PREFETCH_BYTES);
+    for (int64_t c = c0; c < c1; c++)
+        fast_features(j->blocks + c * call_bytes, j->stride, j->nb, j->kind, j->act, j->nr, j->y, j->out, c * j->nf, j->nf);
+}
+
 // act [rows, groups, GROUP_BYTES] from `specray_fast_quantize`, blocks [out, nb * block bytes], y [rows, out].
 void specray_fast_linear_q(const uint8_t* act, int64_t rows, int64_t in, const uint8_t* blocks, int kind,
                            int64_t out, float* y, int threads) {
     int64_t nb = in / QK, ng = num_groups(nb), stride = nb * block_bytes(kind);
     for (int64_t r0 = 0; r0 < rows; r0 += FAST_ROW_CHUNK) {
         int nr = (int)(rows - r0 < FAST_ROW_CHUNK ? rows - r0 : FAST_ROW_CHUNK);
-        const uint8_t* a = act + r0 * ng * GROUP_BYTES;
-        float* yr = y + r0 * out;
         const int nf = features_per_call(nr);
-        int64_t calls = out / nf;
-        _Pragma("omp parallel for schedule(guided) num_threads(threads)")
-        for (int64_t c = 0; c < calls; c++)
-            fast_features(blocks + c * nf * stride, stride, nb, kind, a, nr, yr, out, c * nf, nf);
-        for (int64_t o = calls * nf; o < out; o++) fast_features(blocks + o * stride, stride, nb, kind, a, nr, yr, out, o, 1);
+        FastJob job = {blocks, act + r0 * ng * GROUP_BYTES, stride, nb, out, kind, nr, nf, y + r0 * out};
+        specray_parallel(out / nf, chunk_for_bytes(nf * stride), threads, fast_chunk, &job);
+        for (int64_t o = out / nf * nf; o < out; o++)
+            fast_features(blocks + o * stride, stride, nb, kind, job.act, nr, job.y, out, o, 1);
     }
 }
 

@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <math.h>
 #include <string.h>
+
+#include "parallel.h"
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -190,34 +192,61 @@ static inline __attribute__((always_inline)) void q8_0_features(
 #define FEATURES_FOR(N) ((N) <= 2 ? 4 : (N) <= 4 ? 2 : 1)
 #endif
 
-#define ROWS_CASE(FEATURES, N)                                                                \
-    case N: {                                                                                 \
-        const int nf = FEATURES_FOR(N);                                                       \
-        int64_t groups = out / nf;                                                            \
-        _Pragma("omp parallel for schedule(guided) num_threads(threads)")                        \
-        for (int64_t g = 0; g < groups; g++) FEATURES(x, r0, N, nf, in, blocks, y, out, g * nf); \
-        for (int64_t o = groups * nf; o < out; o++) FEATURES(x, r0, N, 1, in, blocks, y, out, o); \
-        break;                                                                                \
-    }
+typedef struct {  // one row chunk's projection, as the pool's chunks see it
+    const float* x;
+    const uint8_t* blocks;
+    float* y;
+    int64_t r0, in, out, feature_bytes;
+    int nr, nf;
+} LinearJob;
 
-#define LINEAR(FEATURES)                                                                      \
-    for (int64_t r0 = 0; r0 < rows; r0 += ROW_CHUNK) {                                        \
-        int nr = rows - r0 < ROW_CHUNK ? (int)(rows - r0) : ROW_CHUNK;                        \
-        switch (nr) {                                                                         \
-            ROWS_CASE(FEATURES, 1) ROWS_CASE(FEATURES, 2) ROWS_CASE(FEATURES, 3)              \
-            ROWS_CASE(FEATURES, 4) ROWS_CASE(FEATURES, 5) ROWS_CASE(FEATURES, 6)              \
-            ROWS_CASE(FEATURES, 7) ROWS_CASE(FEATURES, 8)                                     \
-        }                                                                                     \
+// NR and NF stay constants at each call (FEATURES_FOR(N), or 1 for the features left over).
+#define ROWS_CASE(FEATURES, N)                                                                                  \
+    case N:                                                                                                     \
+        if (j->nf == FEATURES_FOR(N))                                                                           \
+            for (int64_t g = g0; g < g1; g++)                                                                   \
+                FEATURES(j->x, j->r0, N, FEATURES_FOR(N), j->in, j->blocks, j->y, j->out, g * FEATURES_FOR(N)); \
+        else                                                                                                    \
+            for (int64_t g = g0; g < g1; g++) FEATURES(j->x, j->r0, N, 1, j->in, j->blocks, j->y, j->out, g);   \
+        break;
+
+// The pool's chunk of groups of nf features for one kind (FEATURES) and the job's row count.
+#define CHUNK_FN(FEATURES)                                                                                \
+    static void FEATURES##_chunk(void* ctx, int64_t g0, int64_t g1, int thread, int fresh) {             \
+        (void)thread;                                                                                     \
+        const LinearJob* j = (const LinearJob*)ctx;                                                       \
+        const int64_t call_bytes = j->nf * j->feature_bytes;                                              \
+        if (fresh) prefetch_head(j->blocks + g0 * call_bytes, (g1 - g0) * call_bytes, PREFETCH_BYTES);    \
+        switch (j->nr) {                                                                                  \
+            ROWS_CASE(FEATURES, 1) ROWS_CASE(FEATURES, 2) ROWS_CASE(FEATURES, 3) ROWS_CASE(FEATURES, 4)   \
+            ROWS_CASE(FEATURES, 5) ROWS_CASE(FEATURES, 6) ROWS_CASE(FEATURES, 7) ROWS_CASE(FEATURES, 8)   \
+        }                                                                                                 \
+    }
+CHUNK_FN(q4_1_features)
+CHUNK_FN(q8_0_features)
+
+static int features_for(int rows) { return FEATURES_FOR(rows); }
+
+#define LINEAR(FEATURES, BYTES)                                                                        \
+    const int64_t feature_bytes = in / QK * (BYTES);                                                   \
+    for (int64_t r0 = 0; r0 < rows; r0 += ROW_CHUNK) {                                                 \
+        int nr = rows - r0 < ROW_CHUNK ? (int)(rows - r0) : ROW_CHUNK, nf = features_for(nr);          \
+        LinearJob job = {x, blocks, y, r0, in, out, feature_bytes, nr, nf};                            \
+        specray_parallel(out / nf, chunk_for_bytes(nf * feature_bytes), threads, FEATURES##_chunk, &job); \
+        if (out % nf) {                                                                                \
+            LinearJob rest = {x, blocks, y, r0, in, out, feature_bytes, nr, 1};                        \
+            FEATURES##_chunk(&rest, out / nf * nf, out, 0, 1);                                         \
+        }                                                                                              \
     }
 
 // x [rows, in] fp32, blocks [out, in / 32, 24], y [rows, out].
 void specray_q4_1_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks,
                          int64_t out, float* y, int threads) {
-    LINEAR(q4_1_features)
+    LINEAR(q4_1_features, Q4_1_BYTES)
 }
 
 // x [rows, in] fp32, blocks [out, in / 32, 36], y [rows, out].
 void specray_q8_0_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks,
                          int64_t out, float* y, int threads) {
-    LINEAR(q8_0_features)
+    LINEAR(q8_0_features, Q8_0_BYTES)
 }

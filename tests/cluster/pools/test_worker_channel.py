@@ -6,6 +6,7 @@ target or draft worker."""
 import json
 import subprocess
 import sys
+import threading
 import time
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client
@@ -13,6 +14,7 @@ from multiprocessing.connection import Client
 import pytest
 from pool_helpers import GREEDY, PROMPTS, SAMPLED, config, in_process_outputs, make_engine, run
 
+from specray.cluster.pools import compute_thread
 from specray.cluster.pools.local_channel import Channel, ChannelClosed, ChannelPending, ChannelServer, WorkerError
 
 ray = pytest.importorskip("ray")
@@ -24,9 +26,11 @@ class Recorder:
 
     def __init__(self):
         self.log = []
+        self.threads = set()
 
     def __call__(self, method, *args):
         self.log.append((method, args))
+        self.threads.add(threading.current_thread().name)
         if method == "sleep":
             time.sleep(args[0])
         if method == "fail":
@@ -36,11 +40,36 @@ class Recorder:
         return method, args
 
 
-@pytest.fixture()
-def served():
+@pytest.fixture(params=["connection-thread", "compute-thread"])
+def served(request):
+    """A channel whose calls run on a thread of its own, or (as in a worker host) are read, run
+    and answered on the process's compute thread."""
     worker = Recorder()
-    server = ChannelServer(worker)
+    server = ChannelServer(worker, watch=compute_thread.watch if request.param == "compute-thread" else None)
     return worker, server, Channel(server.address, server.authkey)
+
+
+def test_a_watched_channel_runs_its_calls_on_the_compute_thread_between_other_calls():
+    worker = Recorder()
+    server = ChannelServer(worker, watch=compute_thread.watch)
+    channel = Channel(server.address, server.authkey)
+    assert channel.call("echo", 1) == ("echo", (1,))
+    assert compute_thread.run(lambda: threading.current_thread().name) == "specray-compute"
+    assert channel.call("echo", 2) == ("echo", (2,))
+    assert worker.threads == {"specray-compute"}
+
+
+def test_a_message_that_does_not_unpickle_closes_only_its_connection():
+    """The compute thread drops the broken connection (its client sees it closed, as a dead
+    worker's) and keeps serving the others and its own calls."""
+    worker = Recorder()
+    server = ChannelServer(worker, watch=compute_thread.watch)
+    good, bad = Channel(server.address, server.authkey), Channel(server.address, server.authkey)
+    bad.conn.send_bytes(b"not a pickle")
+    with pytest.raises(ChannelClosed):
+        bad.receive(bad.send("echo", 0), timeout_s=10)
+    assert good.call("echo", 5) == ("echo", (5,))
+    assert compute_thread.run(sum, [1, 2]) == 3
 
 
 def test_replies_go_to_their_tickets_and_calls_run_in_order(served):
