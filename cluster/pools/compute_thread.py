@@ -95,7 +95,6 @@ def run(fn, *args):
     return _loop().submit(fn, *args).result()
 
 
-
 def watch(conn, handle) -> None:
     """Serve `conn` on the compute thread: `handle(conn)` runs there whenever it is readable."""
     _loop().watch(conn, handle)

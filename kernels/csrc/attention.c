@@ -322,7 +322,7 @@ static void split_task(const float* q, int64_t q_stride, int64_t heads, int64_t 
     }
 }
 
-typedef struct {  // specray_attention's arguments, as the pool's chunks see them
+typedef struct {  // specray_attention's arguments, as specray_parallel's chunks see them
     const float* q;
     int64_t q_stride, heads, kv_heads, dim;
     const float* kv;
@@ -347,9 +347,8 @@ static void row_chunk(void* ctx, int64_t i0, int64_t i1, int thread, int fresh) 
     for (int64_t i = i0; i < i1; i++) {
         int64_t t = i / (j->kv_heads * j->chunks), c = i % (j->kv_heads * j->chunks);
         if (j->split_row[t]) continue;
-        int64_t kvh = c / j->chunks, h = kvh * j->group + (c % j->chunks) * MAX_GROUP;
-        int num = (int)(j->group - (c % j->chunks) * MAX_GROUP < MAX_GROUP ? j->group - (c % j->chunks) * MAX_GROUP
-                                                                            : MAX_GROUP);
+        int64_t kvh = c / j->chunks, first = (c % j->chunks) * MAX_GROUP, h = kvh * j->group + first;
+        int num = (int)(j->group - first < MAX_GROUP ? j->group - first : MAX_GROUP);
         attend(j->q + t * j->q_stride + h * j->dim, num, j->kv + kvh * j->num_slots * j->dim,
                j->kv + (j->kv_heads + kvh) * j->num_slots * j->dim, j->key_slots + j->key_start[t], j->num_ctx[t],
                j->num_ctx[t] + j->num_new[t], j->num_pad[t], j->new_mask + t * j->max_new, j->dim, j->scale,

@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "parallel.h"
-
 #include "vec16.h"
 
 // y = w * (x * rsqrt(mean(x^2) + eps)) per row (the Llama order). x, y [rows, n]; w [n].

@@ -211,7 +211,7 @@ static void fast_features(const uint8_t* first, int64_t stride, int64_t nb, int 
 }
 #endif
 
-typedef struct {  // one row chunk's projection, as the pool's chunks see it
+typedef struct {  // one row chunk's projection, as specray_parallel's chunks see it
     const uint8_t *blocks, *act;
     int64_t stride, nb, out;
     int kind, nr, nf;

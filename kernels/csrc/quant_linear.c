@@ -192,7 +192,7 @@ static inline __attribute__((always_inline)) void q8_0_features(
 #define FEATURES_FOR(N) ((N) <= 2 ? 4 : (N) <= 4 ? 2 : 1)
 #endif
 
-typedef struct {  // one row chunk's projection, as the pool's chunks see it
+typedef struct {  // one row chunk's projection, as specray_parallel's chunks see it
     const float* x;
     const uint8_t* blocks;
     float* y;
@@ -210,7 +210,7 @@ typedef struct {  // one row chunk's projection, as the pool's chunks see it
             for (int64_t g = g0; g < g1; g++) FEATURES(j->x, j->r0, N, 1, j->in, j->blocks, j->y, j->out, g);   \
         break;
 
-// The pool's chunk of groups of nf features for one kind (FEATURES) and the job's row count.
+// A chunk of groups of nf features for one kind (FEATURES) and the job's row count.
 #define CHUNK_FN(FEATURES)                                                                                \
     static void FEATURES##_chunk(void* ctx, int64_t g0, int64_t g1, int thread, int fresh) {             \
         (void)thread;                                                                                     \
@@ -225,18 +225,14 @@ typedef struct {  // one row chunk's projection, as the pool's chunks see it
 CHUNK_FN(q4_1_features)
 CHUNK_FN(q8_0_features)
 
-static int features_for(int rows) { return FEATURES_FOR(rows); }
-
 #define LINEAR(FEATURES, BYTES)                                                                        \
     const int64_t feature_bytes = in / QK * (BYTES);                                                   \
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_CHUNK) {                                                 \
-        int nr = rows - r0 < ROW_CHUNK ? (int)(rows - r0) : ROW_CHUNK, nf = features_for(nr);          \
+        int nr = rows - r0 < ROW_CHUNK ? (int)(rows - r0) : ROW_CHUNK, nf = FEATURES_FOR(nr);          \
         LinearJob job = {x, blocks, y, r0, in, out, feature_bytes, nr, nf};                            \
         specray_parallel(out / nf, chunk_for_bytes(nf * feature_bytes), threads, FEATURES##_chunk, &job); \
-        if (out % nf) {                                                                                \
-            LinearJob rest = {x, blocks, y, r0, in, out, feature_bytes, nr, 1};                        \
-            FEATURES##_chunk(&rest, out / nf * nf, out, 0, 1);                                         \
-        }                                                                                              \
+        job.nf = 1; /* the features left over, one at a time */                                       \
+        FEATURES##_chunk(&job, out / nf * nf, out, 0, 1);                                              \
     }
 
 // x [rows, in] fp32, blocks [out, in / 32, 24], y [rows, out].
