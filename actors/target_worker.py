@@ -10,8 +10,9 @@ import torch
 
 from specray.actors.messages import SeqSpec, TargetItem
 from specray.actors.specs import TargetSpec
+from specray.kernels import row_costs
 from specray.kernels.batch import RaggedBatch, SeqChunk, pad_uniform
-from specray.kernels.loader import DTYPES, load_model, resolve
+from specray.kernels.loader import DTYPES, cache_root, load_model, resolve
 from specray.kernels.model import LlamaModel
 from specray.kernels.proposal import VerifyResult
 from specray.kernels.sampling import make_generator
@@ -35,8 +36,13 @@ def auto_threads(tp_size: int) -> int:
 class TargetWorker:
     """Plain class; Ray places it in cluster/. Usable in-process."""
 
-    def __init__(self, model: LlamaModel, num_blocks: int = 2048, block_size: int = 16):
+    def __init__(self, model: LlamaModel, num_blocks: int = 2048, block_size: int = 16,
+                 cost_key: tuple | None = None):
         self.model = model
+        # what identifies this step's costs on a machine (model, kernels, dtype, device, TP size);
+        # None: measure them afresh, never cached
+        self.cost_key = cost_key
+        self._row_costs: row_costs.RowCosts | None = None
         self.cache = model.make_cache(num_blocks, block_size)
         self.seqs: dict[object, _TargetSeq] = {}
         self.pad_batches = False  # benchmark baseline: pad inputs and keys to the batch's longest
@@ -56,13 +62,25 @@ class TargetWorker:
             group = init_distributed(spec.tp_rank, spec.tp_size, spec.dist_init_method, spec.dist_backend,
                                      spec.device)
             shard_model(model, group)
-        return cls(model, spec.num_blocks, spec.block_size)
+        return cls(model, spec.num_blocks, spec.block_size,
+                   cost_key=(str(resolve(spec.model).path), spec.kernels, spec.dtype, spec.device, spec.tp_size))
 
     def ping(self) -> bool:
         return True
 
     def busy(self) -> float:
         return self.busy_seconds
+
+    def row_costs(self) -> tuple[float, ...]:
+        """Seconds of a forward step by rows, 1..row_costs.ROWS (kernels/row_costs.py): measured on
+        this machine at the first call, and cached per machine where `cost_key` names the setup."""
+        if self._row_costs is None:
+            def measure() -> row_costs.RowCosts:
+                return row_costs.measure(self.model, self.cache)
+
+            self._row_costs = measure() if self.cost_key is None else row_costs.cached_costs(
+                row_costs.cache_key(*self.cost_key), measure, cache_root())
+        return self._row_costs.seconds
 
     def tp_info(self) -> tuple[int, int]:
         """(tensor-parallel rank, size) of this worker; (0, 1) without TP."""

@@ -39,11 +39,15 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--draft-quantization", default=None, choices=["q8_0", "none"],
                    help="draft weights: q8_0 (default on CPU: faster drafting, still lossless) or none")
     s.add_argument("--num-speculative-tokens", type=int, default=None,
-                   help="draft tokens per round (default 2; CPUs favour short chains, where each extra verified "
-                        "row costs ~1.3x a decode step; GPUs take 3-4)")
+                   help="draft tokens per round, at most with --adaptive-speculation (default 4 with the packaged "
+                        "draft, adaptive; else 2)")
     s.add_argument("--disable-by-batch-size", type=int, default=None,
                    help="speculation off once this many sequences run (default: 2 with the packaged draft, "
                         "where batches of 2+ decode faster without it on CPU; else never)")
+    s.add_argument("--adaptive-speculation", choices=["on", "off"], default=None,
+                   help="each round, each sequence drafts the length (at most --num-speculative-tokens) that "
+                        "maximises expected tokens per cost, from its acceptance and this machine's measured "
+                        "step costs (default: on with the packaged draft, else off)")
     s.add_argument("--lookup-first", action="store_true", help="draft_model / eagle: prompt lookup first: a draft model proposes only where the last tokens never occurred before")
     s.add_argument("--prompt-lookup-min", type=int, default=1)
     s.add_argument("--prompt-lookup-max", type=int, default=4)
@@ -53,7 +57,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 GENERATE_SPEC_FLAGS = ("speculative_method", "draft_model", "num_speculative_tokens", "draft_vocab_trim",
-                       "draft_num_layers", "draft_quantization", "disable_by_batch_size", "lookup_first")
+                       "draft_num_layers", "draft_quantization", "disable_by_batch_size", "lookup_first",
+                       "adaptive_speculation")
 
 
 def speculative_config(args) -> dict | None:
@@ -68,9 +73,7 @@ def speculative_config(args) -> dict | None:
     default = default_speculative_config(args.model)
     method = args.speculative_method or default["method"]
     k = args.num_speculative_tokens  # 0 is a value (rejected below), not "unset"
-    if k is None:
-        k = default["num_speculative_tokens"] if method == default["method"] else 2
-    cfg = {"method": method, "num_speculative_tokens": k}
+    cfg = {"method": method, "num_speculative_tokens": 2 if k is None else k}
     if method == "ngram":
         cfg.update(prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max)
     else:
@@ -80,10 +83,16 @@ def speculative_config(args) -> dict | None:
             if getattr(args, key) is not None:
                 cfg[key] = getattr(args, key)
     if method == default["method"] and cfg.get("model") == default.get("model"):  # the default draft's extras
-        cfg.update({key: default[key] for key in ("lookup_first", "disable_by_batch_size") if key in default})
+        if k is None:
+            cfg["num_speculative_tokens"] = default["num_speculative_tokens"]
+        cfg.update({key: default[key] for key in ("lookup_first", "disable_by_batch_size", "adaptive")
+                    if key in default})
     disable = getattr(args, "disable_by_batch_size", None)  # callers' namespaces may predate the flag
     if disable is not None:
         cfg["disable_by_batch_size"] = disable
+    adaptive = getattr(args, "adaptive_speculation", None)
+    if adaptive is not None:
+        cfg["adaptive"] = adaptive == "on"
     if getattr(args, "lookup_first", False) and not cfg.get("lookup_first"):
         cfg["lookup_first"] = True  # SpeculativeConfig refuses it for methods without a draft model
     return cfg

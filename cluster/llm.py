@@ -75,7 +75,8 @@ class LLM:
         spec = SpeculativeConfig.from_dict(speculative_config)
         target_model = load_model(checkpoint, torch_dtype, device, kernels=kernels)
         blocks = num_blocks(kv_cache_tokens, block_size)
-        self.target = TargetWorker(target_model, blocks, block_size)
+        self.target = TargetWorker(target_model, blocks, block_size,
+                                   cost_key=(str(checkpoint.path), kernels, dtype_name(torch_dtype), device, 1))
         draft = draft_spec(spec, model, dtype_name(torch_dtype), device, kv_cache_tokens, block_size)
         self.draft = None if draft is None else DraftWorker(build_drafter(draft))
         config, eos = router_limits(target_model.config, self.tokenizer, spec, max_model_len, max_num_seqs,

@@ -72,6 +72,13 @@ def available() -> bool:
     return library() is not None
 
 
+def build_id() -> str:
+    """Which CPU kernels this process runs: the library's name (it hashes the sources, the flags and
+    the CPU), or "torch" without them."""
+    lib = library()
+    return "torch" if lib is None else Path(lib._name).stem
+
+
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     for name, argtypes in SIGNATURES.items():
         fn = getattr(lib, name)

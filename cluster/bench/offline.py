@@ -14,6 +14,7 @@ from pathlib import Path
 
 from specray.cluster.bench.bound import Bandwidth
 from specray.cluster.bench.prompts import load_prompts
+from specray.cluster.config.defaults import default_speculative_config
 from specray.kernels.chat import prompt_token_ids
 from specray.kernels.ints import ceil_div
 
@@ -23,7 +24,8 @@ TREE_METHODS = ("specray_rsd_c", "specray_rsd_s", "specray_spectr", "specray_top
 # LongSpec's draft (chains and top-k trees) and a top-k tree from the standalone draft, for the
 # long-context table (chains and trees of every draft).
 LONGSPEC_METHODS = ("specray_longspec", "specray_longspec_topk")
-SPECRAY_METHODS = ("specray", "specray_ngram", "specray_draft", "specray_easyspec", "specray_eagle",
+# specray_default: what `specray serve` speculates with for the model (cluster/config/defaults.py)
+SPECRAY_METHODS = ("specray", "specray_default", "specray_ngram", "specray_draft", "specray_easyspec", "specray_eagle",
                    "specray_ngram_padded", "specray_draft_padded") + TREE_METHODS + ("specray_draft_topk",) + LONGSPEC_METHODS
 METHODS = HF_METHODS + SPECRAY_METHODS
 FAST = "_fast"  # a specray method + this suffix: the same engine with the fast kernels (kernels/fast_linear.py)
@@ -123,7 +125,8 @@ class Runner:
         k, max_seqs = args.num_speculative_tokens, max(args.batch_sizes)
         draft = {"method": "draft_model", "model": args.draft_model or args.model,
                  "draft_num_layers": args.draft_num_layers, "num_speculative_tokens": k}
-        configs = {"specray": None, "specray_ngram": {"method": "ngram", "num_speculative_tokens": k},
+        configs = {"specray": None, "specray_default": default_speculative_config(args.model),
+                   "specray_ngram": {"method": "ngram", "num_speculative_tokens": k},
                    "specray_draft": draft,
                    "specray_easyspec": {**draft, "layer_parallel": args.layer_parallel},  # EasySpec
                    "specray_eagle": {"method": "eagle", "model": args.eagle_model,

@@ -117,7 +117,10 @@ def summary(rows: list[dict]) -> dict:
         return max((r["decode_tokens_per_s"] or 0 for r in at1 if r["method"].startswith(prefix)), default=None)
 
     plain = max(decode("specray") or 0, decode("specray_fast") or 0) or None
+    fast = decode("specray_default_fast") is not None  # the default against plain in the same kernels
     return {
+        "default_speculation_vs_plain_batch1": ratio(decode("specray_default_fast" if fast else "specray_default"),
+                                                     decode("specray_fast" if fast else "specray")),
         # batch 1, decode-only (llama-bench and llama-lookup report decode alone), greedy
         "specray_plain_vs_llama_bench_batch1": ratio(plain, decode("llama_bench")),
         "best_specray_vs_best_llama_batch1": ratio(best_decode("specray"), best_decode("llama")),

@@ -9,12 +9,13 @@ from specray.kernels.loader import DEFAULT_DRAFTS, TARGET_DRAFTS
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024  # HTTP body / gRPC message: far above a full context of token ids
 
-# With a packaged trained draft: prompt lookup first (up to 2 tokens where the last tokens occurred
-# before), else one draft-model token; off once two sequences run. On a CPU each extra verified row
-# costs more than a draft saves, and batches of 2+ decode faster without speculation: the paired runs
-# behind this are in docs/performance.md ("Figures behind choices in the code"). On accelerators,
-# where verifying a few rows costs about one, ask for more tokens.
-DEFAULT_DRAFT_TOKENS = 2
+# With a packaged trained draft: prompt lookup first (up to 4 tokens where the last tokens occurred
+# before), else one draft-model token; each round's length adapts to the sequence's acceptance and
+# this machine's measured step costs (cluster/router/adaptive.py), so a machine where verified rows
+# are dear drafts less and one where they are cheap drafts more; off once two sequences run (batches
+# of 2+ gained nothing from it on CPU). The paired runs behind this are in docs/performance.md
+# ("Figures behind choices in the code").
+DEFAULT_DRAFT_TOKENS = 4
 DEFAULT_LOOKUP_FIRST = {"model_tokens": 1}
 DEFAULT_DISABLE_BY_BATCH_SIZE = 2
 
@@ -35,7 +36,7 @@ def default_speculative_config(model: str) -> dict[str, Any]:
         draft = DEFAULT_DRAFTS[model]
         return {"method": "eagle" if is_eagle_folder(resolve(draft).path) else "draft_model", "model": draft,
                 "num_speculative_tokens": DEFAULT_DRAFT_TOKENS, "lookup_first": dict(DEFAULT_LOOKUP_FIRST),
-                "disable_by_batch_size": DEFAULT_DISABLE_BY_BATCH_SIZE}
+                "disable_by_batch_size": DEFAULT_DISABLE_BY_BATCH_SIZE, "adaptive": True}
     return {"method": "ngram", "num_speculative_tokens": 2}
 
 

@@ -59,6 +59,10 @@ class SpeculativeConfig:
     # EasySpec layer-parallel drafting (method draft_model): the draft's middle layers in groups of
     # this many whose attentions read the group's input; 1 = ordinary drafting. kernels/layer_parallel.py
     layer_parallel: int | None = None
+    # Adaptive length (chains): each round, each sequence drafts the number of tokens, at most
+    # num_speculative_tokens, that maximises expected tokens per cost, from its acceptance so far
+    # and the target's step costs measured on this machine (cluster/router/adaptive.py)
+    adaptive: bool = False
 
     def __post_init__(self) -> None:
         registry.check_options(self.method, self.model, self.tree, self.lookup_first, self.layer_parallel,
@@ -85,6 +89,19 @@ class SpeculativeConfig:
         if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
             raise ValueError(f"disable_by_batch_size must be >= 1, got {self.disable_by_batch_size}")
         self._check_schedule()
+        self._check_adaptive()
+
+    def _check_adaptive(self) -> None:
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"adaptive must be true or false, got {self.adaptive!r}")
+        if self.adaptive and (self.tree is not None or self.method == "aded"):
+            raise ValueError("adaptive lengths apply to chains; a tree's shape is fixed by 'tree' (or ADED's "
+                             "options): drop 'adaptive' or the tree")
+
+    def model_tokens(self) -> int | None:
+        """Draft-model steps a round runs at most: lookup_first's model_tokens, else None (its length)."""
+        lookup = self.lookup_first
+        return lookup.get("model_tokens") if isinstance(lookup, dict) else None
 
     def max_draft_tokens(self) -> int:
         """The most draft tokens (tree nodes) one round verifies per sequence: KV to reserve."""

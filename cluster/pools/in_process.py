@@ -29,6 +29,9 @@ class InProcessTargetPool:
     def busy(self) -> float:
         return self.worker.busy()
 
+    def row_costs(self) -> tuple[float, ...]:
+        return self.worker.row_costs()
+
 
 class InProcessDiffusionPool(InProcessTargetPool):
     """A DiffusionWorker in this process."""

@@ -135,6 +135,12 @@ class RayTargetPool:
         """Seconds rank 0 spent in steps (benchmarks split a round's time with it)."""
         return self.calls.call(self.actors[0], "busy")
 
+    def row_costs(self) -> tuple[float, ...]:
+        """Seconds of a step by rows on the target's node (TargetWorker.row_costs); every rank steps."""
+        if self.tp_size == 1:
+            return self.calls.call(self.actors[0], "row_costs")
+        return ray.get([a.call.remote("row_costs") for a in self.actors])[0]
+
     def worker_names(self) -> list[str]:
         return [f"{self.name}-s{self.starts}-r{r}" for r in range(len(self.actors))]
 

@@ -26,6 +26,8 @@ class RouterLimits:
     verify_rule: str = "auto"  # sampled requests: "auto" (from the proposal's kind) or a fixed rule
     # what the draft reads of the target each round (Method.target_features): "hidden", "last_kv" or None
     draft_features: str | None = None
+    adaptive: bool = False  # each round picks each sequence's draft length (cluster/router/adaptive.py)
+    model_tokens: int | None = None  # draft-model steps a round runs at most (lookup first); None: its length
 
     def __post_init__(self) -> None:
         assert self.max_model_len >= 2 and self.max_num_seqs >= 1 and self.num_speculative_tokens >= 0
@@ -89,7 +91,8 @@ def router_limits(model_config, tokenizer, spec, max_model_len: int | None, max_
         speculation_schedule=spec.schedule() if spec else (), pipelined=pipelined and spec is not None,
         verify_budget=spec.verify_budget if spec else None,
         max_draft_tokens=spec.max_draft_tokens() if spec else 0, verify_rule=spec.verify if spec else "auto",
-        draft_features=None if spec is None else registry.method(spec.method).target_features), eos
+        draft_features=None if spec is None else registry.method(spec.method).target_features,
+        adaptive=spec is not None and spec.adaptive, model_tokens=spec.model_tokens() if spec else None), eos
 
 
 @dataclass

@@ -17,12 +17,14 @@ import torch
 from specray.actors.messages import DraftItem, TargetItem
 from specray.cluster.outputs import RequestOutput
 from specray.cluster.pools.api import Done, DraftPool, DraftUnavailable, Pending, TargetPool, TargetUnavailable
+from specray.cluster.router.adaptive import LengthPolicy
 from specray.cluster.router.failures import log
 from specray.cluster.router.limits import RouterLimits, RouterStats, router_limits  # noqa: F401 (re-export)
 from specray.cluster.router.pipeline import Pipeline
 from specray.cluster.router.requests import RequestBook
 from specray.cluster.router.sequence import Sequence
 from specray.kernels.proposal import Proposal, VerifyResult
+from specray.kernels.row_costs import RowCosts
 from specray.kernels.verify.rules import pick_rule
 
 
@@ -44,6 +46,15 @@ class Router(RequestBook):
         self.reserved_tokens = 0
         self.stats = RouterStats()
         self.pipeline = Pipeline(self) if config.pipelined and draft is not None else None
+        self.lengths = self._length_policy(target, draft, config)
+        self._draft_caught_up = False  # this round's draft call fed more than a round's tokens
+
+    @staticmethod
+    def _length_policy(target, draft, config: RouterLimits) -> LengthPolicy | None:
+        """Adaptive draft lengths where the config asks and the target pool can tell its step costs."""
+        if not config.adaptive or draft is None or not hasattr(target, "row_costs"):
+            return None
+        return LengthPolicy(RowCosts(tuple(target.row_costs())), config.model_tokens)
 
     # -- requests (the rest in RequestBook) -----------------------------------------------------
     def fail_all(self) -> list[str]:
@@ -97,7 +108,13 @@ class Router(RequestBook):
         """Ask the draft pool for proposals. Calibration rides along: each drafting sequence sends
         every token committed since its last call (a sequence whose speculation is off, e.g. under
         load, sends nothing and catches up the next round it drafts)."""
-        drafting = [(s, k) for s in seqs if (k := self.num_draft_tokens(s)) > 0]  # no draft pool: k = 0
+        lengths = [self.num_draft_tokens(s) for s in seqs]  # no draft pool: k = 0
+        if self.lengths is not None:
+            lengths = self._adapt(seqs, lengths)
+        drafting = [(s, k) for s, k in zip(seqs, lengths) if k > 0]
+        # a draft catching up on more than a round commits (a prompt, skipped rounds) times no draft step
+        most = self.config.num_speculative_tokens + 1
+        self._draft_caught_up = any(seq.num_tokens - seq.draft_sent > most for seq, _ in drafting)
         if not drafting:
             return None
         items = []
@@ -115,6 +132,18 @@ class Router(RequestBook):
             return None
         finally:  # in-process pools compute here; remote ones only send
             self.stats.draft_seconds += time.perf_counter() - start
+
+    def _adapt(self, seqs: list[Sequence], caps: list[int]) -> list[int]:
+        """The policy's lengths, within each cap; seeded sampled sequences keep theirs."""
+        steered = [i for i, s in enumerate(seqs) if caps[i] > 0 and not s.reproducible]
+        fixed_rows = sum(caps) - sum(caps[i] for i in steered)
+        prefill_rows = sum(len(s.prompt_token_ids) for s in self.running if not s.output_token_ids)
+        chosen = self.lengths.lengths([(seqs[i].acceptance, caps[i]) for i in steered],
+                                      len(seqs) + fixed_rows + prefill_rows)
+        lengths = list(caps)
+        for i, k in zip(steered, chosen, strict=True):
+            lengths[i] = k
+        return lengths
 
     def collect_proposals(self, seqs: list[Sequence], pending: Drafted | None) -> dict[str, Proposal]:
         proposals = {s.seq_id: Proposal([]) for s in seqs}
@@ -229,8 +258,22 @@ class Router(RequestBook):
             return []
         group = list(self.running)
         decoding = [s for s in group if s.output_token_ids]
+        before = (time.perf_counter(), self.stats.target_seconds, self.stats.draft_seconds, self.stats.prefill_seconds)
         proposals = self.collect_proposals(decoding, self.submit_propose(decoding))
-        return self.outputs(self.collect_verify(group, self.submit_verify(group, proposals), proposals))
+        outputs = self.outputs(self.collect_verify(group, self.submit_verify(group, proposals), proposals))
+        self._observe(len(group), proposals, before)
+        return outputs
+
+    def _observe(self, num_seqs: int, proposals: dict[str, Proposal], before: tuple[float, ...]) -> None:
+        """Tell the length policy what a round without a prefill cost (a prefill's step says
+        nothing about a decoding row's)."""
+        start, target, draft, prefill = before
+        if self.lengths is None or self.stats.prefill_seconds != prefill:
+            return
+        lengths = [p.num_draft_tokens for p in proposals.values()]
+        drafted = None if self._draft_caught_up else self.stats.draft_seconds - draft
+        self.lengths.observe(num_seqs + sum(lengths), time.perf_counter() - start, self.stats.target_seconds - target,
+                             drafted, lengths)
 
     def _commit(self, seq: Sequence, res: VerifyResult) -> None:
         if seq.output_token_ids:  # a decode round (the prefill's first token is not one)
@@ -240,6 +283,8 @@ class Router(RequestBook):
             m.num_draft_tokens += res.num_draft_tokens
             m.num_accepted_tokens += res.num_accepted
             m.num_emitted_tokens += len(res.emitted_token_ids)
+            if self.lengths is not None and res.num_draft_tokens:
+                self.lengths.record(seq.acceptance, res.num_draft_tokens, res.num_accepted)
         seq.append(res.emitted_token_ids, res.logprobs)
         if res.features is not None:
             seq.draft_features.append(res.features)

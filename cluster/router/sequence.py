@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from specray.actors.messages import SeqSpec
 from specray.cluster.outputs import CompletionOutput, SpecMetrics
 from specray.cluster.params import SamplingParams
+from specray.cluster.router.adaptive import Acceptance
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Sequence:
     read_offset: int = 0
     logprobs: list[dict[int, float]] | None = None
     metrics: SpecMetrics = field(default_factory=SpecMetrics)
+    acceptance: Acceptance = field(default_factory=Acceptance)  # adaptive lengths (router/adaptive.py)
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
 
@@ -51,6 +53,11 @@ class Sequence:
     def spec(self) -> SeqSpec:
         seed = None if self.params.seed is None else self.params.seed + self.index
         return SeqSpec(self.params.sampling_config(), seed, self.params.logprobs)
+
+    @property
+    def reproducible(self) -> bool:
+        """A seeded sampled request: its draws must not depend on anything but its inputs."""
+        return self.params.seed is not None and self.params.temperature > 0
 
     def max_draft_tokens(self) -> int:
         """Draft no more than the round could emit: budget and context length both bound it."""

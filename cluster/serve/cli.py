@@ -56,6 +56,10 @@ def add_serve_flags(p) -> None:
     p.add_argument("--draft-model", help="speculative_config.model: the draft checkpoint or alias")
     p.add_argument("--num-speculative-tokens", type=int, help="speculative_config.num_speculative_tokens: draft tokens a round")
     p.add_argument("--lookup-first", action="store_true", help="draft_model / eagle: prompt lookup first: a draft model proposes only where the last tokens never occurred before")
+    p.add_argument("--adaptive-speculation", choices=["on", "off"],
+                   help="speculative_config.adaptive: each round, each sequence drafts the length (at most "
+                        "--num-speculative-tokens) that maximises expected tokens per cost, from its acceptance "
+                        "and this machine's measured step costs (default: on with the packaged draft)")
     p.add_argument("--pipeline", dest="pipelined", choices=["auto", "on", "off"],
                    help="two groups in flight (on), one (off), or two only with a draft model (auto, default)")
     p.add_argument("--no-pipeline", dest="pipelined", action="store_const", const="off",
@@ -119,13 +123,17 @@ def _speculative_override(args, current: dict | None, target: str):
         return args.speculative_config
     if args.speculative_method == "none":
         return None
+    adaptive = getattr(args, "adaptive_speculation", None)
     if (args.speculative_method is None and args.draft_model is None and args.num_speculative_tokens is None
-            and not args.lookup_first):
+            and not args.lookup_first and adaptive is None):
         return False
     spec = dict(current or {})
     if args.speculative_method:
         if args.speculative_method != spec.get("method"):
-            spec = {k: v for k, v in spec.items() if k == "num_speculative_tokens"}
+            # another method keeps the length, not the default's extras (an adaptive default's
+            # length is a cap: a fixed chain starts from 2)
+            k = 2 if spec.get("adaptive") else spec.get("num_speculative_tokens")
+            spec = {} if k is None else {"num_speculative_tokens": k}
         spec["method"] = args.speculative_method
     if args.draft_model:  # a draft model means a method that uses one (as vLLM infers it)
         method = args.speculative_method or _draft_method(args.draft_model)
@@ -137,6 +145,8 @@ def _speculative_override(args, current: dict | None, target: str):
         spec["num_speculative_tokens"] = args.num_speculative_tokens
     if args.lookup_first:
         spec["lookup_first"] = True
+    if adaptive is not None:
+        spec["adaptive"] = adaptive == "on"
     return spec
 
 
@@ -145,7 +155,8 @@ def _uses_draft_model(method: str | None) -> bool:
     return entry is not None and entry.needs_model
 
 
-SERVE_SPEC_FLAGS = ("speculative_method", "draft_model", "num_speculative_tokens", "lookup_first")
+SERVE_SPEC_FLAGS = ("speculative_method", "draft_model", "num_speculative_tokens", "lookup_first",
+                    "adaptive_speculation")
 
 
 def refuse_beside_speculative_config(args, flags: tuple[str, ...]) -> None:

@@ -44,11 +44,13 @@ def test_generate_defaults_to_the_packaged_eagle_draft():
     def spec(*flags):
         return speculative_config(build_parser().parse_args(["generate", "w3", *flags]))
 
-    default = {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 2,
-               "lookup_first": {"model_tokens": 1}, "disable_by_batch_size": 2}
+    default = {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 4,
+               "lookup_first": {"model_tokens": 1}, "disable_by_batch_size": 2, "adaptive": True}
     assert spec() == spec("--lookup-first") == default
     assert spec("--num-speculative-tokens", "3", "--disable-by-batch-size", "8") == {
         **default, "num_speculative_tokens": 3, "disable_by_batch_size": 8}
+    assert spec("--adaptive-speculation", "off") == {**default, "adaptive": False}
+    assert spec("--speculative-method", "ngram", "--adaptive-speculation", "on")["adaptive"] is True
     assert spec("--draft-model", "smollm2-135m-draft", "--speculative-method", "draft_model") == {
         "method": "draft_model", "model": "smollm2-135m-draft", "num_speculative_tokens": 2}
     assert spec("--model", "other")["method"] == "ngram" and spec("--speculative-method", "none") is None

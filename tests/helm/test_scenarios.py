@@ -170,6 +170,11 @@ def test_explicit_eagle_draft():
     assert cfg["speculative_config"] == {"method": "eagle", "model": "smollm2-135m-eagle",
                                          "num_speculative_tokens": 1, "disable_by_batch_size": 2}
     assert ServeConfig.from_dict(cfg).speculative_config == cfg["speculative_config"]
+    r = render({"speculation": {"method": "eagle", "draftModel": "smollm2-135m-eagle", "numSpeculativeTokens": 4,
+                                "adaptive": True}}, files=("values-cpu.yaml",))
+    cfg = app_config(r.rayservice)
+    assert cfg["speculative_config"]["adaptive"] is True and cfg["speculative_config"]["num_speculative_tokens"] == 4
+    assert ServeConfig.from_dict(cfg).speculative_config == cfg["speculative_config"]
 
 
 def test_longspec_draft():

@@ -19,6 +19,7 @@ so the two cannot drift.
 {{- $_ := set $c "prompt_lookup_max" (int $s.promptLookupMax) }}
 {{- end }}
 {{- if $s.disableByBatchSize }}{{ $_ := set $c "disable_by_batch_size" (int $s.disableByBatchSize) }}{{ end }}
+{{- if and $s.adaptive (ne $s.method "freedave") }}{{ $_ := set $c "adaptive" true }}{{ end }}
 {{- toYaml $c }}
 {{- end }}
 

@@ -25,7 +25,7 @@ def test_bench_offline_end_to_end(tiny_target, tmp_path):
     assert report["schema"] == SCHEMA and (out / "offline.md").read_text().startswith("model ")
     assert (out / "offline.png").read_bytes()[:4] == b"\x89PNG"
     cells = {(c["method"], c["batch_size"], c["temperature"]): c for c in report["cells"]}
-    assert len(cells) == 16 * 2 * 2  # transformers' 3, specray's 7, its 5 tree methods, the draft's top-k tree
+    assert len(cells) == 17 * 2 * 2  # transformers' 3, specray's 8 (its default included), 5 tree methods, a top-k tree
     assert cells[("hf_assisted", 2, 0.0)]["skipped"] and cells[("specray_draft_padded", 1, 0.0)]["skipped"]
     for c in report["cells"]:
         if not c["skipped"]:
@@ -42,14 +42,15 @@ def test_bench_offline_end_to_end(tiny_target, tmp_path):
             sequences = min(c["batch_size"], 4)
             assert abs(c["bound_tokens_per_s"] * bw_step(report) - sequences * c["acceptance_length"]) < 0.01
     assert all(cells[("specray", b, t)]["drafted"] == 0 for b in (1, 2) for t in (0.0, 1.0))
-    for m in ("specray", "specray_ngram", "specray_draft", "specray_easyspec", "specray_eagle", *TREE_METHODS,
-              "specray_draft_topk"):
+    for m in ("specray", "specray_default", "specray_ngram", "specray_draft", "specray_easyspec", "specray_eagle",
+              *TREE_METHODS, "specray_draft_topk"):
         assert cells[(m, 1, 0.0)]["greedy_matches_hf"] is True
     for m in TREE_METHODS:  # they ran as trees (several draft tokens a round), at every batch size
         assert all(cells[(m, b, t)]["drafted"] > 0 for b in (1, 2) for t in (0.0, 1.0))
     assert cells[("specray_draft", 2, 0.0)]["acceptance_length"] >= 1.0
     assert set(cells[("specray", 1, 0.0)]["per_category"]) == {"writing", "math", "coding"}
     assert report["summary"]["specray_plain_vs_hf_plain_batch1"] is not None
+    assert report["summary"]["default_speculation_vs_plain_batch1"] is not None
     assert report["partial"] is False and report["config"]["sequences_per_batch"] == {"1": 1, "2": 2}
     bw = report["bandwidth"]  # the bound reads every weight byte at the faster of the two readings
     assert bw["gb_per_s"] == max(bw["gemv_gb_per_s"], bw["stream_gb_per_s"]) > 0

@@ -119,8 +119,13 @@ def test_default_speculation_is_the_packaged_eagle_draft(capsys):
 
     assert main(["serve", "--dry-run"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {
-        "method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 2,
-        "lookup_first": {"model_tokens": 1}, "disable_by_batch_size": 2}
+        "method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 4,
+        "lookup_first": {"model_tokens": 1}, "disable_by_batch_size": 2, "adaptive": True}
+    assert main(["serve", "--dry-run", "--adaptive-speculation", "off"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"]["adaptive"] is False
+    assert main(["serve", "--dry-run", "--speculative-method", "ngram"]) == 0  # a fixed chain of 2, not the cap
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {"method": "ngram",
+                                                                             "num_speculative_tokens": 2}
     from specray.cluster.config.serve import ServeConfig
 
     eagle = {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 2}

@@ -1,0 +1,84 @@
+"""Step costs by rows (kernels/row_costs.py): the table's arithmetic, the measurement leaving the
+KV cache as it found it, and the per-machine cache."""
+
+import json
+
+import pytest
+
+from specray.kernels import row_costs
+from specray.kernels.row_costs import RowCosts
+
+
+def test_costs_are_relative_to_one_row_and_linear_past_the_table():
+    costs = RowCosts((2.0, 3.0, 5.0))
+    assert [costs.cost(r) for r in (1, 2, 3)] == [1.0, 1.5, 2.5]
+    assert costs.step_seconds(5) == 9.0 and costs.cost(5) == 4.5  # slope of the last two: 2 s a row
+    assert RowCosts((2.0,)).step_seconds(3) == 6.0
+    with pytest.raises(AssertionError):
+        costs.cost(0)
+
+
+def test_a_noisy_table_is_made_monotone_and_a_falling_one_refused():
+    assert RowCosts.monotone([1.0, 0.9, 1.2, 1.1]).seconds == (1.0, 1.0, 1.2, 1.2)
+    with pytest.raises(AssertionError):
+        RowCosts((1.0, 0.9))
+    with pytest.raises(AssertionError):
+        RowCosts((0.0, 1.0))
+    assert RowCosts.from_json(RowCosts((1.0, 2.0)).to_json()) == RowCosts((1.0, 2.0))
+
+
+def test_measuring_leaves_the_cache_as_it_was(tiny_target):
+    from specray.kernels.loader import load_model, resolve
+
+    model = load_model(resolve(str(tiny_target)))
+    cache = model.make_cache(64, 16)
+    free = cache.num_free_blocks
+    costs = row_costs.measure(model, cache, rows=4, context=20, repeats=2)
+    assert len(costs.seconds) == 4 and costs.seconds[0] > 0
+    assert cache.num_free_blocks == free and row_costs.SCRATCH_SEQ not in cache.tables
+    small = model.make_cache(2, 16)  # 32 slots: a shorter table and context, no OutOfBlocksError
+    assert len(row_costs.measure(model, small, repeats=1).seconds) == 16 and small.num_free_blocks == 2
+    tiny = model.make_cache(1, 4)
+    assert len(row_costs.measure(model, tiny, repeats=1).seconds) == 2
+
+
+def test_costs_are_measured_once_per_key(tmp_path):
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return RowCosts((1.0, 1.5))
+
+    first = row_costs.cached_costs("k", measure, tmp_path)
+    again = row_costs.cached_costs("k", lambda: pytest.fail("measured twice"), tmp_path)
+    assert first == again and len(calls) == 1
+    (tmp_path / "row_costs" / "k.json").write_text("{not json")  # a broken file is measured again
+    assert row_costs.cached_costs("k", measure, tmp_path) == first and len(calls) == 2
+    assert json.loads((tmp_path / "row_costs" / "k.json").read_text())["seconds"] == [1.0, 1.5]
+
+
+def test_the_key_names_the_setup(monkeypatch):
+    import torch
+
+    key = row_costs.cache_key("model-a", "fast")
+    assert key == row_costs.cache_key("model-a", "fast") != row_costs.cache_key("model-a", "exact")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert row_costs.cache_key("model-a", "fast") != key
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_target_worker_caches_its_costs(tiny_target, tmp_path, monkeypatch):
+    from specray.actors.target_worker import TargetWorker
+    from specray.kernels.loader import load_model, resolve
+
+    monkeypatch.setenv("SPECRAY_CACHE", str(tmp_path))
+    monkeypatch.setattr(row_costs, "ROWS", 3)
+    worker = TargetWorker(load_model(resolve(str(tiny_target))), 64, 16, cost_key=(str(tiny_target), "exact"))
+    seconds = worker.row_costs()
+    assert len(seconds) == 3 and len(list((tmp_path / "row_costs").glob("*.json"))) == 1
+    fresh = TargetWorker(worker.model, 64, 16, cost_key=(str(tiny_target), "exact"))
+    monkeypatch.setattr(row_costs, "measure", lambda *a, **k: pytest.fail("measured again"))
+    assert fresh.row_costs() == seconds
