@@ -158,7 +158,7 @@ def test_bad_adaptive_configs_are_refused(cfg, match):
 
 # -- sampled: the chain rule under lengths that change round to round --------------------------
 PROMPT = {"prompt_token_ids": [1, *range(3, 60, 2)]}
-N = 12_000
+N = 6_000
 
 
 class RandomLengths(LengthPolicy):
