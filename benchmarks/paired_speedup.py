@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch-size", type=int, default=1, help="prompts per group (one batch)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--kernels", choices=["exact", "fast"], default="exact", help="the target's CPU kernels")
     ap.add_argument("--out", default="bench_out/paired_speedup.json")
     args = ap.parse_args(argv)
     configs = json.loads(args.configs)
@@ -61,8 +62,8 @@ def main(argv: list[str] | None = None) -> dict:
            for p in prompts]
     groups = [ids[i:i + args.batch_size] for i in range(0, len(ids) - args.batch_size + 1, args.batch_size)]
     names = ["plain"] + [json.dumps(c, sort_keys=True) for c in configs]
-    llms = [LLM(args.model, max_num_seqs=args.batch_size)] + [
-        LLM(args.model, max_num_seqs=args.batch_size, speculative_config=c) for c in configs]
+    llms = [LLM(args.model, max_num_seqs=args.batch_size, kernels=args.kernels)] + [
+        LLM(args.model, max_num_seqs=args.batch_size, speculative_config=c, kernels=args.kernels) for c in configs]
     for llm in llms:  # warm-up
         llm.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))
     want = [run_group(llms[0], g, args.max_tokens)[0] for g in groups]
