@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--kernels", choices=["exact", "fast"], default="exact", help="the target's CPU kernels")
+    ap.add_argument("--raw-prompts", action="store_true",
+                    help="prompts as plain text, no chat template (the model continues them, quoting itself)")
     ap.add_argument("--out", default="bench_out/paired_speedup.json")
     args = ap.parse_args(argv)
     configs = json.loads(args.configs)
@@ -58,8 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     tok = resolve(args.model).tokenizer()
     prompts = load_prompts(Path(args.dataset) if args.dataset else None, args.num_prompts)
-    ids = [prompt_token_ids(tok, p["prompt"])
-           for p in prompts]
+    ids = [tok(p["prompt"]).input_ids if args.raw_prompts else prompt_token_ids(tok, p["prompt"]) for p in prompts]
     groups = [ids[i:i + args.batch_size] for i in range(0, len(ids) - args.batch_size + 1, args.batch_size)]
     names = ["plain"] + [json.dumps(c, sort_keys=True) for c in configs]
     llms = [LLM(args.model, max_num_seqs=args.batch_size, kernels=args.kernels)] + [

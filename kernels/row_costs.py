@@ -26,6 +26,7 @@ from specray.kernels.batch import RaggedBatch, SeqChunk
 ROWS = 16  # rows measured: larger steps are extrapolated
 CONTEXT = 128  # keys each measured row attends to (a short chat turn)
 SCRATCH_SEQ = "__specray_row_costs__"
+VERSION = 2  # of what is measured: a change re-measures every cached table
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,9 @@ def measure(model, cache, rows: int | None = None, context: int = CONTEXT, repea
         times: dict[int, list[float]] = {r: [] for r in range(1, rows + 1)}
         for _ in range(repeats + 1):  # the first pass warms every shape up; it is not kept
             for r in range(1, rows + 1):
-                batch = RaggedBatch.build([SeqChunk(SCRATCH_SEQ, tokens[context:context + r], context)], cache, device)
+                # every row's logits, as a verification step takes them
+                chunk = SeqChunk(SCRATCH_SEQ, tokens[context:context + r], context, num_logits=r)
+                batch = RaggedBatch.build([chunk], cache, device)
                 _sync(device)
                 start = time.perf_counter()
                 model(batch, cache)
@@ -103,7 +106,7 @@ def cache_key(*parts: object) -> str:
     """A file name for these costs: the CPU kernels' build (sources, flags, CPU model), the GPU,
     the threads, and the setup's parts (model, kernels mode, dtype, device, ...)."""
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
-    text = "|".join(map(str, (cpu_kernels.build_id(), gpu, torch.get_num_threads(), ROWS, CONTEXT, *parts)))
+    text = "|".join(map(str, (VERSION, cpu_kernels.build_id(), gpu, torch.get_num_threads(), ROWS, CONTEXT, *parts)))
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 

@@ -3,10 +3,10 @@ proposes the number of draft tokens that maximises the tokens the round emits pe
 
 A round of draft length k emits 1 + a_1 + a_1 a_2 + ... + a_1...a_k tokens on average, where a_i is
 the chance that draft position i is accepted once the ones before it were (measured per sequence,
-recent rounds weighing most). It costs the target's step of 1 + k rows (its shape by rows measured
-by the target worker on this machine, kernels/row_costs.py, scaled to the steps the router times),
-the draft's steps, and what the router's own part of a round costs (bookkeeping, detokenising): all
-three timed by the router, round by round. Where no length beats k = 0 the sequence decodes without
+recent rounds weighing most). It costs the target's forward step of 1 + k rows (measured by the
+target worker on this machine, kernels/row_costs.py), the draft's steps, and what a round costs
+besides whatever its length (verification, sampling, hops, the router's bookkeeping): the last two
+timed by the router, round by round. Where no length beats k = 0 the sequence decodes without
 a draft and drafts one token after `PROBE_EVERY` such rounds to measure its acceptance again, the
 wait doubling (up to `PROBE_MAX`) while probes keep showing that drafting does not pay: a probe
 costs the draft its catch-up on every token committed meanwhile.
@@ -18,6 +18,8 @@ so their outputs repeat run to run (timings never steer which tokens they draw).
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from specray.kernels.row_costs import RowCosts
@@ -28,7 +30,7 @@ PRIOR_WEIGHT = 2.0  # rounds' worth of weight the prior carries in a sequence's 
 PRIOR_RATE = 0.5  # the prior before any round was verified
 PROBE_EVERY = 16  # rounds without drafting after which a sequence drafts one token again
 PROBE_MAX = 256  # the longest wait between probes
-EMA = 0.2  # weight of the newest round in the draft-step and overhead estimates
+WINDOW = 64  # recent rounds the timing estimates take medians over (a stall moves no median)
 
 
 @dataclass
@@ -72,15 +74,40 @@ def expected_gains(acc: Acceptance, pooled: Acceptance, cap: int) -> list[float]
     return gains
 
 
+class RoundTimes:
+    """What recent rounds cost beyond their forward step, by their draft tokens d: a + b d, from
+    the medians of each d's rounds (verification, sampling and features grow with the rows)."""
+
+    def __init__(self):
+        self.samples: deque[tuple[int, float]] = deque(maxlen=WINDOW)
+
+    def add(self, draft_tokens: int, seconds: float) -> None:
+        self.samples.append((draft_tokens, seconds))
+
+    def fit(self) -> tuple[float, float]:
+        """(a, b) in seconds: a round's own cost, and each draft token's beyond its row's forward."""
+        by: dict[int, list[float]] = {}
+        for d, s in self.samples:
+            by.setdefault(d, []).append(s)
+        if not by:
+            return 0.0, 0.0
+        points = [(d, statistics.median(v), len(v)) for d, v in by.items()]
+        n = sum(w for _, _, w in points)
+        mean_d, mean_s = sum(d * w for d, _, w in points) / n, sum(m * w for _, m, w in points) / n
+        var = sum(w * (d - mean_d) ** 2 for d, _, w in points)
+        b = max(0.0, sum(w * (d - mean_d) * (m - mean_s) for d, m, w in points) / var) if var else 0.0
+        return max(0.0, mean_s - b * mean_d), b
+
+
 class LengthPolicy:
     """Chooses the draft lengths of a round (see the module docstring)."""
 
     def __init__(self, costs: RowCosts, model_tokens: int | None = None):
         self.costs = costs
         self.model_tokens = model_tokens  # draft-model steps a round runs at most (lookup first); None: k
-        self.draft_step_seconds = 0.0  # one draft-model step; 0 until measured
-        self.step_scale = 0.0  # the timed target step / the measured forward of its rows; 0 until timed
-        self.overhead_seconds = 0.0  # a round's time outside both pools' calls; 0 until measured
+        self.draft_steps_seen: deque[float] = deque(maxlen=WINDOW)  # seconds of one draft-model step
+        self.round_times = RoundTimes()
+        self._fit = (0.0, 0.0)  # round_times' (a, b), refitted as rounds come in
         self.pooled = Acceptance()  # every sequence's rounds: the prior of a sequence's own rates
 
     def _draft_steps(self, longest: int) -> int:
@@ -89,8 +116,13 @@ class LengthPolicy:
     def _round_cost(self, base_rows: int, draft_tokens: int, longest: int) -> float:
         """Seconds of a round whose step holds base_rows + draft_tokens rows and whose longest
         proposal is `longest` tokens."""
-        step = (self.step_scale or 1.0) * self.costs.step_seconds(base_rows + draft_tokens)
-        return self.overhead_seconds + step + self.draft_step_seconds * self._draft_steps(longest)
+        fixed, per_token = self._fit
+        return (fixed + per_token * draft_tokens + self.costs.step_seconds(base_rows + draft_tokens)
+                + self.draft_step_seconds * self._draft_steps(longest))
+
+    @property
+    def draft_step_seconds(self) -> float:
+        return statistics.median(self.draft_steps_seen) if self.draft_steps_seen else 0.0
 
     def lengths(self, seqs: list[tuple[Acceptance, int]], base_rows: int) -> list[int]:
         """seqs: each drafting candidate's acceptance and its length cap; base_rows: the rows the
@@ -136,20 +168,15 @@ class LengthPolicy:
         acc.record(num_draft_tokens, num_accepted)
         self.pooled.record(num_draft_tokens, num_accepted, POOLED_DECAY)
 
-    def observe(self, rows: int, round_seconds: float, target_seconds: float, draft_seconds: float | None,
-                lengths: list[int]) -> None:
-        """A finished round without a prefill: its step's rows, its wall time and each pool's part
-        (the draft's None where it caught up on more tokens than a round commits: that cost is
-        not a draft step's)."""
-        if target_seconds > 0:
-            self.step_scale = _ema(self.step_scale, target_seconds / self.costs.step_seconds(rows))
+    def observe(self, rows: int, round_seconds: float, draft_seconds: float | None, lengths: list[int]) -> None:
+        """A finished round without a prefill: its step's rows, its wall time and the draft's part
+        (None where the draft caught up on more tokens than a round commits: that cost is not a
+        draft step's). What the forward of its rows does not explain is the round's own cost: the
+        worker's verification and sampling, hops, the router."""
         if draft_seconds is None:
             return
-        self.overhead_seconds = _ema(self.overhead_seconds, max(0.0, round_seconds - target_seconds - draft_seconds))
+        self.round_times.add(sum(lengths), round_seconds - draft_seconds - self.costs.step_seconds(rows))
+        self._fit = self.round_times.fit()
         steps = self._draft_steps(max(lengths, default=0))
         if steps:
-            self.draft_step_seconds = _ema(self.draft_step_seconds, draft_seconds / steps)
-
-
-def _ema(old: float, sample: float) -> float:
-    return sample if old == 0.0 else (1 - EMA) * old + EMA * sample
+            self.draft_steps_seen.append(draft_seconds / steps)

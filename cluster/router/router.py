@@ -258,7 +258,7 @@ class Router(RequestBook):
             return []
         group = list(self.running)
         decoding = [s for s in group if s.output_token_ids]
-        before = (time.perf_counter(), self.stats.target_seconds, self.stats.draft_seconds, self.stats.prefill_seconds)
+        before = (time.perf_counter(), self.stats.draft_seconds, self.stats.prefill_seconds)
         proposals = self.collect_proposals(decoding, self.submit_propose(decoding))
         outputs = self.outputs(self.collect_verify(group, self.submit_verify(group, proposals), proposals))
         self._observe(len(group), proposals, before)
@@ -267,13 +267,12 @@ class Router(RequestBook):
     def _observe(self, num_seqs: int, proposals: dict[str, Proposal], before: tuple[float, ...]) -> None:
         """Tell the length policy what a round without a prefill cost (a prefill's step says
         nothing about a decoding row's)."""
-        start, target, draft, prefill = before
+        start, draft, prefill = before
         if self.lengths is None or self.stats.prefill_seconds != prefill:
             return
         lengths = [p.num_draft_tokens for p in proposals.values()]
         drafted = None if self._draft_caught_up else self.stats.draft_seconds - draft
-        self.lengths.observe(num_seqs + sum(lengths), time.perf_counter() - start, self.stats.target_seconds - target,
-                             drafted, lengths)
+        self.lengths.observe(num_seqs + sum(lengths), time.perf_counter() - start, drafted, lengths)
 
     def _commit(self, seq: Sequence, res: VerifyResult) -> None:
         if seq.output_token_ids:  # a decode round (the prefill's first token is not one)

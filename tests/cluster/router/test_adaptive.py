@@ -52,8 +52,8 @@ def test_a_lone_sequence_gets_the_best_length(seed):
     rng = np.random.default_rng(seed)
     costs = RowCosts.monotone(list(np.cumsum(rng.uniform(0.02, 0.8, 8))))
     policy = LengthPolicy(costs, model_tokens=None if seed % 2 else 1)
-    policy.draft_step_seconds = float(rng.uniform(0, 0.3)) * costs.seconds[0]
-    policy.overhead_seconds = float(rng.uniform(0, 0.5)) * costs.seconds[0]
+    policy.draft_steps_seen.append(float(rng.uniform(0, 0.3)) * costs.seconds[0])
+    policy._fit = (float(rng.uniform(0, 0.5)) * costs.seconds[0], float(rng.uniform(0, 0.1)) * costs.seconds[0])
     acc = Acceptance()
     for _ in range(int(rng.integers(0, 6))):
         n = int(rng.integers(1, 5))
@@ -66,7 +66,7 @@ def test_a_lone_sequence_gets_the_best_length(seed):
 def test_a_batch_does_no_worse_than_none_or_all(seed):
     rng = np.random.default_rng(100 + seed)
     policy = LengthPolicy(RowCosts.monotone(list(np.cumsum(rng.uniform(0.05, 0.6, 16)))))
-    policy.draft_step_seconds = float(rng.uniform(0, 0.2)) * policy.costs.seconds[0]
+    policy.draft_steps_seen.append(float(rng.uniform(0, 0.2)) * policy.costs.seconds[0])
     seqs = []
     for _ in range(3):
         acc = Acceptance()
@@ -90,19 +90,19 @@ def test_cheap_rows_draft_the_cap_and_dear_ones_nothing_but_probes():
     assert LengthPolicy(FLAT).lengths([(acc, 4)], 1) == [4] and acc.probe_after == every, "drafting resets it"
 
 
-def test_timings_give_the_draft_step_the_step_scale_and_the_overhead():
-    policy = LengthPolicy(RowCosts((0.010, 0.012, 0.014)), model_tokens=1)
-    policy.observe(rows=3, round_seconds=0.035, target_seconds=0.028, draft_seconds=0.002, lengths=[2])  # 1 model step
-    assert policy.draft_step_seconds == pytest.approx(0.002) and policy.overhead_seconds == pytest.approx(0.005)
-    assert policy.step_scale == pytest.approx(2.0), "the timed step is twice the measured forward"
-    policy.observe(rows=1, round_seconds=0.012, target_seconds=0.010, draft_seconds=0.0, lengths=[0])
-    assert policy.draft_step_seconds == pytest.approx(0.002), "no draft step: its estimate stays"
-    assert policy.overhead_seconds == pytest.approx(0.8 * 0.005 + 0.2 * 0.002)
-    assert policy.step_scale == pytest.approx(0.8 * 2.0 + 0.2 * 1.0)
-    assert policy._round_cost(1, 2, 2) == pytest.approx(policy.overhead_seconds + 1.8 * 0.014 + 0.002)
-    before = (policy.draft_step_seconds, policy.overhead_seconds)
-    policy.observe(rows=2, round_seconds=0.5, target_seconds=0.012, draft_seconds=None, lengths=[1])  # a catch-up
-    assert (policy.draft_step_seconds, policy.overhead_seconds) == before
+def test_timings_give_the_draft_step_and_what_a_round_costs_besides():
+    policy = LengthPolicy(RowCosts((0.010, 0.012, 0.014, 0.016)), model_tokens=1)
+    for _ in range(5):  # beyond the forward: 2 ms a round, 0.5 ms a draft token; a draft step 1 ms
+        policy.observe(rows=1, round_seconds=0.012, draft_seconds=0.0, lengths=[0])
+        policy.observe(rows=3, round_seconds=0.014 + 0.001 + 0.003, draft_seconds=0.001, lengths=[2])
+        policy.observe(rows=4, round_seconds=0.016 + 0.001 + 0.0035, draft_seconds=0.001, lengths=[3])
+    policy.observe(rows=1, round_seconds=0.5, draft_seconds=0.0, lengths=[0])  # a stall moves no median
+    assert policy._fit == pytest.approx((0.002, 0.0005))
+    assert policy.draft_step_seconds == pytest.approx(0.001)
+    assert policy._round_cost(1, 2, 2) == pytest.approx(0.002 + 0.001 + 0.014 + 0.001)
+    before = policy._fit
+    policy.observe(rows=2, round_seconds=0.5, draft_seconds=None, lengths=[1])  # a catch-up round
+    assert policy._fit == before and len(policy.draft_steps_seen) == 10
 
 
 # -- through the engine ------------------------------------------------------------------------
