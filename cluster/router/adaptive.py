@@ -99,6 +99,14 @@ class RoundTimes:
         return max(0.0, mean_s - b * mean_d), b
 
 
+def length_policy(target, draft, config) -> "LengthPolicy | None":
+    """The router's policy where its limits ask for adaptive lengths (RouterLimits.adaptive), a draft
+    pool exists and the target pool can tell its step costs; else None (configured lengths)."""
+    if not config.adaptive or draft is None or not hasattr(target, "row_costs"):
+        return None
+    return LengthPolicy(RowCosts(tuple(target.row_costs())), config.model_tokens)
+
+
 class LengthPolicy:
     """Chooses the draft lengths of a round (see the module docstring)."""
 
@@ -113,12 +121,14 @@ class LengthPolicy:
     def _draft_steps(self, longest: int) -> int:
         return longest if self.model_tokens is None else min(longest, self.model_tokens)
 
-    def _round_cost(self, base_rows: int, draft_tokens: int, longest: int) -> float:
+    def _round_cost(self, base_rows: int, draft_tokens: int, longest: int, draft_step: float | None = None) -> float:
         """Seconds of a round whose step holds base_rows + draft_tokens rows and whose longest
-        proposal is `longest` tokens."""
+        proposal is `longest` tokens (`draft_step`: draft_step_seconds, taken once by callers that
+        price many rounds)."""
         fixed, per_token = self._fit
+        draft_step = self.draft_step_seconds if draft_step is None else draft_step
         return (fixed + per_token * draft_tokens + self.costs.step_seconds(base_rows + draft_tokens)
-                + self.draft_step_seconds * self._draft_steps(longest))
+                + draft_step * self._draft_steps(longest))
 
     @property
     def draft_step_seconds(self) -> float:
@@ -135,11 +145,12 @@ class LengthPolicy:
         gains = [expected_gains(acc, self.pooled, cap) for acc, cap in seqs]
         marginals = sorted(((g[j] - g[j - 1], j, i) for i, g in enumerate(gains) for j in range(1, len(g))),
                            key=lambda m: (-m[0], m[1]))
-        best_value, best_count = len(seqs) / self._round_cost(base_rows, 0, 0), 0
+        draft_step = self.draft_step_seconds
+        best_value, best_count = len(seqs) / self._round_cost(base_rows, 0, 0, draft_step), 0
         total, depth = float(len(seqs)), 0
         for count, (gain, j, _) in enumerate(marginals, start=1):
             total, depth = total + gain, max(depth, j)
-            value = total / self._round_cost(base_rows, count, depth)
+            value = total / self._round_cost(base_rows, count, depth, draft_step)
             if value > best_value:
                 best_value, best_count = value, count
         ks = [0] * len(seqs)

@@ -17,14 +17,13 @@ import torch
 from specray.actors.messages import DraftItem, TargetItem
 from specray.cluster.outputs import RequestOutput
 from specray.cluster.pools.api import Done, DraftPool, DraftUnavailable, Pending, TargetPool, TargetUnavailable
-from specray.cluster.router.adaptive import LengthPolicy
+from specray.cluster.router.adaptive import length_policy
 from specray.cluster.router.failures import log
 from specray.cluster.router.limits import RouterLimits, RouterStats, router_limits  # noqa: F401 (re-export)
 from specray.cluster.router.pipeline import Pipeline
 from specray.cluster.router.requests import RequestBook
 from specray.cluster.router.sequence import Sequence
 from specray.kernels.proposal import Proposal, VerifyResult
-from specray.kernels.row_costs import RowCosts
 from specray.kernels.verify.rules import pick_rule
 
 
@@ -46,15 +45,8 @@ class Router(RequestBook):
         self.reserved_tokens = 0
         self.stats = RouterStats()
         self.pipeline = Pipeline(self) if config.pipelined and draft is not None else None
-        self.lengths = self._length_policy(target, draft, config)
+        self.lengths = length_policy(target, draft, config)  # adaptive draft lengths, or None
         self._draft_caught_up = False  # this round's draft call fed more than a round's tokens
-
-    @staticmethod
-    def _length_policy(target, draft, config: RouterLimits) -> LengthPolicy | None:
-        """Adaptive draft lengths where the config asks and the target pool can tell its step costs."""
-        if not config.adaptive or draft is None or not hasattr(target, "row_costs"):
-            return None
-        return LengthPolicy(RowCosts(tuple(target.row_costs())), config.model_tokens)
 
     # -- requests (the rest in RequestBook) -----------------------------------------------------
     def fail_all(self) -> list[str]:
