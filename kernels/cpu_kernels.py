@@ -36,6 +36,7 @@ SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
     "specray_rms_norm": [P, I64, I64, P, F32, P],  # x, rows, n, weight, eps, y
     "specray_add_rms_norm": [P, P, I64, I64, P, F32, P],  # h, delta, rows, n, weight, eps, y
     "specray_argmax_rows": [P, I64, I64, P, I32],  # x, rows, n, out (int64), threads
+    "specray_silu_mul": [P, I64, I64, P],  # gate_up, rows, n, act
     "specray_rope_store_kv": [P, I64, I64, I64, I64, P, P, P, P, I64],
     # q, q_stride, rows, heads, kv_heads, dim, kv, num_slots, key_slots, key_start, num_ctx, num_new,
     # num_pad, new_mask, max_new, scale, out, scratch, max_keys, threads

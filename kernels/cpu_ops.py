@@ -50,6 +50,11 @@ def rope_store_kv_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
     layer_kv.index_copy_(1, slots, qkv[:, num_heads:].transpose(0, 1))
 
 
+def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 # -- fast paths -----------------------------------------------------------------------------------
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [rows, n] -> [rows, n]: weight * (x * rsqrt(mean(x^2) + eps))."""
@@ -65,6 +70,15 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
     cpu_kernels.library().specray_add_rms_norm(_ptr(h), _ptr(delta), h.shape[0], h.shape[1], _ptr(weight),
                                                 eps, _ptr(y))
     return y
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [rows, 2 * n] (gate first) -> silu(gate) * up [rows, n], as the decoder layers compute it."""
+    assert gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0 and gate_up.dtype == torch.float32
+    gate_up = gate_up.contiguous()
+    act = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2)  # [rows, n]
+    cpu_kernels.library().specray_silu_mul(_ptr(gate_up), act.shape[0], act.shape[1], _ptr(act))
+    return act
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:

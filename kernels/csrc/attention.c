@@ -105,25 +105,6 @@ static inline vec8 dot8(const float* q, const float* keys, const int64_t* slots,
     return __builtin_shufflevector(sums, sums, 0, 2, 1, 3, 4, 6, 5, 7);
 }
 
-// exp(x) for x <= 0 (scores minus their maximum), 0 below -87 (and for -inf, masked keys). Cephes'
-// expf polynomial after x = n ln2 + r: within 2 ulp of libm's expf, 16 at a time (libm's scalar
-// expf was a fifth of attention).
-static inline vec16 exp16(vec16 x) {
-    ivec16 dead = x < -87.f;  // all ones where exp underflows (or x = -inf)
-    vec16 floor = (vec16){0} - 87.f;
-    x = as_float((as_int(x) & ~dead) | (as_int(floor) & dead));  // n stays a normal exponent
-    vec16 n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;  // round to nearest
-    vec16 r = x - n * 0.693359375f - n * -2.12194440e-4f;
-    vec16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.f;
-    vec16 two_n = as_float((__builtin_convertvector(n, ivec16) + 127) << 23);
-    return as_float(as_int(p * two_n) & ~dead);
-}
-
 // Softmax of s [n] in place (masked keys hold -inf and get 0).
 static void softmax(float* s, int64_t n) {
     float top = -INFINITY;
@@ -403,7 +384,7 @@ void specray_attention(const float* q, int64_t q_stride, int64_t rows, int64_t h
     }
     int64_t per_task = SPLIT_TILE * SPLIT_BLOCK + MAX_GROUP * dim + max_new;
     if (threads > SCORE_THREADS) threads = SCORE_THREADS;
-    if (work <= (1 << 18)) threads = 1;
+    if (work <= (1 << 15)) threads = 1;  // a decode row past ~60 keys: its KV comes from memory, two threads read it faster
     AttentionJob job = {q, q_stride, heads, kv_heads, dim, kv, num_slots, key_slots, key_start, num_ctx, num_new,
                         num_pad, new_mask, max_new, scale, out, scratch, max_keys, group, chunks, split_row,
                         task_t0, task_v0, task_num, per_task,

@@ -4,9 +4,10 @@
 // half was some 300 Python-driven calls (ctypes marshalling, tensor allocation, eager silu and
 // mul). This runs the same kernels in the same order as `LlamaModel.forward`'s fused path, so it
 // computes the same thing; each row's arithmetic still ignores the other rows.
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "vec16.h"
 
 void specray_q4_1_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks, int64_t out,
                          float* y, int threads);
@@ -27,6 +28,29 @@ int64_t specray_attention_score_rows(void);
 int64_t specray_fast_scratch_bytes(int64_t rows, int64_t in);
 void specray_fast_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks, int kind, int64_t out,
                          float* y, uint8_t* act, int threads);
+
+// A layer's phases, timed only in a build with -DSPECRAY_PHASE_TIMES (benchmarks/decoder_phases.py):
+// nanoseconds summed over calls in specray_phase_ns; the product's build has none of it.
+enum { P_QKV, P_ROPE, P_ATTENTION, P_O, P_POST_NORM, P_GATE_UP, P_SILU, P_DOWN, P_NEXT_NORM, P_COUNT };
+#ifdef SPECRAY_PHASE_TIMES
+#include <time.h>
+double specray_phase_ns[P_COUNT];
+static double now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
+}
+#define PHASES_START double phase_t = now_ns()
+#define PHASE(p)                                  \
+    do {                                          \
+        double phase_now = now_ns();              \
+        specray_phase_ns[p] += phase_now - phase_t; \
+        phase_t = phase_now;                      \
+    } while (0)
+#else
+#define PHASES_START
+#define PHASE(p)
+#endif
 
 // dims: what `specray_decoder_layers` reads from its `dims` argument.
 enum { D_HIDDEN, D_HEADS, D_KV_HEADS, D_HEAD_DIM, D_INTERMEDIATE, D_LAYERS, D_COUNT };
@@ -88,13 +112,29 @@ static void linear(const float* x, int64_t rows, int64_t in, int64_t address, in
         specray_q8_0_linear(x, rows, in, blocks, out, y, threads);
 }
 
+// silu(g) * u, 16 at a time: g / (1 + e) for g >= 0, g e / (1 + e) below, e = exp(-|g|) <= 1 (libm's
+// scalar expf was 4 % of a decode step). Every element by the same arithmetic, the tail padded.
+static inline vec16 silu_mul16(vec16 g, vec16 u) {
+    ivec16 negative = g < 0.f;
+    vec16 e = exp16(as_float(as_int(g) | INT32_MIN));  // exp(-|g|): the sign bit set
+    vec16 top = as_float((as_int(g * e) & negative) | (as_int(g) & ~negative));
+    return top / (1.f + e) * u;
+}
+
 // act = silu(gate) * up, gate_up [rows, 2 * n] (gate first, as the fused weight stores them).
-static void silu_mul(const float* gate_up, int64_t rows, int64_t n, float* act) {
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t i = 0; i < n; i++) {
-            float g = gate_up[r * 2 * n + i];
-            act[r * n + i] = g / (1.f + expf(-g)) * gate_up[r * 2 * n + n + i];
+void specray_silu_mul(const float* gate_up, int64_t rows, int64_t n, float* act) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *gate = gate_up + r * 2 * n, *up = gate + n;
+        int64_t i = 0;
+        for (; i + LANES <= n; i += LANES) vstore(act + r * n + i, silu_mul16(vload(gate + i), vload(up + i)));
+        if (i < n) {
+            float g[LANES] = {0}, u[LANES] = {0}, out[LANES];
+            memcpy(g, gate + i, (n - i) * sizeof(float));
+            memcpy(u, up + i, (n - i) * sizeof(float));
+            vstore(out, silu_mul16(vload(g), vload(u)));
+            memcpy(act + r * n + i, out, (n - i) * sizeof(float));
         }
+    }
 }
 
 // h [rows, hidden]: the embedded tokens in, the residual stream after the last layer out (before
@@ -112,24 +152,34 @@ void specray_decoder_layers(float* h, int64_t rows, const int64_t* d, float eps,
     int64_t inter = d[D_INTERMEDIATE], width = (heads + 2 * kv_heads) * dim;
     Workspace w = carve(work, rows, d, max_keys);
     specray_rms_norm(h, rows, hidden, (const float*)(intptr_t)weights[W_INPUT_NORM], eps, w.x);
+    PHASES_START;
     for (int64_t l = 0; l < d[D_LAYERS]; l++) {
         const int64_t* lw = weights + l * W_COUNT;
         const int32_t* lk = kinds + l * 4;
         float* layer_kv = kv + l * kv_layer_stride;
         linear(w.x, rows, hidden, lw[W_QKV], lk[W_QKV], width, w.qkv, w.quantised, threads);
+        PHASE(P_QKV);
         specray_rope_store_kv(w.qkv, rows, heads, kv_heads, dim, cos, sin, slots, layer_kv, num_slots);
+        PHASE(P_ROPE);
         specray_attention(w.qkv, width, rows, heads, kv_heads, dim, layer_kv, num_slots, key_slots, key_start,
                           num_ctx, num_new, num_pad, new_mask, max_new, scale, w.attn, w.scores, max_keys,
                           threads);
+        PHASE(P_ATTENTION);
         linear(w.attn, rows, heads * dim, lw[W_O], lk[W_O], hidden, w.delta, w.quantised, threads);
+        PHASE(P_O);
         specray_add_rms_norm(h, w.delta, rows, hidden, (const float*)(intptr_t)lw[W_POST_NORM], eps, w.x);
+        PHASE(P_POST_NORM);
         linear(w.x, rows, hidden, lw[W_GATE_UP], lk[W_GATE_UP], 2 * inter, w.gate_up, w.quantised, threads);
-        silu_mul(w.gate_up, rows, inter, w.act);
+        PHASE(P_GATE_UP);
+        specray_silu_mul(w.gate_up, rows, inter, w.act);
+        PHASE(P_SILU);
         linear(w.act, rows, inter, lw[W_DOWN], lk[W_DOWN], hidden, w.delta, w.quantised, threads);
+        PHASE(P_DOWN);
         if (l + 1 < d[D_LAYERS])
             specray_add_rms_norm(h, w.delta, rows, hidden, (const float*)(intptr_t)lw[W_COUNT + W_INPUT_NORM],
                                  eps, w.x);
         else
             for (int64_t i = 0; i < rows * hidden; i++) h[i] += w.delta[i];
+        PHASE(P_NEXT_NORM);
     }
 }

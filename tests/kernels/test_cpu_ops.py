@@ -26,6 +26,33 @@ def test_add_rms_norm_updates_the_residual_in_place():
     torch.testing.assert_close(y, cpu_ops.rms_norm_reference(want_h, w, 1e-6))
 
 
+@pytest.mark.parametrize("rows,n", [(1, 1536), (3, 37), (2, 5)])
+def test_silu_mul_matches_the_reference(rows, n):
+    gate_up = torch.randn(rows, 2 * n) * 4
+    torch.testing.assert_close(cpu_ops.silu_mul(gate_up), cpu_ops.silu_mul_reference(gate_up), rtol=2e-6, atol=1e-30)
+
+
+def test_silu_mul_at_the_extremes():
+    gate = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 20.0, -20.0, 86.0, -86.0, 88.0, -88.0, 100.0, -100.0,
+                         3e38, -3e38, float("inf"), float("nan")])
+    gate_up = torch.cat([gate, torch.full_like(gate, 1.5)]).unsqueeze(0)
+    got, want = cpu_ops.silu_mul(gate_up), cpu_ops.silu_mul_reference(gate_up)
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-30, equal_nan=True)
+    assert torch.equal(torch.signbit(got), torch.signbit(want))  # -0 stays -0 (silu of a large negative)
+
+
+def test_silu_mul_is_the_same_arithmetic_for_every_element_and_row():
+    """A row's values never depend on the other rows or on where an element falls (a 16-wide vector or
+    the padded tail): the fast mode's verification rows equal decode rows bit for bit."""
+    gate_up = torch.randn(3, 2 * 37) * 4
+    together = cpu_ops.silu_mul(gate_up)
+    for r in range(3):
+        assert torch.equal(cpu_ops.silu_mul(gate_up[r:r + 1]), together[r:r + 1])
+    gate, up = gate_up[:1].chunk(2, dim=-1)
+    shifted = cpu_ops.silu_mul(torch.cat([gate[:, 5:], up[:, 5:]], dim=-1))  # tail elements move into vectors
+    assert torch.equal(shifted, together[:1, 5:])
+
+
 @pytest.mark.parametrize("rows,n", [(1, 49152), (16, 8192), (3, 37), (2, 15), (1, 1)])
 def test_argmax_rows_is_torch_argmax(rows, n):
     x = torch.randn(rows, n)

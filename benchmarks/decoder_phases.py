@@ -1,0 +1,81 @@
+"""Where a SmolLM2-135M forward step's time goes, phase by phase, against the memory floor.
+
+Builds the C kernels with -DSPECRAY_PHASE_TIMES (a separate library in the kernel cache: the
+decoder then sums each layer phase's nanoseconds), runs forward steps of one sequence after
+`--context` tokens with `--rows` new ones (a decode step at 1, verification at k + 1) and prints
+microseconds a layer for each phase, the decoder call, the rest of the step (final norm, head,
+sampling-free Python), and the step against the floor of its weight bytes over this run's plain
+memory read.
+
+    python benchmarks/decoder_phases.py --kernels fast --rows 1,4 --context 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import time
+
+PHASES = ["qkv", "rope", "attention", "o_proj", "post_norm", "gate_up", "silu", "down", "next_norm"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernels", choices=["exact", "fast"], default="fast", help="the model's numeric mode")
+    parser.add_argument("--rows", default="1", help="new tokens a step, comma-separated")
+    parser.add_argument("--context", type=int, default=200, help="cached tokens before the step")
+    parser.add_argument("--steps", type=int, default=300, help="timed steps per row count")
+    parser.add_argument("--out", default=None, help="also write the figures as JSON here")
+    args = parser.parse_args()
+    from specray.kernels import cpu_kernels
+
+    flags = os.environ.get(cpu_kernels.FLAGS_ENV, "")
+    os.environ[cpu_kernels.FLAGS_ENV] = f"{flags} -DSPECRAY_PHASE_TIMES".strip()
+    from specray.cluster.bench.bound import stream_bytes_per_s
+    from specray.kernels.batch import RaggedBatch, SeqChunk
+    from specray.kernels.loader import load_model, resolve
+
+    lib = cpu_kernels.library()
+    if lib is None:
+        raise SystemExit("no C kernels (no compiler?)")
+    phase_ns = (ctypes.c_double * len(PHASES)).in_dll(lib, "specray_phase_ns")
+    model = load_model(resolve("smollm2-135m"), kernels=args.kernels)
+    layers = model.config.num_layers
+    bandwidth = stream_bytes_per_s()
+    floor_ms = model.weight_bytes() / bandwidth * 1e3
+    report = {"kernels": args.kernels, "context": args.context, "weight_mb": model.weight_bytes() / 1e6,
+              "stream_gb_per_s": bandwidth / 1e9, "floor_ms": floor_ms, "rows": {}}
+    print(f"{args.kernels} kernels, context {args.context}: weights {model.weight_bytes() / 1e6:.1f} MB, "
+          f"plain read {bandwidth / 1e9:.1f} GB/s, floor {floor_ms:.2f} ms a step")
+    for rows in [int(r) for r in args.rows.split(",")]:
+        cache = model.make_cache(64 + (args.context + rows) // 16, block_size=16)
+        model(RaggedBatch.build([SeqChunk("s", list(range(100, 100 + args.context)), 0)], cache), cache)
+        cache.set_cached("s", args.context)
+
+        def step():
+            model(RaggedBatch.build([SeqChunk("s", [7] * rows, args.context, num_logits=rows)], cache), cache)
+            cache.set_cached("s", args.context)
+
+        for _ in range(10):
+            step()
+        for i in range(len(PHASES)):
+            phase_ns[i] = 0.0
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        step_ms = (time.perf_counter() - start) / args.steps * 1e3
+        per_layer_us = {name: phase_ns[i] / args.steps / layers / 1e3 for i, name in enumerate(PHASES)}
+        decoder_ms = sum(per_layer_us.values()) * layers / 1e3
+        report["rows"][rows] = {"step_ms": step_ms, "decoder_ms": decoder_ms, "per_layer_us": per_layer_us}
+        print(f"rows {rows}: step {step_ms:.2f} ms (floor / step {floor_ms / step_ms:.2f}), decoder "
+              f"{decoder_ms:.2f} ms, the rest (final norm, head, Python) {step_ms - decoder_ms:.2f} ms")
+        print("  us a layer: " + ", ".join(f"{name} {us:.1f}" for name, us in per_layer_us.items()))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
