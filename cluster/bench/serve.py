@@ -47,29 +47,32 @@ class Sample:
     error: str | None = None
 
 
-async def one_request(client, url: str, body: dict, chat: bool, start: float | None = None) -> Sample:
+async def one_request(session, url: str, body: dict, chat: bool, start: float | None = None) -> Sample:
     s = Sample(ok=False, start=start or time.perf_counter())
     chunks = 0
     try:
-        async with client.stream("POST", url, json=body) as resp:
-            if resp.status_code != 200:
-                s.error = f"HTTP {resp.status_code}"
-                await resp.aread()
+        async with session.post(url, json=body) as resp:
+            if resp.status != 200:
+                s.error = f"HTTP {resp.status}"
+                await resp.read()
                 return s
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    s.error = chunk["error"].get("message", "error in stream")
-                    return s
-                if chunk.get("usage"):
-                    s.tokens = chunk["usage"]["completion_tokens"]
-                for choice in chunk.get("choices", []):
-                    text = choice.get("delta", {}).get("content") if chat else choice.get("text")
-                    if text:
-                        chunks += 1
-                        s.first = s.first or time.perf_counter()
+            pending = b""
+            async for data in resp.content.iter_any():
+                *lines, pending = (pending + data).split(b"\n")
+                for line in lines:
+                    event = _event(line.rstrip(b"\r"))
+                    if event is None:
+                        continue
+                    if "error" in event:
+                        s.error = event["error"].get("message", "error in stream")
+                        return s
+                    if event.get("usage"):
+                        s.tokens = event["usage"]["completion_tokens"]
+                    for choice in event.get("choices", []):
+                        text = choice.get("delta", {}).get("content") if chat else choice.get("text")
+                        if text:
+                            chunks += 1
+                            s.first = s.first or time.perf_counter()
         s.ok = True
     except Exception as e:  # a refused connection or a timeout counts as an error, not a crash
         s.error = f"{type(e).__name__}: {e}"
@@ -77,6 +80,13 @@ async def one_request(client, url: str, body: dict, chat: bool, start: float | N
         s.end = time.perf_counter()
         s.tokens = s.tokens or chunks  # servers without stream usage: one chunk ~ one token
     return s
+
+
+def _event(line: bytes) -> dict | None:
+    """An SSE data line's JSON; None for other lines and the closing [DONE]."""
+    if not line.startswith(b"data: ") or line == b"data: [DONE]":
+        return None
+    return json.loads(line[6:])
 
 
 async def drive(send, bodies: list[dict], concurrency: int, rate: float | None, seed: int, progress=None):
@@ -105,13 +115,16 @@ async def drive(send, bodies: list[dict], concurrency: int, rate: float | None, 
 async def run_level(base: str, headers: dict, bodies: list[dict], chat: bool, concurrency: int,
                     rate: float | None, seed: int, progress=None, keepalive: bool = True) -> tuple[list[Sample], float]:
     """One level; `keepalive=False` opens a connection a request (llama-server's HTTP library closes
-    a kept-alive connection after a few requests, which a reusing client sees as a failed request)."""
-    import httpx
+    a kept-alive connection after a few requests, which a reusing client sees as a failed request).
+    aiohttp, not httpx: on a small node the load generator shares the server's cores, and httpx's
+    streaming cost about 2.5x the CPU a chunk (docs/performance.md)."""
+    import aiohttp
 
     url = api_root(base) + ("/v1/chat/completions" if chat else "/v1/completions")
-    limits = httpx.Limits() if keepalive else httpx.Limits(max_keepalive_connections=0)
-    async with httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(600.0), limits=limits) as client:
-        return await drive(lambda body, start: one_request(client, url, _wire(body), chat, start), bodies,
+    connector = aiohttp.TCPConnector(limit=0, force_close=not keepalive)
+    async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=600.0),
+                                     connector=connector) as session:
+        return await drive(lambda body, start: one_request(session, url, _wire(body), chat, start), bodies,
                            concurrency, rate, seed, progress)
 
 
