@@ -69,6 +69,12 @@ class AsyncRouter:
         self._ids = itertools.count()
         self._wake = threading.Event()
         self._stopped = False
+        self._held: list[tuple[str, object]] = []  # the last round's outputs, until the next round is sent
+        # a pipeline slot returns after sending the next steps, and a diffusion router has no hook:
+        # their outputs go out at once
+        self._hold = isinstance(router, Router) and router.pipeline is None
+        if self._hold:
+            router.after_submit = self._flush
         self._thread = threading.Thread(target=self._loop, name="specray-router", daemon=True)
         self._thread.start()
 
@@ -139,9 +145,14 @@ class AsyncRouter:
                 self.router.abort(command.request_id)
 
     def _loop(self) -> None:
+        """A round's outputs are held until the next round's target step is sent (Router.after_submit):
+        the event loops then stream them while the target computes, and the router thread's next
+        calls do not wait for the GIL behind them. Held outputs go out before anything else is
+        delivered, and at once when no round follows."""
         while not self._stopped:
             self._apply_commands()
             if not self.router.has_unfinished():
+                self._flush()
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
                 continue
@@ -153,7 +164,16 @@ class AsyncRouter:
                     self._deliver(request_id, e)
             except Exception as e:  # noqa: BLE001 - a router bug fails what ran, never the server
                 self._fail_running(e)
-            self._deliver_all([(out.request_id, out) for out in outputs] + self.router.take_failures())
+            self._flush()  # a round that sent no target step (or failed) leaves them here
+            self._held = [(out.request_id, out) for out in outputs] + self.router.take_failures()
+            if not self._hold:
+                self._flush()
+        self._flush()
+
+    def _flush(self) -> None:
+        held, self._held = self._held, []
+        if held:
+            self._deliver_all(held)
 
     def _fail_running(self, error: Exception) -> None:
         for request_id in list(self.router.requests):
@@ -161,6 +181,7 @@ class AsyncRouter:
             self._deliver(request_id, request_failed(request_id, error))
 
     def _deliver(self, request_id: str, item) -> None:
+        self._flush()  # in order: a request's held output before its failure
         self._deliver_all([(request_id, item)])
 
     def _deliver_all(self, items: list[tuple[str, object]]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -47,6 +48,9 @@ class Router(RequestBook):
         self.pipeline = Pipeline(self) if config.pipelined and draft is not None else None
         self.lengths = length_policy(target, draft, config)  # adaptive draft lengths, or None
         self._draft_caught_up = False  # this round's draft call fed more than a round's tokens
+        # called once a round's target step is sent: a server hands out the last round's outputs
+        # then, while the target computes, instead of before this round's calls
+        self.after_submit: Callable[[], None] | None = None
 
     # -- requests (the rest in RequestBook) -----------------------------------------------------
     def fail_all(self) -> list[str]:
@@ -252,7 +256,10 @@ class Router(RequestBook):
         decoding = [s for s in group if s.output_token_ids]
         before = (time.perf_counter(), self.stats.draft_seconds, self.stats.prefill_seconds)
         proposals = self.collect_proposals(decoding, self.submit_propose(decoding))
-        outputs = self.outputs(self.collect_verify(group, self.submit_verify(group, proposals), proposals))
+        pending = self.submit_verify(group, proposals)
+        if self.after_submit is not None:
+            self.after_submit()
+        outputs = self.outputs(self.collect_verify(group, pending, proposals))
         self._observe(len(group), proposals, before)
         return outputs
 
