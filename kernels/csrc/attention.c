@@ -384,7 +384,8 @@ void specray_attention(const float* q, int64_t q_stride, int64_t rows, int64_t h
     }
     int64_t per_task = SPLIT_TILE * SPLIT_BLOCK + MAX_GROUP * dim + max_new;
     if (threads > SCORE_THREADS) threads = SCORE_THREADS;
-    if (work <= (1 << 15)) threads = 1;  // a decode row past ~60 keys: its KV comes from memory, two threads read it faster
+    // one thread for tiny steps only: a decode row past ~60 keys reads its KV from memory, faster on two
+    if (work <= (1 << 15)) threads = 1;
     AttentionJob job = {q, q_stride, heads, kv_heads, dim, kv, num_slots, key_slots, key_start, num_ctx, num_new,
                         num_pad, new_mask, max_new, scale, out, scratch, max_keys, group, chunks, split_row,
                         task_t0, task_v0, task_num, per_task,

@@ -1,0 +1,43 @@
+"""AsyncRouter hands a round's outputs to the event loops once the next round's target step is sent
+(so their streaming overlaps the target's compute), in order, and at once when no round follows."""
+
+import asyncio
+
+from specray import LLM, SamplingParams
+from specray.cluster.outputs import RequestOutput
+from specray.cluster.router.async_router import AsyncRouter
+
+
+def test_outputs_go_out_after_the_next_target_step_and_the_last_at_once(tiny_target):
+    llm = LLM(str(tiny_target))  # plain decoding: round r brings token r
+    want = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0]
+    pool, sent = llm.router.target, [0]
+    submit = pool.submit_step
+
+    def counted(items):
+        sent[0] += 1
+        return submit(items)
+
+    pool.submit_step = counted
+    router = AsyncRouter(llm.router)
+    handed = []  # (tokens in the output, target steps sent by then)
+    deliver = router._deliver_all
+
+    def recorded(items):
+        handed.extend((len(o.outputs[0].token_ids), sent[0]) for _, o in items if isinstance(o, RequestOutput))
+        deliver(items)
+
+    router._deliver_all = recorded
+
+    async def stream():
+        return [o async for o in router.generate([5, 6, 7], SamplingParams(max_tokens=6, temperature=0,
+                                                                            ignore_eos=True))]
+
+    try:
+        outs = asyncio.run(stream())
+    finally:
+        router.shutdown()
+    assert outs[-1].finished and outs[-1].outputs[0].token_ids == want.outputs[0].token_ids
+    assert [tokens for tokens, _ in handed] == [1, 2, 3, 4, 5, 6]  # every round's, in order
+    assert all(steps == tokens + 1 for tokens, steps in handed[:-1])  # held until the next step was sent
+    assert handed[-1] == (6, 6)  # the last one at once: no round follows
