@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -75,9 +76,7 @@ class TargetWorker:
         """Seconds of a forward step by rows, 1..row_costs.ROWS (kernels/row_costs.py): measured on
         this machine at the first call, and cached per machine where `cost_key` names the setup."""
         if self._row_costs is None:
-            def measure() -> row_costs.RowCosts:
-                return row_costs.measure(self.model, self.cache)
-
+            measure = functools.partial(row_costs.measure, self.model, self.cache)
             self._row_costs = measure() if self.cost_key is None else row_costs.cached_costs(
                 row_costs.cache_key(*self.cost_key), measure, cache_root())
         return self._row_costs.seconds

@@ -108,9 +108,9 @@ class Router(RequestBook):
         if self.lengths is not None:
             lengths = self._adapt(seqs, lengths)
         drafting = [(s, k) for s, k in zip(seqs, lengths) if k > 0]
-        # a draft catching up on more than a round commits (a prompt, skipped rounds) times no draft step
-        most = self.config.num_speculative_tokens + 1
-        self._draft_caught_up = any(seq.num_tokens - seq.draft_sent > most for seq, _ in drafting)
+        if self.lengths is not None:  # a draft catching up on more than a round commits times no draft step
+            most = self.config.num_speculative_tokens + 1
+            self._draft_caught_up = any(seq.num_tokens - seq.draft_sent > most for seq, _ in drafting)
         if not drafting:
             return None
         items = []
