@@ -113,7 +113,7 @@ def summarise(raw: Path) -> dict:
 def load(url: str, model: str, concurrency: int, num_requests: int, max_tokens: int) -> tuple[int, float]:
     """The closed-loop load of `specray bench serve` (chat, streaming, greedy) -> (tokens, seconds)."""
     from specray.cluster.bench.prompts import load_prompts
-    from specray.cluster.bench.serve import run_level
+    from specray.cluster.bench.load import run_level
 
     prompts = [p["prompt"] for p in load_prompts(None, num_requests)]
     bodies = [{"model": model, "messages": [{"role": "user", "content": p}], "max_tokens": max_tokens,

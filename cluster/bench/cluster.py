@@ -25,7 +25,8 @@ from pathlib import Path
 
 from specray.cluster.args import int_list
 from specray.cluster.bench.prompts import load_prompts
-from specray.cluster.bench.serve import percentiles, run_level, run_level_grpc, summarise
+from specray.cluster.bench.load import run_level, run_level_grpc
+from specray.cluster.bench.serve import percentiles, summarise
 from specray.cluster.router.round_stats import breakdown, snapshot
 from specray.kernels.chat import prompt_token_ids
 

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from specray.cluster.bench.listing import first_model
-from specray.cluster.bench.serve import request_bodies, run_level, summarise
+from specray.cluster.bench.load import run_level
+from specray.cluster.bench.serve import request_bodies, summarise
 
 SCHEMA = "specray.bench.side_by_side/1"
 SERVERS = ("llama-server", "specray")

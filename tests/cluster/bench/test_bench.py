@@ -174,7 +174,7 @@ def test_open_loop_latency_counts_the_wait_for_a_slot():
     import asyncio
     import time
 
-    from specray.cluster.bench.serve import Sample, drive
+    from specray.cluster.bench.load import Sample, drive
 
     async def send(body, start):
         s = Sample(ok=True, start=start or time.perf_counter())

@@ -241,7 +241,7 @@ def test_bench_serve_drives_grpc_and_http_alike(served):
     """`specray bench serve` over gRPC and over HTTP: same prompts, same token counts, no errors."""
     import asyncio
 
-    from specray.cluster.bench.serve import run_level, run_level_grpc
+    from specray.cluster.bench.load import run_level, run_level_grpc
 
     cfg = served[0]
     bodies = [{"model": "tiny", "prompt": "w5 w9 w12 w5 w9", "max_tokens": 8, "temperature": 0.0, "stream": True,
