@@ -36,18 +36,14 @@ async def via_httpx(url: str, requests: list[dict]) -> int:
 async def via_aiohttp(url: str, requests: list[dict]) -> int:
     import aiohttp
 
+    from specray.cluster.bench.load import sse_events
+
     events = 0
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         for body in requests:
             async with session.post(url, json=body) as resp:
-                pending = b""
-                async for data in resp.content.iter_any():
-                    *lines, pending = (pending + data).split(b"\n")
-                    for line in lines:
-                        line = line.rstrip(b"\r")
-                        if line.startswith(b"data: ") and line != b"data: [DONE]":
-                            json.loads(line[6:])
-                            events += 1
+                async for _ in sse_events(resp):
+                    events += 1
     return events
 
 

@@ -32,7 +32,7 @@ async def one_request(session, url: str, body: dict, chat: bool, start: float | 
                 s.error = f"HTTP {resp.status}"
                 await resp.read()
                 return s
-            async for event in _events(resp):
+            async for event in sse_events(resp):
                 if "error" in event:
                     s.error = event["error"].get("message", "error in stream")
                     return s
@@ -52,7 +52,7 @@ async def one_request(session, url: str, body: dict, chat: bool, start: float | 
     return s
 
 
-async def _events(resp):
+async def sse_events(resp):
     """The JSON of each SSE data line of a streamed response, up to the closing [DONE]."""
     pending = b""
     async for data in resp.content.iter_any():

@@ -41,11 +41,11 @@ static double now_ns(void) {
     return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
 }
 #define PHASES_START double phase_t = now_ns()
-#define PHASE(p)                                  \
-    do {                                          \
-        double phase_now = now_ns();              \
+#define PHASE(p)                                    \
+    do {                                            \
+        double phase_now = now_ns();                \
         specray_phase_ns[p] += phase_now - phase_t; \
-        phase_t = phase_now;                      \
+        phase_t = phase_now;                        \
     } while (0)
 #else
 #define PHASES_START
