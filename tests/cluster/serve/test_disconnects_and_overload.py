@@ -42,7 +42,10 @@ def test_every_disconnect_frees_its_sequences(engine):
         async def async_cancel():
             async with AsyncClient(engine.grpc.target, timeout=30) as c:
                 task = asyncio.ensure_future(c.generate(GOOD, max_tokens=400, ignore_eos=True, temperature=0))
-                await asyncio.sleep(0.3)
+                for _ in range(500):  # until the router runs it (a fixed 0.3 s was too short on a busy box)
+                    await asyncio.sleep(0.02)
+                    if r.has_unfinished():
+                        break
                 task.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await task
