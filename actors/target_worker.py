@@ -143,7 +143,7 @@ class TargetWorker:
             raise ValueError("method 'longspec' reads the target's whole last-layer KV: serve it without "
                              "tensor parallelism")
         kv = self.cache.kv[-1].index_select(1, batch.slot_mapping)  # [2 * kv_heads, num_tokens, head_dim]
-        return kv.transpose(0, 1).reshape(batch.num_tokens, -1)
+        return kv.transpose(0, 1).reshape(batch.num_tokens, -1).float()  # the fast mode's cache is fp16
 
     def _commit(self, items: list[TargetItem], chunks: list[SeqChunk], results: list[VerifyResult]) -> None:
         """Each sequence's accepted KV becomes its cached prefix; a tree's other slots are dropped."""

@@ -55,7 +55,8 @@ class LLM:
         A diffusion LM (a LLaDA or Dream folder) is detected from its config: `speculative_config`
         then takes FreeDave ({"method": "freedave", "num_drafts": K}) and `diffusion_config` its
         block_length and steps_per_block (cluster/config/diffusion.py). `kernels`: the target's CPU
-        kernels on GGUF weights, "exact" (the fp32 model) or "fast" (8-bit activations; kernels/fast_linear.py)."""
+        kernels on GGUF weights, "exact" (the fp32 model) or "fast" (8-bit activations, kernels/fast_linear.py; a 16-bit
+        KV cache)."""
         torch_dtype = parse_dtype(dtype)
         torch.manual_seed(seed)
         checkpoint = resolve(model)

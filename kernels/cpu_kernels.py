@@ -19,8 +19,8 @@ from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = [CSRC / "quant_linear.c", CSRC / "fast_linear.c", CSRC / "cpu_ops.c", CSRC / "attention.c",
-           CSRC / "decoder.c", CSRC / "parallel.c"]
-HEADERS = [CSRC / "vec16.h", CSRC / "parallel.h", CSRC / "fast_linear_avx512.h", CSRC / "fast_linear_avx2.h"]
+           CSRC / "attention_f16.c", CSRC / "decoder.c", CSRC / "parallel.c"]
+HEADERS = [CSRC / "vec16.h", CSRC / "kv_type.h", CSRC / "parallel.h", CSRC / "fast_linear_avx512.h", CSRC / "fast_linear_avx2.h"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 # Extra compiler flags, e.g. "-mno-avx512f" to run the AVX2 paths on an AVX-512 machine (the tests do)
 FLAGS_ENV = "SPECRAY_CPU_KERNEL_FLAGS"
@@ -37,17 +37,18 @@ SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
     "specray_add_rms_norm": [P, P, I64, I64, P, F32, P],  # h, delta, rows, n, weight, eps, y
     "specray_argmax_rows": [P, I64, I64, P, I32],  # x, rows, n, out (int64), threads
     "specray_silu_mul": [P, I64, I64, P],  # gate_up, rows, n, act
-    "specray_rope_store_kv": [P, I64, I64, I64, I64, P, P, P, P, I64],
+    "specray_rope_store_kv": [P, I64, I64, I64, I64, P, P, P, P, I64, I32],  # ..., kv, num_slots, kv_half
     # q, q_stride, rows, heads, kv_heads, dim, kv, num_slots, key_slots, key_start, num_ctx, num_new,
     # num_pad, new_mask, max_new, scale, out, scratch, max_keys, threads
     "specray_attention": [P, I64, I64, I64, I64, I64, P, I64, P, P, P, P, P, P, I64, F32, P, P, I64, I32],
+    "specray_attention_f16": [P, I64, I64, I64, I64, I64, P, I64, P, P, P, P, P, P, I64, F32, P, P, I64, I32],
     "specray_attention_split_scratch": [I64, I64, I64, I64, I64],  # rows, heads, kv_heads, dim, max_new -> floats
     "specray_attention_score_rows": [],  # -> rows of score scratch (times heads * max_keys)
     "specray_set_attention_split": [I64, I64],  # min context, min rows for the hybrid (split) attention
     "specray_decoder_workspace": [I64, P, I64],  # rows, dims, max_keys -> floats
-    # h, rows, dims, eps, scale, weights, kinds, kv, kv_layer_stride, num_slots, cos, sin, slots,
+    # h, rows, dims, eps, scale, weights, kinds, kv, kv_layer_stride, kv_half, num_slots, cos, sin, slots,
     # key_slots, key_start, num_ctx, num_new, num_pad, new_mask, max_new, max_keys, work, threads
-    "specray_decoder_layers": [P, I64, P, F32, F32, P, P, P, I64, I64, P, P, P,
+    "specray_decoder_layers": [P, I64, P, F32, F32, P, P, P, I64, I32, I64, P, P, P,
                                P, P, P, P, P, P, I64, I64, P, I32],
     "specray_parallel_check": [I64, I64, I32, P],  # n, chunk, threads, seen (int32 [n]): the loops' test
 }

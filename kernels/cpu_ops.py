@@ -35,6 +35,12 @@ def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
+def _kv_half(kv: torch.Tensor) -> int:
+    """1 for an fp16 KV cache, 0 for fp32 (the C ops take no other)."""
+    assert kv.dtype in (torch.float32, torch.float16), f"C attention reads fp32 or fp16 KV, not {kv.dtype}"
+    return int(kv.dtype == torch.float16)
+
+
 # -- references ---------------------------------------------------------------------------------
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
@@ -43,11 +49,12 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 def rope_store_kv_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
                             layer_kv: torch.Tensor, num_heads: int) -> None:
     """qkv [rows, heads + 2 * kv_heads, dim] (rotated in place on its q and k heads);
-    cos, sin [rows, dim]; layer_kv [2 * kv_heads, num_slots, dim] gets k and v at `slots` [rows]."""
+    cos, sin [rows, dim]; layer_kv [2 * kv_heads, num_slots, dim] (fp32 or fp16) gets k and v at
+    `slots` [rows]."""
     num_kv_heads = (qkv.shape[1] - num_heads) // 2
     qk = qkv[:, : num_heads + num_kv_heads]
     qk.copy_(apply_rotary(qk, cos.unsqueeze(1), sin.unsqueeze(1)))
-    layer_kv.index_copy_(1, slots, qkv[:, num_heads:].transpose(0, 1))
+    layer_kv.index_copy_(1, slots, qkv[:, num_heads:].transpose(0, 1).to(layer_kv.dtype))
 
 
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
@@ -102,7 +109,7 @@ def rope_store_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots
     assert layer_kv.shape[0] == 2 * num_kv_heads and layer_kv.shape[2] == dim
     cpu_kernels.library().specray_rope_store_kv(
         _ptr(qkv), rows, num_heads, num_kv_heads, dim, _ptr(cos), _ptr(sin), _ptr(slots), _ptr(layer_kv),
-        layer_kv.shape[1])
+        layer_kv.shape[1], _kv_half(layer_kv))
 
 
 @dataclass
@@ -147,7 +154,7 @@ class AttentionRows:
 def attention(qkv: torch.Tensor, num_heads: int, layer_kv: torch.Tensor, key_slots: torch.Tensor,
               rows: AttentionRows, scale: float) -> torch.Tensor:
     """qkv [num_tokens, heads + 2 * kv_heads, dim] (the q heads are read); layer_kv [2 * kv_heads,
-    num_slots, dim]; key_slots [num_keys] int64 -> [num_tokens, heads * dim]."""
+    num_slots, dim] (fp32 or fp16); key_slots [num_keys] int64 -> [num_tokens, heads * dim]."""
     num_tokens, width, dim = qkv.shape
     num_kv_heads = layer_kv.shape[0] // 2
     assert width == num_heads + 2 * num_kv_heads and key_slots.dtype == torch.int64
@@ -157,7 +164,7 @@ def attention(qkv: torch.Tensor, num_heads: int, layer_kv: torch.Tensor, key_slo
     scores = lib.specray_attention_score_rows() * num_heads * rows.max_keys  # per (thread, head)
     scratch = torch.empty(scores + split)  # scores, then the split tasks'
     lib.specray_set_attention_split(HYBRID.c_min_context, HYBRID.c_min_rows)
-    lib.specray_attention(
+    (lib.specray_attention_f16 if _kv_half(layer_kv) else lib.specray_attention)(
         _ptr(qkv), width * dim, num_tokens, num_heads, num_kv_heads, dim, _ptr(layer_kv), layer_kv.shape[1],
         _ptr(key_slots), _ptr(rows.key_start), _ptr(rows.num_ctx), _ptr(rows.num_new), _ptr(rows.num_pad),
         _ptr(rows.new_mask), rows.new_mask.shape[1],
@@ -227,7 +234,7 @@ def decoder_layers(h: torch.Tensor, table: DecoderTable, kv: torch.Tensor, cos: 
     the new tokens' KV goes into kv [layers, 2 * kv_heads, num_slots, head_dim]. Computes what the
     layer loop of `LlamaModel.forward` computes with the other fused ops."""
     num_tokens, hidden = h.shape
-    assert kv.shape[0] == table.num_layers and kv.is_contiguous() and kv.dtype == torch.float32
+    assert kv.shape[0] == table.num_layers and kv.is_contiguous()
     assert hidden == int(table.dims[0]) and cos.shape == sin.shape == (num_tokens, kv.shape[3])
     assert slots.shape == (num_tokens,) and slots.dtype == key_slots.dtype == torch.int64
     lib = cpu_kernels.library()
@@ -236,6 +243,6 @@ def decoder_layers(h: torch.Tensor, table: DecoderTable, kv: torch.Tensor, cos: 
                                     HYBRID.c_min_rows)
     lib.specray_decoder_layers(
         _ptr(h), num_tokens, _ptr(table.dims), table.eps, table.scale, _ptr(table.weights), _ptr(table.kinds),
-        _ptr(kv), kv.stride(0), kv.shape[2], _ptr(cos), _ptr(sin), _ptr(slots), _ptr(key_slots),
+        _ptr(kv), kv.stride(0), _kv_half(kv), kv.shape[2], _ptr(cos), _ptr(sin), _ptr(slots), _ptr(key_slots),
         _ptr(rows.key_start), _ptr(rows.num_ctx), _ptr(rows.num_new), _ptr(rows.num_pad), _ptr(rows.new_mask),
         rows.new_mask.shape[1], rows.max_keys, _ptr(work), torch.get_num_threads())

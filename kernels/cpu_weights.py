@@ -26,7 +26,7 @@ class CpuWeights:
         """Use the C kernels where they apply (CPU, fp32, a compiled library): fused norms and RoPE,
         and packed weights (`add_packed_weights`) in numeric `mode` ("exact": the fp32 values, what
         transformers computes; "fast": 8-bit activations and integer dot products, a model of its
-        own). -> how many weights were packed."""
+        own, whose KV cache is fp16: `kv_dtype`). -> how many weights were packed."""
         check_kernel_mode(mode)
         if self.embed_tokens.device.type != "cpu" or self.dtype != torch.float32 or not cpu_ops.available():
             return 0

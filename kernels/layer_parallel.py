@@ -118,8 +118,8 @@ class FuzzyForward:
         qk = torch.bmm(qkv[:, : c.num_heads + c.num_kv_heads], context.rot)  # RoPE on q and k at once
         new_kv = torch.cat([qk[:, c.num_heads:], qkv[:, c.num_heads + c.num_kv_heads:]], dim=1)
         layer_kv = cache.kv[i]  # [2 * num_kv_heads, num_slots, head_dim]
-        layer_kv.index_copy_(1, batch.slot_mapping, new_kv.transpose(0, 1))
-        kv = layer_kv.index_select(1, batch.key_slots)
+        layer_kv.index_copy_(1, batch.slot_mapping, new_kv.transpose(0, 1).to(layer_kv.dtype))
+        kv = layer_kv.index_select(1, batch.key_slots).to(qk.dtype)  # a fast-mode draft's cache is fp16
         attn = ragged_attention(qk[:, : c.num_heads], kv, context.mask, self.model.scale, context.causal)
         return attn.reshape(attn.shape[0], -1)
 

@@ -68,7 +68,7 @@ class LlamaModel(CpuWeights, nn.Module):
         self.scale = config.head_dim ** -0.5
         self.gemv_weights: dict[int, torch.Tensor] = {}  # id(weight) -> weight.T contiguous
         self.packed_weights: dict[int, PackedWeight | FastWeight] = {}  # id(weight) -> its Q4_1/Q8_0 blocks
-        self.kernel_mode = "exact"  # "fast": the blocks in the fast layout, 8-bit activations (fast_linear)
+        self.kernel_mode = "exact"  # "fast": the fast layout, 8-bit activations (fast_linear), fp16 KV
         self.fused_cpu_ops = False  # norms and RoPE through the C ops (`enable_cpu_kernels`)
         self.native_layers = True  # every layer in one C call where `decoder_table` applies
         # (packed_weights it was built from, the table or None): rebuilt when packed_weights is replaced
@@ -108,8 +108,15 @@ class LlamaModel(CpuWeights, nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.dtype
 
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The KV cache's: fp16 in the fast mode, whose every step reads it through the C attention
+        (which widens it to fp32 as it loads: half the bytes a decode row's attention reads, and
+        half the memory a token's KV takes); the model's own dtype otherwise."""
+        return torch.float16 if self.kernel_mode == "fast" and self.fused_cpu_ops else self.dtype
+
     def make_cache(self, num_blocks: int, block_size: int = 16) -> PagedKVCache:
-        return PagedKVCache(self.shard_config, num_blocks, block_size, dtype=self.dtype,
+        return PagedKVCache(self.shard_config, num_blocks, block_size, dtype=self.kv_dtype,
                             device=self.embed_tokens.device)
 
     @torch.inference_mode()
@@ -173,7 +180,7 @@ class LlamaModel(CpuWeights, nn.Module):
             else:
                 qk = torch.bmm(qkv[:, : c.num_heads + c.num_kv_heads], rot)  # RoPE on q and k at once
                 new_kv = torch.cat([qk[:, c.num_heads:], qkv[:, c.num_heads + c.num_kv_heads:]], dim=1)
-                layer_kv.index_copy_(1, batch.slot_mapping, new_kv.transpose(0, 1))
+                layer_kv.index_copy_(1, batch.slot_mapping, new_kv.transpose(0, 1).to(layer_kv.dtype))
                 q = qk[:, : c.num_heads]
             if rows is not None:
                 attn = cpu_ops.attention(qkv, c.num_heads, layer_kv, batch.key_slots, rows, self.scale)
@@ -184,6 +191,7 @@ class LlamaModel(CpuWeights, nn.Module):
                     kv = layer_kv[:, batch.key_range[0]:batch.key_range[1]]  # [2 * num_kv_heads, num_keys, head_dim]
                 else:
                     kv = layer_kv.index_select(1, batch.key_slots)
+                kv = kv.to(q.dtype)  # a 16-bit cache (the fast mode) read by the reference
                 attn = (reference_attention(q, kv, batch, self.scale) if reference
                         else ragged_attention(q, kv, mask, self.scale, causal, context_len))
             o = tp.all_reduce(linear(attn, layer.o_proj))  # partial sums over head groups

@@ -40,7 +40,8 @@ class TargetPoolConfig(PoolConfig):
                                         description="custom Ray resources the worker's node must advertise")
     kernels: Literal["exact", "fast"] = Field(
         "exact", description="numeric mode of the CPU kernels on GGUF weights: exact (the fp32 model, what "
-        "transformers computes) or fast (8-bit activations, integer dot products; lossless against itself)")
+        "transformers computes) or fast (8-bit activations, integer dot products, a 16-bit KV cache; "
+        "lossless against itself)")
 
 
 class DraftPoolConfig(PoolConfig):

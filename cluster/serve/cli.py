@@ -77,7 +77,8 @@ def add_serve_flags(p) -> None:
     p.add_argument("--tensor-parallel-size", type=int, help="target workers sharing the model")
     p.add_argument("--kernels", choices=["exact", "fast"],
                    help="the target's CPU kernels on GGUF weights: exact (default: the fp32 model) or fast (8-bit "
-                        "activations, integer dot products: a model of its own, speculation lossless against it)")
+                        "activations, integer dot products, a 16-bit KV cache: a model of its own, speculation "
+                        "lossless against it)")
     p.add_argument("--draft-workers", type=int, help="draft workers of one layer-parallel group (EasySpec across "
                                                      "devices; needs speculative_config layer_parallel >= it)")
     p.add_argument("--max-num-seqs", type=int, help="running sequences at most")

@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kv_type.h"
 #include "parallel.h"
 #include "vec16.h"
 
@@ -13,7 +14,7 @@
 // vector is loaded once for the whole group, and the outputs stay in registers (a load-add-store per key was a third of attention): 64 floats at a
 // time on AVX-512; 16 on AVX2, whose 16 registers spilled every accumulator of the 64-float
 // version, so there each value row is read dim / 16 times from L1/L2.
-static void weighted_values(const float* p, int64_t s_stride, int num, const float* values, const int64_t* head,
+static void weighted_values(const float* p, int64_t s_stride, int num, const kv_t* values, const int64_t* head,
                             int64_t head_n, const int64_t* tail, int64_t n, int64_t dim, float* o) {
 #define SLOT(j) ((j) < head_n ? head[j] : tail[(j) - head_n])
     int64_t d0 = 0;
@@ -21,8 +22,8 @@ static void weighted_values(const float* p, int64_t s_stride, int num, const flo
     for (; d0 + 4 * LANES <= dim; d0 += 4 * LANES) {
         vec16 acc[MAX_GROUP][4] = {{{0}}};
         for (int64_t j = 0; j < n; j++) {
-            const float* v = values + SLOT(j) * dim + d0;
-            vec16 vj[4] = {vload(v), vload(v + LANES), vload(v + 2 * LANES), vload(v + 3 * LANES)};
+            const kv_t* v = values + SLOT(j) * dim + d0;
+            vec16 vj[4] = {kvload(v), kvload(v + LANES), kvload(v + 2 * LANES), kvload(v + 3 * LANES)};
             for (int g = 0; g < num; g++)
                 for (int k = 0; k < 4; k++) acc[g][k] += p[g * s_stride + j] * vj[k];
         }
@@ -33,8 +34,8 @@ static void weighted_values(const float* p, int64_t s_stride, int num, const flo
     for (; d0 + 16 <= dim; d0 += 16) {
         vec8 acc[MAX_GROUP][2] = {{{0}}};
         for (int64_t j = 0; j < n; j++) {
-            const float* v = values + SLOT(j) * dim + d0;
-            vec8 v0 = vload8(v), v1 = vload8(v + 8);
+            const kv_t* v = values + SLOT(j) * dim + d0;
+            vec8 v0 = kvload8(v), v1 = kvload8(v + 8);
             for (int g = 0; g < num; g++) {
                 float pj = p[g * s_stride + j];
                 acc[g][0] += pj * v0;
@@ -51,7 +52,7 @@ static void weighted_values(const float* p, int64_t s_stride, int num, const flo
         for (int g = 0; g < num; g++) {
             float acc = 0.f;
             for (int64_t j = 0; j < n; j++)  // fmaf: the same rounding however the compiler vectorises
-                acc = fmaf(p[g * s_stride + j], values[SLOT(j) * dim + d0], acc);
+                acc = fmaf(p[g * s_stride + j], kvf(values[SLOT(j) * dim + d0]), acc);
             o[g * dim + d0] = acc;
         }
 #undef SLOT
@@ -60,12 +61,12 @@ static void weighted_values(const float* p, int64_t s_stride, int num, const flo
 // The dot products of q [dim] with 16 keys (dim % 16 == 0) as one vector, lane k for key k. Each
 // key's 16 partial sums are folded with the other keys' (a transpose-and-add, 31 shuffles for the
 // 16 keys) instead of reduced one key at a time (about 5 shuffles and 3 scalar adds each).
-static inline vec16 dot16(const float* q, const float* keys, const int64_t* slots, int64_t dim) {
+static inline vec16 dot16(const float* q, const kv_t* keys, const int64_t* slots, int64_t dim) {
     vec16 acc[16];
     for (int k = 0; k < 16; k++) {
-        const float* key = keys + slots[k] * dim;
-        acc[k] = vload(q) * vload(key);
-        for (int64_t i = LANES; i < dim; i += LANES) acc[k] += vload(q + i) * vload(key + i);
+        const kv_t* key = keys + slots[k] * dim;
+        acc[k] = vload(q) * kvload(key);
+        for (int64_t i = LANES; i < dim; i += LANES) acc[k] += vload(q + i) * kvload(key + i);
     }
     vec16 l1[8], l2[4], l3[2];
     for (int i = 0; i < 8; i++)  // lanes 0-7: key 2i's 8 partials, 8-15: key 2i + 1's
@@ -85,12 +86,12 @@ static inline vec16 dot16(const float* q, const float* keys, const int64_t* slot
 
 // AVX2: the same transpose-and-add over 8 keys with 8-float vectors (16 keys of 16-float vectors
 // need 32 accumulators: on AVX2's 16 registers they all spilled).
-static inline vec8 dot8(const float* q, const float* keys, const int64_t* slots, int64_t dim) {
+static inline vec8 dot8(const float* q, const kv_t* keys, const int64_t* slots, int64_t dim) {
     vec8 acc[8];
     for (int k = 0; k < 8; k++) {
-        const float* key = keys + slots[k] * dim;
-        acc[k] = vload8(q) * vload8(key);
-        for (int64_t i = 8; i < dim; i += 8) acc[k] += vload8(q + i) * vload8(key + i);
+        const kv_t* key = keys + slots[k] * dim;
+        acc[k] = vload8(q) * kvload8(key);
+        for (int64_t i = 8; i < dim; i += 8) acc[k] += vload8(q + i) * kvload8(key + i);
     }
     vec8 l1[4], l2[2];
     for (int i = 0; i < 4; i++)  // lanes 0-3: key 2i's 4 partials, 4-7: key 2i + 1's
@@ -137,7 +138,7 @@ static void softmax(float* s, int64_t n) {
 // partial block is padded with repeats and cut). So a row's numbers depend on its visible keys
 // alone: a verification row (chain or tree node), a prefill row and the decode row of the same
 // tokens agree bit for bit (the fast kernel mode's exactness rests on it).
-static void attend(const float* q, int num, const float* keys, const float* values, const int64_t* slots,
+static void attend(const float* q, int num, const kv_t* keys, const kv_t* values, const int64_t* slots,
                    int64_t ctx, int64_t n, int64_t pad, const uint8_t* visible_new, int64_t dim,
                    float scale, float* s, int64_t s_stride, float* o) {
     int64_t seen[n - ctx + 1], m = 0;  // the visible new keys' slots
@@ -170,7 +171,7 @@ static void attend(const float* q, int num, const float* keys, const float* valu
         }
 #endif
     for (; j < all; j++)  // other head sizes: one key at a time (dummies too, so the work stays)
-        for (int g = 0; g < num; g++) s[g * s_stride + j] = scale * dot(q + g * dim, keys + KEY_SLOT(j) * dim, dim);
+        for (int g = 0; g < num; g++) s[g * s_stride + j] = scale * kv_dot(q + g * dim, keys + KEY_SLOT(j) * dim, dim);
 #undef KEY_SLOT
     for (int g = 0; g < num; g++) softmax(s + g * s_stride, total);
     weighted_values(s, s_stride, num, values, slots, ctx, seen, total, dim, o);
@@ -187,18 +188,22 @@ static void attend(const float* q, int num, const float* keys, const float* valu
 #define SCORE_THREADS 16  // score buffers: one per thread (more threads are capped), not one per row
 
 // Rows' worth of score scratch `specray_attention` needs (times heads * max_keys).
+extern int64_t split_min_ctx, split_min_rows;  // which sequences split (HybridSplit sets them)
+
+#if !defined(KV_HALF)  // once in the library: attention_f16.c includes this file again
 int64_t specray_attention_score_rows(void) { return SCORE_THREADS; }
 
-static int64_t split_min_ctx = 2048, split_min_rows = 3;  // which sequences split (HybridSplit sets them)
+int64_t split_min_ctx = 2048, split_min_rows = 3;
 
 void specray_set_attention_split(int64_t min_ctx, int64_t min_rows) {
     split_min_ctx = min_ctx;
     split_min_rows = min_rows < 2 ? 2 : min_rows;
 }
+#endif
 
 // Online softmax over the context for `num` query vectors (qs[i] [dim]): o[i] [dim] the normalised
 // output, lse[i] its log-sum-exp. s [num * SPLIT_BLOCK], part [MAX_GROUP * dim] scratch.
-static void attend_prefix(const float* const* qs, int num, const float* keys, const float* values,
+static void attend_prefix(const float* const* qs, int num, const kv_t* keys, const kv_t* values,
                           const int64_t* slots, int64_t ctx, int64_t dim, float scale, float* s, float* part,
                           float* const* o, float* lse) {
     float top[SPLIT_TILE], total[SPLIT_TILE];
@@ -219,7 +224,7 @@ static void attend_prefix(const float* const* qs, int num, const float* keys, co
                 for (int i = 0; i < num; i++) vstore8(s + i * SPLIT_BLOCK + j, scale * dot8(qs[i], keys, slots + j0 + j, dim));
 #endif
         for (; j < nb; j++)
-            for (int i = 0; i < num; i++) s[i * SPLIT_BLOCK + j] = scale * dot(qs[i], keys + slots[j0 + j] * dim, dim);
+            for (int i = 0; i < num; i++) s[i * SPLIT_BLOCK + j] = scale * kv_dot(qs[i], keys + slots[j0 + j] * dim, dim);
         for (int i = 0; i < num; i++) {  // rescale the running sums to the new maximum, exponentiate the block
             float* si = s + i * SPLIT_BLOCK, m = top[i];
             for (j = 0; j < nb; j++) m = si[j] > m ? si[j] : m;
@@ -257,12 +262,12 @@ static void attend_prefix(const float* const* qs, int num, const float* keys, co
 
 // The tree part of one query vector (its visible new keys), merged into o (the prefix part, lse_prefix)
 // with weight sigmoid(lse_prefix - lse_tree). s [n] scratch.
-static void attend_tree_merge(const float* q, const float* keys, const float* values, const int64_t* slots,
+static void attend_tree_merge(const float* q, const kv_t* keys, const kv_t* values, const int64_t* slots,
                               int64_t n, const uint8_t* visible, int64_t dim, float scale, float lse_prefix,
                               float* s, float* o) {
     float top = -INFINITY, total = 0.f;
     for (int64_t j = 0; j < n; j++) {
-        s[j] = visible[j] ? scale * dot(q, keys + slots[j] * dim, dim) : -INFINITY;
+        s[j] = visible[j] ? scale * kv_dot(q, keys + slots[j] * dim, dim) : -INFINITY;
         top = s[j] > top ? s[j] : top;
     }
     for (int64_t j = 0; j < n; j++) {
@@ -274,7 +279,7 @@ static void attend_tree_merge(const float* q, const float* keys, const float* va
     float wt = (1.f - w) / total;
     for (int64_t d = 0; d < dim; d++) {
         float acc = 0.f;
-        for (int64_t j = 0; j < n; j++) acc += s[j] * values[slots[j] * dim + d];
+        for (int64_t j = 0; j < n; j++) acc += s[j] * kvf(values[slots[j] * dim + d]);
         o[d] = w * o[d] + wt * acc;
     }
 }
@@ -283,7 +288,7 @@ static void attend_tree_merge(const float* q, const float* keys, const float* va
 // (vector v = row t0 + v / group, head kvh * group + v % group). scratch [SPLIT_TILE * SPLIT_BLOCK +
 // MAX_GROUP * dim + n_new] floats; lse [SPLIT_TILE].
 static void split_task(const float* q, int64_t q_stride, int64_t heads, int64_t group, int64_t kvh, int64_t dim,
-                       const float* keys, const float* values, const int64_t* slots, int64_t ctx, int64_t n_new,
+                       const kv_t* keys, const kv_t* values, const int64_t* slots, int64_t ctx, int64_t n_new,
                        const uint8_t* new_mask, int64_t max_new, int64_t t0, int64_t v0, int num, float scale,
                        float* out, float* scratch) {
     const float* qs[SPLIT_TILE];
@@ -306,7 +311,7 @@ static void split_task(const float* q, int64_t q_stride, int64_t heads, int64_t 
 typedef struct {  // specray_attention's arguments, as specray_parallel's chunks see them
     const float* q;
     int64_t q_stride, heads, kv_heads, dim;
-    const float* kv;
+    const kv_t* kv;
     int64_t num_slots;
     const int64_t *key_slots, *key_start, *num_ctx, *num_new, *num_pad;
     const uint8_t* new_mask;
@@ -359,8 +364,8 @@ static void split_chunk(void* ctx, int64_t i0, int64_t i1, int thread, int fresh
 // num_new keys: scored, then dropped, as a padded kernel would); new_mask [rows, max_new]
 // (1 = visible); out [rows, heads * dim]; scratch [SCORE_THREADS * heads * max_keys + the split's].
 // Sequences of split_min_rows+ rows after split_min_ctx context or more take the hybrid (split) path.
-void specray_attention(const float* q, int64_t q_stride, int64_t rows, int64_t heads, int64_t kv_heads,
-                       int64_t dim, const float* kv, int64_t num_slots, const int64_t* key_slots,
+void KV_NAME(specray_attention)(const float* q, int64_t q_stride, int64_t rows, int64_t heads, int64_t kv_heads,
+                       int64_t dim, const kv_t* kv, int64_t num_slots, const int64_t* key_slots,
                        const int64_t* key_start, const int64_t* num_ctx, const int64_t* num_new,
                        const int64_t* num_pad, const uint8_t* new_mask, int64_t max_new, float scale,
                        float* out, float* scratch, int64_t max_keys, int threads) {
@@ -394,9 +399,11 @@ void specray_attention(const float* q, int64_t q_stride, int64_t rows, int64_t h
     specray_parallel(tasks * kv_heads, 1, threads, split_chunk, &job);
 }
 
+#if !defined(KV_HALF)
 // Floats of scratch `specray_attention` needs beyond rows * heads * max_keys (the split tasks').
 int64_t specray_attention_split_scratch(int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, int64_t max_new) {
     int64_t group = heads / kv_heads;
     int64_t tasks = (rows * group + SPLIT_TILE - 1) / SPLIT_TILE + rows;  // at most one partial tile per sequence
     return tasks * kv_heads * (SPLIT_TILE * SPLIT_BLOCK + MAX_GROUP * dim + max_new);
 }
+#endif

@@ -24,11 +24,11 @@ void specray_add_rms_norm(float* h, const float* delta, int64_t rows, int64_t n,
 }
 
 // RoPE (rotate-half form) on the query and key heads of qkv [rows, heads + 2 * kv_heads, dim] in
-// place, then the rotated keys and the values into kv [2 * kv_heads, num_slots, dim] at `slots`.
-// cos, sin [rows, dim].
+// place, then the rotated keys and the values into kv [2 * kv_heads, num_slots, dim] at `slots`
+// (fp32, or fp16 where kv_half). cos, sin [rows, dim].
 void specray_rope_store_kv(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim,
-                           const float* cos, const float* sin, const int64_t* slots, float* kv,
-                           int64_t num_slots) {
+                           const float* cos, const float* sin, const int64_t* slots, void* kv,
+                           int64_t num_slots, int kv_half) {
     int64_t half = dim / 2, width = (heads + 2 * kv_heads) * dim;
     for (int64_t r = 0; r < rows; r++) {
         const float *c = cos + r * dim, *s = sin + r * dim;
@@ -42,8 +42,11 @@ void specray_rope_store_kv(float* qkv, int64_t rows, int64_t heads, int64_t kv_h
         }
         for (int64_t h = 0; h < 2 * kv_heads; h++) {
             const float* src = qkv + r * width + (heads + h) * dim;
-            float* dst = kv + (h * num_slots + slots[r]) * dim;
-            for (int64_t i = 0; i < dim; i++) dst[i] = src[i];
+            int64_t at = (h * num_slots + slots[r]) * dim;
+            if (kv_half)  // round to nearest even, as torch's .half()
+                for (int64_t i = 0; i < dim; i++) ((_Float16*)kv)[at + i] = (_Float16)src[i];
+            else
+                memcpy((float*)kv + at, src, dim * sizeof(float));
         }
     }
 }

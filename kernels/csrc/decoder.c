@@ -17,12 +17,15 @@ void specray_rms_norm(const float* x, int64_t rows, int64_t n, const float* w, f
 void specray_add_rms_norm(float* h, const float* delta, int64_t rows, int64_t n, const float* w, float eps,
                           float* y);
 void specray_rope_store_kv(float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim,
-                           const float* cos, const float* sin, const int64_t* slots, float* kv, int64_t num_slots);
-void specray_attention(const float* q, int64_t q_stride, int64_t rows, int64_t heads, int64_t kv_heads,
-                       int64_t dim, const float* kv, int64_t num_slots, const int64_t* key_slots,
-                       const int64_t* key_start, const int64_t* num_ctx, const int64_t* num_new,
-                       const int64_t* num_pad, const uint8_t* new_mask, int64_t max_new, float scale,
-                       float* out, float* scratch, int64_t max_keys, int threads);
+                           const float* cos, const float* sin, const int64_t* slots, void* kv, int64_t num_slots,
+                           int kv_half);
+#define ATTENTION_ARGS                                                                                          \
+    const float *q, int64_t q_stride, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, const void *kv, \
+        int64_t num_slots, const int64_t *key_slots, const int64_t *key_start, const int64_t *num_ctx,          \
+        const int64_t *num_new, const int64_t *num_pad, const uint8_t *new_mask, int64_t max_new, float scale,  \
+        float *out, float *scratch, int64_t max_keys, int threads
+void specray_attention(ATTENTION_ARGS);
+void specray_attention_f16(ATTENTION_ARGS);  // attention_f16.c: the same over an fp16 cache
 int64_t specray_attention_split_scratch(int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, int64_t max_new);
 int64_t specray_attention_score_rows(void);
 int64_t specray_fast_scratch_bytes(int64_t rows, int64_t in);
@@ -139,12 +142,13 @@ void specray_silu_mul(const float* gate_up, int64_t rows, int64_t n, float* act)
 
 // h [rows, hidden]: the embedded tokens in, the residual stream after the last layer out (before
 // the final norm). weights [layers, W_COUNT] addresses; kinds [layers, 4] (KIND_*, per projection);
-// kv: layer 0's [2 * kv_heads, num_slots, head_dim], layer l at kv + l * kv_layer_stride.
+// kv: layer 0's [2 * kv_heads, num_slots, head_dim], layer l at kv + l * kv_layer_stride elements,
+// fp32, or fp16 where kv_half.
 // cos, sin [rows, head_dim]; slots [rows]; the attention rows as `specray_attention` takes them;
 // work [specray_decoder_workspace(...)].
 void specray_decoder_layers(float* h, int64_t rows, const int64_t* d, float eps, float scale,
-                            const int64_t* weights, const int32_t* kinds, float* kv, int64_t kv_layer_stride,
-                            int64_t num_slots, const float* cos, const float* sin, const int64_t* slots,
+                            const int64_t* weights, const int32_t* kinds, void* kv, int64_t kv_layer_stride,
+                            int kv_half, int64_t num_slots, const float* cos, const float* sin, const int64_t* slots,
                             const int64_t* key_slots, const int64_t* key_start, const int64_t* num_ctx,
                             const int64_t* num_new, const int64_t* num_pad, const uint8_t* new_mask,
                             int64_t max_new, int64_t max_keys, float* work, int threads) {
@@ -156,14 +160,15 @@ void specray_decoder_layers(float* h, int64_t rows, const int64_t* d, float eps,
     for (int64_t l = 0; l < d[D_LAYERS]; l++) {
         const int64_t* lw = weights + l * W_COUNT;
         const int32_t* lk = kinds + l * 4;
-        float* layer_kv = kv + l * kv_layer_stride;
+        void* layer_kv = (char*)kv + l * kv_layer_stride * (kv_half ? 2 : 4);
         linear(w.x, rows, hidden, lw[W_QKV], lk[W_QKV], width, w.qkv, w.quantised, threads);
         PHASE(P_QKV);
-        specray_rope_store_kv(w.qkv, rows, heads, kv_heads, dim, cos, sin, slots, layer_kv, num_slots);
+        specray_rope_store_kv(w.qkv, rows, heads, kv_heads, dim, cos, sin, slots, layer_kv, num_slots, kv_half);
         PHASE(P_ROPE);
-        specray_attention(w.qkv, width, rows, heads, kv_heads, dim, layer_kv, num_slots, key_slots, key_start,
-                          num_ctx, num_new, num_pad, new_mask, max_new, scale, w.attn, w.scores, max_keys,
-                          threads);
+        (kv_half ? specray_attention_f16 : specray_attention)(w.qkv, width, rows, heads, kv_heads, dim, layer_kv,
+                                                              num_slots, key_slots, key_start, num_ctx, num_new,
+                                                              num_pad, new_mask, max_new, scale, w.attn, w.scores,
+                                                              max_keys, threads);
         PHASE(P_ATTENTION);
         linear(w.attn, rows, heads * dim, lw[W_O], lk[W_O], hidden, w.delta, w.quantised, threads);
         PHASE(P_O);

@@ -72,18 +72,21 @@ def test_argmax_rows_keeps_torch_ties_nan_and_infinities():
     assert torch.equal(cpu_ops.argmax_rows(half), half.argmax(-1))
 
 
-def test_rope_store_kv_matches_the_reference():
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])  # fp16: the fast mode's cache
+def test_rope_store_kv_matches_the_reference(kv_dtype):
     rows, heads, kv_heads, dim, slots_total = 5, 6, 2, 16, 40
     qkv = torch.randn(rows, heads + 2 * kv_heads, dim)
     angles = torch.rand(rows, dim // 2) * 6
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)  # [rows, dim]
     slots = torch.tensor([7, 3, 31, 0, 12])
     got_qkv, want_qkv = qkv.clone(), qkv.clone()
-    got_kv, want_kv = torch.zeros(2 * kv_heads, slots_total, dim), torch.zeros(2 * kv_heads, slots_total, dim)
+    got_kv, want_kv = (torch.zeros(2 * kv_heads, slots_total, dim, dtype=kv_dtype) for _ in range(2))
     cpu_ops.rope_store_kv(got_qkv, cos, sin, slots, got_kv, heads)
     cpu_ops.rope_store_kv_reference(want_qkv, cos, sin, slots, want_kv, heads)
     torch.testing.assert_close(got_qkv, want_qkv)
     torch.testing.assert_close(got_kv, want_kv)
+    if kv_dtype == torch.float16:  # rounded to nearest even, as torch's .half() of the same rotated values
+        assert torch.equal(got_kv.index_select(1, slots), got_qkv[:, heads:].transpose(0, 1).half())
     assert not torch.equal(got_qkv[:, :heads], qkv[:, :heads])  # it did rotate
     assert torch.equal(got_qkv[:, heads + kv_heads:], qkv[:, heads + kv_heads:])  # values untouched
 
@@ -103,10 +106,12 @@ def test_model_with_fused_ops_matches_the_torch_path(tiny_target):
     torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-4)  # the same KV written
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])  # fp16: widened as it is loaded
 @pytest.mark.parametrize("head_dim", [16, 64, 80])  # the kernel's 64-float blocks, and a remainder
-def test_attention_matches_the_reference_on_a_mixed_batch(tiny_target, tmp_path, head_dim):
+def test_attention_matches_the_reference_on_a_mixed_batch(tiny_target, tmp_path, head_dim, kv_dtype):
     """Decode, a verification chain and a tree in one step, keys scattered over the paged cache:
-    the C attention equals the reference, sequence by sequence."""
+    the C attention equals the reference, sequence by sequence (an fp16 cache: the reference on its
+    values widened to fp32)."""
     from specray.kernels.attention import reference_attention
 
     folder = tiny_target if head_dim == 16 else save_tiny_llama(tmp_path, hidden_size=2 * head_dim,
@@ -123,14 +128,14 @@ def test_attention_matches_the_reference_on_a_mixed_batch(tiny_target, tmp_path,
     batch = RaggedBatch.build(chunks, cache)
     rows = cpu_ops.AttentionRows.build(batch)
     assert rows is not None and rows.new_mask.shape == (10, 5)
-    layer_kv = torch.randn_like(cache.kv[0])
+    layer_kv = torch.randn_like(cache.kv[0]).to(kv_dtype)
     qkv = torch.randn(batch.num_tokens, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
     got = cpu_ops.attention(qkv, c.num_heads, layer_kv, batch.key_slots, rows, model.scale)
     for b, chunk in enumerate(chunks):
         q0, q1 = batch.cu_seqlens[b], batch.cu_seqlens[b + 1]
         one = RaggedBatch.build([SeqChunk(chunk.seq_id, chunk.token_ids, chunk.context_len, chunk.parents,
                                           num_logits=len(chunk.token_ids))], cache)
-        kv = layer_kv.index_select(1, one.key_slots)
+        kv = layer_kv.index_select(1, one.key_slots).float()
         want = reference_attention(qkv[q0:q1, : c.num_heads], kv, one, model.scale)
         torch.testing.assert_close(got[q0:q1], want, rtol=1e-5, atol=1e-5)
 

@@ -41,6 +41,28 @@ def packed_model(tiny_gguf_target):
     return model
 
 
+@pytest.fixture(scope="module")
+def fast_model(tiny_gguf_target):
+    model = load_model(Checkpoint(tiny_gguf_target, "t"), cpu_kernels=True, kernels="fast")
+    assert model.decoder_table() is not None
+    return model
+
+
+def test_the_fast_mode_keeps_a_16_bit_cache(packed_model, fast_model):
+    assert packed_model.kv_dtype == torch.float32 and fast_model.kv_dtype == torch.float16
+    assert fast_model.make_cache(4, block_size=4).kv.dtype == torch.float16
+
+
+def test_fast_native_layers_match_the_op_by_op_path(fast_model):
+    """The fast mode's one-call decoder and its op-by-op path (fast linears, the C attention on the
+    fp16 cache) write the same fp16 KV and give the same logits."""
+    native, native_kv = step(fast_model, MIXED, native=True)
+    loop, loop_kv = step(fast_model, MIXED, native=False)
+    assert native_kv.dtype == loop_kv.dtype == torch.float16
+    torch.testing.assert_close(native, loop, rtol=1e-5, atol=1e-5)  # silu: its own vector exp vs torch's
+    torch.testing.assert_close(native_kv, loop_kv, rtol=1e-3, atol=1e-3)  # an fp16 ulp where silu moved it
+
+
 def test_native_layers_match_the_op_by_op_path(packed_model):
     native, native_kv = step(packed_model, MIXED, native=True)
     loop, loop_kv = step(packed_model, MIXED, native=False)
@@ -68,14 +90,16 @@ def test_native_layers_match_the_reference(packed_model):
     torch.testing.assert_close(native_kv, ref_kv, rtol=1e-4, atol=1e-4)
 
 
-def test_a_row_does_not_depend_on_the_other_rows(packed_model):
+@pytest.mark.parametrize("mode", ["exact", "fast"])  # fast: 8-bit activations, the fp16 cache
+def test_a_row_does_not_depend_on_the_other_rows(packed_model, fast_model, mode):
     """A decode row and the first row of a verification chain from the same context give the same
     bits: speculation must not change what the target computes for a token."""
-    one, _ = step(packed_model, [SeqChunk("b", [12], 3)], native=True)
-    chain, _ = step(packed_model, [SeqChunk("b", [12, 13, 14], 3, num_logits=3)], native=True)
-    batched, _ = step(packed_model, [SeqChunk("a", [30, 31], 9, num_logits=2), SeqChunk("b", [12], 3)],
-                      native=True)
-    assert torch.equal(one[0], chain[0]) and torch.equal(one[0], batched[2])
+    model = packed_model if mode == "exact" else fast_model
+    one, _ = step(model, [SeqChunk("b", [12], 3)], native=True)
+    chain, _ = step(model, [SeqChunk("b", [12, 13, 14], 3, num_logits=3)], native=True)
+    batched, _ = step(model, [SeqChunk("a", [30, 31], 9, num_logits=2), SeqChunk("b", [12], 3)], native=True)
+    tree, _ = step(model, [SeqChunk("b", [12, 40, 41], 3, parents=[-1, 0, 0], num_logits=3)], native=True)
+    assert torch.equal(one[0], chain[0]) and torch.equal(one[0], batched[2]) and torch.equal(one[0], tree[0])
 
 
 def test_the_native_path_applies_only_where_it_can(tiny_target, tiny_gguf_target):
