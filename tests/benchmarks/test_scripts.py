@@ -84,3 +84,30 @@ def test_distill_draft_benchmark_measures_chains_lookup_and_trees(tiny_target, t
     assert [r["method"] for r in sampled["runs"]] == ["specray (no speculation)", "specray + draft",
                                                       "specray + draft, tree"]
     assert all(r["lossless"] is None and r["tokens"] == 12 for r in sampled["runs"][1:])
+
+
+def test_kv_cache_dtype_benchmark_steps_both_caches(tiny_gguf_target, tmp_path):
+    """benchmarks/kv_cache_dtype.py: every case times the fp32 and the fp16 cache and compares their
+    logits; a malformed case is refused."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    import pytest
+
+    from specray.kernels import cpu_ops
+
+    if not cpu_ops.available():
+        pytest.skip("the fast mode needs the C kernels")
+    path = Path(__file__).parents[2] / "benchmarks" / "kv_cache_dtype.py"
+    spec = importlib.util.spec_from_file_location("bench_kv_dtype", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "kv.json"
+    results = bench.main(["--model", str(tiny_gguf_target), "--cases", "1x9x1,2x5x3", "--repeats", "1",
+                          "--steps", "1", "--out", str(out)])
+    assert json.loads(out.read_text())["results"] == results
+    assert [(r["seqs"], r["context"], r["rows"]) for r in results] == [(1, 9, 1), (2, 5, 3)]
+    assert all(r["ms_fp32"] > 0 and r["ms_fp16"] > 0 and 0 <= r["top1_agreement"] <= 1 for r in results)
+    with pytest.raises(AssertionError, match="SEQSxCONTEXTxROWS"):
+        bench.parse_cases("1x200")
