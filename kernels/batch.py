@@ -75,8 +75,9 @@ class RaggedBatch:
 
     @classmethod
     def build(cls, chunks: list[SeqChunk], cache: PagedKVCache, device="cpu") -> "RaggedBatch":
-        """Reserve cache slots for the chunks' new tokens and lay out the flat step inputs."""
-        ids, pos, slots, keys, logit_rows = [], [], [], [], []
+        """Reserve cache slots for the chunks' new tokens and lay out the flat step inputs (a decode
+        step builds one every token: its tensors come from one list and one slot view each)."""
+        ids, pos, slots, keys, logit_rows, runs = [], [], [], [], [], []
         cu_seq, cu_key, cu_log = [0], [0], [0]
         for chunk in chunks:
             real, ctx = len(chunk.token_ids), chunk.context_len
@@ -88,22 +89,29 @@ class RaggedBatch:
             seq_slots = cache.slots(chunk.seq_id, 0, ctx + n)
             slots.append(seq_slots[ctx:])
             keys.append(torch.cat([seq_slots, seq_slots[:1].repeat(chunk.key_pad)]) if chunk.key_pad else seq_slots)
+            runs.append(None if chunk.key_pad else cache.slot_run(chunk.seq_id, ctx + n))
             logit_rows.extend(range(cu_seq[-1] + real - chunk.num_logits, cu_seq[-1] + real))
             cu_seq.append(cu_seq[-1] + n)
             cu_key.append(cu_key[-1] + ctx + n + chunk.key_pad)
             cu_log.append(cu_log[-1] + chunk.num_logits)
-        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
-        key_slots = torch.cat(keys)
-        first, count = int(key_slots[0]), key_slots.shape[0]
-        is_run = bool((key_slots == torch.arange(first, first + count)).all())
+        ints = torch.tensor(ids + pos + logit_rows, dtype=torch.long, device=device)
+        input_ids, positions, logits_indices = ints.split([len(ids), len(pos), len(logit_rows)])
+        joined = lambda parts: parts[0] if len(parts) == 1 else torch.cat(parts)  # noqa: E731
         return cls(
-            input_ids=as_long(ids), positions=as_long(pos), cu_seqlens=cu_seq,
+            input_ids=input_ids, positions=positions, cu_seqlens=cu_seq,
             context_lens=[c.context_len for c in chunks], parents=[c.parents for c in chunks],
-            slot_mapping=torch.cat(slots).to(device), key_slots=key_slots.to(device),
-            cu_keylens=cu_key, logits_indices=as_long(logit_rows), cu_logits=cu_log,
-            key_range=(first, first + count) if is_run else None,
+            slot_mapping=joined(slots).to(device), key_slots=joined(keys).to(device),
+            cu_keylens=cu_key, logits_indices=logits_indices, cu_logits=cu_log, key_range=one_run(runs),
             key_pads=[c.key_pad for c in chunks] if any(c.key_pad for c in chunks) else None,
         )
+
+
+def one_run(runs: list[tuple[int, int] | None]) -> tuple[int, int] | None:
+    """The sequences' key slots as one ascending run [first, end), where each is a run and each
+    starts where the one before it ends; else None."""
+    if any(r is None for r in runs) or any(b[0] != a[1] for a, b in zip(runs, runs[1:])):
+        return None
+    return runs[0][0], runs[-1][1]
 
 
 def pad_uniform(chunks: list[SeqChunk]) -> list[SeqChunk]:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from specray.kernels import cpu_kernels
-from specray.kernels.attention import HYBRID, NEVER_SPLIT, SMALL_QUERY_ROWS, ancestor_matrix
+from specray.kernels.attention import HYBRID, NEVER_SPLIT, SMALL_QUERY_ROWS
 from specray.kernels.batch import RaggedBatch
 from specray.kernels.fast_linear import KINDS as FAST_KINDS
 from specray.kernels.fast_linear import FastWeight
@@ -139,16 +139,30 @@ class AttentionRows:
         counts = [batch.cu_seqlens[b + 1] - batch.cu_seqlens[b] for b in range(batch.batch_size)]
         if max(counts) > SMALL_QUERY_ROWS and not any_size:
             return None
-        pads = batch.key_pads or [0] * batch.batch_size
-        new_mask = torch.zeros(batch.num_tokens, max(counts), dtype=torch.uint8)
+        pads, max_new = batch.key_pads or [0] * batch.batch_size, max(counts)
+        mask: list[int] = []  # [num_tokens, max_new] row-major
         per_row: list[list[int]] = [[], [], [], []]  # key_start, num_ctx, num_new, num_pad
         for b, n in enumerate(counts):
-            q0 = batch.cu_seqlens[b]
-            new_mask[q0:q0 + n, :n] = ancestor_matrix(batch.parents[b], n)
+            mask += visible_new(batch.parents[b], n, max_new)
             for column, value in zip(per_row, (batch.cu_keylens[b], batch.context_lens[b], n, pads[b])):
                 column += [value] * n
         max_keys = max(c + n + p for c, n, p in zip(batch.context_lens, counts, pads))
-        return cls(*(torch.tensor(column) for column in per_row), new_mask, max_keys)
+        columns = torch.tensor(per_row, dtype=torch.int64)  # [4, num_tokens]: one call, contiguous rows
+        new_mask = torch.tensor(mask, dtype=torch.uint8).view(batch.num_tokens, max_new)
+        return cls(*columns.unbind(), new_mask, max_keys)
+
+
+def visible_new(parents: list[int] | None, n: int, width: int) -> list[int]:
+    """`ancestor_matrix(parents, n)` as 0/1 ints, each row padded to `width`, row-major: new token j
+    is visible to row i where it is i or one of i's ancestors (a chain: j <= i)."""
+    if parents is None:
+        return [int(j <= i) for i in range(n) for j in range(width)]
+    rows: list[list[int]] = []
+    for i, p in enumerate(parents):
+        row = list(rows[p]) if p >= 0 else [0] * width
+        row[i] = 1
+        rows.append(row)
+    return [x for row in rows for x in row]
 
 
 def attention(qkv: torch.Tensor, num_heads: int, layer_kv: torch.Tensor, key_slots: torch.Tensor,

@@ -48,6 +48,7 @@ class PagedKVCache:
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
         self.tables: dict[object, BlockTable] = {}
         self._block_slots: dict[object, torch.Tensor] = {}  # seq -> its blocks' slots, see `slots`
+        self._block_runs: dict[object, int] = {}  # seq -> how many of its first blocks are consecutive ids
 
     # -- allocation -------------------------------------------------------------------------
     @property
@@ -70,6 +71,7 @@ class PagedKVCache:
     def free(self, seq_id: object) -> None:
         table = self.tables.pop(seq_id, None)
         self._block_slots.pop(seq_id, None)
+        self._block_runs.pop(seq_id, None)
         if table is not None:
             self._free.extend(reversed(table.blocks))
 
@@ -83,6 +85,7 @@ class PagedKVCache:
             del table.blocks[keep:]
             self._free.extend(reversed(extra))
             self._block_slots.pop(seq_id, None)  # a later block may get another id at the same index
+            self._block_runs.pop(seq_id, None)
         return len(extra)
 
     # -- lengths ----------------------------------------------------------------------------
@@ -109,7 +112,21 @@ class PagedKVCache:
             first = torch.tensor(blocks, dtype=torch.long).unsqueeze(1) * self.block_size  # [num_blocks, 1]
             cached = (first + torch.arange(self.block_size)).flatten()  # [num_blocks * block_size]
             self._block_slots[seq_id] = cached
+            run = 1
+            while run < len(blocks) and blocks[run] == blocks[0] + run:
+                run += 1
+            self._block_runs[seq_id] = run
         return cached[start:end]
+
+    def slot_run(self, seq_id: object, end: int) -> tuple[int, int] | None:
+        """(first slot, first slot + end) where the slots of positions 0..end-1 are one ascending run
+        (its first blocks have consecutive ids), else None. After `slots` asked for them."""
+        blocks = self.tables[seq_id].blocks
+        assert 0 < end <= len(blocks) * self.block_size and seq_id in self._block_runs
+        if ceil_div(end, self.block_size) > self._block_runs[seq_id]:
+            return None
+        first = blocks[0] * self.block_size
+        return first, first + end
 
     def compact(self, seq_id: object, start: int, positions: list[int]) -> None:
         """Move the KV at token `positions` (ascending, each >= its destination) to positions

@@ -127,3 +127,43 @@ def test_batch_attention_keeps_the_padded_baseline_masked():
     want = grouped_attention(q, layer_kv[:, batch.key_slots], build_attention_mask(batch), 0.3)
     torch.testing.assert_close(batch_attention(q, layer_kv, plan_batch_attention(batch), 0.3), want,
                                atol=1e-5, rtol=1e-5)
+
+
+def test_key_range_is_set_exactly_where_the_key_slots_are_one_run():
+    """RaggedBatch.build finds the run from the block tables (no tensor pass): the same answer as
+    comparing the key slots with an arange, on caches whose free lists were scrambled."""
+    import random
+
+    rng = random.Random(0)
+    seen = set()
+    for _ in range(300):
+        cache = PagedKVCache(CFG, num_blocks=40, block_size=2)
+        dummies = [f"d{i}" for i in range(rng.randint(0, 4))]
+        for d in dummies:
+            cache.reserve(d, rng.randint(1, 6))
+        for d in rng.sample(dummies, rng.randint(0, len(dummies))):
+            cache.free(d)  # the free list now hands out blocks out of order
+        chunks = []
+        for s in range(rng.randint(1, 3)):
+            ctx = rng.randint(0, 6)
+            if ctx:
+                cache.reserve(s, ctx)
+                cache.set_cached(s, ctx)
+            chunks.append(SeqChunk(s, [1] * rng.randint(1, 3), ctx, key_pad=rng.choice([0, 0, 0, 2])))
+        batch = RaggedBatch.build(chunks, cache)
+        keys = batch.key_slots
+        first = int(keys[0])
+        is_run = bool((keys == torch.arange(first, first + keys.shape[0])).all())
+        assert batch.key_range == ((first, first + keys.shape[0]) if is_run else None)
+        seen.add(is_run)
+    assert seen == {True, False}
+
+
+@pytest.mark.parametrize("parents", [None, [-1, 0, 0, 1, 1], [-1, -1, 1, 2, 0], [-1, 0, 1, 2, 3]])
+def test_visible_new_is_the_ancestor_matrix(parents):
+    from specray.kernels.attention import ancestor_matrix
+    from specray.kernels.cpu_ops import visible_new
+
+    n, width = 5, 7
+    got = torch.tensor(visible_new(parents, n, width)).view(n, width)
+    assert torch.equal(got[:, :n].bool(), ancestor_matrix(parents, n)) and not got[:, n:].any()
