@@ -48,15 +48,4 @@ static inline vec8 kvload8(const kv_t* p) { return vload8(p); }
 #endif
 
 // q [n] . key [n] (a KV row): `dot`'s order and chains.
-static inline float kv_dot(const float* q, const kv_t* key, int64_t n) {
-    vec16 acc0 = {0}, acc1 = {0};
-    int64_t i = 0;
-    for (; i + 2 * LANES <= n; i += 2 * LANES) {
-        acc0 += vload(q + i) * kvload(key + i);
-        acc1 += vload(q + i + LANES) * kvload(key + i + LANES);
-    }
-    for (; i + LANES <= n; i += LANES) acc0 += vload(q + i) * kvload(key + i);
-    float s = hsum(acc0 + acc1);
-    for (; i < n; i++) s += q[i] * kvf(key[i]);
-    return s;
-}
+DOT_OF(kv_dot, kv_t, kvload, kvf)

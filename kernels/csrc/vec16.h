@@ -36,18 +36,24 @@ static inline float hsum(vec16 v) {
     return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
-static inline float dot(const float* a, const float* b, int64_t n) {
-    vec16 acc0 = {0}, acc1 = {0};  // two chains: a 64-float head is 4 FMAs, 2 deep
-    int64_t i = 0;
-    for (; i + 2 * LANES <= n; i += 2 * LANES) {
-        acc0 += vload(a + i) * vload(b + i);
-        acc1 += vload(a + i + LANES) * vload(b + i + LANES);
+static inline float widen_float(float x) { return x; }
+
+// NAME(a, b, n): a [n] . b [n], b's elements of type BT loaded 16 at a time by LOAD16 and one at a
+// time by WIDEN (kv_type.h instantiates it over an fp16 KV row: the same order for both).
+#define DOT_OF(NAME, BT, LOAD16, WIDEN)                                                   \
+    static inline float NAME(const float* a, const BT* b, int64_t n) {                    \
+        vec16 acc0 = {0}, acc1 = {0}; /* two chains: a 64-float head is 4 FMAs, 2 deep */ \
+        int64_t i = 0;                                                                    \
+        for (; i + 2 * LANES <= n; i += 2 * LANES) {                                      \
+            acc0 += vload(a + i) * LOAD16(b + i);                                         \
+            acc1 += vload(a + i + LANES) * LOAD16(b + i + LANES);                         \
+        }                                                                                 \
+        for (; i + LANES <= n; i += LANES) acc0 += vload(a + i) * LOAD16(b + i);          \
+        float s = hsum(acc0 + acc1);                                                      \
+        for (; i < n; i++) s += a[i] * WIDEN(b[i]);                                       \
+        return s;                                                                         \
     }
-    for (; i + LANES <= n; i += LANES) acc0 += vload(a + i) * vload(b + i);
-    float s = hsum(acc0 + acc1);
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
+DOT_OF(dot, float, vload, widen_float)
 
 typedef int32_t ivec8 __attribute__((vector_size(32)));
 typedef int32_t ivec4 __attribute__((vector_size(16)));
