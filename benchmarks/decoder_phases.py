@@ -4,8 +4,9 @@ Builds the C kernels with -DSPECRAY_PHASE_TIMES (a separate library in the kerne
 decoder then sums each layer phase's nanoseconds), runs forward steps of one sequence after
 `--context` tokens with `--rows` new ones (a decode step at 1, verification at k + 1) and prints
 microseconds a layer for each phase, the decoder call, the rest of the step (final norm, head,
-sampling-free Python), and the step against the floor of its weight bytes over this run's plain
-memory read.
+sampling-free Python), of which the step's inputs (`RaggedBatch.build` and `AttentionRows.build`,
+timed inside the step loop, where the weights' stream has evicted Python's caches), and the step
+against the floor of its weight bytes over this run's plain memory read.
 
     python benchmarks/decoder_phases.py --kernels fast --rows 1,4 --context 200
 """
@@ -34,6 +35,7 @@ def main() -> None:
     flags = os.environ.get(cpu_kernels.FLAGS_ENV, "")
     os.environ[cpu_kernels.FLAGS_ENV] = f"{flags} -DSPECRAY_PHASE_TIMES".strip()
     from specray.cluster.bench.bound import stream_bytes_per_s
+    from specray.kernels import cpu_ops
     from specray.kernels.batch import RaggedBatch, SeqChunk
     from specray.kernels.loader import load_model, resolve
 
@@ -54,23 +56,42 @@ def main() -> None:
         model(RaggedBatch.build([SeqChunk("s", list(range(100, 100 + args.context)), 0)], cache), cache)
         cache.set_cached("s", args.context)
 
+        inputs_s = [0.0]
+        build_rows = cpu_ops.AttentionRows.build
+
+        def timed_rows(*a, **k):
+            t = time.perf_counter()
+            out = build_rows(*a, **k)
+            inputs_s[0] += time.perf_counter() - t
+            return out
+
         def step():
-            model(RaggedBatch.build([SeqChunk("s", [7] * rows, args.context, num_logits=rows)], cache), cache)
+            t = time.perf_counter()
+            batch = RaggedBatch.build([SeqChunk("s", [7] * rows, args.context, num_logits=rows)], cache)
+            inputs_s[0] += time.perf_counter() - t
+            model(batch, cache)
             cache.set_cached("s", args.context)
+
+        cpu_ops.AttentionRows.build = timed_rows
 
         for _ in range(10):
             step()
         for i in range(len(PHASES)):
             phase_ns[i] = 0.0
+        inputs_s[0] = 0.0
         start = time.perf_counter()
         for _ in range(args.steps):
             step()
         step_ms = (time.perf_counter() - start) / args.steps * 1e3
+        cpu_ops.AttentionRows.build = build_rows
+        inputs_us = inputs_s[0] / args.steps * 1e6
         per_layer_us = {name: phase_ns[i] / args.steps / layers / 1e3 for i, name in enumerate(PHASES)}
         decoder_ms = sum(per_layer_us.values()) * layers / 1e3
-        report["rows"][rows] = {"step_ms": step_ms, "decoder_ms": decoder_ms, "per_layer_us": per_layer_us}
+        report["rows"][rows] = {"step_ms": step_ms, "decoder_ms": decoder_ms, "inputs_us": inputs_us,
+                                "per_layer_us": per_layer_us}
         print(f"rows {rows}: step {step_ms:.2f} ms (floor / step {floor_ms / step_ms:.2f}), decoder "
-              f"{decoder_ms:.2f} ms, the rest (final norm, head, Python) {step_ms - decoder_ms:.2f} ms")
+              f"{decoder_ms:.2f} ms, the rest (final norm, head, Python) {step_ms - decoder_ms:.2f} ms, of "
+              f"which the step's inputs {inputs_us:.0f} us")
         print("  us a layer: " + ", ".join(f"{name} {us:.1f}" for name, us in per_layer_us.items()))
     if args.out:
         with open(args.out, "w") as f:
