@@ -42,6 +42,27 @@ def test_measuring_leaves_the_cache_as_it_was(tiny_target):
     assert len(row_costs.measure(model, tiny, repeats=1).seconds) == 2
 
 
+def test_a_pass_slowed_by_the_machine_does_not_count(tiny_target, monkeypatch):
+    """Each row count keeps its fastest pass: most passes of the two-row step slowed down (a busy
+    neighbour) leave its cost where the quiet pass put it."""
+    from specray.kernels.loader import load_model, resolve
+
+    model = load_model(resolve(str(tiny_target)))
+    cache = model.make_cache(64, 16)
+    clock = {"now": 0.0, "calls": 0}
+
+    def step(batch, _cache):  # 1 ms a row; the two-row step 50 ms in passes 1-3 of 4 kept
+        clock["calls"] += 1
+        rows, kept_pass = batch.num_tokens, (clock["calls"] - 2) // 3  # call 1 prefills, 3 rows a pass
+        clock["now"] += 0.05 if rows == 2 and kept_pass in (1, 2, 3) else 0.001 * rows
+
+    fake = type("Fake", (), {"embed_tokens": model.embed_tokens, "config": model.config,
+                             "__call__": staticmethod(step)})()
+    monkeypatch.setattr(row_costs.time, "perf_counter", lambda: clock["now"])
+    costs = row_costs.measure(fake, cache, rows=3, context=8, repeats=4)
+    assert costs.seconds == pytest.approx((0.001, 0.002, 0.003))
+
+
 def test_costs_are_measured_once_per_key(tmp_path):
     calls = []
 
