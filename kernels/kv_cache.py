@@ -47,8 +47,8 @@ class PagedKVCache:
         self.num_blocks = num_blocks
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
         self.tables: dict[object, BlockTable] = {}
-        self._block_slots: dict[object, torch.Tensor] = {}  # seq -> its blocks' slots, see `slots`
-        self._block_runs: dict[object, int] = {}  # seq -> how many of its first blocks are consecutive ids
+        # seq -> (its blocks' slots, how many of its first blocks have consecutive ids): `_block_view`
+        self._block_slots: dict[object, tuple[torch.Tensor, int]] = {}
 
     # -- allocation -------------------------------------------------------------------------
     @property
@@ -71,7 +71,6 @@ class PagedKVCache:
     def free(self, seq_id: object) -> None:
         table = self.tables.pop(seq_id, None)
         self._block_slots.pop(seq_id, None)
-        self._block_runs.pop(seq_id, None)
         if table is not None:
             self._free.extend(reversed(table.blocks))
 
@@ -85,7 +84,6 @@ class PagedKVCache:
             del table.blocks[keep:]
             self._free.extend(reversed(extra))
             self._block_slots.pop(seq_id, None)  # a later block may get another id at the same index
-            self._block_runs.pop(seq_id, None)
         return len(extra)
 
     # -- lengths ----------------------------------------------------------------------------
@@ -105,28 +103,31 @@ class PagedKVCache:
         Every step asks for a sequence's whole history; blocks get appended, or released from the end
         (which drops this copy), so the slots of its blocks are kept per sequence and rebuilt only
         when its blocks change."""
-        blocks = self.tables[seq_id].blocks
-        assert 0 <= start <= end <= len(blocks) * self.block_size
-        cached = self._block_slots.get(seq_id)
-        if cached is None or cached.shape[0] != len(blocks) * self.block_size:
-            first = torch.tensor(blocks, dtype=torch.long).unsqueeze(1) * self.block_size  # [num_blocks, 1]
-            cached = (first + torch.arange(self.block_size)).flatten()  # [num_blocks * block_size]
-            self._block_slots[seq_id] = cached
-            run = 1
-            while run < len(blocks) and blocks[run] == blocks[0] + run:
-                run += 1
-            self._block_runs[seq_id] = run
-        return cached[start:end]
+        assert 0 <= start <= end <= len(self.tables[seq_id].blocks) * self.block_size
+        return self._block_view(seq_id)[0][start:end]
 
     def slot_run(self, seq_id: object, end: int) -> tuple[int, int] | None:
         """(first slot, first slot + end) where the slots of positions 0..end-1 are one ascending run
-        (its first blocks have consecutive ids), else None. After `slots` asked for them."""
+        (its first blocks have consecutive ids), else None."""
         blocks = self.tables[seq_id].blocks
-        assert 0 < end <= len(blocks) * self.block_size and seq_id in self._block_runs
-        if ceil_div(end, self.block_size) > self._block_runs[seq_id]:
+        assert 0 < end <= len(blocks) * self.block_size
+        if ceil_div(end, self.block_size) > self._block_view(seq_id)[1]:
             return None
         first = blocks[0] * self.block_size
         return first, first + end
+
+    def _block_view(self, seq_id: object) -> tuple[torch.Tensor, int]:
+        """The sequence's blocks' slots [num_blocks * block_size] and how many of its first blocks have
+        consecutive ids, kept until its blocks change."""
+        blocks = self.tables[seq_id].blocks
+        view = self._block_slots.get(seq_id)
+        if view is None or view[0].shape[0] != len(blocks) * self.block_size:
+            first = torch.tensor(blocks, dtype=torch.long).unsqueeze(1) * self.block_size  # [num_blocks, 1]
+            run = 1
+            while run < len(blocks) and blocks[run] == blocks[0] + run:
+                run += 1
+            view = self._block_slots[seq_id] = ((first + torch.arange(self.block_size)).flatten(), run)
+        return view
 
     def compact(self, seq_id: object, start: int, positions: list[int]) -> None:
         """Move the KV at token `positions` (ascending, each >= its destination) to positions
