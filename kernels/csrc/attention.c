@@ -188,16 +188,17 @@ static void attend(const float* q, int num, const kv_t* keys, const kv_t* values
 #define SCORE_THREADS 16  // score buffers: one per thread (more threads are capped), not one per row
 
 // Rows' worth of score scratch `specray_attention` needs (times heads * max_keys).
-extern int64_t split_min_ctx, split_min_rows;  // which sequences split (HybridSplit sets them)
+// Which sequences split (HybridSplit sets them); one pair for attention.c and attention_f16.c.
+extern int64_t specray_split_min_ctx, specray_split_min_rows;
 
 #if !defined(KV_HALF)  // once in the library: attention_f16.c includes this file again
 int64_t specray_attention_score_rows(void) { return SCORE_THREADS; }
 
-int64_t split_min_ctx = 2048, split_min_rows = 3;
+int64_t specray_split_min_ctx = 2048, specray_split_min_rows = 3;
 
 void specray_set_attention_split(int64_t min_ctx, int64_t min_rows) {
-    split_min_ctx = min_ctx;
-    split_min_rows = min_rows < 2 ? 2 : min_rows;
+    specray_split_min_ctx = min_ctx;
+    specray_split_min_rows = min_rows < 2 ? 2 : min_rows;
 }
 #endif
 
@@ -363,7 +364,7 @@ static void split_chunk(void* ctx, int64_t i0, int64_t i1, int thread, int fresh
 // key_slots), num_ctx, num_pad (the padded baseline's masked dummy keys after the sequence's
 // num_new keys: scored, then dropped, as a padded kernel would); new_mask [rows, max_new]
 // (1 = visible); out [rows, heads * dim]; scratch [SCORE_THREADS * heads * max_keys + the split's].
-// Sequences of split_min_rows+ rows after split_min_ctx context or more take the hybrid (split) path.
+// Sequences of specray_split_min_rows+ rows after specray_split_min_ctx context or more split (hybrid path).
 void KV_NAME(specray_attention)(const float* q, int64_t q_stride, int64_t rows, int64_t heads, int64_t kv_heads,
                        int64_t dim, const kv_t* kv, int64_t num_slots, const int64_t* key_slots,
                        const int64_t* key_start, const int64_t* num_ctx, const int64_t* num_new,
@@ -377,7 +378,8 @@ void KV_NAME(specray_attention)(const float* q, int64_t q_stride, int64_t rows, 
     int64_t tasks = 0;
     for (int64_t t = 0; t < rows;) {
         int64_t n = num_new[t], m = n * group;
-        int split = n >= split_min_rows && num_pad[t] == 0 && num_ctx[t] >= split_min_ctx && num_ctx[t] > 0;
+        int split = n >= specray_split_min_rows && num_pad[t] == 0 && num_ctx[t] >= specray_split_min_ctx &&
+                    num_ctx[t] > 0;
         for (int64_t i = 0; i < n; i++) split_row[t + i] = (uint8_t)split;
         int64_t tiles = (m + SPLIT_TILE - 1) / SPLIT_TILE, size = (m + tiles - 1) / tiles;  // even tiles
         for (int64_t v0 = 0; split && v0 < m; v0 += size) {
