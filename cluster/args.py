@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import json
+
 
 def int_list(text: str) -> list[int]:
     """ "1,4,8" -> [1, 4, 8] """
@@ -11,3 +14,13 @@ def int_list(text: str) -> list[int]:
 def float_list(text: str) -> list[float]:
     """ "0,1.0" -> [0.0, 1.0] """
     return [float(x) for x in text.split(",") if x]
+
+
+def json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value

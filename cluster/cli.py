@@ -23,7 +23,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "activations, a 16-bit KV cache)")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--kv-cache-tokens", type=int, default=16384, help="target KV cache size in tokens")
-    from specray.cluster.serve.cli import json_object
+    from specray.cluster.args import json_object
 
     s = p.add_argument_group("speculation")
     s.add_argument("--speculative-config", type=json_object, default=None,
@@ -184,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(gen)
     gen.set_defaults(func=cmd_generate)
     from specray.cluster.bench.cli import add_bench_parser
-    from specray.cluster.serve.cli import add_drafter_parser, add_serve_parser
+    from specray.cluster.serve.cli import add_serve_parser
+    from specray.cluster.serve.drafter_cli import add_drafter_parser
 
     add_serve_parser(sub)
     add_drafter_parser(sub)

@@ -3,11 +3,10 @@ and prints its endpoints."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 
+from specray.cluster.args import json_object
 from specray.kernels.drafters.registry import METHODS
 
 # flag -> dotted ServeConfig key; flags left unset keep the config file's (or the default) value
@@ -232,73 +231,3 @@ def endpoint_banner(cfg, handle) -> str:
               f"\"content\": \"What is speculative decoding?\"}}], \"max_tokens\": 64}}'",
               "  Ctrl-C stops the server."]
     return "\n".join(lines)
-
-
-def json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object")
-    return value
-
-
-DRAFTER_BLOCK_SIZE = 16  # the router's default block size; the drafter's KV is its own
-
-
-def add_drafter_parser(sub) -> None:
-    p = sub.add_parser("drafter", help="serve a draft pool over gRPC (the router's grpc transport)",
-                       description="Runs a Drafter service outside the Ray cluster; point `specray serve "
-                                   "--transport grpc --drafter-address host:port` at it.")
-    p.add_argument("--method", default="ngram", choices=list(METHODS))
-    p.add_argument("--model", help="draft checkpoint (draft_model, eagle, longspec); the target's tokenizer folder (aded)")
-    p.add_argument("--tree", type=json_object, help="draft_model trees, as in speculative_config, e.g. "
-                                                     "'{\"kind\": \"rsd_c\", \"branching\": [2, 2, 1]}'")
-    p.add_argument("--aded", type=json_object, help="ADED options as in speculative_config (method aded)")
-    p.add_argument("--longspec", type=json_object, help="LongSpec options as in speculative_config, e.g. "
-                                                        "'{\"window\": 256}' (method longspec)")
-    p.add_argument("--vocab-trim", type=int, help="VocabTrim size (0 = off; default: the draft folder's)")
-    p.add_argument("--quantization", choices=["q8_0", "none"],
-                   help="draft weights (default: q8_0 on CPU in fp32; lossless either way)")
-    p.add_argument("--num-layers", type=int, help="keep only the draft's first layers")
-    p.add_argument("--layer-parallel", type=int, help="draft_model: EasySpec layer-parallel drafting, middle "
-                                                      "layers in groups of this many (1: ordinary drafting)")
-    p.add_argument("--prompt-lookup-min", type=int, default=1)
-    p.add_argument("--prompt-lookup-max", type=int, default=4)
-    p.add_argument("--lookup-first", action="store_true", help="draft_model / eagle: prompt lookup first: a draft model proposes only where the last tokens never occurred before")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--kv-cache-tokens", type=int, default=16384)
-    p.add_argument("--host", default="[::]")
-    p.add_argument("--port", type=int, default=50061)
-    p.set_defaults(func=cmd_drafter)
-
-
-def drafter_spec(args):
-    """The DraftSpec `specray drafter` serves, validated as the router validates speculative_config."""
-    from specray.cluster.config.speculative import SpeculativeConfig
-    from specray.cluster.config.worker_specs import draft_spec
-
-    if args.method == "aded" and not args.model:
-        raise ValueError("--method aded needs --model: the target whose tokenizer the tri-gram table uses")
-    spec = SpeculativeConfig(method=args.method, model=args.model, draft_num_layers=args.num_layers,
-                             prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
-                             tree=args.tree, aded=args.aded, longspec=args.longspec, draft_vocab_trim=args.vocab_trim,
-                             draft_quantization=args.quantization, lookup_first=args.lookup_first or None,
-                             layer_parallel=args.layer_parallel)
-    return draft_spec(spec, args.model, args.dtype, args.device, args.kv_cache_tokens, DRAFTER_BLOCK_SIZE)
-
-
-def cmd_drafter(args) -> int:
-    from specray.cluster.pools.draft_endpoint import DraftEndpoint
-    from specray.cluster.pools.grpc_transport import serve_drafter
-
-    spec = drafter_spec(args)
-    server, port = serve_drafter(DraftEndpoint.from_spec(spec), f"{args.host}:{args.port}")
-    print(f"specray drafter ({args.method}) listening on {args.host}:{port}", flush=True)
-    try:
-        server.wait_for_termination()
-    except KeyboardInterrupt:
-        server.stop(grace=2)
-    return 0

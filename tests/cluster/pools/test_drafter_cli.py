@@ -5,7 +5,7 @@ import pytest
 
 from specray.actors.messages import DraftItem, SeqSpec
 from specray.cluster.cli import build_parser, main
-from specray.cluster.serve.cli import drafter_spec
+from specray.cluster.serve.drafter_cli import drafter_spec
 from specray.kernels.sampling import SamplingConfig
 
 

@@ -192,7 +192,8 @@ def test_bad_lookup_first_configs_are_refused(cfg, match):
 
 def test_cli_flags_reach_the_speculative_config(tmp_path):
     from specray.cluster.cli import build_parser, main, speculative_config
-    from specray.cluster.serve.cli import drafter_spec, resolve_config
+    from specray.cluster.serve.cli import resolve_config
+    from specray.cluster.serve.drafter_cli import drafter_spec
 
     args = build_parser().parse_args(["generate", "--speculative-method", "eagle", "--draft-model", "d",
                                       "--lookup-first"])
