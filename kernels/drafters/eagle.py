@@ -24,6 +24,7 @@ from torch import nn
 
 from specray.kernels.batch import RaggedBatch, SeqChunk
 from specray.kernels.config import ModelConfig
+from specray.kernels.cpu_ops import argmax_rows
 from specray.kernels.drafters.base import DraftRequest
 from specray.kernels.drafters.draft_model import sample_step
 from specray.kernels.drafters.vocab_trim import expand_trimmed_logits, trim_lm_head
@@ -93,9 +94,12 @@ class EagleDrafter:
     def __init__(self, model: EagleModel, num_blocks: int = 2048, block_size: int = 16,
                  vocab_trim_ids: torch.Tensor | None = None):
         if vocab_trim_ids is not None:
+            # ascending: the first maximum among the kept ids is the first over the whole vocabulary
+            vocab_trim_ids = vocab_trim_ids.sort().values
             trim_lm_head(model, vocab_trim_ids)
         self.model = model
         self.token_ids = None if vocab_trim_ids is None else vocab_trim_ids.to(model.lm_head.device)  # [k]
+        self._kept = None if vocab_trim_ids is None else vocab_trim_ids.tolist()  # trimmed row -> token id
         self.cache = model.make_cache(num_blocks, block_size)
         self.states: dict[object, _EagleState] = {}
 
@@ -126,27 +130,31 @@ class EagleDrafter:
         chunk = SeqChunk(r.seq_id, tokens, state.fed, num_logits=1 if r.num_draft_tokens else 0)
         return chunk, self.model.inputs(feats.to(self.model.embed_tokens.device), tokens)
 
-    def forward(self, chunks: list[SeqChunk], inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """inputs [num_tokens, H] -> proposal logits [num_logits, vocab_size] and the predicted
-        features g [num_logits, H] at those rows; valid lengths unchanged (tree chunks are scratch)."""
+    def forward(self, chunks: list[SeqChunk], inputs: torch.Tensor,
+                trimmed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """inputs [num_tokens, H] -> proposal logits [num_logits, vocab_size] (with `trimmed`, over
+        the VocabTrim ids alone: [num_logits, k]) and the predicted features g [num_logits, H] at
+        those rows; valid lengths unchanged (tree chunks are scratch)."""
         batch = RaggedBatch.build(chunks, self.cache, self.model.embed_tokens.device)
         logits, feats = self.model(batch, self.cache, inputs_embeds=inputs, features=True)
-        if self.token_ids is not None:
+        if self.token_ids is not None and not trimmed:
             logits = expand_trimmed_logits(logits, self.token_ids, self.model.config.vocab_size)
         return logits, feats[batch.logits_indices]
 
-    def _step(self, chunks: list[SeqChunk], inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step(self, chunks: list[SeqChunk], inputs: torch.Tensor,
+              trimmed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward`, keeping the chunks' KV (their valid lengths advance)."""
-        out = self.forward(chunks, inputs)
+        out = self.forward(chunks, inputs, trimmed)
         for c in chunks:
             self.cache.set_cached(c.seq_id, c.context_len + len(c.token_ids))
         return out
 
-    def calibrate(self, requests: list[DraftRequest]) -> tuple[torch.Tensor, torch.Tensor]:
+    def calibrate(self, requests: list[DraftRequest], trimmed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed every request's newly known positions -> the drafting requests' root logits
-        [num drafting, vocab_size] and predicted features g [num drafting, H]."""
+        [num drafting, vocab_size] (`trimmed`: [num drafting, k]) and predicted features g
+        [num drafting, H]."""
         pairs = [self._calibrate(r) for r in requests]
-        logits, g = self._step([c for c, _ in pairs], torch.cat([x for _, x in pairs]))
+        logits, g = self._step([c for c, _ in pairs], torch.cat([x for _, x in pairs]), trimmed)
         for r, (c, _) in zip(requests, pairs, strict=True):
             self.states[r.seq_id].fed = c.context_len + len(c.token_ids)
         return logits, g
@@ -154,12 +162,12 @@ class EagleDrafter:
     def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
         if not requests:
             return []
-        logits, g = self.calibrate(requests)
+        logits, g = self.calibrate(requests, trimmed=True)
         drafts: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor]] = [[] for _ in requests]
         active = [i for i, r in enumerate(requests) if r.num_draft_tokens > 0]
         while active:
-            sample_step(requests, active, logits, drafts, probs)
+            self._draw(requests, active, logits, drafts, probs)
             going = [j for j, i in enumerate(active) if len(drafts[i]) < requests[i].num_draft_tokens]
             if not going:
                 break
@@ -167,11 +175,25 @@ class EagleDrafter:
             chunks = [SeqChunk(requests[i].seq_id, drafts[i][-1:], self.states[requests[i].seq_id].fed
                                + len(drafts[i]) - 1) for i in active]
             inputs = self.model.inputs(g[going], [drafts[i][-1] for i in active])
-            logits, g = self._step(chunks, inputs)
+            logits, g = self._step(chunks, inputs, trimmed=True)
         for r in requests:  # KV from predicted features is scratch
             self.cache.set_cached(r.seq_id, self.states[r.seq_id].fed)
         return [Proposal(d, None if r.sampling.greedy or not p else torch.stack(p))
                 for d, p, r in zip(drafts, probs, requests, strict=True)]
+
+    def _draw(self, requests: list[DraftRequest], active: list[int], logits: torch.Tensor,
+              drafts: list[list[int]], probs: list[list[torch.Tensor]]) -> None:
+        """`sample_step` on logits [len(active), k] over the VocabTrim ids: an all-greedy step takes
+        the argmax among the kept ids (no [rows, vocab_size] expansion), a sampled one keeps the
+        proposal distribution over the whole vocabulary, as verification reads it."""
+        if self._kept is None:
+            sample_step(requests, active, logits, drafts, probs)
+        elif all(requests[i].sampling.greedy for i in active):
+            for i, row in zip(active, argmax_rows(logits).tolist(), strict=True):
+                drafts[i].append(self._kept[row])
+        else:
+            sample_step(requests, active, expand_trimmed_logits(logits, self.token_ids, self.model.config.vocab_size),
+                        drafts, probs)
 
     def release(self, seq_id: object) -> None:
         self.states.pop(seq_id, None)

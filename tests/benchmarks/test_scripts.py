@@ -46,6 +46,7 @@ def test_paired_speedup_benchmark_runs_and_counts(tiny_target, tmp_path):
     assert result["groups"] == 2 and result["tokens_per_config"] == 4 * 4 * 2
     plain, ngram = result["rows"]
     assert plain["config"] == "plain" and plain["pooled_speedup"] == 1.0 and plain["acceptance_length"] == 1.0
+    assert plain["decode_speedup"] == 1.0 and ngram["decode_speedup"] > 0
     assert ngram["lossless"] and ngram["acceptance_length"] >= 1.0 and ngram["tokens_per_s"] > 0
     with pytest.raises(SystemExit, match="--configs"):
         paired.main(["--model", str(tiny_target), "--configs", "{}"])

@@ -23,6 +23,9 @@ def tiny_eagle(tiny_target, tmp_path_factory):
     return save_tiny_eagle(tmp_path_factory.mktemp("eagle"), tiny_target, vocab_trim=torch.arange(96, -1, -1)[:60])
 
 
+PROMPTS = [[1, 17, 40, 23], [1, 5, 9], [1, 88, 3, 3, 3, 70, 12, 44, 9], [1, 30]]
+
+
 def reference_features(target, token_ids):
     """The target's post-norm final hidden states over a whole sequence, pure torch."""
     from specray.kernels.batch import RaggedBatch, SeqChunk
@@ -84,14 +87,44 @@ def test_feature_rows_must_match_the_new_positions(tiny_target, tiny_eagle):
     assert len(p.draft_token_ids) == 2
 
 
+def _expanded_greedy_drafts(drafter, requests):
+    """What a greedy proposal drew before the trimmed path: argmax over [rows, vocab_size] logits
+    that are -inf off the VocabTrim ids."""
+    from specray.kernels.drafters.draft_model import sample_step
+
+    def draw(reqs, active, logits, drafts, probs):
+        full = torch.full((logits.shape[0], drafter.model.config.vocab_size), float("-inf"))
+        full[:, drafter.token_ids] = logits
+        sample_step(reqs, active, full, drafts, probs)
+
+    drafter._draw = draw
+    return [p.draft_token_ids for p in drafter.propose(requests)]
+
+
+def test_greedy_drafts_over_trimmed_logits_equal_the_expanded_argmax(tiny_target, tiny_eagle):
+    """VocabTrim ids stored in any order (this table descends): the greedy draw over the kept rows
+    alone picks what the argmax over the whole vocabulary picks, ties included (lowest id)."""
+    path = resolve(str(tiny_target)).path
+    ids = torch.arange(96, -1, -1)[:60]
+    fast, slow = (EagleDrafter(load_eagle(tiny_eagle, path), num_blocks=64, vocab_trim_ids=ids) for _ in range(2))
+    assert fast._kept == sorted(ids.tolist())
+    reqs = [DraftRequest(i, p, 4, SamplingConfig(0.0), features=torch.randn(len(p) - 1, 64,
+                                                                            generator=torch.Generator().manual_seed(i)))
+            for i, p in enumerate(PROMPTS)]
+    got = [p.draft_token_ids for p in fast.propose(reqs)]
+    assert got == _expanded_greedy_drafts(slow, reqs) and all(len(d) == 4 for d in got)
+    drafts = [[]]
+    tie = torch.zeros(1, 60)
+    tie[0, [5, 20]] = 1.0  # kept rows 5 and 20 tie: token ids 42 and 57
+    fast._draw([reqs[0]], [0], tie, drafts, [[]])
+    assert drafts == [[fast._kept[5]]] and fast._kept[5] < fast._kept[20]
+
+
 def test_bad_eagle_configs_are_refused(tiny_target, tiny_draft):
     with pytest.raises(ValueError, match="needs a draft 'model'"):
         LLM(str(tiny_target), speculative_config={"method": "eagle"})
     with pytest.raises(ValueError, match="not a feature-level draft"):
         LLM(str(tiny_target), speculative_config={"method": "eagle", "model": str(tiny_draft)})
-
-
-PROMPTS = [[1, 17, 40, 23], [1, 5, 9], [1, 88, 3, 3, 3, 70, 12, 44, 9], [1, 30]]
 
 
 @pytest.mark.parametrize("k,pipelined,vocab_trim", [(1, False, 0), (3, False, None), (3, True, 0), (4, True, None)])
