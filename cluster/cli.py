@@ -30,8 +30,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="the whole speculative_config as JSON, as vLLM takes it (trees, budgets, lookup_first, "
                         "...); not with the other speculation flags")
     s.add_argument("--speculative-method", default=None, choices=[*METHODS, "freedave", "none"],
-                   help="default: the target's packaged trained draft (smollm2-135m: eagle), else ngram; "
-                        "freedave for a diffusion LM (its default)")
+                   help="default: adaptive ngram on CPU; on an accelerator the target's packaged trained "
+                        "draft (smollm2-135m: eagle), else ngram; freedave for a diffusion LM (its default)")
     s.add_argument("--draft-model", default=None,
                    help="draft checkpoint for draft_model or eagle (default: the packaged draft, else the target)")
     s.add_argument("--draft-vocab-trim", type=int, default=None,
@@ -62,8 +62,11 @@ GENERATE_SPEC_FLAGS = ("speculative_method", "draft_model", "num_speculative_tok
                        "adaptive_speculation")
 
 
+RECIPE_KEYS = ("lookup_first", "disable_by_batch_size", "adaptive")
+
+
 def speculative_config(args) -> dict | None:
-    from specray.cluster.config.defaults import default_speculative_config, packaged_draft
+    from specray.cluster.config.defaults import default_speculative_config, method_recipe, packaged_draft
     from specray.cluster.serve.cli import refuse_beside_speculative_config
 
     if getattr(args, "speculative_config", None) is not None:  # callers' namespaces may predate the flag
@@ -71,7 +74,7 @@ def speculative_config(args) -> dict | None:
         return args.speculative_config
     if args.speculative_method == "none":
         return None
-    default = default_speculative_config(args.model)
+    default = default_speculative_config(args.model, getattr(args, "device", "cpu"))
     method = args.speculative_method or default["method"]
     k = args.num_speculative_tokens  # 0 is a value (rejected below), not "unset"
     cfg = {"method": method, "num_speculative_tokens": 2 if k is None else k}
@@ -83,11 +86,11 @@ def speculative_config(args) -> dict | None:
         for key in ("draft_num_layers", "draft_vocab_trim", "draft_quantization"):
             if getattr(args, key) is not None:
                 cfg[key] = getattr(args, key)
-    if method == default["method"] and cfg.get("model") == default.get("model"):  # the default draft's extras
+    recipe = method_recipe(args.model, method, default)
+    if recipe is not None and cfg.get("model") == recipe.get("model"):  # the default's or trained draft's extras
         if k is None:
-            cfg["num_speculative_tokens"] = default["num_speculative_tokens"]
-        cfg.update({key: default[key] for key in ("lookup_first", "disable_by_batch_size", "adaptive")
-                    if key in default})
+            cfg["num_speculative_tokens"] = recipe["num_speculative_tokens"]
+        cfg.update({key: recipe[key] for key in RECIPE_KEYS if key in recipe})
     disable = getattr(args, "disable_by_batch_size", None)  # callers' namespaces may predate the flag
     if disable is not None:
         cfg["disable_by_batch_size"] = disable

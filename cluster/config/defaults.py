@@ -9,35 +9,64 @@ from specray.kernels.loader import DEFAULT_DRAFTS, TARGET_DRAFTS
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024  # HTTP body / gRPC message: far above a full context of token ids
 
-# With a packaged trained draft: prompt lookup first (up to 4 tokens where the last tokens occurred
-# before), else one draft-model token; each round's length adapts to the sequence's acceptance and
-# this machine's measured step costs (cluster/router/adaptive.py), so a machine where verified rows
-# are dear drafts less and one where they are cheap drafts more; off once two sequences run (batches
-# of 2+ gained nothing from it on CPU). The paired runs behind this are in docs/performance.md
-# ("Figures behind choices in the code").
+# A target on CPU: prompt lookup (n-gram), its length adaptive up to 4 tokens (each round, each
+# sequence drafts what maximises expected tokens per cost, from its acceptance and this machine's
+# measured step costs: cluster/router/adaptive.py), off once two sequences run (batches of 2+ gained
+# nothing from drafting on CPU). On an accelerator a target with a packaged trained draft takes it
+# behind prompt lookup (one draft-model token a round), adaptive, off from two sequences. On CPU the
+# trained draft costs a fifth of a step a token and verified rows are dear: four paired Spec-Bench
+# runs put n-gram 2-5 points ahead of it (docs/performance.md, "Figures behind choices in the code").
 DEFAULT_DRAFT_TOKENS = 4
 DEFAULT_LOOKUP_FIRST = {"model_tokens": 1}
 DEFAULT_DISABLE_BY_BATCH_SIZE = 2
+FIXED_NGRAM = {"method": "ngram", "num_speculative_tokens": 2}  # accelerators, targets without a trained draft
 
 
-def default_speculative_config(model: str) -> dict[str, Any]:
-    """The target's packaged trained draft (`specray distill`; smollm2-135m -> smollm2-135m-eagle),
-    FreeDave for a diffusion LM, else n-gram prompt lookup."""
+def on_cpu(device: str) -> bool:
+    return str(device).split(":")[0] == "cpu"
+
+
+def default_speculative_config(model: str, device: str = "cpu") -> dict[str, Any]:
+    """FreeDave for a diffusion LM; else adaptive n-gram where the target runs on CPU; else the
+    target's packaged trained draft (`trained_draft_config`) or a fixed n-gram chain."""
     from specray.kernels.loader import is_diffusion_model
 
     if is_diffusion_model(model):
         from specray.cluster.config.diffusion import DEFAULT_NUM_DRAFTS, FREEDAVE
 
         return {"method": FREEDAVE, "num_drafts": DEFAULT_NUM_DRAFTS}
-    if model in DEFAULT_DRAFTS:
-        from specray.kernels.drafters.eagle import is_eagle_folder
-        from specray.kernels.loader import resolve
+    if on_cpu(device):
+        return adaptive_ngram_config()
+    return trained_draft_config(model) or dict(FIXED_NGRAM)
 
-        draft = DEFAULT_DRAFTS[model]
-        return {"method": "eagle" if is_eagle_folder(resolve(draft).path) else "draft_model", "model": draft,
-                "num_speculative_tokens": DEFAULT_DRAFT_TOKENS, "lookup_first": dict(DEFAULT_LOOKUP_FIRST),
-                "disable_by_batch_size": DEFAULT_DISABLE_BY_BATCH_SIZE, "adaptive": True}
-    return {"method": "ngram", "num_speculative_tokens": 2}
+
+def adaptive_ngram_config() -> dict[str, Any]:
+    """Prompt lookup of up to DEFAULT_DRAFT_TOKENS, adaptive, off from two running sequences."""
+    return {"method": "ngram", "num_speculative_tokens": DEFAULT_DRAFT_TOKENS,
+            "disable_by_batch_size": DEFAULT_DISABLE_BY_BATCH_SIZE, "adaptive": True}
+
+
+def trained_draft_config(model: str) -> dict[str, Any] | None:
+    """The target's packaged trained draft (`specray distill`; smollm2-135m -> smollm2-135m-eagle)
+    behind prompt lookup, adaptive, off from two sequences; None without one."""
+    if model not in DEFAULT_DRAFTS:
+        return None
+    from specray.kernels.drafters.eagle import is_eagle_folder
+    from specray.kernels.loader import resolve
+
+    draft = DEFAULT_DRAFTS[model]
+    return {"method": "eagle" if is_eagle_folder(resolve(draft).path) else "draft_model", "model": draft,
+            "num_speculative_tokens": DEFAULT_DRAFT_TOKENS, "lookup_first": dict(DEFAULT_LOOKUP_FIRST),
+            "disable_by_batch_size": DEFAULT_DISABLE_BY_BATCH_SIZE, "adaptive": True}
+
+
+def method_recipe(model: str, method: str, default: dict[str, Any]) -> dict[str, Any] | None:
+    """The tuned extras for `method` on `model`: the default's where it is that method, else the
+    packaged trained draft's (asking for eagle on CPU gets the accelerator default), else None."""
+    if method == default.get("method"):
+        return default
+    trained = trained_draft_config(model)
+    return trained if trained is not None and trained["method"] == method else None
 
 
 def draft_method(folder) -> str:
@@ -63,10 +92,13 @@ def packaged_draft(model: str, method: str) -> str | None:
     return None
 
 
-def is_default_for_other(model: str) -> list[dict[str, Any]]:
+def is_default_for_other(model: str, device: str = "cpu") -> list[dict[str, Any]]:
     """The default speculative configs of the other targets with packaged drafts (and, for a
-    diffusion LM, the autoregressive default too: none of them applies to it)."""
-    others = [default_speculative_config(m) for m in DEFAULT_DRAFTS if m != model]
+    diffusion LM, the autoregressive defaults too: none of them applies to it)."""
+    others = [default_speculative_config(m, device) for m in DEFAULT_DRAFTS if m != model]
     from specray.kernels.loader import is_diffusion_model
 
-    return others + [{"method": "ngram", "num_speculative_tokens": 2}] if is_diffusion_model(model) else others
+    if not is_diffusion_model(model):
+        return others
+    return others + [dict(FIXED_NGRAM), adaptive_ngram_config()]
+

@@ -121,13 +121,14 @@ class ServeConfig(Strict):
     @model_validator(mode="before")
     @classmethod
     def _default_speculation(cls, raw: Any) -> Any:
-        # Unset: the target's packaged trained draft (smollm2-135m), else n-gram (draft_defaults).
+        # Unset: the default for the target and the device it runs on (cluster/config/defaults.py).
         # A default made for another target (a --model override of the defaults) follows the model.
         if isinstance(raw, dict):
             model = raw.get("model") or "smollm2-135m"
+            device = _target_device(raw)
             spec = raw.get("speculative_config", "unset")
-            if spec == "unset" or (spec != default_speculative_config(model) and spec in is_default_for_other(model)):
-                raw = {**raw, "speculative_config": default_speculative_config(model)}
+            if spec == "unset" or (spec != default_speculative_config(model, device) and spec in is_default_for_other(model, device)):
+                raw = {**raw, "speculative_config": default_speculative_config(model, device)}
         return raw
 
     @model_validator(mode="after")
@@ -251,3 +252,12 @@ def _explain(e: ValidationError) -> str:
             msg = "unknown key"
         lines.append(f"{where}: {msg}")
     return "invalid config: " + "; ".join(lines)
+
+
+def _target_device(raw: dict) -> str:
+    """pools.target.device of a raw config (dicts or models), "cpu" where unset."""
+    def part(node, key):
+        return node.get(key) if isinstance(node, dict) else getattr(node, key, None)
+
+    target = part(raw.get("pools") or {}, "target")
+    return (part(target, "device") if target is not None else None) or "cpu"

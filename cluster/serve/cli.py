@@ -24,9 +24,9 @@ FLAG_KEYS = {
 
 def add_serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP and gRPC APIs on Ray",
-                       description="With no flags: a local Ray cluster, SmolLM2-135M as the target, its packaged "
-                                   "eagle draft behind prompt lookup. Flags override the --config file, which "
-                                   "overrides defaults.")
+                       description="With no flags: a local Ray cluster, SmolLM2-135M as the target on CPU, "
+                                   "adaptive prompt lookup (on a GPU its packaged eagle draft behind it). Flags "
+                                   "override the --config file, which overrides defaults.")
     add_serve_flags(p)
     p.add_argument("--dry-run", action="store_true", help="print the resolved config as YAML and exit")
     p.set_defaults(func=cmd_serve)
@@ -58,7 +58,7 @@ def add_serve_flags(p) -> None:
     p.add_argument("--adaptive-speculation", choices=["on", "off"],
                    help="speculative_config.adaptive: each round, each sequence drafts the length (at most "
                         "--num-speculative-tokens) that maximises expected tokens per cost, from its acceptance "
-                        "and this machine's measured step costs (default: on with the packaged draft)")
+                        "and this machine's measured step costs (default: on)")
     p.add_argument("--pipeline", dest="pipelined", choices=["auto", "on", "off"],
                    help="two groups in flight (on), one (off), or two only with a draft model (auto, default)")
     p.add_argument("--no-pipeline", dest="pipelined", action="store_const", const="off",
@@ -116,7 +116,7 @@ def resolve_config(args):
 
 def _speculative_override(args, current: dict | None, target: str):
     """The speculative_config the flags ask for, or False when they ask for nothing."""
-    from specray.cluster.config.defaults import packaged_draft
+    from specray.cluster.config.defaults import method_recipe, packaged_draft
 
     if args.speculative_config is not None:
         refuse_beside_speculative_config(args, SERVE_SPEC_FLAGS)
@@ -130,10 +130,14 @@ def _speculative_override(args, current: dict | None, target: str):
     spec = dict(current or {})
     if args.speculative_method:
         if args.speculative_method != spec.get("method"):
-            # another method keeps the length, not the default's extras (an adaptive default's
-            # length is a cap: a fixed chain starts from 2)
-            k = 2 if spec.get("adaptive") else spec.get("num_speculative_tokens")
-            spec = {} if k is None else {"num_speculative_tokens": k}
+            trained = method_recipe(target, args.speculative_method, {})
+            if trained is not None and args.draft_model in (None, trained["model"]):
+                spec = dict(trained)  # the packaged trained draft's tuned extras (eagle on CPU)
+            else:
+                # another method keeps the length, not the default's extras (an adaptive default's
+                # length is a cap: a fixed chain starts from 2)
+                k = 2 if spec.get("adaptive") else spec.get("num_speculative_tokens")
+                spec = {} if k is None else {"num_speculative_tokens": k}
         spec["method"] = args.speculative_method
     if args.draft_model:  # a draft model means a method that uses one (as vLLM infers it)
         method = args.speculative_method or _draft_method(args.draft_model)

@@ -52,6 +52,30 @@ def test_paired_speedup_benchmark_runs_and_counts(tiny_target, tmp_path):
         paired.main(["--model", str(tiny_target), "--configs", "{}"])
 
 
+def test_round_breakdown_splits_rounds_and_bounds_them(tiny_target, tmp_path):
+    """benchmarks/round_breakdown.py: a round's parts add up to it, speculation's rounds emit more
+    than one token each, and only the speculative rows carry the bound."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "benchmarks" / "round_breakdown.py"
+    spec = importlib.util.spec_from_file_location("bench_rounds", path)
+    rounds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rounds)
+    out = tmp_path / "r.json"
+    result = rounds.main(["--model", str(tiny_target), "--num-prompts", "2", "--max-tokens", "12", "--repeats", "1",
+                          "--kernels", "exact", "--out", str(out),
+                          "--configs", json.dumps([{"method": "ngram", "num_speculative_tokens": 3}])])
+    assert json.loads(out.read_text()) == result
+    plain, ngram = result["rows"]
+    assert plain["acceptance_length"] == 1.0 and plain["draft_ms"] == 0.0 and "bound" not in plain
+    assert ngram["acceptance_length"] >= 1.0 and ngram["bound"] > 0
+    for row in (plain, ngram):
+        assert abs(row["target_ms"] + row["draft_ms"] + row["other_ms"] - row["round_ms"]) < 1e-2
+        assert row["target_ms"] > 0 and row["decode_tokens_per_s"] > 0
+
+
 def test_distill_draft_benchmark_measures_chains_lookup_and_trees(tiny_target, tiny_draft, tmp_path):
     """benchmarks/distill_draft.py: chain, lookup-first and tree rows (alone and behind lookup) all
     equal plain decoding, and a tree row verifies more draft tokens a round than its depth."""

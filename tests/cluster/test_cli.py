@@ -36,28 +36,34 @@ def test_draft_quantization_reaches_the_speculative_config():
     assert "draft_quantization" not in speculative_config(argparse.Namespace(**base, draft_quantization=None))
 
 
-def test_generate_defaults_to_the_packaged_eagle_draft():
-    """`specray generate` on smollm2-135m: the packaged feature-level draft behind prompt lookup, off
-    from two running sequences; the flags override each part, and other targets keep n-gram."""
+def test_generate_defaults_follow_the_device():
+    """`specray generate` on CPU: adaptive prompt lookup, off from two running sequences; on an
+    accelerator smollm2-135m's packaged feature-level draft behind prompt lookup; asking for eagle
+    on CPU gets that recipe; the flags override each part."""
     from specray.cluster.cli import build_parser, speculative_config
 
     def spec(*flags):
         return speculative_config(build_parser().parse_args(["generate", "w3", *flags]))
 
-    default = {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 4,
+    cpu = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4,
+           "disable_by_batch_size": 2, "adaptive": True}
+    trained = {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 4,
                "lookup_first": {"model_tokens": 1}, "disable_by_batch_size": 2, "adaptive": True}
-    assert spec() == spec("--lookup-first") == default
+    assert spec() == spec("--speculative-method", "ngram") == spec("--model", "other") == cpu
+    assert spec("--device", "cuda") == spec("--speculative-method", "eagle") == spec("--speculative-method", "eagle",
+                                                                                      "--lookup-first") == trained
+    assert spec("--device", "cuda", "--model", "other") == {"method": "ngram", "num_speculative_tokens": 2,
+                                                            "prompt_lookup_min": 1, "prompt_lookup_max": 4}
     assert spec("--num-speculative-tokens", "3", "--disable-by-batch-size", "8") == {
-        **default, "num_speculative_tokens": 3, "disable_by_batch_size": 8}
-    assert spec("--adaptive-speculation", "off") == {**default, "adaptive": False}
-    assert spec("--speculative-method", "ngram", "--adaptive-speculation", "on")["adaptive"] is True
+        **cpu, "num_speculative_tokens": 3, "disable_by_batch_size": 8}
+    assert spec("--adaptive-speculation", "off") == {**cpu, "adaptive": False}
+    assert spec("--speculative-method", "eagle", "--num-speculative-tokens", "2") == {**trained, "num_speculative_tokens": 2}
     assert spec("--draft-model", "smollm2-135m-draft", "--speculative-method", "draft_model") == {
         "method": "draft_model", "model": "smollm2-135m-draft", "num_speculative_tokens": 2}
-    assert spec("--model", "other")["method"] == "ngram" and spec("--speculative-method", "none") is None
+    assert spec("--speculative-method", "none") is None
     # a method alone takes the target's packaged draft of that kind (never the eagle one for draft_model)
     assert spec("--speculative-method", "draft_model") == {
         "method": "draft_model", "model": "smollm2-135m-draft", "num_speculative_tokens": 2}
-    assert spec("--speculative-method", "eagle") == default
     assert spec("--model", "other", "--speculative-method", "draft_model")["model"] == "other"  # truncated target
 
 

@@ -78,14 +78,14 @@ def test_speculation_flags(capsys):
                  "--num-speculative-tokens", "4", "--dry-run"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {
         "num_speculative_tokens": 4, "method": "draft_model", "model": "d"}
-    # a draft model without a method: its folder says which (the default's method is eagle)
+    # a draft model without a method: its folder says which (the default's method is ngram)
     assert main(["serve", "--draft-model", "d", "--dry-run"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"]["method"] == "draft_model"
     assert main(["serve", "--draft-model", "smollm2-135m-draft", "--dry-run"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"]["method"] == "draft_model"
-    assert main(["serve", "--speculative-method", "ngram", "--dry-run"]) == 0
-    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {"method": "ngram",
-                                                                             "num_speculative_tokens": 2}
+    assert main(["serve", "--speculative-method", "ngram", "--dry-run"]) == 0  # the CPU default itself
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {
+        "method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 2, "adaptive": True}
     # a model-draft method alone: the target's packaged draft of that kind
     assert main(["serve", "--speculative-method", "draft_model", "--dry-run"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {
@@ -111,21 +111,25 @@ def test_speculative_config_json_replaces_the_files(tmp_path, capsys):
     assert "verify_budget" in capsys.readouterr().err
 
 
-def test_default_speculation_is_the_packaged_eagle_draft(capsys):
-    """smollm2-135m speculates with its trained feature-level draft behind prompt lookup (one draft-model
-    token a round) and stops speculating once two sequences run (measured: cluster/config/defaults.py);
-    another target keeps n-gram."""
+def test_default_speculation_follows_the_device(tmp_path, capsys):
+    """On CPU the default is adaptive prompt lookup, off from two running sequences (measured:
+    cluster/config/defaults.py); a target on an accelerator takes its packaged trained draft behind
+    prompt lookup; asking for eagle on CPU gets that recipe; another target keeps n-gram."""
     import yaml
 
+    cpu = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 2, "adaptive": True}
+    trained = {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 4,
+               "lookup_first": {"model_tokens": 1}, "disable_by_batch_size": 2, "adaptive": True}
     assert main(["serve", "--dry-run"]) == 0
-    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {
-        "method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 4,
-        "lookup_first": {"model_tokens": 1}, "disable_by_batch_size": 2, "adaptive": True}
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == cpu
+    path = tmp_path / "gpu.yaml"
+    path.write_text("pools: {target: {device: cuda, num_gpus: 1}}\n")
+    assert main(["serve", "--config", str(path), "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == trained
+    assert main(["serve", "--dry-run", "--speculative-method", "eagle"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == trained
     assert main(["serve", "--dry-run", "--adaptive-speculation", "off"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"]["adaptive"] is False
-    assert main(["serve", "--dry-run", "--speculative-method", "ngram"]) == 0  # a fixed chain of 2, not the cap
-    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {"method": "ngram",
-                                                                             "num_speculative_tokens": 2}
     from specray.cluster.config.serve import ServeConfig
 
     eagle = {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 2}
@@ -133,6 +137,8 @@ def test_default_speculation_is_the_packaged_eagle_draft(capsys):
     assert ServeConfig.from_dict({"speculative_config": eagle}).pipelined is True
     assert ServeConfig.from_dict({"speculative_config": {**eagle, "disable_by_batch_size": 3}}).pipelined is True
     assert main(["serve", "--model", "other-model", "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == cpu
+    assert main(["serve", "--model", "other-model", "--config", str(path), "--dry-run"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {"method": "ngram",
                                                                              "num_speculative_tokens": 2}
 

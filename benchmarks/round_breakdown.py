@@ -1,0 +1,94 @@
+"""Where a speculative round's time goes at batch 1, against plain decoding, in one process.
+
+Per config: decode tokens/s (prefill steps left out), acceptance length tau, and a round's
+milliseconds split into the target's step, the draft's steps and the rest (verification
+bookkeeping, the router). Configs alternate prompt by prompt, so a noisy box slows all alike.
+`bound` is what the round would give if nothing but its measured target step were paid:
+tau x (plain round / this round's target step); speculation pays only where it exceeds 1.
+
+    python benchmarks/round_breakdown.py --kernels fast --num-prompts 8 --max-tokens 128 \\
+        --configs '[{"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 1}]'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def run(llm, ids: list[int], max_tokens: int) -> tuple[float, float, float, float, int, int]:
+    """One prompt -> (seconds, prefill, target, draft seconds, rounds, emitted tokens)."""
+    from specray import SamplingParams
+
+    stats = llm.router.stats
+    before = (stats.prefill_seconds, stats.target_seconds, stats.draft_seconds)
+    start = time.perf_counter()
+    out = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                                                                 ignore_eos=True))[0]
+    seconds = time.perf_counter() - start
+    return (seconds, stats.prefill_seconds - before[0], stats.target_seconds - before[1],
+            stats.draft_seconds - before[2], out.metrics.num_rounds, out.metrics.num_emitted_tokens)
+
+
+def breakdown(totals: list[float], plain_round_ms: float | None) -> dict:
+    seconds, prefill, target, draft, rounds, emitted = totals
+    decode = seconds - prefill
+    row = {"decode_tokens_per_s": round(emitted / decode, 2), "acceptance_length": round(emitted / rounds, 3),
+           "round_ms": round(1e3 * decode / rounds, 3), "target_ms": round(1e3 * (target - prefill) / rounds, 3),
+           "draft_ms": round(1e3 * draft / rounds, 3)}
+    row["other_ms"] = round(row["round_ms"] - row["target_ms"] - row["draft_ms"], 3)
+    if plain_round_ms:
+        row["bound"] = round(row["acceptance_length"] * plain_round_ms / row["target_ms"], 3)
+    return row
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from specray import LLM, SamplingParams
+    from specray.cluster.bench.prompts import SHARED_PROMPTS, load_prompts
+    from specray.kernels.chat import prompt_token_ids
+    from specray.kernels.loader import resolve
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--configs", required=True, help="JSON list of speculative_config dicts (plain runs too)")
+    ap.add_argument("--dataset", default=str(SHARED_PROMPTS) if SHARED_PROMPTS.exists() else None,
+                    help="JSONL of prompts (default: Spec-Bench if present, else the packaged subset)")
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--kernels", choices=["exact", "fast"], default="fast", help="the target's CPU kernels")
+    ap.add_argument("--out", default="bench_out/round_breakdown.json")
+    args = ap.parse_args(argv)
+    configs = json.loads(args.configs)
+    if not isinstance(configs, list) or not all(isinstance(c, dict) for c in configs):
+        raise SystemExit("--configs must be a JSON list of speculative_config objects")
+    tok = resolve(args.model).tokenizer()
+    prompts = load_prompts(Path(args.dataset) if args.dataset else None, args.num_prompts)
+    ids = [prompt_token_ids(tok, p["prompt"]) for p in prompts]
+    names = ["plain"] + [json.dumps(c, sort_keys=True) for c in configs]
+    llms = [LLM(args.model, max_num_seqs=1, kernels=args.kernels)] + [
+        LLM(args.model, max_num_seqs=1, kernels=args.kernels, speculative_config=c) for c in configs]
+    for llm in llms:  # warm-up
+        llm.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))
+    totals = {n: [0.0] * 6 for n in names}
+    for _ in range(args.repeats):
+        for p in ids:
+            for name, llm in zip(names, llms, strict=True):
+                totals[name] = [a + b for a, b in zip(totals[name], run(llm, p, args.max_tokens), strict=True)]
+    rows, plain_round = [], None
+    for name in names:
+        row = {"config": name, **breakdown(totals[name], plain_round)}
+        plain_round = plain_round or row["round_ms"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    result = {"config": vars(args), "rows": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
