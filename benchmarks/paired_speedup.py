@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
-from specray.kernels.chat import prompt_token_ids
+sys.path.insert(0, str(Path(__file__).parent))
+from spec_args import add_common_args, configs_of, prompt_ids, write_result  # noqa: E402
 
 
 def run_group(llm, group: list[list[int]], max_tokens: int):
@@ -39,32 +41,19 @@ def run_group(llm, group: list[list[int]], max_tokens: int):
 
 def main(argv: list[str] | None = None) -> dict:
     from specray import LLM, SamplingParams
-    from specray.cluster.bench.prompts import SHARED_PROMPTS, load_prompts
-    from specray.kernels.loader import resolve
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--configs", required=True, help="JSON list of speculative_config dicts")
-    ap.add_argument("--dataset", default=str(SHARED_PROMPTS) if SHARED_PROMPTS.exists() else None,
-                    help="JSONL of prompts (default: Spec-Bench if present, else the packaged subset)")
-    ap.add_argument("--num-prompts", type=int, default=13)
+    add_common_args(ap, num_prompts=13, repeats=3, kernels="exact")
     ap.add_argument("--batch-size", type=int, default=1, help="prompts per group (one batch)")
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--kernels", choices=["exact", "fast"], default="exact", help="the target's CPU kernels")
     ap.add_argument("--raw-prompts", action="store_true",
                     help="prompts as plain text, no chat template (the model continues them, quoting itself)")
     ap.add_argument("--out", default="bench_out/paired_speedup.json")
     args = ap.parse_args(argv)
-    configs = json.loads(args.configs)
-    if not isinstance(configs, list) or not configs or not all(isinstance(c, dict) for c in configs):
-        raise SystemExit("--configs must be a non-empty JSON list of speculative_config objects")
+    configs = configs_of(args.configs)
     if args.batch_size < 1 or args.repeats < 1 or args.num_prompts < args.batch_size:
         raise SystemExit("need --batch-size >= 1, --repeats >= 1 and --num-prompts >= --batch-size")
 
-    tok = resolve(args.model).tokenizer()
-    prompts = load_prompts(Path(args.dataset) if args.dataset else None, args.num_prompts)
-    ids = [tok(p["prompt"]).input_ids if args.raw_prompts else prompt_token_ids(tok, p["prompt"]) for p in prompts]
+    ids = prompt_ids(args, raw=args.raw_prompts)
     groups = [ids[i:i + args.batch_size] for i in range(0, len(ids) - args.batch_size + 1, args.batch_size)]
     names = ["plain"] + [json.dumps(c, sort_keys=True) for c in configs]
     llms = [LLM(args.model, max_num_seqs=args.batch_size, kernels=args.kernels)] + [
@@ -98,10 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
                      "lossless": lossless[n]})
         print(json.dumps(rows[-1]), flush=True)
     result = {"config": vars(args), "groups": len(groups), "tokens_per_config": tokens, "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
-    return result
+    return write_result(result, args.out)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from spec_args import add_common_args, configs_of, prompt_ids, write_result  # noqa: E402
 
 
 def run(llm, ids: list[int], max_tokens: int) -> tuple[float, float, float, float, int, int]:
@@ -46,27 +50,13 @@ def breakdown(totals: list[float], plain_round_ms: float | None) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     from specray import LLM, SamplingParams
-    from specray.cluster.bench.prompts import SHARED_PROMPTS, load_prompts
-    from specray.kernels.chat import prompt_token_ids
-    from specray.kernels.loader import resolve
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--configs", required=True, help="JSON list of speculative_config dicts (plain runs too)")
-    ap.add_argument("--dataset", default=str(SHARED_PROMPTS) if SHARED_PROMPTS.exists() else None,
-                    help="JSONL of prompts (default: Spec-Bench if present, else the packaged subset)")
-    ap.add_argument("--num-prompts", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--kernels", choices=["exact", "fast"], default="fast", help="the target's CPU kernels")
+    add_common_args(ap, num_prompts=8, repeats=2, kernels="fast")
     ap.add_argument("--out", default="bench_out/round_breakdown.json")
     args = ap.parse_args(argv)
-    configs = json.loads(args.configs)
-    if not isinstance(configs, list) or not all(isinstance(c, dict) for c in configs):
-        raise SystemExit("--configs must be a JSON list of speculative_config objects")
-    tok = resolve(args.model).tokenizer()
-    prompts = load_prompts(Path(args.dataset) if args.dataset else None, args.num_prompts)
-    ids = [prompt_token_ids(tok, p["prompt"]) for p in prompts]
+    configs = configs_of(args.configs)
+    ids = prompt_ids(args)
     names = ["plain"] + [json.dumps(c, sort_keys=True) for c in configs]
     llms = [LLM(args.model, max_num_seqs=1, kernels=args.kernels)] + [
         LLM(args.model, max_num_seqs=1, kernels=args.kernels, speculative_config=c) for c in configs]
@@ -84,10 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append(row)
         print(json.dumps(row), flush=True)
     result = {"config": vars(args), "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
-    return result
+    return write_result(result, args.out)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,25 @@
 """The scripts in benchmarks/ run on the tiny models and measure what they claim to."""
 
+import importlib.util
+from pathlib import Path
+
+
+def _script(name: str):
+    """benchmarks/<name>.py as a module."""
+    path = Path(__file__).parents[2] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 def test_tree_benchmark_configs_are_valid_and_comparable():
     """benchmarks/trees.py: every config passes the router's validation; the budget group verifies
     at most its budget per round and its chain has exactly that length."""
-    import importlib.util
-    from pathlib import Path
 
     from specray.cluster.config.speculative import SpeculativeConfig
 
-    path = Path(__file__).parents[2] / "benchmarks" / "trees.py"
-    spec = importlib.util.spec_from_file_location("bench_trees", path)
-    trees = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(trees)
+    trees = _script("trees")
     configs = trees.configs("some-draft", depth=3, budget=6)
     parsed = {name: SpeculativeConfig.from_dict(c) for name, c in configs.items()}
     assert parsed["none"] is None
@@ -28,16 +35,11 @@ def test_tree_benchmark_configs_are_valid_and_comparable():
 def test_paired_speedup_benchmark_runs_and_counts(tiny_target, tmp_path):
     """benchmarks/paired_speedup.py: every config runs every group, outputs equal plain decoding's,
     and the token count is prompts x tokens x repeats; a bad --configs is refused."""
-    import importlib.util
     import json
-    from pathlib import Path
 
     import pytest
 
-    path = Path(__file__).parents[2] / "benchmarks" / "paired_speedup.py"
-    spec = importlib.util.spec_from_file_location("bench_paired", path)
-    paired = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(paired)
+    paired = _script("paired_speedup")
     out = tmp_path / "p.json"
     result = paired.main(["--model", str(tiny_target), "--num-prompts", "4", "--batch-size", "2", "--max-tokens", "4",
                           "--repeats", "2", "--configs", json.dumps([{"method": "ngram", "num_speculative_tokens": 2}]),
@@ -55,14 +57,9 @@ def test_paired_speedup_benchmark_runs_and_counts(tiny_target, tmp_path):
 def test_round_breakdown_splits_rounds_and_bounds_them(tiny_target, tmp_path):
     """benchmarks/round_breakdown.py: a round's parts add up to it, speculation's rounds emit more
     than one token each, and only the speculative rows carry the bound."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).parents[2] / "benchmarks" / "round_breakdown.py"
-    spec = importlib.util.spec_from_file_location("bench_rounds", path)
-    rounds = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rounds)
+    rounds = _script("round_breakdown")
     out = tmp_path / "r.json"
     result = rounds.main(["--model", str(tiny_target), "--num-prompts", "2", "--max-tokens", "12", "--repeats", "1",
                           "--kernels", "exact", "--out", str(out),
@@ -79,14 +76,9 @@ def test_round_breakdown_splits_rounds_and_bounds_them(tiny_target, tmp_path):
 def test_distill_draft_benchmark_measures_chains_lookup_and_trees(tiny_target, tiny_draft, tmp_path):
     """benchmarks/distill_draft.py: chain, lookup-first and tree rows (alone and behind lookup) all
     equal plain decoding, and a tree row verifies more draft tokens a round than its depth."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).parents[2] / "benchmarks" / "distill_draft.py"
-    spec = importlib.util.spec_from_file_location("bench_distill_draft", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _script("distill_draft")
     out = tmp_path / "d.json"
     result = bench.main(["--model", str(tiny_target), "--draft", str(tiny_draft), "--num-prompts", "2",
                          "--max-tokens", "6", "--ks", "2", "--trim-off-ks", "", "--skip-hf", "--lookup-first",
@@ -114,9 +106,7 @@ def test_distill_draft_benchmark_measures_chains_lookup_and_trees(tiny_target, t
 def test_kv_cache_dtype_benchmark_steps_both_caches(tiny_gguf_target, tmp_path):
     """benchmarks/kv_cache_dtype.py: every case times the fp32 and the fp16 cache and compares their
     logits; a malformed case is refused."""
-    import importlib.util
     import json
-    from pathlib import Path
 
     import pytest
 
@@ -124,10 +114,7 @@ def test_kv_cache_dtype_benchmark_steps_both_caches(tiny_gguf_target, tmp_path):
 
     if not cpu_ops.available():
         pytest.skip("the fast mode needs the C kernels")
-    path = Path(__file__).parents[2] / "benchmarks" / "kv_cache_dtype.py"
-    spec = importlib.util.spec_from_file_location("bench_kv_dtype", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _script("kv_cache_dtype")
     out = tmp_path / "kv.json"
     results = bench.main(["--model", str(tiny_gguf_target), "--cases", "1x9x1,2x5x3", "--repeats", "1",
                           "--steps", "1", "--out", str(out)])
