@@ -23,6 +23,7 @@ FIXED_NGRAM = {"method": "ngram", "num_speculative_tokens": 2}  # accelerators, 
 
 
 def on_cpu(device: str) -> bool:
+    """Whether a torch device string names the CPU ("cpu", "cpu:0")."""
     return str(device).split(":")[0] == "cpu"
 
 
@@ -101,4 +102,3 @@ def is_default_for_other(model: str, device: str = "cpu") -> list[dict[str, Any]
     if not is_diffusion_model(model):
         return others
     return others + [dict(FIXED_NGRAM), adaptive_ngram_config()]
-

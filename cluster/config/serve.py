@@ -127,8 +127,9 @@ class ServeConfig(Strict):
             model = raw.get("model") or "smollm2-135m"
             device = _target_device(raw)
             spec = raw.get("speculative_config", "unset")
-            if spec == "unset" or (spec != default_speculative_config(model, device) and spec in is_default_for_other(model, device)):
-                raw = {**raw, "speculative_config": default_speculative_config(model, device)}
+            default = default_speculative_config(model, device)
+            if spec == "unset" or (spec != default and spec in is_default_for_other(model, device)):
+                raw = {**raw, "speculative_config": default}
         return raw
 
     @model_validator(mode="after")

@@ -57,7 +57,8 @@ def test_generate_defaults_follow_the_device():
     assert spec("--num-speculative-tokens", "3", "--disable-by-batch-size", "8") == {
         **cpu, "num_speculative_tokens": 3, "disable_by_batch_size": 8}
     assert spec("--adaptive-speculation", "off") == {**cpu, "adaptive": False}
-    assert spec("--speculative-method", "eagle", "--num-speculative-tokens", "2") == {**trained, "num_speculative_tokens": 2}
+    assert spec("--speculative-method", "eagle", "--num-speculative-tokens", "2") == {
+        **trained, "num_speculative_tokens": 2}
     assert spec("--draft-model", "smollm2-135m-draft", "--speculative-method", "draft_model") == {
         "method": "draft_model", "model": "smollm2-135m-draft", "num_speculative_tokens": 2}
     assert spec("--speculative-method", "none") is None
