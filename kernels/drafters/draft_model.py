@@ -85,9 +85,19 @@ class DraftModelDrafter:
         off the subset)."""
         return self.forward(batch, fuzzy)
 
-    def _step(self, chunks: list[SeqChunk], fuzzy: bool = False) -> torch.Tensor:
+    def proposal_logits(self, batch: RaggedBatch, fuzzy: bool = False) -> torch.Tensor:
+        """The logits a chain's `_draw` reads (VocabTrim: over its kept ids alone)."""
+        return self.logits(batch, fuzzy)
+
+    def _draw(self, requests: list[DraftRequest], active: list[int], logits: torch.Tensor,
+              drafts: list[list[int]], probs: list[list[torch.Tensor]]) -> None:
+        sample_step(requests, active, logits, drafts, probs)
+
+    def _step(self, chunks: list[SeqChunk], fuzzy: bool = False, proposal: bool = False) -> torch.Tensor:
+        """A forward over the chunks, kept in the draft cache -> `logits` (`proposal`: `proposal_logits`)."""
         start = time.perf_counter()
-        logits = self.logits(RaggedBatch.build(chunks, self.cache, self.model.embed_tokens.device), fuzzy)
+        batch = RaggedBatch.build(chunks, self.cache, self.model.embed_tokens.device)
+        logits = (self.proposal_logits if proposal else self.logits)(batch, fuzzy)
         fuzzy = fuzzy and self.fuzzy is not None
         self._record(fuzzy, time.perf_counter() - start)
         for c in chunks:
@@ -110,16 +120,16 @@ class DraftModelDrafter:
         drafts: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor]] = [[] for _ in requests]
         active = list(range(len(requests)))
-        logits = self._step(chunks)
+        logits = self._step(chunks, proposal=True)
         active = [i for i in active if requests[i].num_draft_tokens > 0]
         while active:
-            sample_step(requests, active, logits, drafts, probs)
+            self._draw(requests, active, logits, drafts, probs)
             active = [i for i in active if len(drafts[i]) < requests[i].num_draft_tokens]
             if not active:
                 break
             step = [SeqChunk(requests[i].seq_id, drafts[i][-1:], len(self.states[requests[i].seq_id].fed))
                     for i in active]
-            logits = self._step(step, fuzzy=True)
+            logits = self._step(step, fuzzy=True, proposal=True)
         return [Proposal(d, None if r.sampling.greedy or not p else torch.stack(p))
                 for d, p, r in zip(drafts, probs, requests, strict=True)]
 

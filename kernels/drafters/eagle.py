@@ -24,10 +24,9 @@ from torch import nn
 
 from specray.kernels.batch import RaggedBatch, SeqChunk
 from specray.kernels.config import ModelConfig
-from specray.kernels.cpu_ops import argmax_rows
 from specray.kernels.drafters.base import DraftRequest
 from specray.kernels.drafters.draft_model import sample_step
-from specray.kernels.drafters.vocab_trim import expand_trimmed_logits, trim_lm_head
+from specray.kernels.drafters.vocab_trim import TrimmedVocab, trim_lm_head
 from specray.kernels.model import LlamaModel
 from specray.kernels.proposal import Proposal
 
@@ -93,15 +92,18 @@ class EagleDrafter:
 
     def __init__(self, model: EagleModel, num_blocks: int = 2048, block_size: int = 16,
                  vocab_trim_ids: torch.Tensor | None = None):
+        self.vocab = None
         if vocab_trim_ids is not None:
-            # ascending: the first maximum among the kept ids is the first over the whole vocabulary
-            vocab_trim_ids = vocab_trim_ids.sort().values
-            trim_lm_head(model, vocab_trim_ids)
+            self.vocab = TrimmedVocab(vocab_trim_ids.to(model.lm_head.device), model.config.vocab_size)
+            trim_lm_head(model, self.vocab.token_ids)
         self.model = model
-        self.token_ids = None if vocab_trim_ids is None else vocab_trim_ids.to(model.lm_head.device)  # [k]
-        self._kept = None if vocab_trim_ids is None else vocab_trim_ids.tolist()  # trimmed row -> token id
         self.cache = model.make_cache(num_blocks, block_size)
         self.states: dict[object, _EagleState] = {}
+
+    @property
+    def token_ids(self) -> torch.Tensor | None:
+        """The VocabTrim ids [k] (trimmed row -> token id), None without a trim."""
+        return None if self.vocab is None else self.vocab.token_ids
 
     def defer(self, requests: list[DraftRequest]) -> None:
         """Keep the target features these requests carry for a later round, without a step (another
@@ -137,8 +139,8 @@ class EagleDrafter:
         those rows; valid lengths unchanged (tree chunks are scratch)."""
         batch = RaggedBatch.build(chunks, self.cache, self.model.embed_tokens.device)
         logits, feats = self.model(batch, self.cache, inputs_embeds=inputs, features=True)
-        if self.token_ids is not None and not trimmed:
-            logits = expand_trimmed_logits(logits, self.token_ids, self.model.config.vocab_size)
+        if self.vocab is not None and not trimmed:
+            logits = self.vocab.expand(logits)
         return logits, feats[batch.logits_indices]
 
     def _step(self, chunks: list[SeqChunk], inputs: torch.Tensor,
@@ -183,17 +185,11 @@ class EagleDrafter:
 
     def _draw(self, requests: list[DraftRequest], active: list[int], logits: torch.Tensor,
               drafts: list[list[int]], probs: list[list[torch.Tensor]]) -> None:
-        """`sample_step` on logits [len(active), k] over the VocabTrim ids: an all-greedy step takes
-        the argmax among the kept ids (no [rows, vocab_size] expansion), a sampled one keeps the
-        proposal distribution over the whole vocabulary, as verification reads it."""
-        if self._kept is None:
+        """`sample_step`, or over the VocabTrim ids' logits [len(active), k] `TrimmedVocab.draw`."""
+        if self.vocab is None:
             sample_step(requests, active, logits, drafts, probs)
-        elif all(requests[i].sampling.greedy for i in active):
-            for i, row in zip(active, argmax_rows(logits).tolist(), strict=True):
-                drafts[i].append(self._kept[row])
         else:
-            sample_step(requests, active, expand_trimmed_logits(logits, self.token_ids, self.model.config.vocab_size),
-                        drafts, probs)
+            self.vocab.draw(requests, active, logits, drafts, probs)
 
     def release(self, seq_id: object) -> None:
         self.states.pop(seq_id, None)

@@ -16,7 +16,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specray.kernels.drafters.draft_model import DraftModelDrafter
+from specray.kernels.cpu_ops import argmax_rows
+from specray.kernels.drafters.base import DraftRequest
+from specray.kernels.drafters.draft_model import DraftModelDrafter, sample_step
 from specray.kernels.model import LlamaModel
 
 VOCAB_TRIM_FILE = "vocab_trim.safetensors"
@@ -61,6 +63,31 @@ def expand_trimmed_logits(trimmed: torch.Tensor, token_ids: torch.Tensor, vocab_
     return logits.index_copy_(1, token_ids, trimmed)
 
 
+class TrimmedVocab:
+    """A trimmed head's kept token ids, ascending: the first maximum among them is then the first
+    over the whole vocabulary, so a greedy draw needs no [rows, vocab_size] expansion."""
+
+    def __init__(self, token_ids: torch.Tensor, vocab_size: int):
+        self.token_ids = token_ids.sort().values  # [k]: trimmed row -> token id
+        self.kept = self.token_ids.tolist()
+        self.vocab_size = vocab_size
+
+    def expand(self, trimmed: torch.Tensor) -> torch.Tensor:
+        """[rows, k] -> [rows, vocab_size], -inf off the kept ids."""
+        return expand_trimmed_logits(trimmed, self.token_ids, self.vocab_size)
+
+    def draw(self, requests: list[DraftRequest], active: list[int], trimmed: torch.Tensor,
+             drafts: list[list[int]], probs: list[list[torch.Tensor]]) -> None:
+        """`sample_step` on logits [len(active), k] over the kept ids: an all-greedy step takes the
+        argmax among them, a sampled one keeps the proposal distribution over the whole vocabulary,
+        as verification reads it."""
+        if all(requests[i].sampling.greedy for i in active):
+            for i, row in zip(active, argmax_rows(trimmed).tolist(), strict=True):
+                drafts[i].append(self.kept[row])
+        else:
+            sample_step(requests, active, self.expand(trimmed), drafts, probs)
+
+
 class VocabTrimDrafter(DraftModelDrafter):
     """A draft model over a trimmed head (DESIGN §3 'VocabTrim heads'); chains, and trees as the
     base of TreeDraftModelDrafter."""
@@ -69,11 +96,19 @@ class VocabTrimDrafter(DraftModelDrafter):
 
     def __init__(self, model: LlamaModel, token_ids: torch.Tensor, num_blocks: int = 2048, block_size: int = 16,
                  layer_groups=None, workers=None):
-        trim_lm_head(model, token_ids)
+        self.vocab = TrimmedVocab(token_ids.to(model.lm_head.device), model.config.vocab_size)
+        trim_lm_head(model, self.vocab.token_ids)
         super().__init__(model, num_blocks, block_size, layer_groups, workers)
-        self.token_ids = token_ids.to(model.lm_head.device)  # [k]: subset row -> token id
-        self.vocab_size = model.config.vocab_size
+
+    @property
+    def token_ids(self) -> torch.Tensor:
+        return self.vocab.token_ids
 
     def logits(self, batch, fuzzy: bool = False) -> torch.Tensor:
-        trimmed = self.forward(batch, fuzzy)  # [num_logits, k]
-        return expand_trimmed_logits(trimmed, self.token_ids, self.vocab_size)  # [num_logits, vocab_size]
+        return self.vocab.expand(self.forward(batch, fuzzy))  # [num_logits, vocab_size]
+
+    def proposal_logits(self, batch, fuzzy: bool = False) -> torch.Tensor:
+        return self.forward(batch, fuzzy)  # [num_logits, k]: `_draw` reads them
+
+    def _draw(self, requests, active, logits, drafts, probs) -> None:
+        self.vocab.draw(requests, active, logits, drafts, probs)

@@ -107,7 +107,7 @@ def test_greedy_drafts_over_trimmed_logits_equal_the_expanded_argmax(tiny_target
     path = resolve(str(tiny_target)).path
     ids = torch.arange(96, -1, -1)[:60]
     fast, slow = (EagleDrafter(load_eagle(tiny_eagle, path), num_blocks=64, vocab_trim_ids=ids) for _ in range(2))
-    assert fast._kept == sorted(ids.tolist())
+    assert fast.vocab.kept == sorted(ids.tolist())
     reqs = [DraftRequest(i, p, 4, SamplingConfig(0.0), features=torch.randn(len(p) - 1, 64,
                                                                             generator=torch.Generator().manual_seed(i)))
             for i, p in enumerate(PROMPTS)]
@@ -117,7 +117,7 @@ def test_greedy_drafts_over_trimmed_logits_equal_the_expanded_argmax(tiny_target
     tie = torch.zeros(1, 60)
     tie[0, [5, 20]] = 1.0  # kept rows 5 and 20 tie: token ids 42 and 57
     fast._draw([reqs[0]], [0], tie, drafts, [[]])
-    assert drafts == [[fast._kept[5]]] and fast._kept[5] < fast._kept[20]
+    assert drafts == [[fast.vocab.kept[5]]] and fast.vocab.kept[5] < fast.vocab.kept[20]
 
 
 def test_bad_eagle_configs_are_refused(tiny_target, tiny_draft):
