@@ -116,7 +116,7 @@ def resolve_config(args):
 
 def _speculative_override(args, current: dict | None, target: str):
     """The speculative_config the flags ask for, or False when they ask for nothing."""
-    from specray.cluster.config.defaults import method_recipe, packaged_draft
+    from specray.cluster.config.defaults import packaged_draft, trained_draft_config
 
     if args.speculative_config is not None:
         refuse_beside_speculative_config(args, SERVE_SPEC_FLAGS)
@@ -130,8 +130,9 @@ def _speculative_override(args, current: dict | None, target: str):
     spec = dict(current or {})
     if args.speculative_method:
         if args.speculative_method != spec.get("method"):
-            trained = method_recipe(target, args.speculative_method, {})
-            if trained is not None and args.draft_model in (None, trained["model"]):
+            trained = trained_draft_config(target)
+            if (trained is not None and trained["method"] == args.speculative_method
+                    and args.draft_model in (None, trained["model"])):
                 spec = dict(trained)  # the packaged trained draft's tuned extras (eagle on CPU)
             else:
                 # another method keeps the length, not the default's extras (an adaptive default's
