@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from spec_args import add_common_args, configs_of, prompt_ids, write_result  # noqa: E402
+from spec_args import add_common_args, configs_of, prompts_with_categories, write_result  # noqa: E402
 
 
 def run_group(llm, group: list[list[int]], max_tokens: int):
@@ -53,8 +53,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.batch_size < 1 or args.repeats < 1 or args.num_prompts < args.batch_size:
         raise SystemExit("need --batch-size >= 1, --repeats >= 1 and --num-prompts >= --batch-size")
 
-    ids = prompt_ids(args, raw=args.raw_prompts)
-    groups = [ids[i:i + args.batch_size] for i in range(0, len(ids) - args.batch_size + 1, args.batch_size)]
+    ids, categories = prompts_with_categories(args, raw=args.raw_prompts)
+    starts = range(0, len(ids) - args.batch_size + 1, args.batch_size)
+    groups = [ids[i:i + args.batch_size] for i in starts]
+    group_categories = [category_of(categories[i:i + args.batch_size]) for i in starts]
     names = ["plain"] + [json.dumps(c, sort_keys=True) for c in configs]
     llms = [LLM(args.model, max_num_seqs=args.batch_size, kernels=args.kernels)] + [
         LLM(args.model, max_num_seqs=args.batch_size, speculative_config=c, kernels=args.kernels) for c in configs]
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
     want = [run_group(llms[0], g, args.max_tokens)[0] for g in groups]
     seconds = {n: [] for n in names}  # per (repeat, group)
     decode = {n: [] for n in names}  # the same without the prefill steps
-    emitted = {n: [0, 0] for n in names}  # emitted tokens, rounds
+    emitted = {n: [] for n in names}  # per (repeat, group): (emitted tokens, rounds)
     lossless = {n: True for n in names}
     for r in range(args.repeats):
         for gi, group in enumerate(groups):
@@ -72,8 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
                 outs, s, d, e, rounds = run_group(llms[j], group, args.max_tokens)
                 seconds[names[j]].append(s)
                 decode[names[j]].append(d)
-                emitted[names[j]][0] += e
-                emitted[names[j]][1] += rounds
+                emitted[names[j]].append((e, rounds))
                 lossless[names[j]] &= outs == want[gi]
     tokens = args.repeats * sum(len(o) for w in want for o in w)
     rows = []
@@ -83,11 +84,36 @@ def main(argv: list[str] | None = None) -> dict:
                      "median_group_speedup": round(statistics.median(ratios), 3),
                      "pooled_speedup": round(sum(seconds["plain"]) / sum(seconds[n]), 3),
                      "decode_speedup": round(sum(decode["plain"]) / sum(decode[n]), 3),
-                     "acceptance_length": round(emitted[n][0] / max(emitted[n][1], 1), 3),
+                     "acceptance_length": acceptance_length(emitted[n]),
                      "lossless": lossless[n]})
         print(json.dumps(rows[-1]), flush=True)
-    result = {"config": vars(args), "groups": len(groups), "tokens_per_config": tokens, "rows": rows}
+    by_category = per_category(names, group_categories * args.repeats, decode, emitted)
+    print(json.dumps({"decode_speedup_by_category": by_category}), flush=True)
+    result = {"config": vars(args), "groups": len(groups), "tokens_per_config": tokens, "rows": rows,
+              "by_category": by_category}
     return write_result(result, args.out)
+
+
+def category_of(categories: list[str]) -> str:
+    """A group's Spec-Bench category: its prompts', or "mixed"."""
+    return categories[0] if len(set(categories)) == 1 else "mixed"
+
+
+def acceptance_length(emitted: list[tuple[int, int]]) -> float:
+    return round(sum(e for e, _ in emitted) / max(sum(r for _, r in emitted), 1), 3)
+
+
+def per_category(names: list[str], categories: list[str], decode: dict, emitted: dict) -> dict:
+    """category -> config -> {decode speed-up over plain, acceptance length} over that category's
+    (repeat, group) runs; `categories` has one entry per run, in the runs' order."""
+    out = {}
+    for category in sorted(set(categories)):
+        runs = [i for i, c in enumerate(categories) if c == category]
+        plain = sum(decode["plain"][i] for i in runs)
+        out[category] = {n: {"decode_speedup": round(plain / sum(decode[n][i] for i in runs), 3),
+                             "acceptance_length": acceptance_length([emitted[n][i] for i in runs])}
+                         for n in names[1:]}
+    return out
 
 
 if __name__ == "__main__":

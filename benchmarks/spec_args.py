@@ -30,13 +30,19 @@ def configs_of(text: str) -> list[dict]:
 
 def prompt_ids(args, raw: bool = False) -> list[list[int]]:
     """The first --num-prompts prompts of --dataset as token ids, chat-templated unless `raw`."""
+    return prompts_with_categories(args, raw)[0]
+
+
+def prompts_with_categories(args, raw: bool = False) -> tuple[list[list[int]], list[str]]:
+    """`prompt_ids`, and each prompt's Spec-Bench category."""
     from specray.cluster.bench.prompts import load_prompts
     from specray.kernels.chat import prompt_token_ids
     from specray.kernels.loader import resolve
 
     tok = resolve(args.model).tokenizer()
     prompts = load_prompts(Path(args.dataset) if args.dataset else None, args.num_prompts)
-    return [tok(p["prompt"]).input_ids if raw else prompt_token_ids(tok, p["prompt"]) for p in prompts]
+    ids = [tok(p["prompt"]).input_ids if raw else prompt_token_ids(tok, p["prompt"]) for p in prompts]
+    return ids, [p["category"] for p in prompts]
 
 
 def write_result(result: dict, out: str) -> dict:

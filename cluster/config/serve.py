@@ -19,7 +19,7 @@ from specray.cluster.config.pools import PoolsConfig, Strict
 from specray.cluster.config.speculative import SpeculativeConfig
 from specray.kernels.drafters import registry
 
-TRANSPORTS = ("ray", "torch_distributed", "grpc", "inline")
+TRANSPORTS = ("auto", "ray", "torch_distributed", "grpc", "inline")
 
 
 class RouterConfig(Strict):
@@ -35,8 +35,9 @@ class RouterConfig(Strict):
 
 class TransportConfig(Strict):
     # inline: the draft worker runs in the router's process (no hop a round; for n-gram and ADED,
-    # whose drafting is cheap CPU work, or a small draft on a router with cores to spare)
-    kind: Literal["ray", "torch_distributed", "grpc", "inline"] = "ray"
+    # whose drafting is cheap CPU work, or a small draft on a router with cores to spare); auto:
+    # inline for a method without a draft model, ray for one with
+    kind: Literal["auto", "ray", "torch_distributed", "grpc", "inline"] = "auto"
     drafter_address: str | None = Field(None, description="grpc: host:port of an external Drafter service")
     master_port: int | None = Field(None, ge=1, le=65535, description="torch_distributed rendezvous port")
 
@@ -183,11 +184,21 @@ class ServeConfig(Strict):
         if workers > n:
             raise ValueError(f"pools.draft.num_workers {workers} exceeds speculative_config.layer_parallel {n}: "
                              "a layer group has only that many attentions to split")
-        if self.transport.kind != "ray":
+        if self.draft_transport != "ray":
             raise ValueError(f"a draft group of {workers} workers needs transport.kind 'ray', got "
                              f"{self.transport.kind!r}")
         if self.pools.draft.device.startswith("cuda") and self.pools.draft.num_gpus < 1:
             raise ValueError("a CUDA draft group needs pools.draft.num_gpus >= 1: NCCL ranks cannot share a GPU")
+
+    @property
+    def draft_transport(self) -> str:
+        """transport.kind with auto resolved: inline where the method drafts without a model (n-gram,
+        ADED: a hop to another process a round costs more than their lookup), ray where it has one."""
+        if self.transport.kind != "auto":
+            return self.transport.kind
+        name = (self.speculative_config or {}).get("method")
+        model_free = name in registry.METHODS and not registry.METHODS[name].needs_model
+        return "inline" if model_free else "ray"
 
     @property
     def speculative(self) -> SpeculativeConfig | None:

@@ -27,12 +27,12 @@ def build_target_pool(cfg: ServeConfig, colocated: bool = False):
 
 
 def build_draft_pool(cfg: ServeConfig, colocated: bool = False):
-    """The draft pool behind `transport.kind` (ray, grpc, torch_distributed, inline); None without
+    """The draft pool behind `transport.kind` (auto resolved; ray, grpc, torch_distributed, inline); None without
     speculation. `colocated` moves a 'ray' draft worker into this process, as 'inline' does."""
     spec = serve_draft_spec(cfg)
     if spec is None:
         return None
-    kind, timeout = cfg.transport.kind, cfg.router.draft_timeout_s
+    kind, timeout = cfg.draft_transport, cfg.router.draft_timeout_s
     if kind == "inline" or (colocated and kind == "ray"):
         from specray.actors.draft_worker import DraftWorker
         from specray.cluster.pools.in_process import InlineDraftPool

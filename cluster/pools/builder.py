@@ -110,7 +110,7 @@ def replica_resources(cfg) -> dict:
     pools = cfg.pools
     if pools.colocate is not True:
         return {"num_cpus": 0}
-    hosted = [pools.target] + ([pools.draft] if cfg.speculative is not None and cfg.transport.kind == "ray" else [])
+    hosted = [pools.target] + ([pools.draft] if cfg.speculative is not None and cfg.draft_transport == "ray" else [])
     resources: dict[str, float] = {}
     for pool in hosted:
         for name, amount in pool.resources.items():

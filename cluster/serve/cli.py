@@ -63,8 +63,10 @@ def add_serve_flags(p) -> None:
                    help="two groups in flight (on), one (off), or two only with a draft model (auto, default)")
     p.add_argument("--no-pipeline", dest="pipelined", action="store_const", const="off",
                    help="same as --pipeline off")
-    p.add_argument("--transport", choices=["ray", "torch_distributed", "grpc", "inline"],
-                   help="inline: the draft worker in the router process (no hop a round; suits ngram)")
+    p.add_argument("--transport", choices=["auto", "ray", "torch_distributed", "grpc", "inline"],
+                   help="how proposals reach the router: inline (the draft worker in the router process, no hop "
+                        "a round), ray (a draft actor pool), torch_distributed, grpc (an external `specray drafter`); "
+                        "default auto: inline for ngram and aded, ray for a draft model")
     p.add_argument("--drafter-address", help="host:port of a `specray drafter` (grpc transport)")
     p.add_argument("--colocate", choices=["auto", "on", "off"],
                    help="the target (and a ray-transport draft) worker inside the Serve replica, beside the router: "
@@ -221,7 +223,7 @@ def endpoint_banner(cfg, handle) -> str:
     auth = ' -H "Authorization: Bearer $SPECRAY_API_KEY"' if handle.get("api_key") else ""
     lines = [
         f"specray is serving {cfg.model_name!r} "
-        f"(speculation: {(cfg.speculative_config or {}).get('method', 'off')}, transport: {cfg.transport.kind}, "
+        f"(speculation: {(cfg.speculative_config or {}).get('method', 'off')}, transport: {cfg.draft_transport}, "
         f"workers: {'in the replica' if handle.get('colocated') else 'Ray actor pools'})",
         f"  HTTP (OpenAI-compatible): {url}/v1   health: {url}/health   metrics: {url}/metrics",
     ]

@@ -10,7 +10,7 @@ def local_resources(cfg) -> dict[str, float]:
     """Custom resources a one-machine cluster must advertise for the pools to place."""
     need: dict[str, float] = {}
     pools = [(cfg.pools.target, cfg.pools.target.num_workers)]
-    if cfg.speculative is not None and cfg.transport.kind not in ("grpc", "inline"):  # no draft actor
+    if cfg.speculative is not None and cfg.draft_transport not in ("grpc", "inline"):  # no draft actor
         pools.append((cfg.pools.draft, cfg.pools.draft.num_workers))
     for pool, count in pools:
         for name, amount in pool.resources.items():

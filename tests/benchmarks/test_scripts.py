@@ -50,8 +50,22 @@ def test_paired_speedup_benchmark_runs_and_counts(tiny_target, tmp_path):
     assert plain["config"] == "plain" and plain["pooled_speedup"] == 1.0 and plain["acceptance_length"] == 1.0
     assert plain["decode_speedup"] == 1.0 and ngram["decode_speedup"] > 0
     assert ngram["lossless"] and ngram["acceptance_length"] >= 1.0 and ngram["tokens_per_s"] > 0
+    # round-robin over categories: groups of 2 mix two categories; one prompt a group names its own
+    assert list(result["by_category"]) == ["mixed"]
+    assert result["by_category"]["mixed"][ngram["config"]]["acceptance_length"] == ngram["acceptance_length"]
     with pytest.raises(SystemExit, match="--configs"):
         paired.main(["--model", str(tiny_target), "--configs", "{}"])
+
+
+def test_paired_speedup_splits_by_category():
+    """A category's speed-up pools only its own runs' decode seconds and tokens."""
+    paired = _script("paired_speedup")
+    decode = {"plain": [2.0, 4.0, 2.0, 4.0], "c": [1.0, 4.0, 1.0, 4.0]}
+    emitted = {"plain": [(4, 4)] * 4, "c": [(4, 2), (4, 4), (4, 2), (4, 4)]}
+    got = paired.per_category(["plain", "c"], ["qa", "rag", "qa", "rag"], decode, emitted)
+    assert got == {"qa": {"c": {"decode_speedup": 2.0, "acceptance_length": 2.0}},
+                   "rag": {"c": {"decode_speedup": 1.0, "acceptance_length": 1.0}}}
+    assert paired.category_of(["qa", "qa"]) == "qa" and paired.category_of(["qa", "rag"]) == "mixed"
 
 
 def test_round_breakdown_splits_rounds_and_bounds_them(tiny_target, tmp_path):

@@ -134,7 +134,7 @@ def pool_resource_problems(rayservice: dict[str, Any]) -> list[str]:
     nodes["<head>"] = _node(cluster["headGroupSpec"])
     cfg = ServeConfig.from_dict(app_config(rayservice))
     in_cluster = {"target"}
-    if cfg.speculative_config and cfg.transport.kind != "grpc":
+    if cfg.speculative_config and cfg.draft_transport not in ("grpc", "inline"):
         in_cluster.add("draft")
     problems = []
     if cfg.pools.colocate is not False:  # auto could resolve to the replica on a head-only cluster

@@ -1,5 +1,7 @@
 """What each configuration renders: groups, GPUs, API key wiring, storage, Services, NOTES."""
 
+import pytest
+
 from helm_checks import app_config, serve_deploy_config
 
 from specray.cluster.config.serve import ServeConfig
@@ -36,10 +38,23 @@ def test_default_is_gpu_target_with_the_targets_own_speculation(rendered):
 def test_ngram_draft_group_gets_no_gpu():
     from helm_render import render
 
-    r = render({"speculation": {"method": "ngram"}})
+    r = render({"speculation": {"method": "ngram"}, "transport": {"kind": "ray"}})
     draft = _groups(r)["draft"]["template"]["spec"]["containers"][0]
     assert "nvidia.com/gpu" not in (draft["resources"].get("limits") or {})
     assert app_config(r.rayservice)["pools"]["draft"]["num_gpus"] == 0
+
+
+@pytest.mark.parametrize("values", [{"speculation": {"method": "ngram"}}, {"speculation": {"method": "aded"}},
+                                    {"target": {"gpus": 0}}, {"transport": {"kind": "inline"}}])
+def test_a_draft_in_the_replica_renders_no_draft_group(values):
+    """transport auto (the default) drafts inside the replica where the method has no draft model
+    (ngram, aded, the CPU default); inline always does. Neither renders a draft group."""
+    from helm_render import render
+
+    r = render(values)
+    cfg = ServeConfig.from_dict(app_config(r.rayservice))
+    assert "draft" not in _groups(r) and cfg.draft_transport == "inline"
+    assert render({**values, "draft": {"enabled": False}}).rayservice  # nothing left for the group to hold
 
 
 def test_layer_parallel_draft_group_of_workers():

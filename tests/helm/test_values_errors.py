@@ -11,7 +11,7 @@ from helm_render import render
     ({"speculation": {"method": "medusa"}},
      "at '/speculation/method': value must be one of 'default', 'ngram', 'draft_model', 'eagle', 'longspec', 'aded', 'freedave', 'none'"),
     ({"transport": {"kind": "nccl"}},
-     "at '/transport/kind': value must be one of 'ray', 'torch_distributed', 'grpc', 'inline'"),
+     "at '/transport/kind': value must be one of 'auto', 'ray', 'torch_distributed', 'grpc', 'inline'"),
     ({"target": {"tensorParalel": 2}}, "additional properties 'tensorParalel' not allowed"),
     ({"draft": {"rayStartParams": {"num-cpus": 2}}}, "at '/draft/rayStartParams/num-cpus': got number, want string"),
     ({"target": {"rayResources": {"target": 0}}}, "at '/target/rayResources/target'"),

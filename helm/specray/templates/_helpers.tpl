@@ -78,9 +78,19 @@ group has GPUs and the draft is a model (default, draft_model, eagle or longspec
 {{- .Values.apiKey.existingSecret | default (include "specray.suffixed" (list . "api-key")) }}
 {{- end }}
 
-{{/* Is the draft worker group rendered? Returns "true" or "". */}}
+{{/* Is the draft worker group rendered? Returns "true" or "". Not where the draft runs in the
+replica (transport inline, or auto with a method that has no draft model: ngram, aded, or the
+default on a CPU target, which is adaptive n-gram). */}}
 {{- define "specray.draftGroupEnabled" -}}
-{{- if and (not (has .Values.speculation.method (list "none" "freedave"))) .Values.draft.enabled }}true{{ end }}
+{{- if and (not (has .Values.speculation.method (list "none" "freedave"))) .Values.draft.enabled (not (include "specray.draftInline" .)) }}true{{ end }}
+{{- end }}
+
+{{/* Does transport.kind resolve to inline? Returns "true" or "". */}}
+{{- define "specray.draftInline" -}}
+{{- $v := .Values }}
+{{- $cpuDefault := and (eq $v.speculation.method "default") (eq (include "specray.device" $v.target) "cpu") }}
+{{- $modelFree := or (has $v.speculation.method (list "ngram" "aded")) $cpuDefault }}
+{{- if or (eq $v.transport.kind "inline") (and (eq $v.transport.kind "auto") $modelFree) }}true{{ end }}
 {{- end }}
 
 {{/*

@@ -27,7 +27,7 @@ Cross-field checks that values.schema.json cannot express; each fails the render
 {{- if and $speculating (eq $v.transport.kind "grpc") (not $v.transport.drafterAddress) }}
 {{- fail "transport.kind grpc needs transport.drafterAddress (host:port of the Drafter service)" }}
 {{- end }}
-{{- if and $speculating (not $v.draft.enabled) (ne $v.transport.kind "grpc") (ne $v.transport.kind "inline") }}
+{{- if and $speculating (not $v.draft.enabled) (ne $v.transport.kind "grpc") (not (include "specray.draftInline" .)) }}
 {{- fail "draft.enabled=false leaves the draft pool nowhere to run; use speculation.method none or transport.kind grpc or inline" }}
 {{- end }}
 {{- range $name := list "draft" "target" }}

@@ -36,8 +36,10 @@ def test_colocating_a_tensor_parallel_target_or_a_draft_group_is_a_clear_error()
 def test_the_replica_reserves_what_it_hosts():
     pools = {"target": {"num_cpus": 2, "resources": {"target": 1}}, "draft": {"num_cpus": 1}}
     assert replica_resources(ServeConfig.from_dict({"pools": {**pools, "colocate": False}})) == {"num_cpus": 0}
-    hosted = replica_resources(ServeConfig.from_dict({"pools": {**pools, "colocate": True}}))
+    hosted = replica_resources(ServeConfig.from_dict({"pools": {**pools, "colocate": True}, "transport": {"kind": "ray"}}))
     assert hosted == {"num_cpus": 3, "num_gpus": 0, "resources": {"target": 1, "draft": 1}}
+    auto = ServeConfig.from_dict({"pools": {**pools, "colocate": True}})  # the CPU default: n-gram, inline
+    assert replica_resources(auto) == {**hosted, "num_cpus": 2, "resources": {"target": 1}}
     inline = ServeConfig.from_dict({"pools": {**pools, "colocate": True}, "transport": {"kind": "inline"}})
     assert replica_resources(inline)["num_cpus"] == 2  # an inline draft was never an actor
     plain = ServeConfig.from_dict({"pools": {**pools, "colocate": True}, "speculative_config": None})

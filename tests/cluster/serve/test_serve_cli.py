@@ -157,6 +157,24 @@ def test_inline_transport_places_no_draft_actor():
     assert main(["serve", "--transport", "inline", "--dry-run"]) == 0
 
 
+@pytest.mark.parametrize("speculative, resolved", [
+    ({"method": "ngram"}, "inline"), ({"method": "aded"}, "inline"),
+    ({"method": "draft_model", "model": "smollm2-135m"}, "ray"), (None, "ray")])
+def test_auto_transport_runs_model_free_drafts_inline(speculative, resolved):
+    """transport auto (the default): a draft without a model (n-gram, ADED) runs in the router's
+    process, where a round's proposal costs no hop to another process; a draft model gets its pool."""
+    from specray.cluster.config.serve import ServeConfig
+    from specray.cluster.serve.local_ray import local_resources
+
+    pools = {"draft": {"resources": {"draft": 1}}, "target": {"resources": {"target": 1}}}
+    cfg = ServeConfig.from_dict({"pools": pools, "speculative_config": speculative})
+    assert cfg.transport.kind == "auto" and cfg.draft_transport == resolved
+    expected = {"target": 1} if resolved == "inline" or speculative is None else {"draft": 1, "target": 1}
+    assert local_resources(cfg) == expected
+    explicit = ServeConfig.from_dict({"pools": pools, "speculative_config": speculative, "transport": {"kind": "ray"}})
+    assert explicit.draft_transport == "ray"
+
+
 def test_specray_serve_starts_and_answers(tiny_target, tmp_path):
     port = free_port()
     env = {**os.environ, "RAY_ADDRESS": "", "SPECRAY_API_KEY": ""}
