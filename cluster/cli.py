@@ -40,18 +40,19 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--draft-quantization", default=None, choices=["q8_0", "none"],
                    help="draft weights: q8_0 (default on CPU: faster drafting, still lossless) or none")
     s.add_argument("--num-speculative-tokens", type=int, default=None,
-                   help="draft tokens per round, at most with --adaptive-speculation (default 4 with the packaged "
-                        "draft, adaptive; else 2)")
+                   help="draft tokens per round, at most with --adaptive-speculation (default 4 with the default "
+                        "speculation, adaptive; else 2)")
     s.add_argument("--disable-by-batch-size", type=int, default=None,
-                   help="speculation off once this many sequences run (default: 2 with the packaged draft, "
+                   help="speculation off once this many sequences run (default: 2 with the default speculation, "
                         "where batches of 2+ decode faster without it on CPU; else never)")
     s.add_argument("--adaptive-speculation", choices=["on", "off"], default=None,
                    help="each round, each sequence drafts the length (at most --num-speculative-tokens) that "
                         "maximises expected tokens per cost, from its acceptance and this machine's measured "
-                        "step costs (default: on with the packaged draft, else off)")
+                        "step costs (default: on with the default speculation, else off)")
     s.add_argument("--lookup-first", action="store_true", help="draft_model / eagle: prompt lookup first: a draft model proposes only where the last tokens never occurred before")
-    s.add_argument("--prompt-lookup-min", type=int, default=1)
-    s.add_argument("--prompt-lookup-max", type=int, default=4)
+    s.add_argument("--prompt-lookup-min", type=int, default=None,
+                   help="ngram: the shortest trailing match that drafts (default 2 with the CPU default, else 1)")
+    s.add_argument("--prompt-lookup-max", type=int, default=None, help="ngram: the longest trailing match tried (default 4)")
     from specray.cluster.diffusion_args import add_diffusion_args
 
     add_diffusion_args(p)
@@ -62,7 +63,8 @@ GENERATE_SPEC_FLAGS = ("speculative_method", "draft_model", "num_speculative_tok
                        "adaptive_speculation")
 
 
-RECIPE_KEYS = ("lookup_first", "disable_by_batch_size", "adaptive")
+RECIPE_KEYS = ("lookup_first", "prompt_lookup_min", "disable_by_batch_size", "adaptive")
+LOOKUP_FLAGS = ("prompt_lookup_min", "prompt_lookup_max")
 
 
 def speculative_config(args) -> dict | None:
@@ -78,9 +80,7 @@ def speculative_config(args) -> dict | None:
     method = args.speculative_method or default["method"]
     k = args.num_speculative_tokens  # 0 is a value (rejected below), not "unset"
     cfg = {"method": method, "num_speculative_tokens": 2 if k is None else k}
-    if method == "ngram":
-        cfg.update(prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max)
-    else:
+    if method != "ngram":
         # no draft named: the target's packaged draft for this method, else the target (truncated)
         cfg["model"] = args.draft_model or packaged_draft(args.model, method) or args.model
         for key in ("draft_num_layers", "draft_vocab_trim", "draft_quantization"):
@@ -91,6 +91,8 @@ def speculative_config(args) -> dict | None:
         if k is None:
             cfg["num_speculative_tokens"] = recipe["num_speculative_tokens"]
         cfg.update({key: recipe[key] for key in RECIPE_KEYS if key in recipe})
+    if method == "ngram":  # the flags over the recipe's
+        cfg.update({key: getattr(args, key) for key in LOOKUP_FLAGS if getattr(args, key, None) is not None})
     disable = getattr(args, "disable_by_batch_size", None)  # callers' namespaces may predate the flag
     if disable is not None:
         cfg["disable_by_batch_size"] = disable

@@ -45,15 +45,16 @@ def test_generate_defaults_follow_the_device():
     def spec(*flags):
         return speculative_config(build_parser().parse_args(["generate", "w3", *flags]))
 
-    cpu = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4,
-           "disable_by_batch_size": 2, "adaptive": True}
+    cpu = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "disable_by_batch_size": 2,
+           "adaptive": True}
     trained = {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 4,
                "lookup_first": {"model_tokens": 1}, "disable_by_batch_size": 2, "adaptive": True}
     assert spec() == spec("--speculative-method", "ngram") == spec("--model", "other") == cpu
     assert spec("--device", "cuda") == spec("--speculative-method", "eagle") == spec("--speculative-method", "eagle",
                                                                                       "--lookup-first") == trained
-    assert spec("--device", "cuda", "--model", "other") == {"method": "ngram", "num_speculative_tokens": 2,
-                                                            "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+    assert spec("--device", "cuda", "--model", "other") == {"method": "ngram", "num_speculative_tokens": 2}
+    assert spec("--prompt-lookup-min", "1", "--prompt-lookup-max", "3") == {**cpu, "prompt_lookup_min": 1,
+                                                                            "prompt_lookup_max": 3}
     assert spec("--num-speculative-tokens", "3", "--disable-by-batch-size", "8") == {
         **cpu, "num_speculative_tokens": 3, "disable_by_batch_size": 8}
     assert spec("--adaptive-speculation", "off") == {**cpu, "adaptive": False}

@@ -85,7 +85,8 @@ def test_speculation_flags(capsys):
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"]["method"] == "draft_model"
     assert main(["serve", "--speculative-method", "ngram", "--dry-run"]) == 0  # the CPU default itself
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {
-        "method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 2, "adaptive": True}
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "disable_by_batch_size": 2,
+        "adaptive": True}
     # a model-draft method alone: the target's packaged draft of that kind
     assert main(["serve", "--speculative-method", "draft_model", "--dry-run"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {
@@ -117,7 +118,8 @@ def test_default_speculation_follows_the_device(tmp_path, capsys):
     prompt lookup; asking for eagle on CPU gets that recipe; another target keeps n-gram."""
     import yaml
 
-    cpu = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 2, "adaptive": True}
+    cpu = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "disable_by_batch_size": 2,
+           "adaptive": True}
     trained = {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 4,
                "lookup_first": {"model_tokens": 1}, "disable_by_batch_size": 2, "adaptive": True}
     assert main(["serve", "--dry-run"]) == 0
