@@ -13,10 +13,11 @@ DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024  # HTTP body / gRPC message: far abo
 # proposes mostly misses, which teach the length policy to stop drafting), its length adaptive up to
 # 4 tokens (each round, each sequence drafts what maximises expected tokens per cost, from its
 # acceptance and this machine's measured step costs: cluster/router/adaptive.py), off once two
-# sequences run (batches of 2+ gained nothing from drafting on CPU). On an accelerator a target with a packaged trained draft takes it
-# behind prompt lookup (one draft-model token a round), adaptive, off from two sequences. On CPU the
-# trained draft costs a fifth of a step a token and verified rows are dear: four paired Spec-Bench
-# runs put n-gram 2-5 points ahead of it (docs/performance.md, "Figures behind choices in the code").
+# sequences run (batches of 2+ gained nothing from drafting on CPU). On an accelerator a target with
+# a packaged trained draft takes it behind prompt lookup (one draft-model token a round), adaptive,
+# off from two sequences. On CPU the trained draft costs a fifth of a step a token and verified rows
+# are dear: paired Spec-Bench runs put n-gram ahead of it (docs/performance.md, "Figures behind
+# choices in the code").
 DEFAULT_DRAFT_TOKENS = 4
 DEFAULT_LOOKUP_MIN = 2
 DEFAULT_LOOKUP_FIRST = {"model_tokens": 1}
@@ -46,8 +47,9 @@ def default_speculative_config(model: str, device: str = "cpu") -> dict[str, Any
 def adaptive_ngram_config() -> dict[str, Any]:
     """Prompt lookup of up to DEFAULT_DRAFT_TOKENS after a match of DEFAULT_LOOKUP_MIN or more,
     adaptive, off from two running sequences."""
-    return {"method": "ngram", "num_speculative_tokens": DEFAULT_DRAFT_TOKENS, "prompt_lookup_min": DEFAULT_LOOKUP_MIN,
-            "disable_by_batch_size": DEFAULT_DISABLE_BY_BATCH_SIZE, "adaptive": True}
+    return {"method": "ngram", "num_speculative_tokens": DEFAULT_DRAFT_TOKENS,
+            "prompt_lookup_min": DEFAULT_LOOKUP_MIN, "disable_by_batch_size": DEFAULT_DISABLE_BY_BATCH_SIZE,
+            "adaptive": True}
 
 
 def trained_draft_config(model: str) -> dict[str, Any] | None:
