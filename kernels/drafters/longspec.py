@@ -27,7 +27,7 @@ from specray.kernels.drafters.draft_model import sample_step
 from specray.kernels.drafters.longspec_model import LongSpecLayer, attend
 from specray.kernels.drafters.tree_draft import TreeDraftModelDrafter
 from specray.kernels.drafters.tree_shapes import TreeSpec
-from specray.kernels.drafters.vocab_trim import expand_trimmed_logits
+from specray.kernels.drafters.vocab_trim import TrimmedVocab
 from specray.kernels.proposal import Proposal
 
 class TargetKVMirror:
@@ -101,8 +101,9 @@ class LongSpecDrafter:
                  vocab_trim_ids: torch.Tensor | None = None):
         self.layer, self.config = layer, layer.config
         self.embed = embed  # [vocab_size, hidden] the target's, frozen
-        self.token_ids = None if vocab_trim_ids is None else vocab_trim_ids.to(head.device)  # [k]
-        self.head = head if vocab_trim_ids is None else head[self.token_ids].contiguous()  # [vocab or k, hidden]
+        self.vocab = None if vocab_trim_ids is None else TrimmedVocab(vocab_trim_ids.to(head.device),
+                                                                      self.config.vocab_size)
+        self.head = head if self.vocab is None else head[self.vocab.token_ids].contiguous()  # [vocab or k, hidden]
         self.states: dict[object, _State] = {}
 
     # -- state -----------------------------------------------------------------------------------
@@ -191,9 +192,7 @@ class LongSpecDrafter:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [rows, hidden] -> [rows, vocab_size] (off a VocabTrim subset: -inf)."""
         logits = F.linear(hidden, self.head).float()
-        if self.token_ids is not None:
-            logits = expand_trimmed_logits(logits, self.token_ids, self.config.vocab_size)
-        return logits
+        return logits if self.vocab is None else self.vocab.expand(logits)
 
     # -- chains ----------------------------------------------------------------------------------
     def root_logits(self, requests: list[DraftRequest]) -> torch.Tensor:
