@@ -14,13 +14,18 @@ def lookup(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
     """tokens [seq_len] -> up to k tokens that followed an earlier match of the trailing n-gram:
     `lookup_reference`'s answer, from the earlier positions of the last token only (each extended
     backwards while it matches) instead of a window scan per n (slow on long sequences: docs/performance.md)."""
+    return lookup_match(tokens, k, min_n, max_n)[0]
+
+
+def lookup_match(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> tuple[list[int], int]:
+    """`lookup`, and the length of the match its proposal follows (0 where there is none)."""
     length = tokens.shape[0]
     n_top = min(max_n, length - 1)
     if n_top < min_n:
-        return []
+        return [], 0
     ends = np.flatnonzero(tokens[: length - 1] == tokens[length - 1])  # [num_candidates] match ends
     if ends.size == 0:
-        return []
+        return [], 0
     matched = np.ones(ends.size, dtype=np.int64)  # [num_candidates] trailing tokens matched so far
     alive = np.ones(ends.size, dtype=bool)
     for i in range(1, n_top):
@@ -31,9 +36,9 @@ def lookup(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
         matched += alive
     best = int(matched.max())
     if best < min_n:
-        return []
+        return [], 0
     start = int(ends[np.argmax(matched >= best)]) + 1  # the earliest of the longest matches
-    return tokens[start:start + k].tolist()
+    return tokens[start:start + k].tolist(), best
 
 
 def lookup_reference(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:

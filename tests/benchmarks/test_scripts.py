@@ -137,3 +137,31 @@ def test_kv_cache_dtype_benchmark_steps_both_caches(tiny_gguf_target, tmp_path):
     assert all(r["ms_fp32"] > 0 and r["ms_fp16"] > 0 and 0 <= r["top1_agreement"] <= 1 for r in results)
     with pytest.raises(AssertionError, match="SEQSxCONTEXTxROWS"):
         bench.parse_cases("1x200")
+
+
+def test_lookup_sources_replays_greedy_acceptance_exactly(tiny_target, tmp_path):
+    """benchmarks/lookup_sources.py: a replay accepts what greedy verification would, the index of
+    earlier answers proposes its latest match, and a run on the tiny model reports every source."""
+    import json
+
+    sources = _script("lookup_sources")
+    # round 1: 4 has no earlier occurrence; round 2: 1 matched, [2 3 4 1] proposed, 3 accepted
+    record = {"prompt": [7, 1, 2, 3, 4], "answer": [1, 2, 3, 4, 8]}
+    assert sources.replay([record], (1, 4), lambda m: m[0][:4]) == {"tau": 2.5, "rows_per_round": 2.0}
+    # matches of 2+: rounds 1 and 2 find none; round 3 matches [1 2], proposes [3 4 1 2], accepts 2
+    assert sources.replay([record], (2, 4), lambda m: m[0][:4]) == {"tau": 5 / 3, "rows_per_round": 4 / 3}
+    # at most the match's length: [1] matched proposes [2] (accepted); [1 2 3] matched proposes [4 1 2]
+    assert sources.replay([record], (1, 4), lambda m: m[0][:m[1]]) == {"tau": 5 / 3, "rows_per_round": 4 / 3}
+    index = sources.AnswerIndex(2, 3)
+    index.add([5, 6, 7, 8])
+    assert index.propose([0, 5, 6], 2) == [7, 8] and index.propose([0, 6], 2) == []
+    index.add([5, 6, 9])
+    assert index.propose([0, 5, 6], 2) == [9]  # the latest answer's
+    out, cache = tmp_path / "s.json", tmp_path / "answers.json"
+    result = sources.main(["--model", str(tiny_target), "--num-prompts", "3", "--max-tokens", "12",
+                           "--answers", str(cache), "--out", str(out)])
+    assert json.loads(out.read_text()) == result and result["prompts"] == 3
+    assert set(result["sources"]) == set(sources.SOURCES)
+    assert all(r["tau"] >= 1.0 and r["speedup_bound"] > 0 for r in result["sources"].values())
+    again = sources.main(["--model", str(tiny_target), "--answers", str(cache), "--out", str(out)])
+    assert again["sources"] == result["sources"]  # read back from the cache, not generated anew

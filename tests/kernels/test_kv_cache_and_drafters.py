@@ -7,7 +7,7 @@ import torch
 from specray.kernels.config import ModelConfig
 from specray.kernels.drafters.base import DraftRequest
 from specray.kernels.drafters.draft_model import DraftModelDrafter
-from specray.kernels.drafters.ngram import NgramDrafter, lookup, lookup_reference
+from specray.kernels.drafters.ngram import NgramDrafter, lookup, lookup_match, lookup_reference
 from specray.kernels.kv_cache import OutOfBlocksError, PagedKVCache
 from specray.kernels.loader import Checkpoint, load_model
 from specray.kernels.sampling import SamplingConfig
@@ -84,6 +84,24 @@ def test_ngram_lookup_matches_its_reference_on_random_sequences():
         lo = int(rng.integers(1, 5))
         hi, k = int(rng.integers(lo, 9)), int(rng.integers(1, 6))
         assert lookup(toks, k, lo, hi) == lookup_reference(toks, k, lo, hi), (toks.tolist(), k, lo, hi)
+        draft, n = lookup_match(toks, k, lo, hi)
+        assert n == _reference_match_length(toks, lo, hi) and (n > 0) == bool(draft), (toks.tolist(), lo, hi)
+
+
+def _reference_match_length(toks: np.ndarray, lo: int, hi: int) -> int:
+    """The longest n in [lo, hi] whose trailing n tokens occur earlier, by brute force; 0 if none."""
+    for n in range(min(hi, len(toks) - 1), lo - 1, -1):
+        tail = toks[len(toks) - n:].tolist()
+        if any(toks[i:i + n].tolist() == tail for i in range(len(toks) - n)):
+            return n
+    return 0
+
+
+def test_ngram_lookup_match_says_how_long_its_match_is():
+    assert lookup_match(np.array([5, 6, 7, 8, 9, 5, 6, 7]), 3, 1, 3) == ([8, 9, 5], 3)
+    assert lookup_match(np.array([4, 1, 2, 9, 2]), 2, 1, 2) == ([9, 2], 1)  # only the last token matched
+    assert lookup_match(np.array([4, 1, 2, 9, 2]), 2, 2, 2) == ([], 0)  # below the minimum
+    assert lookup_match(np.array([1, 2, 3, 4]), 3, 1, 2) == ([], 0)
 
 
 def test_ngram_drafter_refuses_bad_bounds_and_proposes_point_masses():
