@@ -189,36 +189,50 @@ class LongSpecDrafter:
         cross = torch.ones(1, len(rows), ck.shape[1], dtype=torch.bool, device=dev)  # every kept position < p
         return self.layer.finish(emb[:, sel], out, p.unsqueeze(0), ck, cv, cross, sink_included=True)[0]
 
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [rows, hidden] -> [rows, vocab_size], or [rows, k] over a VocabTrim subset's ids."""
+        return F.linear(hidden, self.head).float()
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [rows, hidden] -> [rows, vocab_size] (off a VocabTrim subset: -inf)."""
-        logits = F.linear(hidden, self.head).float()
+        logits = self.head_logits(hidden)
         return logits if self.vocab is None else self.vocab.expand(logits)
 
     # -- chains ----------------------------------------------------------------------------------
-    def root_logits(self, requests: list[DraftRequest]) -> torch.Tensor:
-        """Calibrate every request -> the drafting ones' first-token logits [num drafting, vocab_size]."""
+    def root_logits(self, requests: list[DraftRequest], trimmed: bool = False) -> torch.Tensor:
+        """Calibrate every request -> the drafting ones' first-token logits [num drafting, vocab_size]
+        (`trimmed`: `head_logits`' rows)."""
         states = [self._calibrate(r) for r in requests]
         rows = [self._root_hidden(r, s) for r, s in zip(requests, states, strict=True) if r.num_draft_tokens > 0]
         if not rows:
-            return torch.empty(0, self.config.vocab_size)
-        return self.logits(torch.cat(rows))
+            return torch.empty(0, self.head.shape[0] if trimmed else self.config.vocab_size)
+        return (self.head_logits if trimmed else self.logits)(torch.cat(rows))
+
+    def _draw(self, requests: list[DraftRequest], active: list[int], logits: torch.Tensor,
+              drafts: list[list[int]], probs: list[list[torch.Tensor]]) -> None:
+        """`sample_step` on `head_logits`' rows [len(active), vocab_size or k]: over a VocabTrim
+        subset `TrimmedVocab.draw`, which takes a greedy step's argmax without expanding the rows."""
+        if self.vocab is None:
+            sample_step(requests, active, logits, drafts, probs)
+        else:
+            self.vocab.draw(requests, active, logits, drafts, probs)
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
         if not requests:
             return []
-        logits = self.root_logits(requests)
+        logits = self.root_logits(requests, trimmed=True)  # [num drafting, vocab_size or k]
         drafts: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor]] = [[] for _ in requests]
         active = [i for i, r in enumerate(requests) if r.num_draft_tokens > 0]
         while active:
-            sample_step(requests, active, logits, drafts, probs)
+            self._draw(requests, active, logits, drafts, probs)
             active = [i for i in active if len(drafts[i]) < requests[i].num_draft_tokens]
             if not active:
                 break
             hidden = [self._draft_hidden(requests[i], self.states[requests[i].seq_id], drafts[i],
                                          list(range(-1, len(drafts[i]) - 1)), [len(drafts[i]) - 1]) for i in active]
-            logits = self.logits(torch.cat(hidden))
+            logits = self.head_logits(torch.cat(hidden))
         return [Proposal(d, None if r.sampling.greedy or not p else torch.stack(p))
                 for d, p, r in zip(drafts, probs, requests, strict=True)]
 

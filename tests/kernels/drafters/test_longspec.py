@@ -93,3 +93,30 @@ def test_more_target_rows_than_committed_positions_are_refused(tiny_longspec):
     width = 2 * drafter.config.num_kv_heads * drafter.config.head_dim
     with pytest.raises(ValueError, match="committed"):
         drafter.propose([DraftRequest("s", [1, 2, 3], 2, GREEDY, features=torch.zeros(3, width))])
+
+
+def test_a_trimmed_head_drafts_as_its_expanded_logits_would(tiny_target, tiny_longspec):
+    """Over a VocabTrim subset, a chain draws from the kept ids' logits directly (greedy: their
+    argmax, no [rows, vocab] expansion); the drafts and a sampled request's proposal distribution
+    equal drawing from the expanded logits (-inf off the subset)."""
+    import torch.nn.functional as F
+
+    from specray.kernels.drafters.draft_model import sample_step
+
+    layer, embed, head = load_longspec(tiny_longspec)
+    kept = torch.randperm(head.shape[0], generator=torch.Generator().manual_seed(0))[:40]  # unsorted
+    fast, reference = LongSpecDrafter(layer, embed, head, kept), LongSpecDrafter(layer, embed, head, kept)
+    reference.head_logits = lambda h: reference.vocab.expand(F.linear(h, reference.head).float())
+    reference._draw = sample_step  # the expanded rows, drawn over the whole vocabulary
+    prompt = [(7 * i + 3) % 90 + 3 for i in range(14)]
+    rows = target_kv(tiny_target, prompt[:-1])
+    for sampling in (GREEDY, SamplingConfig(0.8)):
+        got, want = (d.propose([DraftRequest("s", prompt, 4, sampling, features=rows,
+                                             generator=torch.Generator().manual_seed(5))])[0]
+                     for d in (fast, reference))
+        assert got.draft_token_ids == want.draft_token_ids and set(got.draft_token_ids) <= set(kept.tolist())
+        if sampling is GREEDY:
+            assert got.draft_probs is None and want.draft_probs is None
+        else:
+            assert torch.equal(got.draft_probs, want.draft_probs)
+        fast.release("s"), reference.release("s")
