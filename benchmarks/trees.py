@@ -21,7 +21,7 @@ from specray.kernels.chat import prompt_token_ids
 def configs(draft: str, depth: int, budget: int, method: str = "draft_model") -> dict[str, dict | None]:
     """name -> speculative_config; `depth/...` share the depth, `budget/...` verify at most `budget` tokens.
     `method`: the chain's and the trees' drafter (draft_model, or eagle for a feature-level draft)."""
-    from specray.cluster.bench.offline import tree_shapes
+    from specray.cluster.bench.methods import tree_shapes
 
     chain = {"method": method, "model": draft}
     out: dict[str, dict | None] = {"none": None}

@@ -6,7 +6,8 @@ from specray.cluster.args import float_list, int_list
 from specray.cluster.bench.cluster import add_cluster_bench_parser
 from specray.cluster.bench.diffusion import add_diffusion_bench_parser
 from specray.cluster.bench.easyspec import add_easyspec_parser
-from specray.cluster.bench.offline import METHODS, cmd_bench_offline
+from specray.cluster.bench.methods import METHODS
+from specray.cluster.bench.offline import cmd_bench_offline
 from specray.cluster.bench.prompts import LONG_CONTEXT, SHARED_PROMPTS
 from specray.cluster.bench.serve import add_serve_bench_parser
 

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from specray.cluster.bench.offline import FAST, METHODS, base_method
+from specray.cluster.bench.methods import FAST, METHODS, base_method
 
 SCHEMA = "specray.bench.offline/6"
 

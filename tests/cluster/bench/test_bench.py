@@ -2,7 +2,7 @@
 
 import json
 
-from specray.cluster.bench.offline import TREE_METHODS
+from specray.cluster.bench.methods import TREE_METHODS
 from specray.cluster.bench.report import SCHEMA
 from specray.cluster.cli import main
 

@@ -2,7 +2,7 @@
 
 import argparse
 
-from specray.cluster.bench.offline import METHODS
+from specray.cluster.bench.methods import METHODS
 from specray.cluster.bench.report import method_style
 from specray.cluster.cli import build_parser
 

@@ -1,0 +1,55 @@
+"""The methods `specray bench offline` knows: their names, their speculative configs and which
+cells a method skips."""
+
+from __future__ import annotations
+
+HF_METHODS = ("hf", "hf_prompt_lookup", "hf_assisted")
+# Trees and multi-draft (issue: tree speculation), drafted by the eagle draft where there is one.
+TREE_METHODS = ("specray_rsd_c", "specray_rsd_s", "specray_spectr", "specray_topk", "specray_aded")
+# LongSpec's draft (chains and top-k trees) and a top-k tree from the standalone draft, for the
+# long-context table (chains and trees of every draft).
+LONGSPEC_METHODS = ("specray_longspec", "specray_longspec_topk")
+# specray_default: what `specray serve` speculates with for the model (cluster/config/defaults.py)
+SPECRAY_METHODS = ("specray", "specray_default", "specray_ngram", "specray_draft", "specray_easyspec", "specray_eagle",
+                   "specray_ngram_padded", "specray_draft_padded") + TREE_METHODS + ("specray_draft_topk",) + LONGSPEC_METHODS
+METHODS = HF_METHODS + SPECRAY_METHODS
+FAST = "_fast"  # a specray method + this suffix: the same engine with the fast kernels (kernels/fast_linear.py)
+
+
+def base_method(method: str) -> str:
+    return method[: -len(FAST)] if method.endswith(FAST) else method
+
+
+def known_method(method: str) -> bool:
+    return method in METHODS or (method.endswith(FAST) and base_method(method) in SPECRAY_METHODS)
+
+
+def tree_shapes(depth: int) -> dict[str, dict]:
+    """Each tree kind at `depth` with two candidates a level: RSD-C branches twice at the first two
+    depths and then chains; RSD-S keeps a beam of 2, SpecTr draws 2 chains, top-k expands 2 nodes."""
+    return {"rsd_c": {"kind": "rsd_c", "branching": [2, 2][:depth] + [1] * max(0, depth - 2)},
+            "rsd_s": {"kind": "rsd_s", "width": 2}, "spectr": {"kind": "spectr", "k": 2},
+            "topk": {"kind": "topk", "k": 2, "width": 2}}
+
+
+def tree_configs(k: int, draft: dict) -> dict[str, dict]:
+    """TREE_METHODS -> speculative_config: `draft` ({method, model}) drafts the trees; ADED needs none."""
+    configs = {f"specray_{kind}": {**draft, "num_speculative_tokens": k, "tree": shape}
+               for kind, shape in tree_shapes(k).items()}
+    configs["specray_aded"] = {"method": "aded", "num_speculative_tokens": k}
+    return configs
+
+
+def skip_reason(method: str, batch_size: int) -> str | None:
+    if method in ("hf_prompt_lookup", "hf_assisted") and batch_size > 1:
+        return "transformers runs prompt lookup and assisted generation at batch size 1 only"
+    if method.endswith("_padded") and batch_size == 1:
+        return "padding changes nothing at batch size 1"
+    return None
+
+
+def default_methods(args) -> str:
+    """Every method (--quick: no trees); specray_eagle and specray_longspec* only with their drafts."""
+    return ",".join(m for m in METHODS if (m != "specray_eagle" or args.eagle_model)
+                    and (m not in LONGSPEC_METHODS or args.longspec_model)
+                    and not (args.quick and (m in TREE_METHODS or m.endswith("_topk"))))
