@@ -25,8 +25,7 @@ from torch import nn
 from specray.kernels.batch import RaggedBatch, SeqChunk
 from specray.kernels.config import ModelConfig
 from specray.kernels.drafters.base import DraftRequest
-from specray.kernels.drafters.draft_model import sample_step
-from specray.kernels.drafters.vocab_trim import TrimmedVocab, trim_lm_head
+from specray.kernels.drafters.vocab_trim import TrimmedVocab, draw_head_rows, trim_lm_head
 from specray.kernels.model import LlamaModel
 from specray.kernels.proposal import Proposal
 
@@ -186,10 +185,7 @@ class EagleDrafter:
     def _draw(self, requests: list[DraftRequest], active: list[int], logits: torch.Tensor,
               drafts: list[list[int]], probs: list[list[torch.Tensor]]) -> None:
         """`sample_step`, or over the VocabTrim ids' logits [len(active), k] `TrimmedVocab.draw`."""
-        if self.vocab is None:
-            sample_step(requests, active, logits, drafts, probs)
-        else:
-            self.vocab.draw(requests, active, logits, drafts, probs)
+        draw_head_rows(self.vocab, requests, active, logits, drafts, probs)
 
     def release(self, seq_id: object) -> None:
         self.states.pop(seq_id, None)

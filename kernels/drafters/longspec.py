@@ -23,11 +23,10 @@ import torch.nn.functional as F
 
 from specray.kernels.attention import ancestor_matrix
 from specray.kernels.drafters.base import DraftRequest
-from specray.kernels.drafters.draft_model import sample_step
 from specray.kernels.drafters.longspec_model import LongSpecLayer, attend
 from specray.kernels.drafters.tree_draft import TreeDraftModelDrafter
 from specray.kernels.drafters.tree_shapes import TreeSpec
-from specray.kernels.drafters.vocab_trim import TrimmedVocab
+from specray.kernels.drafters.vocab_trim import TrimmedVocab, draw_head_rows
 from specray.kernels.proposal import Proposal
 
 class TargetKVMirror:
@@ -212,10 +211,7 @@ class LongSpecDrafter:
               drafts: list[list[int]], probs: list[list[torch.Tensor]]) -> None:
         """`sample_step` on `head_logits`' rows [len(active), vocab_size or k]: over a VocabTrim
         subset `TrimmedVocab.draw`, which takes a greedy step's argmax without expanding the rows."""
-        if self.vocab is None:
-            sample_step(requests, active, logits, drafts, probs)
-        else:
-            self.vocab.draw(requests, active, logits, drafts, probs)
+        draw_head_rows(self.vocab, requests, active, logits, drafts, probs)
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> list[Proposal]:

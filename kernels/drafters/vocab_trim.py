@@ -88,6 +88,16 @@ class TrimmedVocab:
             sample_step(requests, active, self.expand(trimmed), drafts, probs)
 
 
+def draw_head_rows(vocab: TrimmedVocab | None, requests: list[DraftRequest], active: list[int],
+                   logits: torch.Tensor, drafts: list[list[int]], probs: list[list[torch.Tensor]]) -> None:
+    """A chain's next tokens from a head's logits [len(active), vocab_size] (`sample_step`), or from a
+    VocabTrim head's [len(active), k] (`TrimmedVocab.draw`)."""
+    if vocab is None:
+        sample_step(requests, active, logits, drafts, probs)
+    else:
+        vocab.draw(requests, active, logits, drafts, probs)
+
+
 class VocabTrimDrafter(DraftModelDrafter):
     """A draft model over a trimmed head (DESIGN §3 'VocabTrim heads'); chains, and trees as the
     base of TreeDraftModelDrafter."""
