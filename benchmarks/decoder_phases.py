@@ -6,7 +6,9 @@ decoder then sums each layer phase's nanoseconds), runs forward steps of one seq
 microseconds a layer for each phase, the decoder call, the rest of the step (final norm, head,
 sampling-free Python), of which the step's inputs (`RaggedBatch.build` and `AttentionRows.build`,
 timed inside the step loop, where the weights' stream has evicted Python's caches), and the step
-against the floor of its weight bytes over this run's plain memory read.
+against the floor of its weight bytes over the plain memory read. A shared box moves both by tens of
+per cent within minutes, so the steps run in `--blocks` blocks, each right after its own plain read
+(the best of three), and floor / step is the median over blocks of each block's own ratio.
 
     python benchmarks/decoder_phases.py --kernels fast --rows 1,4 --context 200
 """
@@ -17,6 +19,7 @@ import argparse
 import ctypes
 import json
 import os
+import statistics
 import time
 
 PHASES = ["qkv", "rope", "attention", "o_proj", "post_norm", "gate_up", "silu", "down", "next_norm"]
@@ -28,6 +31,7 @@ def main() -> None:
     parser.add_argument("--rows", default="1", help="new tokens a step, comma-separated")
     parser.add_argument("--context", type=int, default=200, help="cached tokens before the step")
     parser.add_argument("--steps", type=int, default=300, help="timed steps per row count")
+    parser.add_argument("--blocks", type=int, default=6, help="plain reads interleaved with the timed steps")
     parser.add_argument("--out", default=None, help="also write the figures as JSON here")
     args = parser.parse_args()
     from specray.kernels import cpu_kernels
@@ -45,12 +49,8 @@ def main() -> None:
     phase_ns = (ctypes.c_double * len(PHASES)).in_dll(lib, "specray_phase_ns")
     model = load_model(resolve("smollm2-135m"), kernels=args.kernels)
     layers = model.config.num_layers
-    bandwidth = stream_bytes_per_s()
-    floor_ms = model.weight_bytes() / bandwidth * 1e3
-    report = {"kernels": args.kernels, "context": args.context, "weight_mb": model.weight_bytes() / 1e6,
-              "stream_gb_per_s": bandwidth / 1e9, "floor_ms": floor_ms, "rows": {}}
-    print(f"{args.kernels} kernels, context {args.context}: weights {model.weight_bytes() / 1e6:.1f} MB, "
-          f"plain read {bandwidth / 1e9:.1f} GB/s, floor {floor_ms:.2f} ms a step")
+    report = {"kernels": args.kernels, "context": args.context, "weight_mb": model.weight_bytes() / 1e6, "rows": {}}
+    print(f"{args.kernels} kernels, context {args.context}: weights {model.weight_bytes() / 1e6:.1f} MB")
     for rows in [int(r) for r in args.rows.split(",")]:
         cache = model.make_cache(64 + (args.context + rows) // 16, block_size=16)
         model(RaggedBatch.build([SeqChunk("s", list(range(100, 100 + args.context)), 0)], cache), cache)
@@ -79,17 +79,27 @@ def main() -> None:
         for i in range(len(PHASES)):
             phase_ns[i] = 0.0
         inputs_s[0] = 0.0
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        step_ms = (time.perf_counter() - start) / args.steps * 1e3
+        per_block = max(1, args.steps // args.blocks)
+        blocks = []  # (floor ms by this block's plain read, ms a step in the block)
+        for _ in range(args.blocks):
+            floor_ms = model.weight_bytes() / stream_bytes_per_s(repeats=3) * 1e3
+            start = time.perf_counter()
+            for _ in range(per_block):
+                step()
+            blocks.append((floor_ms, (time.perf_counter() - start) / per_block * 1e3))
+        steps = per_block * args.blocks
+        step_ms = statistics.fmean(b[1] for b in blocks)  # blocks of equal size: the mean step
+        floor_ratio = statistics.median(f / ms for f, ms in blocks)
         cpu_ops.AttentionRows.build = build_rows
-        inputs_us = inputs_s[0] / args.steps * 1e6
-        per_layer_us = {name: phase_ns[i] / args.steps / layers / 1e3 for i, name in enumerate(PHASES)}
+        inputs_us = inputs_s[0] / steps * 1e6
+        per_layer_us = {name: phase_ns[i] / steps / layers / 1e3 for i, name in enumerate(PHASES)}
         decoder_ms = sum(per_layer_us.values()) * layers / 1e3
         report["rows"][rows] = {"step_ms": step_ms, "decoder_ms": decoder_ms, "inputs_us": inputs_us,
-                                "per_layer_us": per_layer_us}
-        print(f"rows {rows}: step {step_ms:.2f} ms (floor / step {floor_ms / step_ms:.2f}), decoder "
+                                "per_layer_us": per_layer_us, "floor_over_step": floor_ratio,
+                                "blocks": [{"floor_ms": f, "step_ms": ms} for f, ms in blocks]}
+        floors = sorted(f for f, _ in blocks)
+        print(f"rows {rows}: step {step_ms:.2f} ms (floor / step {floor_ratio:.2f}, the floor "
+              f"{floors[0]:.2f}-{floors[-1]:.2f} ms over {args.blocks} blocks), decoder "
               f"{decoder_ms:.2f} ms, the rest (final norm, head, Python) {step_ms - decoder_ms:.2f} ms, of "
               f"which the step's inputs {inputs_us:.0f} us")
         print("  us a layer: " + ", ".join(f"{name} {us:.1f}" for name, us in per_layer_us.items()))
