@@ -50,9 +50,12 @@ SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
     # key_slots, key_start, num_ctx, num_new, num_pad, new_mask, max_new, max_keys, work, threads
     "specray_decoder_layers": [P, I64, P, F32, F32, P, P, P, I64, I32, I64, P, P, P,
                                P, P, P, P, P, P, I64, I64, P, I32],
+    "specray_decoder_logits_workspace": [I64, I64],  # n, hidden -> floats
+    # h, picked, n, hidden, norm, eps, head blocks, head kind, vocab, logits, work, threads
+    "specray_decoder_logits": [P, P, I64, I64, P, F32, I64, I32, I64, P, P, I32],
     "specray_parallel_check": [I64, I64, I32, P],  # n, chunk, threads, seen (int32 [n]): the loops' test
 }
-RESTYPES = {"specray_decoder_workspace": I64, "specray_attention_split_scratch": I64,
+RESTYPES = {"specray_decoder_workspace": I64, "specray_decoder_logits_workspace": I64, "specray_attention_split_scratch": I64,
             "specray_fast_scratch_bytes": I64, "specray_attention_score_rows": I64}  # the rest return nothing
 
 _LIBRARY: ctypes.CDLL | None | bool = False  # False: not tried yet

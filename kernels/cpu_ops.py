@@ -23,6 +23,7 @@ from specray.kernels.attention import HYBRID, NEVER_SPLIT, SMALL_QUERY_ROWS
 from specray.kernels.batch import RaggedBatch
 from specray.kernels.fast_linear import KINDS as FAST_KINDS
 from specray.kernels.fast_linear import FastWeight
+from specray.kernels.quant_linear import PackedWeight
 from specray.kernels.rope import apply_rotary
 
 
@@ -230,6 +231,22 @@ class DecoderTable:
 
 
 _SCRATCH = threading.local()  # per thread: an in-process draft may step beside the target
+
+
+def decoder_logits(h: torch.Tensor, picked: torch.Tensor, norm: torch.Tensor, eps: float,
+                   head: PackedWeight | FastWeight) -> torch.Tensor:
+    """After `decoder_layers`: the final norm of h's rows `picked` (int64 [n]) and the packed head,
+    in one C call -> logits [n, vocab] fp32: the kernels `rms_norm` and the model's `linear` run on
+    those rows, without their indexing, allocations and calls."""
+    n, hidden = picked.shape[0], h.shape[1]
+    assert picked.dtype == torch.int64 and head.in_features == hidden and norm.shape == (hidden,)
+    lib = cpu_kernels.library()
+    logits = torch.empty(n, head.out_features)  # [n, vocab]
+    work = workspace(lib.specray_decoder_logits_workspace(n, hidden))
+    lib.specray_decoder_logits(_ptr(h), _ptr(picked), n, hidden, _ptr(norm), eps, head.blocks.data_ptr(),
+                               DecoderTable.kind(head), head.out_features, _ptr(logits), _ptr(work),
+                               torch.get_num_threads())
+    return logits
 
 
 def workspace(floats: int) -> torch.Tensor:

@@ -104,6 +104,13 @@ class LlamaModel(CpuWeights, nn.Module):
             return F.linear(x, weight)
         return torch.cat([F.linear(x, w) for w in weight.split(SPLIT_ROWS)], dim=1)
 
+    def packed_head(self, rows: int) -> PackedWeight | FastWeight | None:
+        """The head's packed blocks where `linear` would run them for `rows` rows; else None."""
+        packed = self.packed_weights.get(id(self.lm_head)) if self.packed_weights else None
+        if isinstance(packed, FastWeight) or (packed is not None and rows <= PACKED_MAX_ROWS):
+            return None if self.vocab_parallel else packed
+        return None
+
     @property
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.dtype
@@ -143,6 +150,9 @@ class LlamaModel(CpuWeights, nn.Module):
         if table is not None and len(self.layers) == cache.kv.shape[0]:
             cos, sin = self.rotary.cos[batch.positions], self.rotary.sin[batch.positions]  # [num_tokens, head_dim]
             cpu_ops.decoder_layers(h, table, cache.kv, cos, sin, batch.slot_mapping, batch.key_slots, rows)
+            head = None if features else self.packed_head(batch.logits_indices.shape[0])
+            if head is not None:  # the final norm and the head in the same C kernels, one call
+                return cpu_ops.decoder_logits(h, batch.logits_indices, self.norm, self.config.rms_norm_eps, head)
         else:
             h = self.layer_loop(batch, cache, h, rows, reference)
         if features:  # RMSNorm is per row: the logits rows are bit-identical either way

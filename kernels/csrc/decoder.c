@@ -188,3 +188,20 @@ void specray_decoder_layers(float* h, int64_t rows, const int64_t* d, float eps,
         PHASE(P_NEXT_NORM);
     }
 }
+
+// Floats of scratch `specray_decoder_logits` needs for n rows of `hidden`.
+int64_t specray_decoder_logits_workspace(int64_t n, int64_t hidden) {
+    return n * hidden + (specray_fast_scratch_bytes(n, hidden) + 63) / 4 + 16;
+}
+
+// A step's logits, after `specray_decoder_layers`: the final RMSNorm of the rows `picked` [n] of h
+// [rows, hidden], then the head (packed blocks at `head`, of `kind` as in the weight table):
+// logits [n, vocab]. The same kernels, row for row, as the model's own norm and head calls.
+void specray_decoder_logits(const float* h, const int64_t* picked, int64_t n, int64_t hidden, const float* norm,
+                            float eps, int64_t head, int32_t kind, int64_t vocab, float* logits, float* work,
+                            int threads) {
+    float* x = work;  // [n, hidden]
+    for (int64_t i = 0; i < n; i++) specray_rms_norm(h + picked[i] * hidden, 1, hidden, norm, eps, x + i * hidden);
+    uint8_t* quantised = (uint8_t*)(((uintptr_t)(x + n * hidden) + 63) & ~(uintptr_t)63);
+    linear(x, n, hidden, head, kind, vocab, logits, quantised, threads);
+}

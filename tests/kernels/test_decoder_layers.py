@@ -123,3 +123,27 @@ def test_prefill_chunks_run_op_by_op(packed_model, monkeypatch):
     cache.set_cached("p", 20)
     packed_model(RaggedBatch.build([SeqChunk("p", [5], 20)], cache), cache)  # a decode step
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_the_final_norm_and_head_in_one_call_give_the_same_bits(packed_model, fast_model, mode, monkeypatch):
+    """A native step's logits come from `decoder_logits` (the final norm and the packed head in one
+    C call) and equal the model's own norm and head calls bit for bit."""
+    model = packed_model if mode == "exact" else fast_model
+    calls = []
+    fused_logits = cpu_ops.decoder_logits
+    monkeypatch.setattr(cpu_ops, "decoder_logits", lambda *a: calls.append(a) or fused_logits(*a))
+    fused, _ = step(model, MIXED, native=True)
+    assert calls and calls[-1][1].shape == (10,)  # the step's ten logits rows (the prefills' before)
+    monkeypatch.setattr(model, "packed_head", lambda rows: None)
+    before = len(calls)
+    separate, _ = step(model, MIXED, native=True)
+    assert len(calls) == before and torch.equal(fused, separate)
+
+
+def test_the_head_is_fused_only_where_linear_runs_its_packed_kernel(packed_model, fast_model):
+    from specray.kernels.model import PACKED_MAX_ROWS
+
+    assert packed_model.packed_head(PACKED_MAX_ROWS) is not None
+    assert packed_model.packed_head(PACKED_MAX_ROWS + 1) is None  # linear takes MKL's fp32 there
+    assert fast_model.packed_head(PACKED_MAX_ROWS + 1) is not None  # the fast layout at every size
