@@ -11,6 +11,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, torch.get_num_threads()) // WORKERS))
 
+# Ray starts its worker processes at nice 15: beside the other xdist worker's computing (nice 0)
+# they got a few per cent of a core (a two-rank TP test: 7 s alone, 89 s in the suite). The tests'
+# clusters and the `specray serve` they start inherit this.
+os.environ.setdefault("RAY_worker_niceness", "0")
+
 from helpers import save_tiny_llama  # noqa: E402
 
 
