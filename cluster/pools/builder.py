@@ -67,10 +67,17 @@ def _strategy(group: PlacementGroup, bundle_index: int) -> PlacementGroupSchedul
     return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=bundle_index)
 
 
-def rendezvous_address(group: PlacementGroup, bundle_index: int = 0) -> str:
-    """tcp://ip:port free on the node that holds `bundle_index` (torch.distributed rendezvous)."""
+def rendezvous_probe(group: PlacementGroup, bundle_index: int = 0) -> ray.ObjectRef:
+    """A ref to tcp://ip:port free on the node that holds `bundle_index` (torch.distributed
+    rendezvous): a task in a worker process that may take seconds to start, so callers that must
+    not block wait on the ref."""
     probe = ray.remote(_free_address).options(num_cpus=0, scheduling_strategy=_strategy(group, bundle_index))
-    return ray.get(probe.remote())
+    return probe.remote()
+
+
+def rendezvous_address(group: PlacementGroup, bundle_index: int = 0) -> str:
+    """`rendezvous_probe`'s address, waited for."""
+    return ray.get(rendezvous_probe(group, bundle_index))
 
 
 def start_worker(build, spec, group: PlacementGroup, placement, bundle_index: int = 0, max_restarts: int = 0,

@@ -24,7 +24,8 @@ from specray.actors.specs import DraftSpec, TargetSpec
 from specray.actors.target_worker import TargetWorker
 from specray.cluster.pools import wire
 from specray.cluster.pools.api import DraftUnavailable, TargetUnavailable
-from specray.cluster.pools.builder import all_of, kill_worker, release_group, rendezvous_address, reserve, start_worker
+from specray.cluster.pools.builder import (all_of, kill_worker, release_group, rendezvous_address, rendezvous_probe,
+                                          reserve, start_worker)
 from specray.cluster.pools.draft_endpoint import DraftEndpoint, TransportStats
 from specray.cluster.pools.local_channel import ChannelPending, dumps
 from specray.cluster.pools.worker_calls import WorkerCalls
@@ -166,19 +167,19 @@ class RayDraftPool:
         self.group = reserve([placement.bundle()] * group_size)
         self.name = f"specray-draft-{uuid.uuid4().hex[:8]}"
         self.starts = 0
-        self.actors = self._start()
+        self.actors = self._start(None if group_size == 1 else rendezvous_address(self.group))
         self.propose_timeout_s = propose_timeout_s
         self.stats = TransportStats()
         self._revival = None  # a pending ping while the worker (group) is down
+        self._rendezvous = None  # a group's pending rendezvous address while it restarts
 
-    def _start(self) -> list:
-        """One actor Ray restarts by itself, or a group started afresh (new rendezvous) each time:
-        a restarted rank could not rejoin its old process group."""
+    def _start(self, address: str | None) -> list:
+        """One actor Ray restarts by itself, or a group started afresh (a new rendezvous `address`)
+        each time: a restarted rank could not rejoin its old process group."""
         self.starts += 1
         if self.group_size == 1:
             return [start_worker(DraftEndpoint.from_spec, self.spec, self.group, self.placement, max_restarts=-1,
                                  name=self.name)]
-        address = rendezvous_address(self.group)
         specs = [replace(self.spec, group_rank=r, group_size=self.group_size, dist_init_method=address)
                  for r in range(self.group_size)]
         return [start_worker(DraftEndpoint.from_spec, s, self.group, self.placement, bundle_index=r,
@@ -190,12 +191,20 @@ class RayDraftPool:
         return self.actors[0]
 
     def _restart_group(self) -> None:
+        """Kill the ranks and ask for a fresh rendezvous; `healthy` starts the new group once the
+        address is known, so the router's thread never waits for a worker process to start."""
         for actor in self.actors:
             kill_worker(actor)
-        self.actors = self._start()
+        self.actors, self._revival = [], None
+        self._rendezvous = rendezvous_probe(self.group)
+
+    def _down(self) -> bool:
+        return self._revival is not None or self._rendezvous is not None
 
     @property
     def healthy(self) -> bool:
+        if self._rendezvous is not None:
+            return self._start_restarted_group()
         if self._revival is None:
             return True
         done, _ = ray.wait([self._revival], timeout=0)
@@ -206,10 +215,31 @@ class RayDraftPool:
             self._revival = None
             return True
         except (RayTaskError, *ActorFailure):
-            if self.group_size > 1:  # a rank of the fresh group failed too: another fresh group
-                self._restart_group()
-            self._revival = self._ping()
+            self._revive()  # a rank of the fresh group failed too: another fresh group
             return False
+
+    def _start_restarted_group(self) -> bool:
+        """The fresh group's ranks, once its rendezvous address has arrived; False (not up yet)."""
+        done, _ = ray.wait([self._rendezvous], timeout=0)
+        if not done:
+            return False
+        try:
+            address = ray.get(self._rendezvous)
+        except (RayTaskError, *ActorFailure):  # the probe's worker died: probe again
+            self._rendezvous = rendezvous_probe(self.group)
+            return False
+        self._rendezvous = None
+        self.actors = self._start(address)
+        self._revival = self._ping()
+        return False
+
+    def _revive(self) -> None:
+        """A lone worker: wait for Ray's restart of it; a group: start afresh (the other ranks wait
+        in a collective for the lost one)."""
+        if self.group_size > 1:
+            self._restart_group()
+        else:
+            self._revival = self._ping()
 
     def _ping(self):
         """An answer once every rank is up (Ray restarted the lone worker, or the new group joined)."""
@@ -234,14 +264,12 @@ class RayDraftPool:
 
     def _failed(self, error: Exception) -> DraftUnavailable:
         self.calls.reset()
-        if self.group_size > 1:  # the other ranks wait in a collective for the lost one: start afresh
-            self._restart_group()
-        self._revival = self._ping()
+        self._revive()
         log.warning("the draft pool failed (%s); decoding target-only until it is back", type(error).__name__)
         return DraftUnavailable("draft worker is restarting")
 
     def release(self, seq_id) -> None:
-        if self._revival is None:
+        if not self._down():
             for actor in self.actors:
                 self.calls.send_no_reply(actor, "release_many", [seq_id])
 

@@ -3,6 +3,8 @@ outputs equal to the in-process engine for every draft transport, a draft worker
 mid-generation costs nothing, a target worker killed mid-generation fails its requests retryably
 and the pool recovers."""
 
+import os
+import threading
 import time
 
 import pytest
@@ -197,16 +199,29 @@ def test_tree_aded_and_layer_parallel_drafts_through_the_ray_pool(ray_cluster, t
         pool.close()
 
 
+@ray.remote(num_cpus=0)
+def _gated(flag: str, address: str) -> str:
+    """`address` once the file `flag` exists: a rendezvous probe held back by the test."""
+    while not os.path.exists(flag):
+        time.sleep(0.05)
+    return address
+
+
 def test_a_layer_parallel_draft_group_survives_losing_a_rank(ray_cluster, target_pool, tiny_target, tiny_draft,
-                                                             deep_draft, reference):
+                                                             deep_draft, reference, tmp_path, monkeypatch):
     """A draft group of 2 Ray workers joined by gloo (EasySpec across devices): greedy output equal to
-    plain decoding; a killed rank costs speculation only until the pool has started a fresh group."""
+    plain decoding; a killed rank costs speculation only until the pool has started a fresh group,
+    and the router decodes on, target-only, while the fresh group's rendezvous is still pending."""
+    from specray.cluster.pools import ray_pools
+
     raw = config(tiny_target, tiny_draft).model_dump()
     raw["speculative_config"] = {"method": "draft_model", "model": str(deep_draft), "num_speculative_tokens": 3,
                                  "layer_parallel": 3}
     raw["pools"]["draft"]["num_workers"] = 2
     cfg = ServeConfig.from_dict(raw)
     pool = build_draft_pool(cfg)
+    flag, probe = tmp_path / "rendezvous-open", ray_pools.rendezvous_probe
+    monkeypatch.setattr(ray_pools, "rendezvous_probe", lambda group: _gated.remote(str(flag), probe(group)))
     try:
         pool.ready()
         checkpoint = Checkpoint(tiny_target, "tiny")
@@ -220,10 +235,18 @@ def test_a_layer_parallel_draft_group_survives_losing_a_rank(ray_cluster, target
         assert router.stats.num_draft_tokens > 0
         ray.kill(pool.actors[1], no_restart=True)  # rank 0 now waits in a collective for rank 1
         done = {}
-        while router.has_unfinished():
-            done.update({o.request_id: o for o in router.step() if o.finished})
+
+        def finish():
+            while router.has_unfinished():
+                done.update({o.request_id: o for o in router.step() if o.finished})
+
+        decoding = threading.Thread(target=finish, daemon=True)
+        decoding.start()
+        decoding.join(timeout=120)  # a guard: a router waiting on the held-back rendezvous never ends
+        assert not decoding.is_alive(), "the router waited for the fresh group's rendezvous"
         assert [done[i].outputs[0].token_ids for i in ids] == reference[0]
-        assert router.stats.draft_fallbacks >= 1
+        assert router.stats.draft_fallbacks >= 1 and not pool.healthy and pool.actors == []
+        flag.touch()
         deadline = time.monotonic() + 180
         while not pool.healthy:  # a fresh group: new actors, new rendezvous
             assert time.monotonic() < deadline, "the draft group did not come back"
@@ -232,6 +255,7 @@ def test_a_layer_parallel_draft_group_survives_losing_a_rank(ray_cluster, target
         assert [o.outputs[0].token_ids for o in run(router, PROMPTS)] == reference[0]
         assert router.stats.num_draft_tokens > drafted  # speculation resumed
     finally:
+        flag.touch()
         pool.close()
 
 
