@@ -55,8 +55,9 @@ SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
     "specray_decoder_logits": [P, P, I64, I64, P, F32, I64, I32, I64, P, P, I32],
     "specray_parallel_check": [I64, I64, I32, P],  # n, chunk, threads, seen (int32 [n]): the loops' test
 }
-RESTYPES = {"specray_decoder_workspace": I64, "specray_decoder_logits_workspace": I64, "specray_attention_split_scratch": I64,
-            "specray_fast_scratch_bytes": I64, "specray_attention_score_rows": I64}  # the rest return nothing
+RESTYPES = {"specray_decoder_workspace": I64, "specray_decoder_logits_workspace": I64,
+            "specray_attention_split_scratch": I64, "specray_fast_scratch_bytes": I64,
+            "specray_attention_score_rows": I64}  # the rest return nothing
 
 _LIBRARY: ctypes.CDLL | None | bool = False  # False: not tried yet
 

@@ -90,10 +90,10 @@ class LlamaModel(CpuWeights, nn.Module):
         (docs/performance.md; the slices give bit-identical logits).
         """
         rows = x.shape[0]
-        packed = self.packed_weights.get(id(weight)) if self.packed_weights else None
+        packed = self.packed_for(weight, rows)
         if isinstance(packed, FastWeight):
             return fast_linear(x, packed)
-        if packed is not None and rows <= PACKED_MAX_ROWS:
+        if packed is not None:
             return packed_linear(x, packed)
         if not self.gemv_weights or 1 < rows < 4 or rows > 12:
             return F.linear(x, weight)
@@ -104,12 +104,15 @@ class LlamaModel(CpuWeights, nn.Module):
             return F.linear(x, weight)
         return torch.cat([F.linear(x, w) for w in weight.split(SPLIT_ROWS)], dim=1)
 
+    def packed_for(self, weight: torch.Tensor, rows: int) -> PackedWeight | FastWeight | None:
+        """The packed blocks `linear` runs `rows` rows of `weight` on (the fast layout at every size,
+        exact blocks up to PACKED_MAX_ROWS rows); None where it takes torch."""
+        packed = self.packed_weights.get(id(weight)) if self.packed_weights else None
+        return packed if isinstance(packed, FastWeight) or (packed is not None and rows <= PACKED_MAX_ROWS) else None
+
     def packed_head(self, rows: int) -> PackedWeight | FastWeight | None:
-        """The head's packed blocks where `linear` would run them for `rows` rows; else None."""
-        packed = self.packed_weights.get(id(self.lm_head)) if self.packed_weights else None
-        if isinstance(packed, FastWeight) or (packed is not None and rows <= PACKED_MAX_ROWS):
-            return None if self.vocab_parallel else packed
-        return None
+        """`packed_for` the head, whole on this rank; else None."""
+        return None if self.vocab_parallel else self.packed_for(self.lm_head, rows)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -152,7 +155,8 @@ class LlamaModel(CpuWeights, nn.Module):
             cpu_ops.decoder_layers(h, table, cache.kv, cos, sin, batch.slot_mapping, batch.key_slots, rows)
             head = None if features else self.packed_head(batch.logits_indices.shape[0])
             if head is not None:  # the final norm and the head in the same C kernels, one call
-                return cpu_ops.decoder_logits(h, batch.logits_indices, self.norm, self.config.rms_norm_eps, head)
+                eps = self.config.rms_norm_eps
+                return cpu_ops.decoder_logits(h, batch.logits_indices, self.norm, eps, head)
         else:
             h = self.layer_loop(batch, cache, h, rows, reference)
         if features:  # RMSNorm is per row: the logits rows are bit-identical either way

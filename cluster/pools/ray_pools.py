@@ -204,7 +204,8 @@ class RayDraftPool:
     @property
     def healthy(self) -> bool:
         if self._rendezvous is not None:
-            return self._start_restarted_group()
+            self._start_restarted_group()
+            return False  # its ranks answer a ping first
         if self._revival is None:
             return True
         done, _ = ray.wait([self._revival], timeout=0)
@@ -218,20 +219,19 @@ class RayDraftPool:
             self._revive()  # a rank of the fresh group failed too: another fresh group
             return False
 
-    def _start_restarted_group(self) -> bool:
-        """The fresh group's ranks, once its rendezvous address has arrived; False (not up yet)."""
+    def _start_restarted_group(self) -> None:
+        """The fresh group's ranks, once its rendezvous address has arrived."""
         done, _ = ray.wait([self._rendezvous], timeout=0)
         if not done:
-            return False
+            return
         try:
             address = ray.get(self._rendezvous)
         except (RayTaskError, *ActorFailure):  # the probe's worker died: probe again
             self._rendezvous = rendezvous_probe(self.group)
-            return False
+            return
         self._rendezvous = None
         self.actors = self._start(address)
         self._revival = self._ping()
-        return False
 
     def _revive(self) -> None:
         """A lone worker: wait for Ray's restart of it; a group: start afresh (the other ranks wait
