@@ -7,7 +7,8 @@
    (and gRPC): as the flags configure it, with separate actor pools, and with separate pools and two
    groups in flight, and with separate pools on Ray actor calls instead of same-node channels (a
    configuration equal to one already measured in the pass is not run again).
-   With --repeats the passes alternate that many times and the median pass is reported.
+   With --repeats the passes alternate that many times and the median pass is reported; --paths
+   runs only the named paths beside the in-process engine (an A/B of two served configurations).
 3. Each draft transport (ray, torch_distributed, grpc): bytes and latency per propose round,
    read from the router's side of the link while the engine runs the same prompts.
 Writes cluster.json and cluster.md.
@@ -15,6 +16,7 @@ Writes cluster.json and cluster.md.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import statistics
@@ -176,12 +178,16 @@ SERVED = (  # label, overrides, with gRPC as well
 )
 
 
-def one_pass(cfg, requests, params, bodies, levels) -> dict:
+PATHS = ("ray_pools", *(name for name, _, _ in SERVED))  # --paths picks among these; in_process always runs
+
+
+def one_pass(cfg, requests, params, bodies, levels, paths=PATHS) -> dict:
     """In-process, the Ray pools driven from here, then each served configuration over HTTP (and gRPC)."""
-    out = {"in_process": in_process(cfg, requests, params, levels),
-           "ray_pools": ray_pools(cfg, requests, params, levels)}
+    out = {"in_process": in_process(cfg, requests, params, levels)}
+    if "ray_pools" in paths:
+        out["ray_pools"] = ray_pools(cfg, requests, params, levels)
     measured: list[tuple] = []  # (config, HTTP rows, gRPC rows) of this pass
-    for name, overrides, grpc in SERVED:
+    for name, overrides, grpc in (s for s in SERVED if s[0] in paths):
         run_cfg = cfg.with_overrides(**{"router.pipelined": cfg.pipelined, **overrides})  # auto resolved
         same = next((rows for c, *rows in measured if c == run_cfg), None)
         http_rows, grpc_rows = same or served(run_cfg, bodies, levels, name.replace("_", " "), grpc=grpc)
@@ -262,7 +268,7 @@ def cmd_bench_cluster(args) -> int:
     report = {"schema": SCHEMA, "model": cfg.model, "speculative_config": cfg.speculative_config,
               "max_tokens": args.max_tokens, "num_requests": args.num_requests, "repeats": args.repeats}
     start_ray(cfg)
-    passes = [one_pass(cfg, requests, params, bodies, args.concurrency) for _ in range(args.repeats)]
+    passes = [one_pass(cfg, requests, params, bodies, args.concurrency, args.paths) for _ in range(args.repeats)]
     report.update(median_rows(passes))
     if args.repeats > 1:
         report["passes"] = passes
@@ -274,6 +280,15 @@ def cmd_bench_cluster(args) -> int:
     (out / "cluster.md").write_text(markdown(report))
     print(markdown(report))
     return 0
+
+
+def paths_list(text: str) -> tuple[str, ...]:
+    paths = tuple(x.strip() for x in text.split(",") if x.strip())
+    unknown = [x for x in paths if x not in PATHS]
+    if unknown or not paths:
+        raise argparse.ArgumentTypeError(f"unknown path(s) {', '.join(unknown) or '(none given)'}; "
+                                         f"choose from {', '.join(PATHS)}")
+    return paths
 
 
 def add_cluster_bench_parser(kinds) -> None:
@@ -288,6 +303,9 @@ def add_cluster_bench_parser(kinds) -> None:
     p.add_argument("--dataset", default=None, help="JSONL of prompts (default: the packaged Spec-Bench subset)")
     p.add_argument("--repeats", type=int, default=1,
                    help="run every path this many times, interleaved, and report each one's median pass")
+    p.add_argument("--paths", type=paths_list, default=PATHS,
+                   help=f"which paths to run beside the in-process engine, comma-separated: {','.join(PATHS)} "
+                   "(default: all; served_pools etc. also measure gRPC where the table has a _grpc row)")
     p.add_argument("--skip-transports", action="store_true", help="leave out the draft transports' table")
     p.add_argument("--out", default="bench_out", help="folder for cluster.{json,md}")
     p.set_defaults(func=cmd_bench_cluster)

@@ -1,5 +1,7 @@
 """The one thread that builds and runs a process's workers (a Ray worker host, or the Serve replica
-with `pools.colocate` or the inline draft).
+with `pools.colocate` or the inline draft), and in the replica also the router's rounds
+(cluster/router/async_router.py): a round's calls to in-process workers then run directly, with no
+thread hand-off each way.
 
 Both torch's thread count and the OpenMP team belong to the calling thread: a worker built on one
 thread (where `torch.set_num_threads` ran) and stepped on another computes with Ray's
@@ -62,11 +64,12 @@ class _ComputeLoop:
             return False
 
     def _run_tasks(self) -> None:
+        """The tasks queued by now; those they queue run after the watched connections' turn."""
         try:
             os.read(self.wake_read, 4096)
         except BlockingIOError:
             pass
-        while self.tasks:
+        for _ in range(len(self.tasks)):
             future, fn, args = self.tasks.popleft()
             if not future.set_running_or_notify_cancel():
                 continue
@@ -93,6 +96,12 @@ def run(fn, *args):
     if getattr(_HERE, "compute", False):
         return fn(*args)
     return _loop().submit(fn, *args).result()
+
+
+def post(fn, *args) -> Future:
+    """Queue fn(*args) on the compute thread and return at once, also from the compute thread itself
+    (it runs after what is queued before it)."""
+    return _loop().submit(fn, *args)
 
 
 def watch(conn, handle) -> None:

@@ -4,11 +4,35 @@ draft transport (the draft worker in the router's process)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from specray.actors.messages import DraftItem, TargetItem
 from specray.cluster.pools.api import Done
 from specray.cluster.pools.draft_endpoint import TransportStats
 from specray.kernels.proposal import Proposal, VerifyResult
+
+
+T = TypeVar("T")
+
+
+class Deferred(Generic[T]):
+    """A call made when its result is first asked for. An in-process step so runs after the router's
+    `after_submit` hook, and the outputs that hook hands to the event loops stream while the step
+    computes (its C kernels release the GIL), as they do beside a worker in another process."""
+
+    def __init__(self, call: Callable[[], T]):
+        self._call: Callable[[], T] | None = call
+        self._done: Done[T] = Done()
+
+    def result(self) -> T:
+        if self._call is not None:
+            call, self._call = self._call, None
+            try:
+                self._done = Done(call())
+            except Exception as e:  # noqa: BLE001 - raised to every caller of result, as Done does
+                self._done = Done(error=e)
+        return self._done.result()
 
 
 class InProcessTargetPool:
@@ -17,8 +41,8 @@ class InProcessTargetPool:
     def __init__(self, worker):
         self.worker = worker
 
-    def submit_step(self, items: list[TargetItem]) -> Done[list[VerifyResult]]:
-        return Done(self.worker.step(items))
+    def submit_step(self, items: list[TargetItem]) -> Deferred[list[VerifyResult]]:
+        return Deferred(lambda: self.worker.step(items))
 
     def release(self, seq_id: object) -> None:
         self.worker.release(seq_id)

@@ -1,6 +1,12 @@
-"""AsyncRouter: runs the Router's rounds on a background thread and streams each request's
+"""AsyncRouter: runs the Router's rounds on the process's compute thread and streams each request's
 outputs to asyncio consumers. The Router itself is single-threaded; every mutation (add, abort)
-is queued to the loop thread and applied between rounds."""
+is queued and applied between rounds.
+
+Each round is one turn, a task that queues the next while work remains. The serving runtime posts
+the turns to the process's compute thread (cluster/pools/compute_thread.py): workers in this
+process (`pools.colocate`, the inline draft) are then called directly from the round, as the
+in-process engine calls them, instead of through two thread hand-offs a call (docs/performance.md
+has the served rounds before and after). Without a `post`, the turns get a thread of their own."""
 
 from __future__ import annotations
 
@@ -8,7 +14,8 @@ import asyncio
 import itertools
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from specray.cluster.outputs import RequestOutput
@@ -57,8 +64,11 @@ def _put_all(puts: list[tuple[asyncio.Queue, object]]) -> None:
 
 
 class AsyncRouter:
-    def __init__(self, router: Router, max_waiting: int = 256):
+    def __init__(self, router: Router, max_waiting: int = 256, post: Callable[[Callable], Future] | None = None):
+        """`post(fn)` runs fn on the thread that is to run the rounds and returns its Future."""
         self.router = router
+        self._own = None if post is not None else ThreadPoolExecutor(1, thread_name_prefix="specray-router")
+        self._post = post or self._own.submit
         self.max_waiting = max_waiting
         self._commands: queue.Queue = queue.Queue()
         self._queued_seqs = 0  # sequences of Add commands the router thread has not taken yet
@@ -67,16 +77,17 @@ class AsyncRouter:
         self._admission = threading.Lock()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._ids = itertools.count()
-        self._wake = threading.Event()
+        self._turn_queued = False  # a turn waits on the compute thread (guarded by _turns)
+        self._turns = threading.Lock()
         self._stopped = False
+        self._broken: BaseException | None = None  # what ended the turns, if not shutdown
+        self._turning: threading.Thread | None = None  # the thread inside a turn
         self._held: list[tuple[str, object]] = []  # the last round's outputs, until the next round is sent
         # a pipeline slot returns after sending the next steps, and a diffusion router has no hook:
         # their outputs go out at once
         self._hold = isinstance(router, Router) and router.pipeline is None
         if self._hold:
             router.after_submit = self._flush
-        self._thread = threading.Thread(target=self._loop, name="specray-router", daemon=True)
-        self._thread.start()
 
     @property
     def num_waiting(self) -> int:
@@ -87,6 +98,8 @@ class AsyncRouter:
                        prompt: str | None = None) -> AsyncIterator[RequestOutput]:
         """Yield the request's output after every round until it finishes. Raises ValueError for
         bad input and QueueFullError when the queue is full; cancelling the consumer aborts it."""
+        if self._broken is not None:
+            raise RuntimeError("the router stopped after an internal error; the replica restarts") from self._broken
         self.router.check_prompt(prompt_token_ids, params)
         if params.n > self.max_waiting:
             raise ValueError(f"n={params.n} exceeds the server's queue of {self.max_waiting} sequences")
@@ -114,17 +127,34 @@ class AsyncRouter:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return not self._stopped and self._broken is None
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout: float = 10) -> None:
+        """Stop taking turns; returns once a turn under way has ended (or after `timeout` seconds)."""
+        if self._stopped:
+            return
         self._stopped = True
-        self._wake.set()
-        self._thread.join(timeout=10)
+        if self._turning is threading.current_thread():
+            self._flush()
+        else:
+            try:
+                self._post(self._flush).result(timeout=timeout)
+            except TimeoutError:
+                pass
+        if self._own is not None:
+            self._own.shutdown(wait=False)
 
-    # -- the router thread ------------------------------------------------------------------
+    # -- the turns --------------------------------------------------------------------------
     def _submit(self, command: Command) -> None:
         self._commands.put(command)
-        self._wake.set()
+        self._queue_turn()
+
+    def _queue_turn(self) -> None:
+        with self._turns:
+            if self._turn_queued or self._stopped:
+                return
+            self._turn_queued = True
+        self._post(self._turn)
 
     def _apply_commands(self) -> None:
         while True:
@@ -144,31 +174,46 @@ class AsyncRouter:
             else:
                 self.router.abort(command.request_id)
 
-    def _loop(self) -> None:
-        """A round's outputs are held until the next round's target step is sent (Router.after_submit):
-        the event loops then stream them while the target computes, and the router thread's next
-        calls do not wait for the GIL behind them. Held outputs go out before anything else is
-        delivered, and at once when no round follows."""
-        while not self._stopped:
+    def _turn(self) -> None:
+        """Commands, then one round, then the next turn while work remains. A round's outputs are
+        held until the next round's target step is sent (Router.after_submit): the event loops then
+        stream them while the target computes, and the next round's calls do not wait for the GIL
+        behind them. Held outputs go out before anything else is delivered, and at once when no
+        round follows."""
+        with self._turns:
+            self._turn_queued = False  # a command from now on queues another turn
+        if self._stopped:
+            return
+        self._turning = threading.current_thread()
+        try:
             self._apply_commands()
-            if not self.router.has_unfinished():
+            if self.router.has_unfinished():
+                self._round()
+            if self.router.has_unfinished():
+                self._queue_turn()
+            else:
                 self._flush()
-                self._wake.wait(timeout=0.5)
-                self._wake.clear()
-                continue
-            outputs = []
-            try:
-                outputs = self.router.step()
-            except TargetUnavailable as e:  # KV lost: fail (retryably) what ran; the pool restarts
-                for request_id in self.router.fail_all():
-                    self._deliver(request_id, e)
-            except Exception as e:  # noqa: BLE001 - a router bug fails what ran, never the server
-                self._fail_running(e)
-            self._flush()  # a round that sent no target step (or failed) leaves them here
-            self._held = [(out.request_id, out) for out in outputs] + self.router.take_failures()
-            if not self._hold:
-                self._flush()
-        self._flush()
+        except BaseException as e:  # noqa: BLE001 - the health check reports it; Serve restarts us
+            self._broken = e
+            for request_id in list(self._streams):  # no request waits on turns that stopped
+                self._deliver(request_id, request_failed(request_id, e))
+            raise
+        finally:
+            self._turning = None
+
+    def _round(self) -> None:
+        outputs = []
+        try:
+            outputs = self.router.step()
+        except TargetUnavailable as e:  # KV lost: fail (retryably) what ran; the pool restarts
+            for request_id in self.router.fail_all():
+                self._deliver(request_id, e)
+        except Exception as e:  # noqa: BLE001 - a router bug fails what ran, never the server
+            self._fail_running(e)
+        self._flush()  # a round that sent no target step (or failed) leaves them here
+        self._held = [(out.request_id, out) for out in outputs] + self.router.take_failures()
+        if not self._hold:
+            self._flush()
 
     def _flush(self) -> None:
         held, self._held = self._held, []

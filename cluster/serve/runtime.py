@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from specray.cluster.config.serve import ServeConfig
 from specray.cluster.config.worker_specs import num_blocks
+from specray.cluster.pools import compute_thread
 from specray.cluster.pools.build import build_draft_pool, build_target_pool
 from specray.cluster.router.async_router import AsyncRouter
 from specray.cluster.router.router import Router, router_limits
@@ -68,7 +69,8 @@ def build_runtime(cfg: ServeConfig, wait_ready: bool = True) -> Runtime:
     limits, eos = router_limits(model_config, tokenizer, cfg.speculative, r.max_model_len, r.max_num_seqs,
                                 num_blocks(r.kv_cache_tokens, r.block_size), r.block_size, cfg.pipelined)
     router = Router(target, draft, tokenizer, eos, limits)
-    return Runtime(cfg, router, AsyncRouter(router, cfg.router.max_waiting), tokenizer, target, draft)
+    return Runtime(cfg, router, AsyncRouter(router, cfg.router.max_waiting, compute_thread.post), tokenizer, target,
+                   draft)
 
 
 def build_diffusion_runtime(cfg: ServeConfig, checkpoint, tokenizer, wait_ready: bool = True) -> Runtime:
@@ -95,4 +97,4 @@ def build_diffusion_runtime(cfg: ServeConfig, checkpoint, tokenizer, wait_ready:
     limits = diffusion_limits(config, options.block_length, r.max_model_len, r.max_num_seqs)
     eos = set(config.model.eos_token_ids) or {tokenizer.eos_token_id}
     router = DiffusionRouter(pool, tokenizer, eos, limits)
-    return Runtime(cfg, router, AsyncRouter(router, r.max_waiting), tokenizer, pool, None)
+    return Runtime(cfg, router, AsyncRouter(router, r.max_waiting, compute_thread.post), tokenizer, pool, None)

@@ -2,11 +2,12 @@
 the thread count their build set holds for their calls, and a call from the compute thread itself
 runs directly instead of waiting on itself."""
 
+import socket
 import threading
 
 import torch
 
-from specray.cluster.pools.compute_thread import OnComputeThread, run
+from specray.cluster.pools.compute_thread import OnComputeThread, post, run, watch
 
 
 class Probe:
@@ -33,3 +34,34 @@ def test_a_worker_is_built_and_called_on_one_thread_with_its_thread_count():
         assert OnComputeThread(Probe, 1).built_on is thread  # every worker of the process shares it
     finally:
         run(torch.set_num_threads, before)
+
+
+def test_a_task_that_queues_the_next_does_not_starve_the_watched_connections():
+    """The router's rounds queue one another on this thread: a channel's call must still be served
+    between two of them, not after the last."""
+    mine, theirs = socket.socketpair()
+    served_at, turns = [], [0]
+
+    def handle(conn) -> bool:
+        conn.recv(1)
+        served_at.append(turns[0])
+        return False
+
+    def turn():
+        turns[0] += 1
+        if turns[0] < 200:
+            post(turn)
+
+    def start():  # the first turn queues the next before the byte lands
+        turn()
+        theirs.send(b"x")
+
+    try:
+        run(start)
+        watch(mine, handle)
+        post(lambda: None).result(timeout=10)
+        while turns[0] < 200:
+            post(lambda: None).result(timeout=10)
+    finally:
+        theirs.close()
+    assert served_at and served_at[0] < 200

@@ -3,8 +3,11 @@
 
 import asyncio
 
+import pytest
+
 from specray import LLM, SamplingParams
 from specray.cluster.outputs import RequestOutput
+from specray.cluster.router.failures import RequestFailed
 from specray.cluster.router.async_router import AsyncRouter
 
 
@@ -12,7 +15,14 @@ def test_outputs_go_out_after_the_next_target_step_and_the_last_at_once(tiny_tar
     llm = LLM(str(tiny_target))  # plain decoding: round r brings token r
     want = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0]
     pool, sent = llm.router.target, [0]
-    submit = pool.submit_step
+    submit, compute = pool.submit_step, llm.target.step
+    handed_at_compute = []  # outputs handed to the event loop when each step began computing
+
+    def computed(items):
+        handed_at_compute.append(len(handed))
+        return compute(items)
+
+    llm.target.step = computed
 
     def counted(items):
         sent[0] += 1
@@ -41,3 +51,27 @@ def test_outputs_go_out_after_the_next_target_step_and_the_last_at_once(tiny_tar
     assert [tokens for tokens, _ in handed] == [1, 2, 3, 4, 5, 6]  # every round's, in order
     assert all(steps == tokens + 1 for tokens, steps in handed[:-1])  # held until the next step was sent
     assert handed[-1] == (6, 6)  # the last one at once: no round follows
+    # an in-process step computes after the hand-off, so the outputs stream while it computes
+    assert handed_at_compute == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_turn_that_breaks_fails_its_requests_and_marks_the_router_dead(tiny_target):
+    llm = LLM(str(tiny_target))
+    router = AsyncRouter(llm.router)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a router bug")
+
+    llm.router.add_request = broken  # outside the rounds' own error handling
+
+    async def ask():
+        return [o async for o in router.generate([5, 6, 7], SamplingParams(max_tokens=2))]
+
+    try:
+        with pytest.raises(RequestFailed):
+            asyncio.run(ask())
+        assert not router.alive  # the replica's health check fails, and Serve restarts it
+        with pytest.raises(RuntimeError, match="router stopped"):
+            asyncio.run(ask())
+    finally:
+        router.shutdown()

@@ -2,11 +2,15 @@
 the router. Off by default; auto only on a one-node CPU cluster with one worker a pool; outputs do
 not change."""
 
+import asyncio
+import threading
+
 import pytest
 import torch
 
 from specray import LLM, SamplingParams
 from specray.cluster.config.serve import ServeConfig
+from specray.cluster.pools.compute_thread import run
 from specray.cluster.pools.builder import replica_resources
 from specray.cluster.pools.in_process import InlineDraftPool, InProcessTargetPool
 from specray.cluster.serve.runtime import build_runtime
@@ -75,6 +79,41 @@ def test_colocated_runtime_equals_in_process_greedy(tiny_target, tiny_draft):
     want = LLM(str(tiny_target)).generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY)
     assert [done[i].outputs[0].token_ids for i in ids] == [o.outputs[0].token_ids for o in want]
     assert sum(done[i].metrics.num_draft_tokens for i in ids) > 0
+
+
+def test_served_rounds_call_the_colocated_workers_on_their_own_thread(tiny_target):
+    """The replica's rounds are turns on the compute thread that built the workers: a round's target
+    step and n-gram proposal are direct calls, with no thread hand-off (and no second OpenMP team)."""
+    cfg = ServeConfig.from_dict({"model": str(tiny_target), "pools": {"colocate": True, "target": {"threads": 1}},
+                                 "speculative_config": {"method": "ngram", "num_speculative_tokens": 3},
+                                 "router": {"kv_cache_tokens": 4096}})
+    threads = torch.get_num_threads()
+    runtime = build_runtime(cfg)
+    torch.set_num_threads(threads)
+    seen = {"round": set(), "target": set(), "draft": set()}
+    router, target, draft = runtime.async_router.router, runtime.target_pool.worker.worker, runtime.draft_pool.worker.worker
+
+    def recorded(name, fn):
+        def call(*args):
+            seen[name].add(threading.current_thread())
+            return fn(*args)
+        return call
+
+    router.step = recorded("round", router.step)
+    target.step = recorded("target", target.step)
+    draft.propose = recorded("draft", draft.propose)
+
+    async def answer():
+        return [o async for o in runtime.async_router.generate(PROMPTS[1], GREEDY)][-1]
+
+    try:
+        out = asyncio.run(answer())
+    finally:
+        runtime.shutdown()
+    compute = run(threading.current_thread)
+    assert seen == {"round": {compute}, "target": {compute}, "draft": {compute}}
+    assert out.outputs[0].token_ids == LLM(str(tiny_target)).generate([{"prompt_token_ids": PROMPTS[1]}],
+                                                                        GREEDY)[0].outputs[0].token_ids
 
 
 @pytest.mark.parametrize("flag, want", [([], False), (["--colocate", "auto"], "auto"), (["--colocate", "on"], True),
