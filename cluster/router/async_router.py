@@ -31,7 +31,7 @@ class QueueFullError(RuntimeError):
 
 @dataclass(frozen=True)
 class Add:
-    """Queue a request on the router (from the caller's event loop to the router thread)."""
+    """Queue a request on the router (from the caller's event loop to the rounds' thread)."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -71,9 +71,9 @@ class AsyncRouter:
         self._post = post or self._own.submit
         self.max_waiting = max_waiting
         self._commands: queue.Queue = queue.Queue()
-        self._queued_seqs = 0  # sequences of Add commands the router thread has not taken yet
+        self._queued_seqs = 0  # sequences of Add commands no turn has taken yet
         # guards _queued_seqs: callers on several event loops (HTTP, gRPC) share the bound, and the
-        # router thread takes from it
+        # turns take from it
         self._admission = threading.Lock()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._ids = itertools.count()
@@ -231,7 +231,7 @@ class AsyncRouter:
 
     def _deliver_all(self, items: list[tuple[str, object]]) -> None:
         """A round's outputs (and failures), in order: one wake-up per event loop, not one per
-        request (each costs the loop a self-pipe write and the router thread a GIL hand-off)."""
+        request (each costs the loop a self-pipe write and the rounds' thread a GIL hand-off)."""
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for request_id, item in items:
             target = self._streams.get(request_id)

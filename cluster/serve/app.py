@@ -101,9 +101,9 @@ class SpecrayServer:
         return snapshot(self.runtime.router)
 
     def check_health(self) -> None:
-        """Serve's health probe: the router thread must be alive."""
+        """Serve's health probe: the router must still be taking turns."""
         if not self.runtime.async_router.alive:
-            raise RuntimeError("the router thread stopped")
+            raise RuntimeError("the router stopped")
 
     def __del__(self):
         for server in (getattr(self, "grpc_server", None), getattr(self, "http_server", None)):
