@@ -61,10 +61,10 @@ def test_colocated_runtime_equals_in_process_greedy(tiny_target, tiny_draft):
                                  "speculative_config": {"method": "draft_model", "model": str(tiny_draft),
                                                         "num_speculative_tokens": 3},
                                  "router": {"kv_cache_tokens": 4096}})
-    threads = torch.get_num_threads()
+    threads = run(torch.get_num_threads)
     runtime = build_runtime(cfg)
-    assert torch.get_num_threads() == 1, "the target worker sets the replica's threads; the draft shares them"
-    torch.set_num_threads(threads)
+    assert run(torch.get_num_threads) == 1, "the target worker sets the compute thread's; the draft shares them"
+    run(torch.set_num_threads, threads)
     try:
         assert isinstance(runtime.target_pool, InProcessTargetPool)
         assert isinstance(runtime.draft_pool, InlineDraftPool)
@@ -87,9 +87,9 @@ def test_served_rounds_call_the_colocated_workers_on_their_own_thread(tiny_targe
     cfg = ServeConfig.from_dict({"model": str(tiny_target), "pools": {"colocate": True, "target": {"threads": 1}},
                                  "speculative_config": {"method": "ngram", "num_speculative_tokens": 3},
                                  "router": {"kv_cache_tokens": 4096}})
-    threads = torch.get_num_threads()
+    threads = run(torch.get_num_threads)
     runtime = build_runtime(cfg)
-    torch.set_num_threads(threads)
+    run(torch.set_num_threads, threads)
     seen = {"round": set(), "target": set(), "draft": set()}
     router, target, draft = runtime.async_router.router, runtime.target_pool.worker.worker, runtime.draft_pool.worker.worker
 
