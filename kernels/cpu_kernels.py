@@ -20,7 +20,8 @@ from pathlib import Path
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = [CSRC / "quant_linear.c", CSRC / "fast_linear.c", CSRC / "cpu_ops.c", CSRC / "attention.c",
            CSRC / "attention_f16.c", CSRC / "decoder.c", CSRC / "parallel.c"]
-HEADERS = [CSRC / "vec16.h", CSRC / "kv_type.h", CSRC / "parallel.h", CSRC / "fast_linear_avx512.h", CSRC / "fast_linear_avx2.h"]
+HEADERS = [CSRC / "vec16.h", CSRC / "kv_type.h", CSRC / "parallel.h", CSRC / "fast_linear_avx512.h", CSRC / "fast_linear_avx2.h",
+           CSRC / "attention_hybrid.h"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 # Extra compiler flags, e.g. "-mno-avx512f" to run the AVX2 paths on an AVX-512 machine (the tests do)
 FLAGS_ENV = "SPECRAY_CPU_KERNEL_FLAGS"
