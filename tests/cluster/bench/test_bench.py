@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from specray.cluster.bench.methods import TREE_METHODS
 from specray.cluster.bench.report import SCHEMA
 from specray.cluster.cli import main
@@ -229,6 +231,21 @@ def test_bench_cluster_reports_each_paths_median_pass():
     slow["served_pools"][1]["throughput_tokens_per_s"] = 15  # half of its pass's in-process
     paired = median_rows([slow, pass_(1, 90), pass_(2, 60)])["served_pools"]
     assert [r["vs_in_process"] for r in paired] == [1.0, 1.0]  # the median pair, not median / median
+
+
+def test_bench_cluster_paths_pick_what_runs_and_name_the_choices():
+    import argparse
+
+    from specray.cluster.bench.cluster import PATHS, paths_list
+    from specray.cluster.cli import build_parser
+
+    assert paths_list("served, served_pools") == ("served", "served_pools")
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown path.*served_pool.*choose from ray_pools, served"):
+        paths_list("served,served_pool")
+    with pytest.raises(argparse.ArgumentTypeError, match="none given"):
+        paths_list(" , ")
+    assert build_parser().parse_args(["bench", "cluster"]).paths == PATHS
+    assert build_parser().parse_args(["bench", "cluster", "--paths", "ray_pools"]).paths == ("ray_pools",)
 
 
 def test_bench_easyspec_end_to_end(tmp_path, tiny_target):
