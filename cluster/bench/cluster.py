@@ -6,7 +6,8 @@
 2. `specray serve`'s stack on a local Ray cluster, the same closed loop over HTTP with streaming
    (and gRPC): as the flags configure it, with separate actor pools, and with separate pools and two
    groups in flight, and with separate pools on Ray actor calls instead of same-node channels (a
-   configuration equal to one already measured in the pass is not run again).
+   configuration equal to one already measured in the pass is not run again). Each of their levels
+   runs right after an in-process run of the same level, the pair behind its ratio.
    With --repeats the passes alternate that many times and the median pass is reported; --paths
    runs only the named paths beside the in-process engine (an A/B of two served configurations).
 3. Each draft transport (ray, torch_distributed, grpc): bytes and latency per propose round,
@@ -19,13 +20,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from specray.cluster.args import int_list
+from specray.cluster.bench.cluster_report import markdown, median_rows
 from specray.cluster.bench.prompts import load_prompts
 from specray.cluster.bench.load import run_level, run_level_grpc
 from specray.cluster.bench.serve import percentiles, summarise
@@ -67,20 +68,36 @@ def measured_loop(router, requests, params, concurrency: int) -> dict:
     return row
 
 
-def in_process(cfg, requests, params, levels) -> list[dict]:
-    from specray import LLM
+class InProcess:
+    """The in-process engine at each level, kept for the whole pass: every other path's level is
+    paired with an in-process run of the same level just before it (`paired`), so a ratio compares
+    two runs seconds apart instead of minutes (this shared box drifts by a quarter between passes)."""
 
-    rows = []
-    for c in levels:
-        llm = LLM(cfg.model, speculative_config=cfg.speculative_config, max_num_seqs=c,
-                  kv_cache_tokens=cfg.router.kv_cache_tokens, pipelined=False, kernels=cfg.pools.target.kernels)
-        closed_loop(llm.router, requests[:2], params, 2)  # warm-up, as the served path gets
-        rows.append(measured_loop(llm.router, requests, params, c))
-        print(f"in-process c={c}: {rows[-1]['throughput_tokens_per_s']} tokens/s", flush=True)
-    return rows
+    def __init__(self, cfg, requests, params, levels):
+        from specray import LLM
+
+        self.requests, self.params, self.engines = requests, params, {}
+        for c in levels:
+            llm = LLM(cfg.model, speculative_config=cfg.speculative_config, max_num_seqs=c,
+                      kv_cache_tokens=cfg.router.kv_cache_tokens, pipelined=False, kernels=cfg.pools.target.kernels)
+            closed_loop(llm.router, requests[:2], params, 2)  # warm-up, as the served path gets
+            self.engines[c] = llm
+
+    def level(self, c: int) -> dict:
+        return measured_loop(self.engines[c].router, self.requests, self.params, c)
+
+    def rows(self) -> list[dict]:
+        rows = []
+        for c in self.engines:
+            rows.append(self.level(c))
+            print(f"in-process c={c}: {rows[-1]['throughput_tokens_per_s']} tokens/s", flush=True)
+        return rows
+
+    def paired(self, c: int) -> float:
+        return self.level(c)["throughput_tokens_per_s"]
 
 
-def ray_pools(cfg, requests, params, levels) -> list[dict]:
+def ray_pools(cfg, requests, params, levels, engine: InProcess | None = None) -> list[dict]:
     """The Ray pools `specray serve` starts, one group in flight, driven from this process: the
     actor hops without Serve, HTTP or the replica's threads."""
     from specray.cluster.serve.runtime import build_runtime
@@ -91,14 +108,19 @@ def ray_pools(cfg, requests, params, levels) -> list[dict]:
                                                       "pools.colocate": False}))
         runtime.async_router.shutdown()  # this thread drives the router
         closed_loop(runtime.router, requests[:2], params, 2)
+        paired = engine.paired(c) if engine is not None else None
         rows.append(measured_loop(runtime.router, requests, params, c))
+        if paired is not None:
+            rows[-1]["in_process_paired"] = paired
         runtime.shutdown()
         print(f"ray pools c={c}: {rows[-1]['throughput_tokens_per_s']} tokens/s", flush=True)
     return rows
 
 
-def served(cfg, bodies, levels, label, grpc: bool = False) -> tuple[list[dict], list[dict]]:
-    """HTTP levels (and, with `grpc`, the same levels through the gRPC API) on one deployment."""
+def served(cfg, bodies, levels, label, grpc: bool = False,
+           engine: InProcess | None = None) -> tuple[list[dict], list[dict]]:
+    """HTTP levels (and, with `grpc`, the same levels through the gRPC API) on one deployment, each
+    after an in-process run of its level when `engine` is given."""
     from ray import serve
 
     from specray.cluster.serve.run import run_serve
@@ -113,11 +135,14 @@ def served(cfg, bodies, levels, label, grpc: bool = False) -> tuple[list[dict], 
     out: dict[str, list[dict]] = {"HTTP": [], "gRPC": []}
     for name, level in protocols:
         for c in levels:
+            paired = engine.paired(c) if engine is not None else None
             before = handle.round_stats.remote().result()
             samples, seconds = asyncio.run(level(c))
             out[name].append(summarise(c, None, samples, seconds))
             row = out[name][-1]
             row["round_ms"] = breakdown(before, handle.round_stats.remote().result())
+            if paired is not None:
+                row["in_process_paired"] = paired
             print(f"{label} {name} c={c}: {row['throughput_tokens_per_s']} tokens/s, {row['errors']} errors",
                   flush=True)
     serve.delete("specray")
@@ -168,8 +193,6 @@ def transports(cfg, requests, params, concurrency: int) -> list[dict]:
     return rows
 
 
-LABELS = ("in_process", "ray_pools", "served", "served_grpc", "served_pools", "served_pools_grpc",
-          "served_pipelined", "served_ray_calls")
 SERVED = (  # label, overrides, with gRPC as well
     ("served", {}, True),  # as the flags configure `specray serve`
     ("served_pools", {"pools.colocate": False, "router.pipelined": False}, True),
@@ -182,73 +205,22 @@ PATHS = ("ray_pools", *(name for name, _, _ in SERVED))  # --paths picks among t
 
 
 def one_pass(cfg, requests, params, bodies, levels, paths=PATHS) -> dict:
-    """In-process, the Ray pools driven from here, then each served configuration over HTTP (and gRPC)."""
-    out = {"in_process": in_process(cfg, requests, params, levels)}
+    """In-process, the Ray pools driven from here, then each served configuration over HTTP (and gRPC),
+    every level of those paired with an in-process run of it just before."""
+    engine = InProcess(cfg, requests, params, levels)
+    out = {"in_process": engine.rows()}
     if "ray_pools" in paths:
-        out["ray_pools"] = ray_pools(cfg, requests, params, levels)
+        out["ray_pools"] = ray_pools(cfg, requests, params, levels, engine)
     measured: list[tuple] = []  # (config, HTTP rows, gRPC rows) of this pass
     for name, overrides, grpc in (s for s in SERVED if s[0] in paths):
         run_cfg = cfg.with_overrides(**{"router.pipelined": cfg.pipelined, **overrides})  # auto resolved
         same = next((rows for c, *rows in measured if c == run_cfg), None)
-        http_rows, grpc_rows = same or served(run_cfg, bodies, levels, name.replace("_", " "), grpc=grpc)
+        http_rows, grpc_rows = same or served(run_cfg, bodies, levels, name.replace("_", " "), grpc=grpc, engine=engine)
         measured.append((run_cfg, http_rows, grpc_rows))
         out[name] = http_rows
         if grpc:
             out[f"{name}_grpc"] = grpc_rows
     return out
-
-
-def median_rows(passes: list[dict]) -> dict:
-    """Per path and concurrency, the pass with the median throughput (the lower one of an even count),
-    with `vs_in_process`: the median over passes of the path's throughput over the in-process
-    engine's in the same pass (paired, so a noisy neighbour during one pass cancels out)."""
-    merged = {}
-    for label in (x for x in LABELS if x in passes[0]):
-        rows = list(zip(*(p[label] for p in passes)))  # [level][pass]
-        merged[label] = [dict(_median(level)) for level in rows]
-        for level, row in enumerate(merged[label]):
-            ratios = [p[label][level]["throughput_tokens_per_s"] / p["in_process"][level]["throughput_tokens_per_s"]
-                      for p in passes if p["in_process"][level]["throughput_tokens_per_s"]]
-            if ratios:
-                row["vs_in_process"] = round(statistics.median_low(ratios), 3)
-    return merged
-
-
-def _median(rows: list[dict]) -> dict:
-    return sorted(rows, key=lambda r: r["throughput_tokens_per_s"])[(len(rows) - 1) // 2]
-
-
-def markdown(report: dict) -> str:
-    lines = [f"model {report['model']}, speculation {report['speculative_config']}, {report['max_tokens']} max "
-             f"tokens, {report['num_requests']} requests per level, median of {report.get('repeats', 1)} "
-             "interleaved passes (vs in-process: median of the per-pass ratios)", "",
-             "| path | concurrency | tokens/s | vs in-process | E2E p50/p99 s | TPOT p50 s |",
-             "|---|---|---|---|---|---|"]
-    base = {r["concurrency"]: r["throughput_tokens_per_s"] for r in report["in_process"]}
-    for label in LABELS:
-        for r in report.get(label, []):
-            ratio = r.get("vs_in_process") or (r["throughput_tokens_per_s"] / base[r["concurrency"]]
-                                               if base.get(r["concurrency"]) else 0)
-            e, tpot = r["e2e_s"], r.get("tpot_s", {}).get("p50")
-            lines.append(f"| {label} | {r['concurrency']} | {r['throughput_tokens_per_s']} | {ratio:.2f}x | "
-                         f"{e['p50']}/{e['p99']} | {tpot if tpot is not None else '-'} |")
-    lines += ["", "Where a round's time goes (ms a round; compute: inside the worker; served rows count every "
-              "round of the level, requests arriving and leaving included):", "",
-              "| path | concurrency | rounds | wall | target wait | target compute | draft wait | draft compute | "
-              "router |", "|---|---|---|---|---|---|---|---|---|"]
-    for label in LABELS:
-        for r in report.get(label, []):
-            if "round_ms" in r:
-                m = r["round_ms"]
-                lines.append(f"| {label} | {r['concurrency']} | {m['rounds']} | {m['wall']} | {m['target_wait']} | "
-                             f"{m['target_compute']} | {m['draft_wait']} | {m['draft_compute']} | {m['router']} |")
-    if report.get("transports"):
-        lines += ["", "| draft transport | bytes sent/round | bytes received/round | round trip ms | tokens/s |",
-                  "|---|---|---|---|---|"]
-        for t in report["transports"]:
-            lines.append(f"| {t['transport']} | {t['bytes_sent_per_round']} | {t['bytes_received_per_round']} | "
-                         f"{t['round_trip_ms']} | {t['throughput_tokens_per_s']} |")
-    return "\n".join(lines) + "\n"
 
 
 def cmd_bench_cluster(args) -> int:

@@ -195,7 +195,8 @@ def test_bench_cluster_closed_loop_and_table(tiny_target, tiny_draft):
     """The pieces of `specray bench cluster` that the served/transport tests (test_serve_app,
     test_ray_pools) do not run: the in-process closed loop and the report table."""
     from specray import LLM, SamplingParams
-    from specray.cluster.bench.cluster import markdown, measured_loop
+    from specray.cluster.bench.cluster import measured_loop
+    from specray.cluster.bench.cluster_report import markdown
 
     llm = LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 2},
               max_num_seqs=2)
@@ -217,7 +218,7 @@ def test_bench_cluster_closed_loop_and_table(tiny_target, tiny_draft):
 
 
 def test_bench_cluster_reports_each_paths_median_pass():
-    from specray.cluster.bench.cluster import LABELS, median_rows
+    from specray.cluster.bench.cluster_report import LABELS, median_rows
 
     def pass_(*speeds):  # one throughput per concurrency level, same for every path
         return {label: [{"concurrency": c, "throughput_tokens_per_s": v} for c, v in zip((1, 8), speeds)]
@@ -231,6 +232,11 @@ def test_bench_cluster_reports_each_paths_median_pass():
     slow["served_pools"][1]["throughput_tokens_per_s"] = 15  # half of its pass's in-process
     paired = median_rows([slow, pass_(1, 90), pass_(2, 60)])["served_pools"]
     assert [r["vs_in_process"] for r in paired] == [1.0, 1.0]  # the median pair, not median / median
+    drifted = [pass_(3, 30), pass_(1, 90), pass_(2, 60)]
+    for p in drifted:  # the in-process run just before each level: twice as fast as the level
+        for row in p["served_pools"]:
+            row["in_process_paired"] = 2 * row["throughput_tokens_per_s"]
+    assert [r["vs_in_process"] for r in median_rows(drifted)["served_pools"]] == [0.5, 0.5]
 
 
 def test_bench_cluster_paths_pick_what_runs_and_name_the_choices():
