@@ -7,7 +7,7 @@
    (and gRPC): as the flags configure it, with separate actor pools, and with separate pools and two
    groups in flight, and with separate pools on Ray actor calls instead of same-node channels (a
    configuration equal to one already measured in the pass is not run again). Each of their levels
-   runs right after an in-process run of the same level, the pair behind its ratio.
+   runs right after an in-process run of the same level (the report's `vs paired` ratio).
    With --repeats the passes alternate that many times and the median pass is reported; --paths
    runs only the named paths beside the in-process engine (an A/B of two served configurations).
 3. Each draft transport (ray, torch_distributed, grpc): bytes and latency per propose round,
@@ -70,8 +70,9 @@ def measured_loop(router, requests, params, concurrency: int) -> dict:
 
 class InProcess:
     """The in-process engine at each level, kept for the whole pass: every other path's level is
-    paired with an in-process run of the same level just before it (`paired`), so a ratio compares
-    two runs seconds apart instead of minutes (this shared box drifts by a quarter between passes)."""
+    paired with an in-process run of the same level just before it (`paired`), two runs seconds apart
+    instead of minutes (this shared box drifts by a quarter between passes), the serving stack up and
+    idle during the in-process one; the report keeps the ratio to the pass's first runs too."""
 
     def __init__(self, cfg, requests, params, levels):
         from specray import LLM

@@ -236,7 +236,10 @@ def test_bench_cluster_reports_each_paths_median_pass():
     for p in drifted:  # the in-process run just before each level: twice as fast as the level
         for row in p["served_pools"]:
             row["in_process_paired"] = 2 * row["throughput_tokens_per_s"]
-    assert [r["vs_in_process"] for r in median_rows(drifted)["served_pools"]] == [0.5, 0.5]
+    merged = median_rows(drifted)
+    assert [r["vs_paired"] for r in merged["served_pools"]] == [0.5, 0.5]
+    assert [r["vs_in_process"] for r in merged["served_pools"]] == [1.0, 1.0]  # the pass's start: unchanged
+    assert "vs_paired" not in merged["in_process"][0]
 
 
 def test_bench_cluster_paths_pick_what_runs_and_name_the_choices():
