@@ -29,6 +29,11 @@ class QueueFullError(RuntimeError):
     """More requests are waiting than the server accepts (HTTP 429, gRPC RESOURCE_EXHAUSTED)."""
 
 
+class RouterStopped(RuntimeError):
+    """The router takes no more turns: it is shutting down, or broke and its replica restarts
+    (HTTP 503, gRPC UNAVAILABLE: another replica, or this one restarted, can take the retry)."""
+
+
 @dataclass(frozen=True)
 class Add:
     """Queue a request on the router (from the caller's event loop to the rounds' thread)."""
@@ -99,7 +104,9 @@ class AsyncRouter:
         """Yield the request's output after every round until it finishes. Raises ValueError for
         bad input and QueueFullError when the queue is full; cancelling the consumer aborts it."""
         if self._broken is not None:
-            raise RuntimeError("the router stopped after an internal error; the replica restarts") from self._broken
+            raise RouterStopped("the router stopped after an internal error; the replica restarts") from self._broken
+        if self._stopped:  # no turn would run it
+            raise RouterStopped("the router is shutting down; retry")
         self.router.check_prompt(prompt_token_ids, params)
         if params.n > self.max_waiting:
             raise ValueError(f"n={params.n} exceeds the server's queue of {self.max_waiting} sequences")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import grpc
 
 from specray.cluster.pools.api import TargetUnavailable
-from specray.cluster.router.async_router import QueueFullError
+from specray.cluster.router.async_router import QueueFullError, RouterStopped
 from specray.cluster.router.failures import RequestFailed
 
 Code = grpc.StatusCode
@@ -41,6 +41,7 @@ BY_HTTP = {s.http: s for s in STATUSES}
 ROUTER_ERRORS: tuple[tuple[type[Exception], Status], ...] = (
     (QueueFullError, QUEUE_FULL),  # admission refused: the waiting queue is full
     (TargetUnavailable, UNAVAILABLE),  # the target lost its KV; retrying is safe
+    (RouterStopped, UNAVAILABLE),  # the replica is shutting down or restarting
     (RequestFailed, INTERNAL),  # a bug met this request alone; its message carries only a reference
     (ValueError, INVALID),  # the request itself is bad
 )

@@ -8,7 +8,7 @@ import pytest
 from specray import LLM, SamplingParams
 from specray.cluster.outputs import RequestOutput
 from specray.cluster.router.failures import RequestFailed
-from specray.cluster.router.async_router import AsyncRouter
+from specray.cluster.router.async_router import AsyncRouter, RouterStopped
 
 
 def test_outputs_go_out_after_the_next_target_step_and_the_last_at_once(tiny_target):
@@ -71,7 +71,21 @@ def test_a_turn_that_breaks_fails_its_requests_and_marks_the_router_dead(tiny_ta
         with pytest.raises(RequestFailed):
             asyncio.run(ask())
         assert not router.alive  # the replica's health check fails, and Serve restarts it
-        with pytest.raises(RuntimeError, match="router stopped"):
+        with pytest.raises(RouterStopped, match="router stopped"):
             asyncio.run(ask())
     finally:
         router.shutdown()
+
+
+def test_a_request_after_shutdown_gets_an_error_not_a_silent_wait(tiny_target):
+    router = AsyncRouter(LLM(str(tiny_target)).router)
+    router.shutdown()
+
+    async def ask():
+        return [o async for o in router.generate([5, 6, 7], SamplingParams(max_tokens=2))]
+
+    with pytest.raises(RouterStopped, match="shutting down"):
+        asyncio.run(ask())
+    from specray.cluster.serve.errors import UNAVAILABLE, status_of
+
+    assert status_of(RouterStopped("x")) is UNAVAILABLE  # 503 / UNAVAILABLE: the client may retry
