@@ -98,7 +98,7 @@ class InProcess:
         return self.level(c)["throughput_tokens_per_s"]
 
 
-def ray_pools(cfg, requests, params, levels, engine: InProcess | None = None) -> list[dict]:
+def ray_pools(cfg, requests, params, levels, engine: InProcess) -> list[dict]:
     """The Ray pools `specray serve` starts, one group in flight, driven from this process: the
     actor hops without Serve, HTTP or the replica's threads."""
     from specray.cluster.serve.runtime import build_runtime
@@ -109,19 +109,16 @@ def ray_pools(cfg, requests, params, levels, engine: InProcess | None = None) ->
                                                       "pools.colocate": False}))
         runtime.async_router.shutdown()  # this thread drives the router
         closed_loop(runtime.router, requests[:2], params, 2)
-        paired = engine.paired(c) if engine is not None else None
-        rows.append(measured_loop(runtime.router, requests, params, c))
-        if paired is not None:
-            rows[-1]["in_process_paired"] = paired
+        paired = engine.paired(c)
+        rows.append({**measured_loop(runtime.router, requests, params, c), "in_process_paired": paired})
         runtime.shutdown()
         print(f"ray pools c={c}: {rows[-1]['throughput_tokens_per_s']} tokens/s", flush=True)
     return rows
 
 
-def served(cfg, bodies, levels, label, grpc: bool = False,
-           engine: InProcess | None = None) -> tuple[list[dict], list[dict]]:
+def served(cfg, bodies, levels, label, engine: InProcess, grpc: bool = False) -> tuple[list[dict], list[dict]]:
     """HTTP levels (and, with `grpc`, the same levels through the gRPC API) on one deployment, each
-    after an in-process run of its level when `engine` is given."""
+    after an in-process run of its level on `engine`."""
     from ray import serve
 
     from specray.cluster.serve.run import run_serve
@@ -136,14 +133,13 @@ def served(cfg, bodies, levels, label, grpc: bool = False,
     out: dict[str, list[dict]] = {"HTTP": [], "gRPC": []}
     for name, level in protocols:
         for c in levels:
-            paired = engine.paired(c) if engine is not None else None
+            paired = engine.paired(c)
             before = handle.round_stats.remote().result()
             samples, seconds = asyncio.run(level(c))
             out[name].append(summarise(c, None, samples, seconds))
             row = out[name][-1]
             row["round_ms"] = breakdown(before, handle.round_stats.remote().result())
-            if paired is not None:
-                row["in_process_paired"] = paired
+            row["in_process_paired"] = paired
             print(f"{label} {name} c={c}: {row['throughput_tokens_per_s']} tokens/s, {row['errors']} errors",
                   flush=True)
     serve.delete("specray")
@@ -216,7 +212,7 @@ def one_pass(cfg, requests, params, bodies, levels, paths=PATHS) -> dict:
     for name, overrides, grpc in (s for s in SERVED if s[0] in paths):
         run_cfg = cfg.with_overrides(**{"router.pipelined": cfg.pipelined, **overrides})  # auto resolved
         same = next((rows for c, *rows in measured if c == run_cfg), None)
-        http_rows, grpc_rows = same or served(run_cfg, bodies, levels, name.replace("_", " "), grpc=grpc, engine=engine)
+        http_rows, grpc_rows = same or served(run_cfg, bodies, levels, name.replace("_", " "), engine, grpc=grpc)
         measured.append((run_cfg, http_rows, grpc_rows))
         out[name] = http_rows
         if grpc:

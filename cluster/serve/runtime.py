@@ -79,7 +79,6 @@ def build_diffusion_runtime(cfg: ServeConfig, checkpoint, tokenizer, wait_ready:
     from specray.actors.diffusion_worker import DiffusionWorker
     from specray.actors.specs import DiffusionSpec
     from specray.cluster.pools.build import placement
-    from specray.cluster.pools.compute_thread import OnComputeThread
     from specray.cluster.pools.in_process import InProcessDiffusionPool
     from specray.cluster.pools.ray_diffusion import RayDiffusionPool
     from specray.cluster.router.diffusion_router import DiffusionRouter, diffusion_limits
@@ -89,7 +88,7 @@ def build_diffusion_runtime(cfg: ServeConfig, checkpoint, tokenizer, wait_ready:
     spec = DiffusionSpec(cfg.model, p.dtype, p.device, options.block_length, options.steps_per_block,
                          options.num_drafts, p.threads, options.adaptive)
     colocated = resolve_colocation(cfg).pools.colocate
-    pool = InProcessDiffusionPool(OnComputeThread(DiffusionWorker.from_spec, spec)) if colocated \
+    pool = InProcessDiffusionPool(compute_thread.OnComputeThread(DiffusionWorker.from_spec, spec)) if colocated \
         else RayDiffusionPool(spec, placement(p))
     if wait_ready:
         pool.ready()
