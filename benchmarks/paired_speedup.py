@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from spec_args import add_common_args, configs_of, prompts_with_categories, write_result  # noqa: E402
+from spec_args import add_common_args, engine_args, configs_of, prompts_with_categories, write_result  # noqa: E402
 
 
 def run_group(llm, group: list[list[int]], max_tokens: int):
@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> dict:
     groups = [ids[i:i + args.batch_size] for i in starts]
     group_categories = [category_of(categories[i:i + args.batch_size]) for i in starts]
     names = ["plain"] + [json.dumps(c, sort_keys=True) for c in configs]
-    llms = [LLM(args.model, max_num_seqs=args.batch_size, kernels=args.kernels)] + [
-        LLM(args.model, max_num_seqs=args.batch_size, speculative_config=c, kernels=args.kernels) for c in configs]
+    llms = [LLM(args.model, max_num_seqs=args.batch_size, **engine_args(args))] + [
+        LLM(args.model, max_num_seqs=args.batch_size, speculative_config=c, **engine_args(args)) for c in configs]
     for llm in llms:  # warm-up
         llm.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))
     want = [run_group(llms[0], g, args.max_tokens)[0] for g in groups]

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from spec_args import add_common_args, configs_of, prompt_ids, write_result  # noqa: E402
+from spec_args import add_common_args, engine_args, configs_of, prompt_ids, write_result  # noqa: E402
 
 
 def run(llm, ids: list[int], max_tokens: int) -> tuple[float, float, float, float, int, int]:
@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> dict:
     configs = configs_of(args.configs)
     ids = prompt_ids(args)
     names = ["plain"] + [json.dumps(c, sort_keys=True) for c in configs]
-    llms = [LLM(args.model, max_num_seqs=1, kernels=args.kernels)] + [
-        LLM(args.model, max_num_seqs=1, kernels=args.kernels, speculative_config=c) for c in configs]
+    llms = [LLM(args.model, max_num_seqs=1, **engine_args(args))] + [
+        LLM(args.model, max_num_seqs=1, **engine_args(args), speculative_config=c) for c in configs]
     for llm in llms:  # warm-up
         llm.generate({"prompt_token_ids": ids[0][:16]}, SamplingParams(temperature=0.0, max_tokens=4))
     totals = {n: [0.0] * 6 for n in names}

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specray.kernels import cpu_ops
+from specray.kernels import cpu_ops, invariant
 from specray.kernels.attention import (
     batch_attention,
     build_attention_mask,
@@ -71,6 +71,8 @@ class LlamaModel(CpuWeights, nn.Module):
         self.kernel_mode = "exact"  # "fast": the fast layout, 8-bit activations (fast_linear), fp16 KV
         self.fused_cpu_ops = False  # norms and RoPE through the C ops (`enable_cpu_kernels`)
         self.native_layers = True  # every layer in one C call where `decoder_table` applies
+        # library kernels (GPU, half precision) run every row at fixed shapes: kernels/invariant.py
+        self.row_invariant = not (torch.device(device).type == "cpu" and dtype == torch.float32)
         # (packed_weights it was built from, the table or None): rebuilt when packed_weights is replaced
         self._decoder_table: tuple[dict, cpu_ops.DecoderTable | None] = ({}, None)
 
@@ -159,12 +161,13 @@ class LlamaModel(CpuWeights, nn.Module):
                 return cpu_ops.decoder_logits(h, batch.logits_indices, self.norm, eps, head)
         else:
             h = self.layer_loop(batch, cache, h, rows, reference)
+        fixed = self.row_invariant and not reference
         if features:  # RMSNorm is per row: the logits rows are bit-identical either way
-            every = self.norm_rows(h, self.norm, fused)  # [num_tokens, hidden_size]
+            every = self.norm_rows(h, self.norm, fused, fixed)  # [num_tokens, hidden_size]
             h = every[batch.logits_indices]
         else:
-            h = self.norm_rows(h[batch.logits_indices], self.norm, fused)
-        logits = (F.linear if reference else self.linear)(h, self.lm_head)  # [num_logits, vocab_size / tp_size if vocab_parallel]
+            h = self.norm_rows(h[batch.logits_indices], self.norm, fused, fixed)
+        logits = self.linear_for(reference)(h, self.lm_head)  # [num_logits, vocab_size / tp_size if vocab_parallel]
         if self.vocab_parallel:
             logits = self.tp_group.all_gather_last_dim(logits)
         return (logits.float(), every) if features else logits.float()
@@ -173,6 +176,8 @@ class LlamaModel(CpuWeights, nn.Module):
                    rows: cpu_ops.AttentionRows | None, reference: bool) -> torch.Tensor:
         """h [num_tokens, hidden_size] embedded -> the residual stream after the last layer, op by op."""
         c, tp = self.shard_config, self.tp_group
+        if self.row_invariant and not reference:  # every row at fixed shapes
+            return invariant.layer_loop(self, batch, cache, h)
         fused = self.fused_cpu_ops and not reference
         linear = F.linear if reference else self.linear  # the reference reads the fp32 weights
         if fused:
@@ -218,10 +223,17 @@ class LlamaModel(CpuWeights, nn.Module):
                 h = h + down
         return h
 
-    def norm_rows(self, h: torch.Tensor, weight: torch.Tensor, fused: bool) -> torch.Tensor:
-        """RMSNorm of h [rows, hidden_size]."""
+    def linear_for(self, reference: bool):
+        """The projection a step runs: the reference's plain one on the fp32 weights, fixed-shape
+        chunks where rows must not depend on the step (`row_invariant`), else `linear`."""
+        return F.linear if reference else invariant.linear if self.row_invariant else self.linear
+
+    def norm_rows(self, h: torch.Tensor, weight: torch.Tensor, fused: bool, fixed: bool = False) -> torch.Tensor:
+        """RMSNorm of h [rows, hidden_size]; `fixed`: in fixed-shape chunks (kernels/invariant.py)."""
         eps = self.config.rms_norm_eps
-        return cpu_ops.rms_norm(h, weight, eps) if fused else cpu_ops.rms_norm_reference(h, weight, eps)
+        if fused:
+            return cpu_ops.rms_norm(h, weight, eps)
+        return invariant.rms_norm(h, weight, eps) if fixed else cpu_ops.rms_norm_reference(h, weight, eps)
 
     def add_norm(self, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
                  fused: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,148 @@
+"""Row-invariant steps (kernels/invariant.py): the same math as the references, and a row's bits do
+not depend on the step's other rows, in the precisions that take the torch path."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specray import LLM, SamplingParams
+from specray.kernels import invariant
+from specray.kernels.attention import reference_attention
+from specray.kernels.batch import RaggedBatch, SeqChunk
+from specray.kernels.config import ModelConfig
+from specray.kernels.kv_cache import PagedKVCache
+from specray.kernels.loader import Checkpoint, load_model
+
+CFG = ModelConfig(vocab_size=50, hidden_size=48, intermediate_size=64, num_layers=1, num_heads=6,
+                  num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=1e4,
+                  max_position_embeddings=256, tie_word_embeddings=True)
+
+
+def mixed_batch(cache: PagedKVCache) -> RaggedBatch:
+    """A prefill, a decode row after 9 keys and a tree after 13, as one step."""
+    chunks = [SeqChunk("prefill", list(range(1, 20)), 0), SeqChunk("decode", [3], 9),
+              SeqChunk("tree", [4, 5, 6, 7, 8], 13, parents=[-1, 0, 0, 1, 1], num_logits=5)]
+    for c in chunks[1:]:
+        cache.reserve(c.seq_id, c.context_len)
+        cache.set_cached(c.seq_id, c.context_len)
+    return RaggedBatch.build(chunks, cache)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 15, 16, 17, 40])
+def test_chunked_projection_and_norm_match_torch(rows):
+    torch.manual_seed(rows)
+    x, w, g = torch.randn(rows, 24), torch.randn(40, 24), torch.randn(24)
+    torch.testing.assert_close(invariant.linear(x, w), F.linear(x, w))
+    torch.testing.assert_close(invariant.rms_norm(x, g, 1e-6), F.rms_norm(x, (24,), g, 1e-6))
+
+
+def test_visible_keys_are_compacted_in_key_order():
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]], dtype=torch.bool)  # a tree's rows
+    slots = torch.tensor([7, 8, 20, 21, 22])
+    want = torch.tensor([[7, 8, 20, 0, 0], [7, 8, 21, 0, 0], [7, 8, 21, 22, 0]])
+    assert torch.equal(invariant.compact(slots, mask), want)
+
+
+@pytest.mark.parametrize("key_block", [4, 256])  # 4: many blocks a row, the online softmax's merges
+def test_attention_matches_the_reference(key_block, monkeypatch):
+    monkeypatch.setattr(invariant, "KEY_BLOCK", key_block)
+    torch.manual_seed(0)
+    cache = PagedKVCache(CFG, num_blocks=16, block_size=5)
+    batch = mixed_batch(cache)
+    q = torch.randn(batch.num_tokens, CFG.num_heads, CFG.head_dim)
+    layer_kv = torch.randn(2 * CFG.num_kv_heads, 16 * 5, CFG.head_dim)
+    want = reference_attention(q, layer_kv[:, batch.key_slots], batch, scale=0.3)
+    padded = invariant.pad_rows(q, invariant.chunk_rows(q.device))
+    got = invariant.attention(padded, layer_kv, invariant.AttentionPlan.build(batch), 0.3)
+    torch.testing.assert_close(got[:batch.num_tokens], want, atol=1e-5, rtol=1e-5)
+
+
+def fresh_caches(model, chunks_list):
+    """Each list of chunks with a fresh cache holding a 7-token context for every sequence that has
+    context."""
+    for chunks in chunks_list:
+        cache = model.make_cache(16, block_size=4)
+        for seq in {c.seq_id for c in chunks if c.context_len}:
+            model(RaggedBatch.build([SeqChunk(seq, [3, 9, 4, 11, 5, 8, 6], 0)], cache), cache)
+            cache.set_cached(seq, 7)
+        yield chunks, cache
+
+
+def steps(model, chunks_list):
+    """Each list of chunks as one step over `fresh_caches` -> the steps' logits."""
+    return [model(RaggedBatch.build(chunks, cache), cache) for chunks, cache in fresh_caches(model, chunks_list)]
+
+
+@pytest.fixture(scope="module")
+def smol_width(tmp_path_factory):
+    """Two layers at SmolLM2-135M's widths: where MKL's half-precision kernels vary with the rows."""
+    from helpers import save_tiny_llama
+
+    return save_tiny_llama(tmp_path_factory.mktemp("smol_width"), hidden_size=576, intermediate_size=1536,
+                           num_hidden_layers=2, num_attention_heads=9, num_key_value_heads=3)
+
+
+def same_rows(model) -> list[bool]:
+    """A decode row against the same row first in a chain, beside another sequence, at the root of a
+    tree; the tree's branch against the chain; the chain's rows against decoding every token one row
+    at a time (the context too)."""
+    one, chain, batched, tree = steps(model, [
+        [SeqChunk("b", [12], 7)],
+        [SeqChunk("b", [12, 13, 14], 7, num_logits=3)],
+        [SeqChunk("a", [30, 31, 32, 33, 34], 7, num_logits=5), SeqChunk("b", [12], 7)],
+        [SeqChunk("b", [12, 40, 13], 7, parents=[-1, 0, 0], num_logits=3)]])
+    cache = model.make_cache(16, block_size=4)
+    rows = []
+    for i, t in enumerate([3, 9, 4, 11, 5, 8, 6, 12, 13, 14]):
+        if i:
+            cache.set_cached("c", i)
+        rows.append(model(RaggedBatch.build([SeqChunk("c", [t], i)], cache), cache)[0])
+    return [torch.equal(one[0], chain[0]), torch.equal(one[0], batched[5]), torch.equal(one[0], tree[0]),
+            torch.equal(chain[1], tree[2])] + [torch.equal(r, chain[i]) for i, r in enumerate(rows[7:])]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_row_does_not_depend_on_the_other_rows(smol_width, dtype, monkeypatch):
+    monkeypatch.setattr(invariant, "KEY_BLOCK", 4)  # rows of different key counts span several blocks
+    model = load_model(Checkpoint(smol_width, "t"), dtype=dtype)
+    assert model.row_invariant
+    assert all(same_rows(model))
+
+
+def test_the_library_path_is_what_the_check_catches(smol_width):
+    """Negative control: the same check on the library kernels' path (shapes varying with the step)."""
+    model = load_model(Checkpoint(smol_width, "t"), dtype=torch.float16)
+    model.row_invariant = False
+    if all(same_rows(model)):
+        pytest.skip("this CPU's half-precision kernels happen not to vary with the rows")
+
+
+def test_fp32_on_cpu_keeps_its_own_kernels(tiny_target):
+    assert not load_model(Checkpoint(tiny_target, "t")).row_invariant  # the C kernels are row-invariant
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_greedy_speculation_equals_plain_in_half_precision(tiny_target, tiny_draft, dtype):
+    prompts = [{"prompt_token_ids": [1] + [5 + (i * 7 + j * 3) % 80 for j in range(6 + i)] * 2} for i in range(4)]
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLM(str(tiny_target), dtype=dtype, max_num_seqs=4).generate(prompts, greedy)
+    spec = LLM(str(tiny_target), dtype=dtype, max_num_seqs=4,
+               speculative_config={"method": "draft_model", "model": str(tiny_draft), "num_speculative_tokens": 3})
+    outs = spec.generate(prompts, greedy)
+    assert sum(o.metrics.num_accepted_tokens for o in outs) > 0
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+
+
+def test_the_fixed_shape_path_is_the_reference_math(tiny_target, monkeypatch):
+    """fp32 with the fixed-shape path forced on: the reference's logits, prefill, a chain and a tree
+    in one ragged step (only the sums' association differs)."""
+    monkeypatch.setattr(invariant, "KEY_BLOCK", 4)
+    model = load_model(Checkpoint(tiny_target, "t"), cpu_kernels=False, gemv_weights=False)
+    chunks = [[SeqChunk("p", list(range(3, 23)), 0)], [SeqChunk("a", [30, 31, 32], 7, num_logits=3)],
+              [SeqChunk("b", [12, 40, 13, 41], 7, parents=[-1, 0, 0, 1], num_logits=4), SeqChunk("c", [5], 7)]]
+    model.row_invariant = True
+    fixed = steps(model, chunks)
+    model.row_invariant = False
+    want = [model(RaggedBatch.build(c, cache), cache, reference=True) for c, cache in fresh_caches(model, chunks)]
+    for got, ref in zip(fixed, want):
+        torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
