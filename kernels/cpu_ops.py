@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from specray.kernels import cpu_kernels
-from specray.kernels.attention import HYBRID, NEVER_SPLIT, SMALL_QUERY_ROWS
+from specray.kernels.attention import HYBRID, NEVER_SPLIT
 from specray.kernels.batch import RaggedBatch
 from specray.kernels.fast_linear import KINDS as FAST_KINDS
 from specray.kernels.fast_linear import FastWeight
@@ -133,13 +133,11 @@ class AttentionRows:
         assert all(t.dtype == torch.int64 for t in (self.key_start, self.num_ctx, self.num_new, self.num_pad))
 
     @classmethod
-    def build(cls, batch: RaggedBatch, any_size: bool = False) -> "AttentionRows | None":
-        """None where the step has a prefill chunk (more than SMALL_QUERY_ROWS new tokens): the fused
-        SDPA path is faster there; `any_size` (the fast kernel mode) keeps every row in the C
-        attention, whose rows do not depend on the step."""
+    def build(cls, batch: RaggedBatch) -> "AttentionRows":
+        """Every step, prefill chunks included: the C attention's rows do not depend on the step
+        (the fused SDPA path is faster for long prefills, but a row's numbers would then depend on
+        whether a prefill rode in its step)."""
         counts = [batch.cu_seqlens[b + 1] - batch.cu_seqlens[b] for b in range(batch.batch_size)]
-        if max(counts) > SMALL_QUERY_ROWS and not any_size:
-            return None
         pads, max_new = batch.key_pads or [0] * batch.batch_size, max(counts)
         mask: list[int] = []  # [num_tokens, max_new] row-major
         per_row: list[list[int]] = [[], [], [], []]  # key_start, num_ctx, num_new, num_pad

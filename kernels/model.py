@@ -31,9 +31,6 @@ from specray.kernels.rope import RotaryTable
 from specray.kernels.tp_group import TPGroup
 
 SPLIT_ROWS = 1024  # weight rows per call for 4..12-row CPU steps (see LlamaModel.linear)
-# Steps of at most this many rows use packed weights (decode, verification, small batches): there the
-# packed kernel beats MKL's fp32; the crossover is measured in docs/performance.md.
-PACKED_MAX_ROWS = 32
 
 
 class DecoderLayer(nn.Module):
@@ -84,15 +81,15 @@ class LlamaModel(CpuWeights, nn.Module):
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x [rows, in] @ weight [out, in]^T -> [rows, out].
 
-        Weights in the fast layout always take the fast kernel (a weight's numbers must not depend on
-        the step's size). Weights with exact packed blocks take the packed kernel up to
-        PACKED_MAX_ROWS rows. Otherwise, on CPU (where `gemv_weights` exist): one row takes the GEMV copy; 4..12 rows (verification,
+        Packed weights (exact blocks or the fast layout) always take their C kernel: a row's numbers
+        must not depend on the step's size (a decode row beside another sequence's prefill, a
+        verification of many rows). Otherwise, on CPU (where `gemv_weights` exist): one row takes the GEMV copy; 4..12 rows (verification,
         small batches) go through SPLIT_ROWS-row slices of the weight. MKL packs the whole weight for
         those row counts, which runs slower than the same work on slices that fit in L2
         (docs/performance.md; the slices give bit-identical logits).
         """
         rows = x.shape[0]
-        packed = self.packed_for(weight, rows)
+        packed = self.packed_for(weight)
         if isinstance(packed, FastWeight):
             return fast_linear(x, packed)
         if packed is not None:
@@ -106,15 +103,13 @@ class LlamaModel(CpuWeights, nn.Module):
             return F.linear(x, weight)
         return torch.cat([F.linear(x, w) for w in weight.split(SPLIT_ROWS)], dim=1)
 
-    def packed_for(self, weight: torch.Tensor, rows: int) -> PackedWeight | FastWeight | None:
-        """The packed blocks `linear` runs `rows` rows of `weight` on (the fast layout at every size,
-        exact blocks up to PACKED_MAX_ROWS rows); None where it takes torch."""
-        packed = self.packed_weights.get(id(weight)) if self.packed_weights else None
-        return packed if isinstance(packed, FastWeight) or (packed is not None and rows <= PACKED_MAX_ROWS) else None
+    def packed_for(self, weight: torch.Tensor) -> PackedWeight | FastWeight | None:
+        """The packed blocks `linear` runs `weight` on; None where it takes torch."""
+        return self.packed_weights.get(id(weight)) if self.packed_weights else None
 
-    def packed_head(self, rows: int) -> PackedWeight | FastWeight | None:
+    def packed_head(self) -> PackedWeight | FastWeight | None:
         """`packed_for` the head, whole on this rank; else None."""
-        return None if self.vocab_parallel else self.packed_for(self.lm_head, rows)
+        return None if self.vocab_parallel else self.packed_for(self.lm_head)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -142,20 +137,18 @@ class LlamaModel(CpuWeights, nn.Module):
         Steps of short sequences with packed weights run every layer in one C call; otherwise the
         layers run op by op (`layer_loop`); `reference` is pure torch on the fp32 weights."""
         fused = self.fused_cpu_ops and not reference  # C ops for norms, RoPE and attention (see cpu_ops)
-        # one C attention call per layer; in the fast mode for every step, prefill included
-        rows = cpu_ops.AttentionRows.build(batch, any_size=self.kernel_mode == "fast") if fused else None
+        # one C attention call per layer, prefill included: its rows do not depend on the step
+        rows = cpu_ops.AttentionRows.build(batch) if fused else None
         if inputs_embeds is None:
             h = self.embed_tokens[batch.input_ids]  # [num_tokens, hidden_size]
         else:
             assert inputs_embeds.shape == (batch.num_tokens, self.config.hidden_size)
             h = inputs_embeds.to(self.dtype).contiguous()
-        # the fast mode runs every step there: a row's numbers must not depend on the step's size
-        few = batch.num_tokens <= PACKED_MAX_ROWS or self.kernel_mode == "fast"
-        table = self.decoder_table() if rows is not None and few else None
+        table = self.decoder_table() if rows is not None else None
         if table is not None and len(self.layers) == cache.kv.shape[0]:
             cos, sin = self.rotary.cos[batch.positions], self.rotary.sin[batch.positions]  # [num_tokens, head_dim]
             cpu_ops.decoder_layers(h, table, cache.kv, cos, sin, batch.slot_mapping, batch.key_slots, rows)
-            head = None if features else self.packed_head(batch.logits_indices.shape[0])
+            head = None if features else self.packed_head()
             if head is not None:  # the final norm and the head in the same C kernels, one call
                 eps = self.config.rms_norm_eps
                 return cpu_ops.decoder_logits(h, batch.logits_indices, self.norm, eps, head)

@@ -140,11 +140,11 @@ def test_attention_matches_the_reference_on_a_mixed_batch(tiny_target, tmp_path,
         torch.testing.assert_close(got[q0:q1], want, rtol=1e-5, atol=1e-5)
 
 
-def test_prefill_chunks_keep_the_torch_attention(tiny_target):
+def test_prefill_chunks_take_the_c_attention_too(tiny_target):
     model = load_model(Checkpoint(tiny_target, "t"), cpu_kernels=False)
     cache = model.make_cache(32, block_size=4)
     long = RaggedBatch.build([SeqChunk("a", list(range(3, 23)), 0)], cache)  # 20 new tokens
-    assert cpu_ops.AttentionRows.build(long) is None
+    assert cpu_ops.AttentionRows.build(long).num_ctx.shape == (20,)
 
 
 def test_padded_keys_are_scored_but_never_seen(tiny_target):

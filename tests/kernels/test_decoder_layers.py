@@ -114,15 +114,23 @@ def test_the_native_path_applies_only_where_it_can(tiny_target, tiny_gguf_target
     assert model.decoder_table() is None
 
 
-def test_prefill_chunks_run_op_by_op(packed_model, monkeypatch):
+def test_prefill_chunks_run_the_one_call_decoder_too(packed_model, monkeypatch):
+    """A prefill chunk runs the same C kernels as a decode step: a decode row beside another
+    sequence's prefill gets the bits it gets alone."""
     calls = []
     monkeypatch.setattr(cpu_ops, "decoder_layers", lambda *a: calls.append(a))
     cache = packed_model.make_cache(32, block_size=4)
     packed_model(RaggedBatch.build([SeqChunk("p", list(range(3, 23)), 0)], cache), cache)  # 20 new tokens
-    assert calls == []
-    cache.set_cached("p", 20)
-    packed_model(RaggedBatch.build([SeqChunk("p", [5], 20)], cache), cache)  # a decode step
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_a_decode_row_beside_a_prefill_keeps_its_bits(packed_model, fast_model, mode):
+    model = packed_model if mode == "exact" else fast_model
+    alone, _ = step(model, [SeqChunk("b", [12], 3)], native=True)
+    beside, _ = step(model, [SeqChunk("b", [12], 3), SeqChunk("p", list(range(3, 43)), 0)], native=True)
+    verify, _ = step(model, [SeqChunk("b", [12] + [13] * 39, 3, num_logits=40)], native=True)
+    assert torch.equal(alone[0], beside[0]) and torch.equal(alone[0], verify[0])
 
 
 @pytest.mark.parametrize("mode", ["exact", "fast"])
@@ -135,15 +143,13 @@ def test_the_final_norm_and_head_in_one_call_give_the_same_bits(packed_model, fa
     monkeypatch.setattr(cpu_ops, "decoder_logits", lambda *a: calls.append(a) or fused_logits(*a))
     fused, _ = step(model, MIXED, native=True)
     assert calls and calls[-1][1].shape == (10,)  # the step's ten logits rows (the prefills' before)
-    monkeypatch.setattr(model, "packed_head", lambda rows: None)
+    monkeypatch.setattr(model, "packed_head", lambda: None)
     before = len(calls)
     separate, _ = step(model, MIXED, native=True)
     assert len(calls) == before and torch.equal(fused, separate)
 
 
-def test_the_head_is_fused_only_where_linear_runs_its_packed_kernel(packed_model, fast_model):
-    from specray.kernels.model import PACKED_MAX_ROWS
-
-    assert packed_model.packed_head(PACKED_MAX_ROWS) is not None
-    assert packed_model.packed_head(PACKED_MAX_ROWS + 1) is None  # linear takes MKL's fp32 there
-    assert fast_model.packed_head(PACKED_MAX_ROWS + 1) is not None  # the fast layout at every size
+def test_packed_weights_take_their_kernel_at_every_step_size(packed_model, fast_model):
+    for model in (packed_model, fast_model):
+        assert model.packed_head() is not None
+        assert all(model.packed_for(w) is not None for w in model.projections())

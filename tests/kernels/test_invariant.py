@@ -146,3 +146,18 @@ def test_the_fixed_shape_path_is_the_reference_math(tiny_target, monkeypatch):
     want = [model(RaggedBatch.build(c, cache), cache, reference=True) for c, cache in fresh_caches(model, chunks)]
     for got, ref in zip(fixed, want):
         torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kernels", ["exact", "fast"])
+def test_greedy_speculation_equals_plain_with_prefills_riding_in_verification_steps(tiny_gguf_target, tiny_draft,
+                                                                                   kernels):
+    """More prompts than running slots: later prompts' prefills share steps with verification rows
+    (steps of 40+ rows), where the CPU kernels must still compute each row as a one-row step would."""
+    prompts = [{"prompt_token_ids": [1] + [5 + (i * 11 + j * 7) % 80 for j in range(5 + i % 4)] * 2} for i in range(12)]
+    greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    plain = LLM(str(tiny_gguf_target), max_num_seqs=8, kernels=kernels).generate(prompts, greedy)
+    spec = LLM(str(tiny_gguf_target), max_num_seqs=8, kernels=kernels,
+               speculative_config={"method": "draft_model", "model": str(tiny_draft), "num_speculative_tokens": 4})
+    outs = spec.generate(prompts, greedy)
+    assert sum(o.metrics.num_accepted_tokens for o in outs) > 0
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
