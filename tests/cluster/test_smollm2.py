@@ -39,7 +39,9 @@ def test_prefill_logits_match_transformers(prompt_ids, hf_model):
     ours = model(RaggedBatch.build([SeqChunk("p", ids, 0, num_logits=len(ids))], cache), cache)
     with torch.no_grad():
         want = hf_model(torch.tensor([ids])).logits[0]
-    torch.testing.assert_close(ours, want, atol=1e-4, rtol=0)
+    # the packed kernels take the prefill too (a row's bits must not depend on its step): fp32 sums in
+    # another order than MKL's, within the tolerance tests/kernels/test_model.py holds the model to
+    torch.testing.assert_close(ours, want, atol=1e-4, rtol=1e-4)
 
 
 CONFIGS = {
