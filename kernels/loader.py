@@ -201,14 +201,16 @@ GEMV_COPY_LIMIT_BYTES = 2 << 30
 
 def load_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, device: str = "cpu",
                num_layers: int | None = None, gemv_weights: bool | None = None,
-               cpu_kernels: bool | None = None, kernels: str = "exact") -> LlamaModel:
+               cpu_kernels: bool | None = None, kernels: str = "exact", row_invariant: bool = True) -> LlamaModel:
     """Load weights into the runtime; `num_layers` keeps only the first layers (a truncated draft).
 
     `cpu_kernels` turns on the C kernels (fused norms and RoPE, and exact Q4_1/Q8_0 blocks of weights
     that came from such a GGUF; see `LlamaModel.enable_cpu_kernels`); None means: on CPU in fp32
     unless SPECRAY_CPU_KERNELS=0. `kernels` is their numeric mode: "exact" or "fast" (kernels/fast_linear.py).
     `gemv_weights` keeps transposed copies of the other weights for one-row steps (see
-    `LlamaModel.add_gemv_weights`); None means: on CPU when the weights take at most 2 GiB.
+    `LlamaModel.add_gemv_weights`); None means: on CPU when the weights take at most 2 GiB and
+    `row_invariant` is off. `row_invariant` (a target's): a row's bits do not depend on its step
+    (kernels/invariant.py); drafts turn it off, their numbers only shape proposals.
     """
     config = ModelConfig.from_hf(checkpoint.hf_config())
     if num_layers is not None:
@@ -223,8 +225,9 @@ def load_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, devic
     if cpu_kernels and model.enable_cpu_kernels(kernels) == 0 and kernels == "fast":
         warnings.warn(f"kernels='fast' found no GGUF Q4_1/Q8_0 weights in {checkpoint.path}: the model runs as "
                       "it would with kernels='exact'")
+    model.row_invariant = row_invariant
     if gemv_weights is None:
-        gemv_weights = str(device) == "cpu" and model.weight_bytes() <= GEMV_COPY_LIMIT_BYTES
+        gemv_weights = not row_invariant and str(device) == "cpu" and model.weight_bytes() <= GEMV_COPY_LIMIT_BYTES
     if gemv_weights:
         model.add_gemv_weights()
     return model.eval()

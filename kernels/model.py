@@ -68,8 +68,9 @@ class LlamaModel(CpuWeights, nn.Module):
         self.kernel_mode = "exact"  # "fast": the fast layout, 8-bit activations (fast_linear), fp16 KV
         self.fused_cpu_ops = False  # norms and RoPE through the C ops (`enable_cpu_kernels`)
         self.native_layers = True  # every layer in one C call where `decoder_table` applies
-        # library kernels (GPU, half precision) run every row at fixed shapes: kernels/invariant.py
-        self.row_invariant = not (torch.device(device).type == "cpu" and dtype == torch.float32)
+        # a row's bits do not depend on its step (kernels/invariant.py): the C kernels are built so;
+        # elsewhere library kernels run at fixed shapes. Off for drafts, whose numbers only shape proposals.
+        self.row_invariant = True
         # (packed_weights it was built from, the table or None): rebuilt when packed_weights is replaced
         self._decoder_table: tuple[dict, cpu_ops.DecoderTable | None] = ({}, None)
 
@@ -83,10 +84,11 @@ class LlamaModel(CpuWeights, nn.Module):
 
         Packed weights (exact blocks or the fast layout) always take their C kernel: a row's numbers
         must not depend on the step's size (a decode row beside another sequence's prefill, a
-        verification of many rows). Otherwise, on CPU (where `gemv_weights` exist): one row takes the GEMV copy; 4..12 rows (verification,
-        small batches) go through SPLIT_ROWS-row slices of the weight. MKL packs the whole weight for
-        those row counts, which runs slower than the same work on slices that fit in L2
-        (docs/performance.md; the slices give bit-identical logits).
+        verification of many rows). Other weights run in fixed-row chunks (`invariant.linear`: MKL's
+        and cuBLAS's algorithm, and with it a row's bits, follow the row count), except where
+        `row_invariant` is off (drafts): there `gemv_weights` give a GEMV copy for one row and,
+        for 4..12 rows, SPLIT_ROWS-row slices of the weight (MKL packs the whole weight for those
+        row counts, slower than slices that fit in L2; docs/performance.md).
         """
         rows = x.shape[0]
         packed = self.packed_for(weight)
@@ -94,6 +96,8 @@ class LlamaModel(CpuWeights, nn.Module):
             return fast_linear(x, packed)
         if packed is not None:
             return packed_linear(x, packed)
+        if self.row_invariant:
+            return invariant.linear(x, weight)
         if not self.gemv_weights or 1 < rows < 4 or rows > 12:
             return F.linear(x, weight)
         if rows == 1:
@@ -154,13 +158,13 @@ class LlamaModel(CpuWeights, nn.Module):
                 return cpu_ops.decoder_logits(h, batch.logits_indices, self.norm, eps, head)
         else:
             h = self.layer_loop(batch, cache, h, rows, reference)
-        fixed = self.row_invariant and not reference
+        fixed = self.row_invariant and not reference  # the norm's chunks (the C norm is row-wise anyway)
         if features:  # RMSNorm is per row: the logits rows are bit-identical either way
             every = self.norm_rows(h, self.norm, fused, fixed)  # [num_tokens, hidden_size]
             h = every[batch.logits_indices]
         else:
             h = self.norm_rows(h[batch.logits_indices], self.norm, fused, fixed)
-        logits = self.linear_for(reference)(h, self.lm_head)  # [num_logits, vocab_size / tp_size if vocab_parallel]
+        logits = (F.linear if reference else self.linear)(h, self.lm_head)  # [num_logits, vocab_size / tp_size if vocab_parallel]
         if self.vocab_parallel:
             logits = self.tp_group.all_gather_last_dim(logits)
         return (logits.float(), every) if features else logits.float()
@@ -169,7 +173,7 @@ class LlamaModel(CpuWeights, nn.Module):
                    rows: cpu_ops.AttentionRows | None, reference: bool) -> torch.Tensor:
         """h [num_tokens, hidden_size] embedded -> the residual stream after the last layer, op by op."""
         c, tp = self.shard_config, self.tp_group
-        if self.row_invariant and not reference:  # every row at fixed shapes
+        if self.row_invariant and not reference and not self.fused_cpu_ops:  # every op at fixed shapes
             return invariant.layer_loop(self, batch, cache, h)
         fused = self.fused_cpu_ops and not reference
         linear = F.linear if reference else self.linear  # the reference reads the fp32 weights
@@ -215,11 +219,6 @@ class LlamaModel(CpuWeights, nn.Module):
             else:
                 h = h + down
         return h
-
-    def linear_for(self, reference: bool):
-        """The projection a step runs: the reference's plain one on the fp32 weights, fixed-shape
-        chunks where rows must not depend on the step (`row_invariant`), else `linear`."""
-        return F.linear if reference else invariant.linear if self.row_invariant else self.linear
 
     def norm_rows(self, h: torch.Tensor, weight: torch.Tensor, fused: bool, fixed: bool = False) -> torch.Tensor:
         """RMSNorm of h [rows, hidden_size]; `fixed`: in fixed-shape chunks (kernels/invariant.py)."""

@@ -74,6 +74,7 @@ def load_eagle(folder: Path, target_folder: Path, dtype: torch.dtype = torch.flo
     head = target.get("lm_head.weight")  # untied targets: the proposal uses the target's own head
     config = dataclasses.replace(config, tie_word_embeddings=head is None)
     model = EagleModel(config, dtype, device)
+    model.row_invariant = False  # a draft: its numbers only shape proposals
     model.load_hf_state_dict({"embed_tokens.weight": embed, **state, **({} if head is None else {"lm_head.weight": head})})
     with torch.no_grad():
         model.fc.copy_(state["fc.weight"])

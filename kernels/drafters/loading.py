@@ -61,7 +61,7 @@ def build_draft_model(options: DraftOptions, workers=None) -> Drafter:
     checkpoint = resolve(options.model)
     ids = _vocab_trim_ids(options, checkpoint.path)
     draft = load_model(checkpoint, DTYPES[options.dtype], options.device, options.draft_num_layers,
-                       gemv_weights=False if ids is not None else None)
+                       gemv_weights=False if ids is not None else None, row_invariant=False)
     if rounds_to_q8_0(options):  # before trimming: the kept head rows are then exact blocks
         draft.round_weights_to_q8_0(kernels="fast")
     blocks = (options.num_blocks, options.block_size)

@@ -111,14 +111,24 @@ def test_a_row_does_not_depend_on_the_other_rows(smol_width, dtype, monkeypatch)
 
 def test_the_library_path_is_what_the_check_catches(smol_width):
     """Negative control: the same check on the library kernels' path (shapes varying with the step)."""
-    model = load_model(Checkpoint(smol_width, "t"), dtype=torch.float16)
-    model.row_invariant = False
+    model = load_model(Checkpoint(smol_width, "t"), dtype=torch.float16, row_invariant=False)  # a draft's path
     if all(same_rows(model)):
         pytest.skip("this CPU's half-precision kernels happen not to vary with the rows")
 
 
-def test_fp32_on_cpu_keeps_its_own_kernels(tiny_target):
-    assert not load_model(Checkpoint(tiny_target, "t")).row_invariant  # the C kernels are row-invariant
+def test_fp32_on_cpu_keeps_its_c_kernels_and_fixes_only_the_rest(tiny_target, tiny_gguf_target):
+    """The C ops (norms, RoPE, attention, packed weights) are row-invariant as built: an fp32 CPU
+    target keeps them, and only weights without packed blocks take the fixed-row chunks."""
+    for folder in (tiny_target, tiny_gguf_target):
+        model = load_model(Checkpoint(folder, "t"))
+        assert model.row_invariant and model.fused_cpu_ops and not model.gemv_weights
+    assert load_model(Checkpoint(tiny_target, "t"), row_invariant=False).gemv_weights  # drafts keep GEMV copies
+
+
+def test_an_fp32_target_without_packed_weights_keeps_its_rows(smol_width):
+    """MKL's fp32 GEMV (one row) and GEMM (more) sum in different orders: the projections of a
+    target without packed blocks run in fixed-row chunks."""
+    assert all(same_rows(load_model(Checkpoint(smol_width, "t"))))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
