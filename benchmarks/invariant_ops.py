@@ -86,9 +86,9 @@ def main() -> dict:
     for name, chunks in shapes().items():
         row = {}
         for label, fixed in (("library", False), ("fixed", True)):
-            model.row_invariant = fixed
-            if args.device == "cpu":  # a draft's path keeps GEMV copies for one-row steps
-                model.add_gemv_weights() if not fixed else setattr(model, "gemv_weights", {})
+            model.row_invariant, model.gemv_weights = fixed, {}
+            if not fixed and args.device == "cpu":
+                model.add_gemv_weights()  # the library path as drafts run it: GEMV copies for one row
             row[label] = measure(model, chunks, args.device, args.repeats)
         row["ops_ratio"] = round(row["fixed"]["ops"] / row["library"]["ops"], 2)
         row["ms_ratio"] = round(row["fixed"]["ms"] / row["library"]["ms"], 2)
