@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from specray.kernels import cpu_kernels
-from specray.kernels.attention import HYBRID, NEVER_SPLIT
+from specray.kernels.attention import HYBRID, NEVER_SPLIT, ancestor_matrix
 from specray.kernels.batch import RaggedBatch
 from specray.kernels.fast_linear import KINDS as FAST_KINDS
 from specray.kernels.fast_linear import FastWeight
@@ -139,29 +139,22 @@ class AttentionRows:
         whether a prefill rode in its step)."""
         counts = [batch.cu_seqlens[b + 1] - batch.cu_seqlens[b] for b in range(batch.batch_size)]
         pads, max_new = batch.key_pads or [0] * batch.batch_size, max(counts)
-        mask: list[int] = []  # [num_tokens, max_new] row-major
         per_row: list[list[int]] = [[], [], [], []]  # key_start, num_ctx, num_new, num_pad
         for b, n in enumerate(counts):
-            mask += visible_new(batch.parents[b], n, max_new)
             for column, value in zip(per_row, (batch.cu_keylens[b], batch.context_lens[b], n, pads[b])):
                 column += [value] * n
         max_keys = max(c + n + p for c, n, p in zip(batch.context_lens, counts, pads))
         columns = torch.tensor(per_row, dtype=torch.int64)  # [4, num_tokens]: one call, contiguous rows
-        new_mask = torch.tensor(mask, dtype=torch.uint8).view(batch.num_tokens, max_new)
+        new_mask = torch.cat([visible_new(batch.parents[b], n, max_new) for b, n in enumerate(counts)])
         return cls(*columns.unbind(), new_mask, max_keys)
 
 
-def visible_new(parents: list[int] | None, n: int, width: int) -> list[int]:
-    """`ancestor_matrix(parents, n)` as 0/1 ints, each row padded to `width`, row-major: new token j
-    is visible to row i where it is i or one of i's ancestors (a chain: j <= i)."""
-    if parents is None:
-        return [int(j <= i) for i in range(n) for j in range(width)]
-    rows: list[list[int]] = []
-    for i, p in enumerate(parents):
-        row = list(rows[p]) if p >= 0 else [0] * width
-        row[i] = 1
-        rows.append(row)
-    return [x for row in rows for x in row]
+def visible_new(parents: list[int] | None, n: int, width: int) -> torch.Tensor:
+    """`ancestor_matrix(parents, n)` as uint8 [n, width], each row zero-padded to `width`: new token
+    j is visible to row i where it is i or one of i's ancestors (a chain: j <= i)."""
+    if parents is None:  # a prefill chunk or a chain: one tensor op, not n * width Python ints
+        return torch.ones(n, width, dtype=torch.uint8).tril()
+    return F.pad(ancestor_matrix(parents, n).to(torch.uint8), (0, width - n))
 
 
 def attention(qkv: torch.Tensor, num_heads: int, layer_kv: torch.Tensor, key_slots: torch.Tensor,
