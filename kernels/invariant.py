@@ -94,11 +94,10 @@ class AttentionPlan:
     """A step's attention at fixed shapes, built once and read by every layer: its rows (padded to
     whole chunks of `attention_rows`), each chunk's visible keys in blocks of KEY_BLOCK."""
 
-    rows: int  # the step's real rows
     chunks: list[list[KeyBlock]]  # per chunk of rows, its key blocks in key order
 
     def __post_init__(self) -> None:
-        assert self.rows >= 1 and all(blocks for blocks in self.chunks)
+        assert self.chunks and all(blocks for blocks in self.chunks)
 
     @classmethod
     def build(cls, batch: RaggedBatch) -> AttentionPlan:
@@ -115,7 +114,7 @@ class AttentionPlan:
             hidden = torch.arange(width) >= seen[:, None]  # [size, width]
             chunks.append([KeyBlock(s.to(device), h.to(device)) for s, h in
                            zip(part.split(KEY_BLOCK, dim=1), hidden.split(KEY_BLOCK, dim=1))])
-        return cls(rows, chunks)
+        return cls(chunks)
 
 
 def visible_keys(batch: RaggedBatch) -> tuple[torch.Tensor, torch.Tensor]:

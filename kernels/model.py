@@ -138,7 +138,7 @@ class LlamaModel(CpuWeights, nn.Module):
         which feature-level drafts read. `inputs_embeds` [num_tokens, hidden_size] replaces the
         embedding lookup.
 
-        Steps of short sequences with packed weights run every layer in one C call; otherwise the
+        Steps with packed weights run every layer in one C call, prefill included; otherwise the
         layers run op by op (`layer_loop`); `reference` is pure torch on the fp32 weights."""
         fused = self.fused_cpu_ops and not reference  # C ops for norms, RoPE and attention (see cpu_ops)
         # one C attention call per layer, prefill included: its rows do not depend on the step
