@@ -28,8 +28,7 @@ FLAGS_ENV = "SPECRAY_CPU_KERNEL_FLAGS"
 
 P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
-    "specray_q4_1_linear": [P, I64, I64, P, I64, P, I32],  # x, rows, in, blocks, out, y, threads
-    "specray_q8_0_linear": [P, I64, I64, P, I64, P, I32],
+    "specray_exact_linear": [P, I64, I64, P, I32, I64, P, I32],  # x, rows, in, blocks, kind, out, y, threads
     "specray_fast_scratch_bytes": [I64, I64],  # rows, in -> bytes of quantised activations
     "specray_fast_quantize": [P, I64, I64, P],  # x, rows, in, act
     "specray_fast_linear_q": [P, I64, I64, P, I32, I64, P, I32],  # act, rows, in, blocks, kind, out, y, threads

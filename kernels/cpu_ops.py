@@ -21,9 +21,8 @@ import torch.nn.functional as F
 from specray.kernels import cpu_kernels
 from specray.kernels.attention import HYBRID, NEVER_SPLIT, ancestor_matrix
 from specray.kernels.batch import RaggedBatch
-from specray.kernels.fast_linear import KINDS as FAST_KINDS
-from specray.kernels.fast_linear import FastWeight
-from specray.kernels.quant_linear import PackedWeight
+from specray.kernels.fast_linear import KINDS as FAST_KINDS, FastWeight
+from specray.kernels.quant_linear import KINDS as EXACT_KINDS, PackedWeight
 from specray.kernels.rope import apply_rotary
 
 
@@ -186,17 +185,16 @@ class DecoderTable:
 
     dims: torch.Tensor  # int64 [6] hidden, heads, kv_heads, head_dim, intermediate, layers
     weights: torch.Tensor  # int64 [layers, 6] addresses: qkv, o, gate_up, down blocks; input, post norms
-    kinds: torch.Tensor  # int32 [layers, 4] per projection: KINDS, + FAST in the fast layout
+    kinds: torch.Tensor  # int32 [layers, 4] per projection: EXACT_KINDS, or FAST + FAST_KINDS in the fast layout
     eps: float
     scale: float
     split: bool = True  # the hybrid split attention where HYBRID says (the fast mode: never, see attention.c)
 
-    KINDS = FAST_KINDS  # the same codes in csrc/decoder.c
-    FAST = 2  # csrc/decoder.c: kinds 2 and 3 are q4_1 and q8_0 in fast_linear's layout
+    FAST = 8  # csrc/decoder.c: kinds 8 and 9 are q4_1 and q8_0 in fast_linear's layout
 
     @classmethod
     def kind(cls, packed) -> int:
-        return cls.KINDS[packed.kind] + (cls.FAST if isinstance(packed, FastWeight) else 0)
+        return cls.FAST + FAST_KINDS[packed.kind] if isinstance(packed, FastWeight) else EXACT_KINDS[packed.kind]
 
     @classmethod
     def build(cls, c, layers, packed: list[list], scale: float) -> "DecoderTable":

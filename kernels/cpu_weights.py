@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from specray.kernels import cpu_ops
-from specray.kernels.fast_linear import FastWeight, pack_fast
+from specray.kernels.fast_linear import KINDS as FAST_KINDS, FastWeight, pack_fast
 from specray.kernels.quant_linear import PackedWeight, kernel_available, pack_exact, round_to_q8_0
 
 KERNEL_MODES = ("exact", "fast")  # numeric modes of the packed projections (see fast_linear)
@@ -34,13 +34,15 @@ class CpuWeights:
         return self.add_packed_weights()
 
     def pack_weight(self, weight: torch.Tensor) -> PackedWeight | FastWeight | None:
-        """The blocks of a weight whose fp32 values are exact GGUF blocks, in this model's mode; else None."""
+        """The exact blocks of a weight (`pack_exact`), in this model's mode where they are GGUF
+        blocks (the fast mode's 8-bit activations apply to those only); else None."""
         packed = pack_exact(weight.detach())
-        return pack_fast(packed) if packed is not None and self.kernel_mode == "fast" else packed
+        fast = packed is not None and self.kernel_mode == "fast" and packed.kind in FAST_KINDS
+        return pack_fast(packed) if fast else packed
 
     def add_packed_weights(self) -> int:
-        """Keep exact Q4_1/Q8_0 blocks of every projection whose fp32 values they hold bit for bit
-        (weights from a GGUF file); few-row steps then read those. -> how many were packed."""
+        """Keep exact blocks of every projection (`pack_exact`: Q4_1/Q8_0 where the fp32 values came
+        from a GGUF file, else 16-bit or fp32 values); steps then read those. -> how many were packed."""
         self.packed_weights = {}
         if not kernel_available():
             return 0

@@ -1,10 +1,14 @@
-"""Linear layers over weights kept exactly as GGUF Q4_1 / Q8_0 blocks (CPU fast path).
+"""Linear layers over weights kept exactly as blocks of 32: GGUF Q4_1 / Q8_0, or plain bf16, fp16
+or fp32 values (CPU path).
 
 A batch-1 decode step reads every weight once, so its speed is bytes read over memory bandwidth.
 SmolLM2-135M ships as Q4_1 (Q8_0 embedding), and its dequantised fp32 weights are exactly
 d * q + m per block of 32. Packing recovers (d, m, q) from the fp32 tensor and keeps it only if
 every value comes back bit for bit, so the packed model *is* the fp32 model (no re-quantisation,
-activations stay fp32), read in 24 or 36 bytes per 32 weights instead of 128.
+activations stay fp32), read in 24 or 36 bytes per 32 weights instead of 128. A Hugging Face
+checkpoint's weights (bf16 or fp16 values widened to fp32, or fp32 ones) pack as 16-bit or fp32
+blocks the same way: every target projection then runs this kernel, whose rows do not depend on
+the step (MKL's GEMV and GEMM round a row differently; kernels/invariant.py).
 
 `dequantize` + `F.linear` is the pure torch reference; `packed_linear` runs the C kernel in
 `csrc/quant_linear.c` (built by `cpu_kernels`). Without a compiler the model keeps its fp32 path.
@@ -20,15 +24,17 @@ import torch.nn.functional as F
 from specray.kernels import cpu_kernels
 
 QK = 32  # weights per block
-BLOCK_BYTES = {"q4_1": 24, "q8_0": 36}  # fp32 d (+ fp32 m for q4_1; GGUF fp16 values) then q
+# fp32 d (+ fp32 m for q4_1; GGUF fp16 values) then q; or the 32 values themselves
+BLOCK_BYTES = {"q4_1": 24, "q8_0": 36, "bf16": 64, "f16": 64, "f32": 128}
+KINDS = {"q4_1": 0, "q8_0": 1, "f32": 2, "bf16": 3, "f16": 4}  # csrc/quant_linear.c's codes
 
 
 @dataclass(frozen=True)
 class PackedWeight:
     """A weight [out_features, in_features] as blocks [out_features, in_features / 32, block bytes]."""
 
-    kind: str  # "q4_1" or "q8_0"
-    blocks: torch.Tensor  # uint8 [out_features, in_features // 32, BLOCK_BYTES[kind]]
+    kind: str  # a key of BLOCK_BYTES
+    blocks: torch.Tensor  # uint8 [out_features, in_features // 32, BLOCK_BYTES[kind]]; for "f32" a view of the weight
     out_features: int
     in_features: int
 
@@ -43,18 +49,37 @@ class PackedWeight:
 
 
 # -- packing (exact or nothing) ---------------------------------------------------------------
-def pack_exact(weight: torch.Tensor) -> PackedWeight | None:
-    """The Q4_1 or Q8_0 packing of a CPU fp32 weight whose values it holds exactly; else None."""
+def pack_exact(weight: torch.Tensor, plain: bool = True) -> PackedWeight | None:
+    """The smallest packing of a CPU fp32 weight [out, in] (in % 32 == 0) that holds its values
+    exactly: Q4_1, Q8_0, bf16, fp16, then (`plain`) its fp32 values as they are; else None."""
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
         return None
-    if weight.shape[1] % QK or not torch.isfinite(weight).all():
+    if weight.shape[1] % QK or not weight.is_contiguous():
         return None
     w = weight.detach().reshape(weight.shape[0], -1, QK)  # [out, nb, 32]
-    for pack in (_pack_q4_1, _pack_q8_0):
+    finite = bool(torch.isfinite(w).all())
+    for pack in (_pack_q4_1, _pack_q8_0) if finite else ():
         packed = pack(w)
         if packed is not None:
             return packed
+    packed = _pack_16(w)
+    if packed is None and plain:
+        packed = _pack_f32(weight.detach())
+    return packed
+
+
+def _pack_16(w: torch.Tensor) -> PackedWeight | None:
+    for kind, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16)):
+        narrow = w.to(dtype)  # [out, nb, 32]
+        if torch.equal(narrow.float(), w) and not narrow.isnan().any():
+            return PackedWeight(kind, narrow.view(torch.uint8).contiguous(), w.shape[0], w.shape[1] * QK)
     return None
+
+
+def _pack_f32(weight: torch.Tensor) -> PackedWeight:
+    """The weight's own storage as blocks: no copy (in-place updates of the weight show through)."""
+    out, inp = weight.shape
+    return PackedWeight("f32", weight.view(torch.uint8).view(out, inp // QK, BLOCK_BYTES["f32"]), out, inp)
 
 
 def _pack_q4_1(w: torch.Tensor) -> PackedWeight | None:
@@ -92,6 +117,9 @@ def round_to_q8_0(weight: torch.Tensor) -> torch.Tensor:
 def dequantize(packed: PackedWeight) -> torch.Tensor:
     """The fp32 weight [out_features, in_features] the blocks hold (the reference)."""
     b = packed.blocks
+    if packed.kind in ("f32", "bf16", "f16"):
+        dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[packed.kind]
+        return b.view(dtype).float().reshape(packed.out_features, packed.in_features)
     d = b[..., 0:4].contiguous().view(torch.float32)  # [out, nb, 1]
     if packed.kind == "q8_0":
         q = b[..., 4:].contiguous().view(torch.int8).float()  # [out, nb, 32]
@@ -122,7 +150,6 @@ def packed_linear(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
     assert x.dim() == 2 and x.shape[1] == packed.in_features and x.dtype == torch.float32
     x = x.contiguous()
     y = torch.empty(x.shape[0], packed.out_features, dtype=torch.float32)  # [rows, out_features]
-    kernel = lib.specray_q4_1_linear if packed.kind == "q4_1" else lib.specray_q8_0_linear
-    kernel(x.data_ptr(), x.shape[0], packed.in_features, packed.blocks.data_ptr(), packed.out_features,
-           y.data_ptr(), torch.get_num_threads())
+    lib.specray_exact_linear(x.data_ptr(), x.shape[0], packed.in_features, packed.blocks.data_ptr(),
+                             KINDS[packed.kind], packed.out_features, y.data_ptr(), torch.get_num_threads())
     return y

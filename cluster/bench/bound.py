@@ -47,6 +47,7 @@ def stream_bytes_per_s(num_bytes: int = 256 << 20, repeats: int = 10) -> float:
 def _hot_slice(model, weight: torch.Tensor):
     """-> (one-row call on the first rows of `weight` as the model stores them, fraction of it)."""
     from specray.kernels import cpu_kernels
+    from specray.kernels.quant_linear import KINDS
 
     out, inp = weight.shape
     x = torch.randn(1, inp, dtype=weight.dtype)  # [1, in]
@@ -56,10 +57,10 @@ def _hot_slice(model, weight: torch.Tensor):
         blocks = packed.blocks[:rows].contiguous()  # [rows, in / 32, block bytes]
         y = torch.empty(1, rows)  # [1, rows]
         lib = cpu_kernels.library()
-        kernel = lib.specray_q4_1_linear if packed.kind == "q4_1" else lib.specray_q8_0_linear
-        threads = torch.get_num_threads()
+        kind, threads = KINDS[packed.kind], torch.get_num_threads()
         # the closure holds x, blocks and y: the kernel gets raw pointers
-        return (lambda: kernel(x.data_ptr(), 1, inp, blocks.data_ptr(), rows, y.data_ptr(), threads)), rows / out
+        return (lambda: lib.specray_exact_linear(x.data_ptr(), 1, inp, blocks.data_ptr(), kind, rows, y.data_ptr(),
+                                                 threads)), rows / out
     rows = max(1, min(out, HOT_BYTES // (inp * weight.element_size())))
     part = weight.detach()[:rows].contiguous()  # [rows, in]
     return (lambda: F.linear(x, part)), rows / out

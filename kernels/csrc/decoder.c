@@ -9,10 +9,8 @@
 
 #include "vec16.h"
 
-void specray_q4_1_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks, int64_t out,
-                         float* y, int threads);
-void specray_q8_0_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks, int64_t out,
-                         float* y, int threads);
+void specray_exact_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks, int kind,
+                          int64_t out, float* y, int threads);
 void specray_rms_norm(const float* x, int64_t rows, int64_t n, const float* w, float eps, float* y);
 void specray_add_rms_norm(float* h, const float* delta, int64_t rows, int64_t n, const float* w, float eps,
                           float* y);
@@ -59,7 +57,7 @@ static double now_ns(void) {
 enum { D_HIDDEN, D_HEADS, D_KV_HEADS, D_HEAD_DIM, D_INTERMEDIATE, D_LAYERS, D_COUNT };
 // A layer's row of the weight table: addresses of the packed blocks, then of the two norm weights.
 enum { W_QKV, W_O, W_GATE_UP, W_DOWN, W_INPUT_NORM, W_POST_NORM, W_COUNT };
-enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_FAST = 2 };  // KIND_FAST + kind: fast_linear.c's layout
+enum { KIND_FAST = 8 };  // below: quant_linear.c's exact kinds; KIND_FAST + kind: fast_linear.c's layout
 
 typedef struct {  // the step's scratch, carved out of one buffer
     float *x, *qkv, *attn, *delta, *gate_up, *act, *scores;
@@ -109,10 +107,8 @@ static void linear(const float* x, int64_t rows, int64_t in, int64_t address, in
     const uint8_t* blocks = (const uint8_t*)(intptr_t)address;
     if (kind >= KIND_FAST)
         specray_fast_linear(x, rows, in, blocks, kind - KIND_FAST, out, y, quantised, threads);
-    else if (kind == KIND_Q4_1)
-        specray_q4_1_linear(x, rows, in, blocks, out, y, threads);
     else
-        specray_q8_0_linear(x, rows, in, blocks, out, y, threads);
+        specray_exact_linear(x, rows, in, blocks, kind, out, y, threads);
 }
 
 // silu(g) * u, 16 at a time: g / (1 + e) for g >= 0, g e / (1 + e) below, e = exp(-|g|) <= 1 (libm's

@@ -1,10 +1,11 @@
-// y = x @ W^T for weights stored exactly as GGUF Q4_1 / Q8_0 blocks (CPU, few rows).
+// y = x @ W^T for weights stored exactly as blocks of 32: GGUF Q4_1 / Q8_0, or plain fp32, bf16 or
+// fp16 values (a Hugging Face checkpoint's).
 //
 // Why: a batch-1 decode step streams every weight once, so bytes read bound its speed. The
-// blocks hold the same values as the dequantised fp32 tensor (checked bit for bit when packing)
-// in 20 or 34 bytes per 32 weights instead of 128; x stays fp32 (no activation quantisation).
-// Each block is dequantised in registers (w = d * q + m, exact in fp32 since d * q is) and used for
-// every row of x. Each row's arithmetic is the same whatever the number of rows or threads, so a
+// blocks hold the same values as the fp32 tensor (checked bit for bit when packing) in 24, 36, 64
+// or 128 bytes per 32 weights; x stays fp32 (no activation quantisation).
+// Each block is widened to fp32 in registers (w = d * q + m, exact in fp32 since d * q is) and used
+// for every row of x. Each row's arithmetic is the same whatever the number of rows or threads, so a
 // k-row verification step and a 1-row decode step give bit-identical outputs for the same input.
 #include <stdint.h>
 #include <math.h>
@@ -20,6 +21,8 @@
 // which is the kernel's bottleneck port (4 more bytes per block, measured faster).
 #define Q4_1_BYTES 24 // fp32 d, fp32 m, 16 bytes of nibbles (element j low, j + 16 high)
 #define Q8_0_BYTES 36 // fp32 d, 32 int8
+#define F32_BYTES 128 // 32 fp32 values (the weight tensor itself)
+#define B16_BYTES 64  // 32 bf16 or fp16 values
 #ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 4096  // how far ahead of the weight stream
 #endif
@@ -112,6 +115,55 @@ static inline void dequant_q8_0(const uint8_t* blk, vf w[NV]) {
 #endif
 }
 
+static inline void dequant_f32(const uint8_t* blk, vf w[NV]) {
+    for (int j = 0; j < NV; j++) w[j] = VLOAD((const float*)blk + j * VL);
+}
+
+// bf16 is fp32's upper half: widening is a shift.
+static inline void dequant_bf16(const uint8_t* blk, vf w[NV]) {
+#if VL == 16
+    for (int j = 0; j < NV; j++)
+        w[j] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(blk + 32 * j))), 16));
+#elif VL == 8
+    for (int j = 0; j < NV; j++)
+        w[j] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(blk + 16 * j))), 16));
+#else
+    for (int j = 0; j < QK; j++) {
+        uint32_t bits = (uint32_t)(blk[2 * j] | blk[2 * j + 1] << 8) << 16;
+        memcpy(&w[j], &bits, 4);
+    }
+#endif
+}
+
+// IEEE half -> float, exact (the scalar build's; vcvtph2ps elsewhere).
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | mant << 13;
+    } else if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in fp32
+        float f = (float)mant * 5.9604644775390625e-8f;
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    } else {
+        bits = sign | (exp + 112) << 23 | mant << 13;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline void dequant_f16(const uint8_t* blk, vf w[NV]) {
+#if VL == 16
+    for (int j = 0; j < NV; j++) w[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + 32 * j)));
+#elif VL == 8 && defined(__F16C__)
+    for (int j = 0; j < NV; j++) w[j] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + 16 * j)));
+#else
+    float v[QK];
+    for (int j = 0; j < QK; j++) v[j] = half_to_float((uint16_t)(blk[2 * j] | blk[2 * j + 1] << 8));
+    for (int j = 0; j < NV; j++) w[j] = VLOAD(v + j * VL);
+#endif
+}
+
 // y[r0 .. r0 + NR, o .. o + NF] for NF adjacent output features; NR and NF are constants at each
 // call site so the accumulators stay in registers. Several features give a one-row step independent
 // FMA chains (one feature's chains wait on FMA latency). Each (row, feature) sums its products in an
@@ -184,6 +236,24 @@ static inline __attribute__((always_inline)) void q8_0_features(
     FEATURE_BODY(dequant_q8_0, Q8_0_BYTES)
 }
 
+static inline __attribute__((always_inline)) void f32_features(
+    const float* x, int64_t r0, const int NR, const int NF, int64_t in, const uint8_t* blocks, float* y,
+    int64_t out, int64_t o) {
+    FEATURE_BODY(dequant_f32, F32_BYTES)
+}
+
+static inline __attribute__((always_inline)) void bf16_features(
+    const float* x, int64_t r0, const int NR, const int NF, int64_t in, const uint8_t* blocks, float* y,
+    int64_t out, int64_t o) {
+    FEATURE_BODY(dequant_bf16, B16_BYTES)
+}
+
+static inline __attribute__((always_inline)) void f16_features(
+    const float* x, int64_t r0, const int NR, const int NF, int64_t in, const uint8_t* blocks, float* y,
+    int64_t out, int64_t o) {
+    FEATURE_BODY(dequant_f16, B16_BYTES)
+}
+
 // Features per call for N rows: enough independent accumulators to cover FMA latency, few enough
 // to stay in the vector registers (32 on AVX-512, 16 on AVX2; measured on each).
 #if VL == 16
@@ -224,6 +294,9 @@ typedef struct {  // one row chunk's projection, as specray_parallel's chunks se
     }
 CHUNK_FN(q4_1_features)
 CHUNK_FN(q8_0_features)
+CHUNK_FN(f32_features)
+CHUNK_FN(bf16_features)
+CHUNK_FN(f16_features)
 
 #define LINEAR(FEATURES, BYTES)                                                                        \
     const int64_t feature_bytes = in / QK * (BYTES);                                                   \
@@ -235,14 +308,16 @@ CHUNK_FN(q8_0_features)
         FEATURES##_chunk(&job, out / nf * nf, out, 0, 1);                                              \
     }
 
-// x [rows, in] fp32, blocks [out, in / 32, 24], y [rows, out].
-void specray_q4_1_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks,
-                         int64_t out, float* y, int threads) {
-    LINEAR(q4_1_features, Q4_1_BYTES)
-}
+enum { KIND_Q4_1, KIND_Q8_0, KIND_F32, KIND_BF16, KIND_F16 };  // quant_linear.KINDS
 
-// x [rows, in] fp32, blocks [out, in / 32, 36], y [rows, out].
-void specray_q8_0_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks,
-                         int64_t out, float* y, int threads) {
-    LINEAR(q8_0_features, Q8_0_BYTES)
+// x [rows, in] fp32, blocks [out, in / 32, BYTES of `kind`], y [rows, out].
+void specray_exact_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks, int kind,
+                          int64_t out, float* y, int threads) {
+    switch (kind) {
+        case KIND_Q4_1: { LINEAR(q4_1_features, Q4_1_BYTES) } break;
+        case KIND_Q8_0: { LINEAR(q8_0_features, Q8_0_BYTES) } break;
+        case KIND_F32: { LINEAR(f32_features, F32_BYTES) } break;
+        case KIND_BF16: { LINEAR(bf16_features, B16_BYTES) } break;
+        case KIND_F16: { LINEAR(f16_features, B16_BYTES) } break;
+    }
 }

@@ -118,17 +118,31 @@ def test_the_library_path_is_what_the_check_catches(smol_width):
 
 def test_fp32_on_cpu_keeps_its_c_kernels_and_fixes_only_the_rest(tiny_target, tiny_gguf_target):
     """The C ops (norms, RoPE, attention, packed weights) are row-invariant as built: an fp32 CPU
-    target keeps them, and only weights without packed blocks take the fixed-row chunks."""
+    target keeps them (plain fp32 weights pack as they are), and only weights without packed blocks
+    take the fixed-row chunks."""
     for folder in (tiny_target, tiny_gguf_target):
         model = load_model(Checkpoint(folder, "t"))
         assert model.row_invariant and model.fused_cpu_ops and not model.gemv_weights
-    assert load_model(Checkpoint(tiny_target, "t"), row_invariant=False).gemv_weights  # drafts keep GEMV copies
+        assert model.decoder_table() is not None
+    draft = load_model(Checkpoint(tiny_target, "t"), row_invariant=False, cpu_kernels=False)
+    assert draft.gemv_weights  # drafts keep GEMV copies of unpacked weights
 
 
-def test_an_fp32_target_without_packed_weights_keeps_its_rows(smol_width):
-    """MKL's fp32 GEMV (one row) and GEMM (more) sum in different orders: the projections of a
-    target without packed blocks run in fixed-row chunks."""
-    assert all(same_rows(load_model(Checkpoint(smol_width, "t"))))
+@pytest.mark.parametrize("weights", ["f32", "bf16", "unpacked"])
+def test_an_fp32_target_from_a_hf_checkpoint_keeps_its_rows(smol_width, weights):
+    """MKL's fp32 GEMV (one row) and GEMM (more) sum in different orders. A Hugging Face
+    checkpoint's weights pack as their own values (fp32, or bf16 where they are bf16 values) and
+    take the C kernels; a target without packed blocks runs its projections in fixed-row chunks."""
+    model = load_model(Checkpoint(smol_width, "t"))
+    if weights == "bf16":
+        with torch.no_grad():
+            for w in model.projections():
+                w.copy_(w.bfloat16().float())
+        model.add_packed_weights()
+    if weights == "unpacked":
+        model.packed_weights = {}
+    assert {p.kind for p in model.packed_weights.values()} == ({weights} if weights != "unpacked" else set())
+    assert all(same_rows(model))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -108,8 +108,8 @@ def test_rotation_matrix_matches_reference_rope():
 
 def test_gemv_weights_match_the_plain_projection(tiny_target):
     """The one-row fast path (transposed weight copies) equals F.linear on the original layout."""
-    plain = load_model(Checkpoint(tiny_target, "t"), gemv_weights=False)
-    fast = load_model(Checkpoint(tiny_target, "t"), gemv_weights=True)
+    plain = load_model(Checkpoint(tiny_target, "t"), gemv_weights=False, cpu_kernels=False)
+    fast = load_model(Checkpoint(tiny_target, "t"), gemv_weights=True, cpu_kernels=False)  # unpacked weights
     assert not plain.gemv_weights and fast.gemv_weights
     outs = []
     for model in (plain, fast):

@@ -32,17 +32,54 @@ def test_packing_refuses_what_it_cannot_hold_exactly():
     w = exact_weight("q4_1")
     off = w.clone()
     off[3, 7] = torch.nextafter(off[3, 7], torch.tensor(float("inf")))  # one ulp away from the grid
-    assert ql.pack_exact(off) is None
-    assert ql.pack_exact(torch.randn(8, 64)) is None  # plain fp32 weights
+    assert ql.pack_exact(off, plain=False) is None
+    assert ql.pack_exact(off).kind == "f32"  # its fp32 values as they are
     assert ql.pack_exact(w[:, :48].contiguous()) is None  # rows not a whole number of blocks
     assert ql.pack_exact(w.half()) is None
+    assert ql.pack_exact(w.t()) is None  # not contiguous
+
+
+def hf_weight(kind, out=70, blocks=5, seed=0):
+    """A Hugging Face checkpoint's weight as the CPU loads it: fp32 holding bf16, fp16 or fp32 values."""
+    torch.manual_seed(seed)
+    w = torch.randn(out, 32 * blocks) * 0.2
+    return w if kind == "f32" else w.to(torch.bfloat16 if kind == "bf16" else torch.float16).float()
+
+
+@pytest.mark.parametrize("kind", ["bf16", "f16", "f32"])
+def test_hf_weights_pack_as_their_own_values(kind):
+    w = hf_weight(kind)
+    packed = ql.pack_exact(w)
+    assert packed.kind == kind and packed.blocks.shape == (70, 5, ql.BLOCK_BYTES[kind])
+    assert torch.equal(ql.dequantize(packed), w)
+    if kind == "f32":  # the weight's own storage, no copy
+        assert packed.blocks.data_ptr() == w.data_ptr()
+
+
+def test_fp16_blocks_keep_subnormals_infinities_and_signed_zeros():
+    """The scalar build widens fp16 by bit manipulation: its edge values, through the kernel."""
+    special = torch.tensor([0.0, -0.0, 6e-8, -6e-8, 1e-5, 65504.0, -65504.0, 2.0 ** -14, 1.0, 0.5])
+    w = torch.cat([special, torch.linspace(-3, 3, 54)]).half().float().view(1, 64)  # [1, 64]
+    w = w[:, torch.randperm(64, generator=torch.Generator().manual_seed(1))].contiguous()
+    packed = ql.pack_exact(w)
+    assert packed.kind == "f16" and torch.equal(ql.dequantize(packed), w)
+    infinite = w.clone()
+    infinite[0, 3] = float("-inf")
+    assert torch.equal(ql.dequantize(ql.pack_exact(infinite)), infinite)
+    if ql.kernel_available():
+        eye = torch.eye(64)  # row i picks weight i: the widened values themselves
+        assert torch.equal(ql.packed_linear(eye, ql.pack_exact(w.expand(8, 64).contiguous()))[:, 0], w[0])
+
+
+def any_weight(kind, out=70, seed=0):
+    return exact_weight(kind, out, seed=seed) if kind.startswith("q") else hf_weight(kind, out, seed=seed)
 
 
 @needs_kernel
-@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0", "bf16", "f16", "f32"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 8, 9, 17])
 def test_kernel_matches_the_dequantised_reference(kind, rows):
-    w = exact_weight(kind)
+    w = any_weight(kind)
     packed = ql.pack_exact(w)
     x = torch.randn(rows, w.shape[1])
     got = ql.packed_linear(x, packed)  # [rows, out]
@@ -52,12 +89,13 @@ def test_kernel_matches_the_dequantised_reference(kind, rows):
 
 
 @needs_kernel
-@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0", "bf16", "f16", "f32"])
 def test_kernel_rows_do_not_depend_on_batch_or_threads(kind):
     """A row's output is the same bits whether it runs alone (decode) or among others
     (verification, batches), with 1 or 2 threads. 301 features leave a remainder after every
     feature grouping (4, 3, 2 per call); 13 rows run as a chunk of 8 and one of 5."""
-    packed = ql.pack_exact(exact_weight(kind, out=301))
+    packed = ql.pack_exact(any_weight(kind, out=301))
+    assert packed.kind == kind
     x = torch.randn(13, packed.in_features)
     together = ql.packed_linear(x, packed)
     alone = torch.cat([ql.packed_linear(x[i:i + 1], packed) for i in range(13)])

@@ -30,9 +30,10 @@ def test_rounded_weights_pack_exactly_and_stay_close():
 @needs_kernels
 def test_a_rounded_model_runs_every_layer_natively_and_matches_its_reference(tiny_draft):
     model = load_model(Checkpoint(tiny_draft, "d"))
-    assert model.decoder_table() is None  # random fp32 weights: nothing packs
+    kinds = lambda: {p.kind for p in model.packed_weights.values()}  # noqa: E731
+    assert kinds() == {"f32"}  # random fp32 weights: packed as they are
     assert model.round_weights_to_q8_0() == 4 * len(model.layers) + 1
-    assert model.decoder_table() is not None
+    assert kinds() == {"q8_0"} and model.decoder_table() is not None
     cache = model.make_cache(16, block_size=4)
     model(RaggedBatch.build([SeqChunk("a", [4, 5, 6, 7], 0)], cache), cache)
     cache.set_cached("a", 4)
@@ -46,7 +47,8 @@ def test_a_rounded_model_runs_every_layer_natively_and_matches_its_reference(tin
 def test_drafts_are_rounded_by_default_on_cpu(tiny_draft):
     rounded = build_drafter(DraftOptions("draft_model", str(tiny_draft), draft_vocab_trim=0))
     kept = build_drafter(DraftOptions("draft_model", str(tiny_draft), draft_vocab_trim=0, draft_quantization="none"))
-    assert rounded.model.packed_weights and not kept.model.packed_weights
+    assert {p.kind for p in rounded.model.packed_weights.values()} == {"q8_0"}
+    assert {p.kind for p in kept.model.packed_weights.values()} == {"f32"}
     w = kept.model.layers[0].qkv_proj
     assert torch.equal(rounded.model.layers[0].qkv_proj, round_to_q8_0(w))
 
