@@ -298,10 +298,21 @@ CHUNK_FN(f32_features)
 CHUNK_FN(bf16_features)
 CHUNK_FN(f16_features)
 
+// Rows a chunk of a many-row step (a prefill) takes: few enough that the chunk's x stays in L1 as
+// every feature re-reads it (32 KB on Zen 4: a 1536-wide down_proj's prefill ran 1.4x faster at 4
+// rows a chunk than at 8). Which chunk a row falls in never changes its arithmetic.
+#define X_CHUNK_BYTES 24576
+static inline int64_t rows_per_chunk(int64_t rows, int64_t in) {
+    if (rows <= ROW_CHUNK) return ROW_CHUNK;
+    int64_t fit = X_CHUNK_BYTES / (in * (int64_t)sizeof(float));
+    return fit < 1 ? 1 : fit > ROW_CHUNK ? ROW_CHUNK : fit;
+}
+
 #define LINEAR(FEATURES, BYTES)                                                                        \
     const int64_t feature_bytes = in / QK * (BYTES);                                                   \
-    for (int64_t r0 = 0; r0 < rows; r0 += ROW_CHUNK) {                                                 \
-        int nr = rows - r0 < ROW_CHUNK ? (int)(rows - r0) : ROW_CHUNK, nf = FEATURES_FOR(nr);          \
+    const int64_t step_rows = rows_per_chunk(rows, in);                                                \
+    for (int64_t r0 = 0; r0 < rows; r0 += step_rows) {                                                 \
+        int nr = rows - r0 < step_rows ? (int)(rows - r0) : (int)step_rows, nf = FEATURES_FOR(nr);     \
         LinearJob job = {x, blocks, y, r0, in, out, feature_bytes, nr, nf};                            \
         specray_parallel(out / nf, chunk_for_bytes(nf * feature_bytes), threads, FEATURES##_chunk, &job); \
         job.nf = 1; /* the features left over, one at a time */                                       \

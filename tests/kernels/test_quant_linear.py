@@ -88,13 +88,23 @@ def test_kernel_matches_the_dequantised_reference(kind, rows):
     torch.testing.assert_close(got, ql.reference_linear(x, packed), rtol=1e-5, atol=1e-4)
 
 
+def any_weight_wide(kind, out, blocks):
+    torch.manual_seed(1)
+    w = torch.randn(out, 32 * blocks) * 0.2
+    if kind.startswith("q"):
+        return gguf_exact(w, kind)
+    return w if kind == "f32" else w.to(torch.bfloat16 if kind == "bf16" else torch.float16).float()
+
+
 @needs_kernel
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0", "bf16", "f16", "f32"])
-def test_kernel_rows_do_not_depend_on_batch_or_threads(kind):
+@pytest.mark.parametrize("blocks", [5, 48])
+def test_kernel_rows_do_not_depend_on_batch_or_threads(kind, blocks):
     """A row's output is the same bits whether it runs alone (decode) or among others
     (verification, batches), with 1 or 2 threads. 301 features leave a remainder after every
-    feature grouping (4, 3, 2 per call); 13 rows run as a chunk of 8 and one of 5."""
-    packed = ql.pack_exact(any_weight(kind, out=301))
+    feature grouping (4, 3, 2 per call); 13 rows run as a chunk of 8 and one of 5, or (1536 wide)
+    in chunks of 4 rows, which keep a chunk's inputs in L1."""
+    packed = ql.pack_exact(any_weight_wide(kind, 301, blocks))
     assert packed.kind == kind
     x = torch.randn(13, packed.in_features)
     together = ql.packed_linear(x, packed)
