@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from specray import LLM, SamplingParams
 from specray.kernels import invariant
 from specray.kernels.attention import reference_attention
-from specray.kernels.batch import RaggedBatch, SeqChunk
+from specray.kernels.batch import RaggedBatch, SeqChunk, pad_uniform
 from specray.kernels.config import ModelConfig
 from specray.kernels.kv_cache import PagedKVCache
 from specray.kernels.loader import Checkpoint, load_model
@@ -185,3 +185,20 @@ def test_greedy_speculation_equals_plain_with_prefills_riding_in_verification_st
     outs = spec.generate(prompts, greedy)
     assert sum(o.metrics.num_accepted_tokens for o in outs) > 0
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+
+
+def test_the_padded_baseline_keeps_the_real_rows_bits_on_the_fixed_path(tiny_target):
+    """The bench's padded baseline (`pad_uniform`: dummy rows and masked dummy keys up to the
+    longest sequence) on the fixed-shape path: the real rows' logits are those of the unpadded step."""
+    model = load_model(Checkpoint(tiny_target, "t"), dtype=torch.float16)
+    assert model.row_invariant and not model.fused_cpu_ops
+    chunks = [SeqChunk("a", [12, 13, 14], 7, num_logits=3), SeqChunk("b", [15], 5)]
+    outs = []
+    for laid_out in (chunks, pad_uniform(chunks)):
+        cache = model.make_cache(16, block_size=4)
+        for seq, ctx in (("a", [3, 9, 4, 11, 5, 8, 6]), ("b", [3, 9, 4, 11, 5])):
+            model(RaggedBatch.build([SeqChunk(seq, ctx, 0)], cache), cache)
+            cache.set_cached(seq, len(ctx))
+        outs.append(model(RaggedBatch.build(laid_out, cache), cache))
+    assert (pad_uniform(chunks)[1].num_pad, pad_uniform(chunks)[1].key_pad) == (2, 2)
+    assert torch.equal(outs[0], outs[1])
