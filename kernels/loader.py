@@ -24,6 +24,7 @@ import torch
 from specray.kernels.config import ModelConfig
 from specray.kernels.diffusion.config import is_diffusion_folder
 from specray.kernels.cpu_weights import check_kernel_mode
+from specray.kernels.fast_linear import FastWeight
 from specray.kernels.model import LlamaModel
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -222,9 +223,11 @@ def load_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, devic
     if cpu_kernels is None:
         cpu_kernels = str(device) == "cpu" and dtype == torch.float32
     check_kernel_mode(kernels)
-    if cpu_kernels and model.enable_cpu_kernels(kernels) == 0 and kernels == "fast":
-        warnings.warn(f"kernels='fast' found no GGUF Q4_1/Q8_0 weights in {checkpoint.path}: the model runs as "
-                      "it would with kernels='exact'")
+    if cpu_kernels:
+        model.enable_cpu_kernels(kernels)
+        if kernels == "fast" and not any(isinstance(p, FastWeight) for p in model.packed_weights.values()):
+            warnings.warn(f"kernels='fast' found no GGUF Q4_1/Q8_0 weights in {checkpoint.path}: the model runs as "
+                          "it would with kernels='exact'")
     model.row_invariant = row_invariant
     if gemv_weights is None:
         gemv_weights = not row_invariant and str(device) == "cpu" and model.weight_bytes() <= GEMV_COPY_LIMIT_BYTES

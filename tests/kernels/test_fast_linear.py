@@ -1,11 +1,14 @@
 """The fast numeric mode's projections: the layout round trip, the C kernel against the torch
 specification (8-bit activations, integer dot products), row independence, non-finite inputs."""
 
+import warnings
+
 import pytest
 import torch
 
 from specray.kernels import fast_linear as fl
 from specray.kernels import quant_linear as ql
+from specray.kernels.loader import Checkpoint, load_model
 
 from helpers import gguf_exact
 
@@ -93,3 +96,16 @@ def test_non_finite_rows_stay_in_their_row():
     assert torch.equal(got[0], clean[0])
     assert torch.isnan(got[1]).all()
     assert torch.equal(got[2], torch.zeros(16))
+
+
+@needs_kernel
+def test_the_fast_mode_says_when_no_weight_takes_it(tiny_target, tiny_gguf_target):
+    """A Hugging Face checkpoint's weights pack as their own values, which the fast mode's 8-bit
+    activations do not apply to: loading one with kernels='fast' says so; a GGUF's does not."""
+    with pytest.warns(UserWarning, match="found no GGUF"):
+        model = load_model(Checkpoint(tiny_target, "t"), kernels="fast")
+    assert model.packed_weights and not any(isinstance(p, fl.FastWeight) for p in model.packed_weights.values())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = load_model(Checkpoint(tiny_gguf_target, "t"), kernels="fast")
+    assert all(isinstance(p, fl.FastWeight) for p in model.packed_weights.values())
