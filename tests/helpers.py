@@ -35,10 +35,12 @@ def gguf_exact(w: torch.Tensor, kind: str = "q4_1") -> torch.Tensor:
 
 
 def save_tiny_llama(folder: Path, seed: int = 0, perturb_from: Path | None = None,
-                    noise: float = 0.0, head_scale: float = 1.0, gguf: bool = False, **overrides) -> Path:
+                    noise: float = 0.0, head_scale: float = 1.0, gguf: bool = False, bf16: bool = False,
+                    **overrides) -> Path:
     """Save a random fp32 Llama to `folder` (HF layout). With `perturb_from`, copy that model's
     weights and add seeded Gaussian noise, so a draft agrees with its target only partly. `gguf`
-    rounds the projections to Q4_1 and the embeddings to Q8_0 values (as a dequantised GGUF)."""
+    rounds the projections to Q4_1 and the embeddings to Q8_0 values (as a dequantised GGUF);
+    `bf16` saves the weights in bf16, as most Hugging Face checkpoints are."""
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -58,6 +60,8 @@ def save_tiny_llama(folder: Path, seed: int = 0, perturb_from: Path | None = Non
             for name, p in model.named_parameters():
                 if p.dim() == 2:
                     p.copy_(gguf_exact(p, "q8_0" if "embed" in name or "lm_head" in name else "q4_1"))
+    if bf16:
+        model = model.to(torch.bfloat16)
     model.save_pretrained(folder, safe_serialization=True)
     save_word_tokenizer(folder, model.config.vocab_size)
     return folder

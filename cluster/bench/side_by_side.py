@@ -56,7 +56,9 @@ def specray_command(model: str, port: int, grpc_port: int, extra: str) -> list[s
 
 
 class Server:
-    """A server process, up once its /health answers 200; stopped on exit. Output goes to `log`."""
+    """A server process, up once its /health answers 200 and its /v1/models lists a model (a port
+    picked free can be taken by another process before the server binds it: another answer there
+    must not pass for the server's); stopped on exit. Output goes to `log`."""
 
     def __init__(self, name: str, command: list[str], url: str, log: Path, timeout_s: float = 600):
         self.name, self.command, self.url, self.log, self.timeout_s = name, command, url, log, timeout_s
@@ -71,8 +73,9 @@ class Server:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see {self.log}")
             try:
                 if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    first_model(httpx, self.url, {})
                     return self
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError):
                 pass
             time.sleep(1)
         self.__exit__()

@@ -147,3 +147,24 @@ def test_the_reference_forward_reads_the_fp32_weights(tiny_gguf_target):
         outs.append(model(RaggedBatch.build([SeqChunk("a", [4, 5, 6], 0, num_logits=3)], cache), cache,
                           reference=True))
     assert torch.equal(outs[0], outs[1])
+
+
+@needs_kernel
+def test_a_bf16_checkpoint_packs_as_bf16_and_speculates_losslessly(tmp_path):
+    """A bf16 Hugging Face checkpoint, loaded as fp32 on the CPU: every projection packs as bf16
+    blocks (the one-call decoder runs it), and greedy speculation gives plain decoding's tokens."""
+    from specray import LLM, SamplingParams
+
+    from helpers import save_tiny_llama
+
+    target = save_tiny_llama(tmp_path / "t", seed=3, bf16=True)
+    draft = save_tiny_llama(tmp_path / "d", perturb_from=target, noise=0.3, seed=4)
+    model = load_model(Checkpoint(target, "t"))
+    assert {p.kind for p in model.packed_weights.values()} == {"bf16"} and model.decoder_table() is not None
+    prompts = [{"prompt_token_ids": [1] + [5 + (i * 7 + j * 3) % 80 for j in range(6 + i)] * 2} for i in range(3)]
+    greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    plain = LLM(str(target), max_num_seqs=3).generate(prompts, greedy)
+    spec = LLM(str(target), max_num_seqs=3, speculative_config={
+        "method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}).generate(prompts, greedy)
+    assert sum(o.metrics.num_accepted_tokens for o in spec) > 0
+    assert [o.outputs[0].token_ids for o in spec] == [o.outputs[0].token_ids for o in plain]

@@ -53,3 +53,35 @@ def test_a_server_that_exits_is_a_clear_error(tmp_path):
         with Server("broken", [sys.executable, "-c", "import sys; sys.exit(3)"], "http://127.0.0.1:9",
                     tmp_path / "log"):
             pass
+
+
+FAKE_SERVER = """
+import http.server, sys
+body = sys.argv[2].encode()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body if self.path == "/v1/models" else b"ok")
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+@pytest.mark.parametrize("listing, up", [('{"data": [{"id": "m"}]}', True), ("<html>ok</html>", False)])
+def test_a_server_is_up_only_once_it_lists_a_model(tmp_path, listing, up):
+    """Another process on the picked port (a /health of 200, no model listing) is not taken for the
+    server: the bench waits for the server's own answer, and says so if it never comes."""
+    from specray.cluster.serve.http_server import free_port
+
+    port = free_port()
+    command = [sys.executable, "-c", FAKE_SERVER, str(port), listing]
+    server = Server("fake", command, f"http://127.0.0.1:{port}", tmp_path / "log", timeout_s=8)
+    if up:
+        with server:
+            pass
+    else:
+        with pytest.raises(RuntimeError, match="did not become healthy"):
+            with server:
+                pass
