@@ -49,14 +49,18 @@ class LLM:
                  dtype: str | torch.dtype = "float32", device: str = "cpu", max_model_len: int | None = None,
                  max_num_seqs: int = 32, kv_cache_tokens: int = 16384, block_size: int = 16, seed: int = 0,
                  pipelined: bool = False, tokenizer: str | None = None, skip_tokenizer_init: bool = False,
-                 diffusion_config: dict[str, Any] | None = None, kernels: str = "exact"):
+                 diffusion_config: dict[str, Any] | None = None, kernels: str = "exact",
+                 max_prefill_tokens: int | None = 512):
         """`tokenizer`: a folder or alias to take the tokenizer from (default: the model's own);
         `skip_tokenizer_init`: none at all, prompts and outputs are token ids (texts stay empty).
         A diffusion LM (a LLaDA or Dream folder) is detected from its config: `speculative_config`
         then takes FreeDave ({"method": "freedave", "num_drafts": K}) and `diffusion_config` its
         block_length and steps_per_block (cluster/config/diffusion.py). `kernels`: the target's CPU
         kernels on GGUF weights, "exact" (the fp32 model) or "fast" (8-bit activations, kernels/fast_linear.py; a 16-bit
-        KV cache)."""
+        KV cache). `max_prefill_tokens`: prompt tokens a round admits at most (one prompt always;
+        None: every prompt that fits), as `specray serve` does."""
+        if max_prefill_tokens is not None and (type(max_prefill_tokens) is not int or max_prefill_tokens < 1):
+            raise ValueError(f"max_prefill_tokens must be a positive integer or None, got {max_prefill_tokens!r}")
         torch_dtype = parse_dtype(dtype)
         torch.manual_seed(seed)
         checkpoint = resolve(model)
@@ -81,7 +85,7 @@ class LLM:
         draft = draft_spec(spec, model, dtype_name(torch_dtype), device, kv_cache_tokens, block_size)
         self.draft = None if draft is None else DraftWorker(build_drafter(draft))
         config, eos = router_limits(target_model.config, self.tokenizer, spec, max_model_len, max_num_seqs,
-                                    blocks, block_size, pipelined)
+                                    blocks, block_size, pipelined, max_prefill_tokens)
         draft_pool = None if self.draft is None else InProcessDraftPool(self.draft)
         self.router = Router(InProcessTargetPool(self.target), draft_pool, self.tokenizer, eos, config)
 

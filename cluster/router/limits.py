@@ -28,9 +28,13 @@ class RouterLimits:
     draft_features: str | None = None
     adaptive: bool = False  # each round picks each sequence's draft length (cluster/router/adaptive.py)
     model_tokens: int | None = None  # draft-model steps a round runs at most (lookup first); None: its length
+    # prompt tokens a round admits at most (one prompt always): a prompt's first token then waits for
+    # the prompts admitted before it in its round only, not for every queued one; None: no bound
+    max_prefill_tokens: int | None = None
 
     def __post_init__(self) -> None:
         assert self.max_model_len >= 2 and self.max_num_seqs >= 1 and self.num_speculative_tokens >= 0
+        assert self.max_prefill_tokens is None or self.max_prefill_tokens >= 1
         thresholds = [t for t, _ in self.speculation_schedule]
         assert thresholds == sorted(set(thresholds)) and all(k >= 0 for _, k in self.speculation_schedule)
 
@@ -74,7 +78,8 @@ class RouterLimits:
 
 
 def router_limits(model_config, tokenizer, spec, max_model_len: int | None, max_num_seqs: int,
-                  num_blocks: int, block_size: int, pipelined: bool = False) -> tuple[RouterLimits, set[int]]:
+                  num_blocks: int, block_size: int, pipelined: bool = False,
+                  max_prefill_tokens: int | None = None) -> tuple[RouterLimits, set[int]]:
     """The router's limits from the target's ModelConfig and the SpeculativeConfig (or None)."""
     limit = model_config.max_position_embeddings
     if max_model_len is not None and not 2 <= max_model_len <= limit:
@@ -92,7 +97,8 @@ def router_limits(model_config, tokenizer, spec, max_model_len: int | None, max_
         verify_budget=spec.verify_budget if spec else None,
         max_draft_tokens=spec.max_draft_tokens() if spec else 0, verify_rule=spec.verify if spec else "auto",
         draft_features=None if spec is None else registry.method(spec.method).target_features,
-        adaptive=spec is not None and spec.adaptive, model_tokens=spec.model_tokens() if spec else None), eos
+        adaptive=spec is not None and spec.adaptive, model_tokens=spec.model_tokens() if spec else None,
+        max_prefill_tokens=max_prefill_tokens), eos
 
 
 @dataclass

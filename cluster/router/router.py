@@ -67,12 +67,17 @@ class Router(RequestBook):
 
     # -- scheduling -------------------------------------------------------------------------
     def admit(self, limit: int | None = None) -> list[Sequence]:
-        """Move waiting sequences to running while KV and `max_num_seqs` allow (at most `limit`)."""
+        """Move waiting sequences to running while KV, `max_num_seqs` and the round's prompt-token
+        budget (`max_prefill_tokens`; one prompt always) allow (at most `limit`)."""
         admitted: list[Sequence] = []
+        budget, prefill = self.config.max_prefill_tokens, 0
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             if limit is not None and len(admitted) >= limit:
                 break
             seq = self.waiting[0]
+            prefill += len(seq.prompt_token_ids)
+            if admitted and budget is not None and prefill > budget:
+                break
             need = self.config.reservation(len(seq.prompt_token_ids), seq.params.max_tokens)
             if self.reserved_tokens + need > self.config.kv_capacity_tokens:
                 break

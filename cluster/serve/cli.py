@@ -14,7 +14,7 @@ FLAG_KEYS = {
     "model": "model", "served_model_name": "served_model_name", "host": "http.host", "port": "http.port",
     "api_key": "http.api_key", "api_key_file": "http.api_key_file", "grpc_port": "grpc.port",
     "grpc_tls_cert": "grpc.tls_cert_file", "grpc_tls_key": "grpc.tls_key_file", "max_num_seqs": "router.max_num_seqs",
-    "max_waiting": "router.max_waiting", "kv_cache_tokens": "router.kv_cache_tokens",
+    "max_prefill_tokens": "router.max_prefill_tokens", "max_waiting": "router.max_waiting", "kv_cache_tokens": "router.kv_cache_tokens",
     "max_model_len": "router.max_model_len", "transport": "transport.kind",
     "drafter_address": "transport.drafter_address", "tensor_parallel_size": "pools.target.num_workers",
     "draft_workers": "pools.draft.num_workers", "kernels": "pools.target.kernels", "worker_channel": "pools.channel",
@@ -83,6 +83,8 @@ def add_serve_flags(p) -> None:
     p.add_argument("--draft-workers", type=int, help="draft workers of one layer-parallel group (EasySpec across "
                                                      "devices; needs speculative_config layer_parallel >= it)")
     p.add_argument("--max-num-seqs", type=int, help="running sequences at most")
+    p.add_argument("--max-prefill-tokens", type=int,
+                   help="prompt tokens a round admits at most, one prompt always (default 512)")
     p.add_argument("--max-waiting", type=int, help="queued sequences before 429 / RESOURCE_EXHAUSTED")
     p.add_argument("--kv-cache-tokens", type=int, help="target KV cache size in tokens")
     p.add_argument("--max-model-len", type=int, help="longest prompt + output (default: the model's context)")

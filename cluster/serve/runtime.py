@@ -67,7 +67,8 @@ def build_runtime(cfg: ServeConfig, wait_ready: bool = True) -> Runtime:
                 pool.ready()
     r = cfg.router
     limits, eos = router_limits(model_config, tokenizer, cfg.speculative, r.max_model_len, r.max_num_seqs,
-                                num_blocks(r.kv_cache_tokens, r.block_size), r.block_size, cfg.pipelined)
+                                num_blocks(r.kv_cache_tokens, r.block_size), r.block_size, cfg.pipelined,
+                                r.max_prefill_tokens)
     router = Router(target, draft, tokenizer, eos, limits)
     return Runtime(cfg, router, AsyncRouter(router, cfg.router.max_waiting, compute_thread.post), tokenizer, target,
                    draft)

@@ -120,6 +120,7 @@ def test_existing_secret_monitoring_and_init_container(rendered):
     cfg = app_config(r.rayservice)
     assert cfg["transport"] == {"kind": "torch_distributed", "master_port": 29500}
     assert cfg["router"]["max_num_seqs"] == 4 and cfg["router"]["max_waiting"] == 256  # deep merge
+    assert cfg["router"]["max_prefill_tokens"] == 512
     assert cfg["served_model_name"] == "m"
 
 

@@ -17,6 +17,7 @@ from helm_render import render
     ({"target": {"rayResources": {"target": 0}}}, "at '/target/rayResources/target'"),
     ({"speculation": {"layerParallel": 0}}, "at '/speculation/layerParallel': minimum: got 0, want 1"),
     ({"speculation": {"longspecWindow": 0}}, "at '/speculation/longspecWindow': minimum: got 0, want 1"),
+    ({"router": {"maxPrefillTokens": 0}}, "at '/router/maxPrefillTokens': minimum: got 0, want 1"),
 ])
 def test_schema_rejects(values, message):
     with pytest.raises(helm_python.HelmValuesError) as e:

@@ -52,6 +52,7 @@ def test_pipeline_auto_pipelines_only_model_drafts(flags, pipelined):
     ("routr: {}\n", "routr: unknown key"),
     ("router: {pipelined: sometimes}\n", "router.pipelined"),
     ("router: {max_num_seqs: 0}\n", "router.max_num_seqs"),
+    ("router: {max_prefill_tokens: 0}\n", "router.max_prefill_tokens"),
     ("speculative_config: {method: magic}\n", "unknown speculative method"),
     ("transport: {kind: grpc}\n", "drafter_address"),
     ("speculative_config: {method: ngram, layer_parallel: 2}\n", "'layer_parallel' needs method 'draft_model'"),
