@@ -224,35 +224,18 @@ static inline void dequant_f16(const uint8_t* blk, vf w[NV]) {
         for (int r = 0; r < NR; r++) y[(r0 + r) * out + o + f] = vsum(acc[f][r]);
 #endif
 
-static inline __attribute__((always_inline)) void q4_1_features(
-    const float* x, int64_t r0, const int NR, const int NF, int64_t in, const uint8_t* blocks, float* y,
-    int64_t out, int64_t o) {
-    FEATURE_BODY(dequant_q4_1, Q4_1_BYTES)
-}
-
-static inline __attribute__((always_inline)) void q8_0_features(
-    const float* x, int64_t r0, const int NR, const int NF, int64_t in, const uint8_t* blocks, float* y,
-    int64_t out, int64_t o) {
-    FEATURE_BODY(dequant_q8_0, Q8_0_BYTES)
-}
-
-static inline __attribute__((always_inline)) void f32_features(
-    const float* x, int64_t r0, const int NR, const int NF, int64_t in, const uint8_t* blocks, float* y,
-    int64_t out, int64_t o) {
-    FEATURE_BODY(dequant_f32, F32_BYTES)
-}
-
-static inline __attribute__((always_inline)) void bf16_features(
-    const float* x, int64_t r0, const int NR, const int NF, int64_t in, const uint8_t* blocks, float* y,
-    int64_t out, int64_t o) {
-    FEATURE_BODY(dequant_bf16, B16_BYTES)
-}
-
-static inline __attribute__((always_inline)) void f16_features(
-    const float* x, int64_t r0, const int NR, const int NF, int64_t in, const uint8_t* blocks, float* y,
-    int64_t out, int64_t o) {
-    FEATURE_BODY(dequant_f16, B16_BYTES)
-}
+// KIND_features(x, r0, NR, NF, in, blocks, y, out, o): FEATURE_BODY over one kind's blocks.
+#define FEATURES_FN(KIND, DEQUANT, BYTES)                                                                   \
+    static inline __attribute__((always_inline)) void KIND##_features(                                     \
+        const float* x, int64_t r0, const int NR, const int NF, int64_t in, const uint8_t* blocks, float* y, \
+        int64_t out, int64_t o) {                                                                          \
+        FEATURE_BODY(DEQUANT, BYTES)                                                                       \
+    }
+FEATURES_FN(q4_1, dequant_q4_1, Q4_1_BYTES)
+FEATURES_FN(q8_0, dequant_q8_0, Q8_0_BYTES)
+FEATURES_FN(f32, dequant_f32, F32_BYTES)
+FEATURES_FN(bf16, dequant_bf16, B16_BYTES)
+FEATURES_FN(f16, dequant_f16, B16_BYTES)
 
 // Features per call for N rows: enough independent accumulators to cover FMA latency, few enough
 // to stay in the vector registers (32 on AVX-512, 16 on AVX2; measured on each).
