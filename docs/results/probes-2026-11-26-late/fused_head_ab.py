@@ -29,7 +29,7 @@ def main() -> None:
         cache.set_cached("s", args.context)
 
         def block(fused: bool) -> float:
-            model.packed_head = fused_head if fused else (lambda n: None)
+            model.packed_head = fused_head if fused else (lambda: None)
             start = time.perf_counter()
             for _ in range(args.steps):
                 model(RaggedBatch.build([SeqChunk("s", [7] * rows, args.context, num_logits=rows)], cache), cache)
