@@ -27,6 +27,7 @@ QK = 32  # weights per block
 # fp32 d (+ fp32 m for q4_1; GGUF fp16 values) then q; or the 32 values themselves
 BLOCK_BYTES = {"q4_1": 24, "q8_0": 36, "bf16": 64, "f16": 64, "f32": 128}
 KINDS = {"q4_1": 0, "q8_0": 1, "f32": 2, "bf16": 3, "f16": 4}  # csrc/quant_linear.c's codes
+PLAIN = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}  # kinds that are the values themselves
 
 
 @dataclass(frozen=True)
@@ -49,9 +50,9 @@ class PackedWeight:
 
 
 # -- packing (exact or nothing) ---------------------------------------------------------------
-def pack_exact(weight: torch.Tensor, plain: bool = True) -> PackedWeight | None:
+def pack_exact(weight: torch.Tensor) -> PackedWeight | None:
     """The smallest packing of a CPU fp32 weight [out, in] (in % 32 == 0) that holds its values
-    exactly: Q4_1, Q8_0, bf16, fp16, then (`plain`) its fp32 values as they are; else None."""
+    exactly: Q4_1, Q8_0, bf16, fp16, else its fp32 values as they are; None for other weights."""
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
         return None
     if weight.shape[1] % QK or not weight.is_contiguous():
@@ -62,16 +63,13 @@ def pack_exact(weight: torch.Tensor, plain: bool = True) -> PackedWeight | None:
         packed = pack(w)
         if packed is not None:
             return packed
-    packed = _pack_16(w)
-    if packed is None and plain:
-        packed = _pack_f32(weight.detach())
-    return packed
+    return _pack_16(w) or _pack_f32(weight.detach())
 
 
 def _pack_16(w: torch.Tensor) -> PackedWeight | None:
-    for kind, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16)):
-        narrow = w.to(dtype)  # [out, nb, 32]
-        if torch.equal(narrow.float(), w) and not narrow.isnan().any():
+    for kind in ("bf16", "f16"):
+        narrow = w.to(PLAIN[kind])  # [out, nb, 32]
+        if torch.equal(narrow.float(), w):  # (never with a NaN: NaN != NaN)
             return PackedWeight(kind, narrow.view(torch.uint8).contiguous(), w.shape[0], w.shape[1] * QK)
     return None
 
@@ -117,9 +115,8 @@ def round_to_q8_0(weight: torch.Tensor) -> torch.Tensor:
 def dequantize(packed: PackedWeight) -> torch.Tensor:
     """The fp32 weight [out_features, in_features] the blocks hold (the reference)."""
     b = packed.blocks
-    if packed.kind in ("f32", "bf16", "f16"):
-        dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[packed.kind]
-        return b.view(dtype).float().reshape(packed.out_features, packed.in_features)
+    if packed.kind in PLAIN:
+        return b.view(PLAIN[packed.kind]).float().reshape(packed.out_features, packed.in_features)
     d = b[..., 0:4].contiguous().view(torch.float32)  # [out, nb, 1]
     if packed.kind == "q8_0":
         q = b[..., 4:].contiguous().view(torch.int8).float()  # [out, nb, 32]
