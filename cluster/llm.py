@@ -59,8 +59,6 @@ class LLM:
         kernels on GGUF weights, "exact" (the fp32 model) or "fast" (8-bit activations, kernels/fast_linear.py; a 16-bit
         KV cache). `max_prefill_tokens`: prompt tokens a round admits at most (one prompt always;
         None: every prompt that fits), as `specray serve` does."""
-        if max_prefill_tokens is not None and (type(max_prefill_tokens) is not int or max_prefill_tokens < 1):
-            raise ValueError(f"max_prefill_tokens must be a positive integer or None, got {max_prefill_tokens!r}")
         torch_dtype = parse_dtype(dtype)
         torch.manual_seed(seed)
         checkpoint = resolve(model)

@@ -135,31 +135,15 @@ static inline void dequant_bf16(const uint8_t* blk, vf w[NV]) {
 #endif
 }
 
-// IEEE half -> float, exact (the scalar build's; vcvtph2ps elsewhere).
-static inline float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | mant << 13;
-    } else if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in fp32
-        float f = (float)mant * 5.9604644775390625e-8f;
-        memcpy(&bits, &f, 4);
-        bits |= sign;
-    } else {
-        bits = sign | (exp + 112) << 23 | mant << 13;
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 static inline void dequant_f16(const uint8_t* blk, vf w[NV]) {
 #if VL == 16
     for (int j = 0; j < NV; j++) w[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + 32 * j)));
 #elif VL == 8 && defined(__F16C__)
     for (int j = 0; j < NV; j++) w[j] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + 16 * j)));
-#else
+#else  // the compiler's _Float16 widening, as kv_type.h's scalar loads
+    const _Float16* h = (const _Float16*)blk;
     float v[QK];
-    for (int j = 0; j < QK; j++) v[j] = half_to_float((uint16_t)(blk[2 * j] | blk[2 * j + 1] << 8));
+    for (int j = 0; j < QK; j++) v[j] = (float)h[j];
     for (int j = 0; j < NV; j++) w[j] = VLOAD(v + j * VL);
 #endif
 }
