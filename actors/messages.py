@@ -27,8 +27,8 @@ class SeqSpec:
 class TargetItem:
     """One sequence's share of a target step.
 
-    `new_token_ids` are committed tokens the target has not cached yet: the prompt at prefill, the
-    pending (last emitted) token in decode. The proposal's draft tokens follow them.
+    `new_token_ids` are committed tokens the target has not cached yet: the prompt (or its next chunk) at
+    prefill, the pending (last emitted) token in decode. The proposal's draft tokens follow them.
     """
 
     seq_id: object
@@ -38,9 +38,13 @@ class TargetItem:
     # Verification rule the router picked from the proposal's kind (kernels/verify/rules.py);
     # None: the worker picks it the same way. A rule that cannot verify the proposal is an error.
     rule: str | None = None
+    # False for a prompt chunk before the prompt's last (chunked prefill): its KV is cached and no
+    # token is drawn, so a seeded sequence's generator is untouched until its prompt is whole
+    emits: bool = True
 
     def __post_init__(self) -> None:
         assert len(self.new_token_ids) >= 1
+        assert self.emits or self.proposal.num_draft_tokens == 0, "a prompt chunk carries no proposal"
 
 
 @dataclass

@@ -169,18 +169,26 @@ class TargetWorker:
         if proposal.is_tree:
             parents = list(range(-1, m - 1)) + [m - 1 if p < 0 else m + p for p in proposal.tree_parents()]
         return SeqChunk(item.seq_id, item.new_token_ids + proposal.draft_token_ids,
-                        self.cache.num_cached(item.seq_id), parents, num_logits=proposal.num_draft_tokens + 1)
+                        self.cache.num_cached(item.seq_id), parents, num_logits=_num_logits(item))
 
     def _verify(self, items: list[TargetItem], rules: list[str], logits: torch.Tensor) -> list[VerifyResult]:
-        seqs = [self.seqs[i.seq_id] for i in items]
-        return verify_batch(logits, [i.proposal for i in items], rules, [s.spec.sampling for s in seqs],
-                            [s.generator for s in seqs])
+        """logits [sum of the emitting items' n + 1, vocab_size] -> a result per item; a prompt chunk
+        before the prompt's last has no logits and draws nothing."""
+        emitting = [b for b, item in enumerate(items) if item.emits]
+        results = [VerifyResult.prompt_chunk() for _ in items]
+        if emitting:
+            seqs = [self.seqs[items[b].seq_id] for b in emitting]
+            verified = verify_batch(logits, [items[b].proposal for b in emitting], [rules[b] for b in emitting],
+                                    [s.spec.sampling for s in seqs], [s.generator for s in seqs])
+            for b, res in zip(emitting, verified, strict=True):
+                results[b] = res
+        return results
 
     def _attach_logprobs(self, items, logits, results) -> None:
         row0 = 0
         for item, res in zip(items, results, strict=True):
             n = self.seqs[item.seq_id].spec.logprobs
-            if n is not None:
+            if n is not None and item.emits:
                 emitted = res.emitted_token_ids
                 rows = torch.tensor([0] + [1 + node for node in res.path_nodes()]) + row0  # [emitted]
                 logp = logits[rows].log_softmax(-1)  # [emitted, vocab_size]
@@ -191,11 +199,17 @@ class TargetWorker:
                     if top is not None:
                         entry.update(zip(top.indices[j].tolist(), top.values[j].tolist()))
                     res.logprobs.append(entry)
-            row0 += item.proposal.num_draft_tokens + 1
+            row0 += _num_logits(item)
 
     def release(self, seq_id: object) -> None:
         self.seqs.pop(seq_id, None)
         self.cache.free(seq_id)
+
+
+def _num_logits(item: TargetItem) -> int:
+    """Rows of logits an item gets: the pending token's and each draft token's; none for a prompt
+    chunk before the prompt's last."""
+    return item.proposal.num_draft_tokens + 1 if item.emits else 0
 
 
 def _attach_features(items: list[TargetItem], results: list[VerifyResult], wants: list[str | None],

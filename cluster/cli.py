@@ -30,8 +30,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="the whole speculative_config as JSON, as vLLM takes it (trees, budgets, lookup_first, "
                         "...); not with the other speculation flags")
     s.add_argument("--speculative-method", default=None, choices=[*METHODS, "freedave", "none"],
-                   help="default: adaptive ngram on CPU; on an accelerator the target's packaged trained "
-                        "draft (smollm2-135m: eagle), else ngram; freedave for a diffusion LM (its default)")
+                   help="default: adaptive ngram (measured best on CPU and on an H100; eagle: the target's "
+                        "packaged trained draft behind lookup); freedave for a diffusion LM (its default)")
     s.add_argument("--draft-model", default=None,
                    help="draft checkpoint for draft_model or eagle (default: the packaged draft, else the target)")
     s.add_argument("--draft-vocab-trim", type=int, default=None,

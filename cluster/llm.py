@@ -57,8 +57,8 @@ class LLM:
         then takes FreeDave ({"method": "freedave", "num_drafts": K}) and `diffusion_config` its
         block_length and steps_per_block (cluster/config/diffusion.py). `kernels`: the target's CPU
         kernels on GGUF weights, "exact" (the fp32 model) or "fast" (8-bit activations, kernels/fast_linear.py; a 16-bit
-        KV cache). `max_prefill_tokens`: prompt tokens a round admits at most (one prompt always;
-        None: every prompt that fits), as `specray serve` does."""
+        KV cache). `max_prefill_tokens`: prompt tokens a round prefills at most, a longer prompt in
+        chunks over several rounds (None: every prompt that fits, whole), as `specray serve` does."""
         torch_dtype = parse_dtype(dtype)
         torch.manual_seed(seed)
         checkpoint = resolve(model)

@@ -80,7 +80,9 @@ class VerifyResult:
     """
 
     accepted_token_ids: list[int]
-    next_token_id: int  # recovered at the first rejection, bonus after a fully accepted path
+    # recovered at the first rejection, bonus after a fully accepted path; None for a prompt chunk
+    # before the prompt's last (chunked prefill: its KV is cached, no token is drawn)
+    next_token_id: int | None
     is_bonus: bool
     num_draft_tokens: int
     logprobs: list[dict[int, float]] | None = field(default=None)  # per emitted token
@@ -91,7 +93,9 @@ class VerifyResult:
 
     def __post_init__(self) -> None:
         assert len(self.accepted_token_ids) <= self.num_draft_tokens
-        if self.accepted_nodes is None:
+        if self.next_token_id is None:
+            assert self.num_draft_tokens == 0 and not self.is_bonus and self.accepted_nodes is None
+        elif self.accepted_nodes is None:
             assert self.is_bonus == (len(self.accepted_token_ids) == self.num_draft_tokens)
         else:
             assert len(self.accepted_nodes) == len(self.accepted_token_ids)
@@ -101,9 +105,14 @@ class VerifyResult:
     def num_accepted(self) -> int:
         return len(self.accepted_token_ids)
 
+    @classmethod
+    def prompt_chunk(cls) -> "VerifyResult":
+        """A prompt chunk before the prompt's last: cached, nothing drawn or emitted."""
+        return cls([], None, False, 0)
+
     @property
     def emitted_token_ids(self) -> list[int]:
-        return [*self.accepted_token_ids, self.next_token_id]
+        return [] if self.next_token_id is None else [*self.accepted_token_ids, self.next_token_id]
 
     def path_nodes(self) -> list[int]:
         """[num_accepted] accepted node indices, chains included."""

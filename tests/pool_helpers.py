@@ -20,11 +20,12 @@ def config(tiny_target, tiny_draft, transport="ray", **router):
         "transport": {"kind": transport, "drafter_address": "x:1" if transport == "grpc" else None}})
 
 
-def make_engine(target, draft, tiny_target, pipelined=False):
+def make_engine(target, draft, tiny_target, pipelined=False, max_prefill_tokens=None):
     checkpoint = Checkpoint(tiny_target, "tiny")
     tok = checkpoint.tokenizer()
     spec = config(tiny_target, tiny_target).speculative
-    limits, eos = router_limits(ModelConfig.from_hf(checkpoint.hf_config()), tok, spec, None, 8, 512, 16, pipelined)
+    limits, eos = router_limits(ModelConfig.from_hf(checkpoint.hf_config()), tok, spec, None, 8, 512, 16, pipelined,
+                                max_prefill_tokens)
     return Router(target, draft, tok, eos, limits)
 
 

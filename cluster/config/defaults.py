@@ -9,39 +9,31 @@ from specray.kernels.loader import DEFAULT_DRAFTS, TARGET_DRAFTS
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024  # HTTP body / gRPC message: far above a full context of token ids
 
-# A target on CPU: prompt lookup (n-gram) of a match of at least 2 tokens (a lone token's match
+# Every device: prompt lookup (n-gram) of a match of at least 2 tokens (a lone token's match
 # proposes mostly misses, which teach the length policy to stop drafting), its length adaptive up to
 # 4 tokens (each round, each sequence drafts what maximises expected tokens per cost, from its
 # acceptance and this machine's measured step costs: cluster/router/adaptive.py), off once two
-# sequences run (batches of 2+ gained nothing from drafting on CPU). On an accelerator a target with
-# a packaged trained draft takes it behind prompt lookup (one draft-model token a round), adaptive,
-# off from two sequences. On CPU the trained draft costs a fifth of a step a token and verified rows
-# are dear: paired Spec-Bench runs put n-gram ahead of it (docs/performance.md, "Figures behind
-# choices in the code").
+# sequences run (batches of 2+ gained nothing from drafting). Paired Spec-Bench runs put it ahead of
+# the packaged trained draft (behind lookup or alone) on CPU, where that draft costs a fifth of a
+# step a token and verified rows are dear, and on an H100, where a step is bound by launches and
+# the draft's launches cost a large share of it (docs/performance.md, "Figures behind choices in
+# the code"); `trained_draft_config` is what `--speculative-method eagle` gets.
 DEFAULT_DRAFT_TOKENS = 4
 DEFAULT_LOOKUP_MIN = 2
 DEFAULT_LOOKUP_FIRST = {"model_tokens": 1}
 DEFAULT_DISABLE_BY_BATCH_SIZE = 2
-FIXED_NGRAM = {"method": "ngram", "num_speculative_tokens": 2}  # accelerators, targets without a trained draft
-
-
-def on_cpu(device: str) -> bool:
-    """Whether a torch device string names the CPU ("cpu", "cpu:0")."""
-    return str(device).split(":")[0] == "cpu"
 
 
 def default_speculative_config(model: str, device: str = "cpu") -> dict[str, Any]:
-    """FreeDave for a diffusion LM; else adaptive n-gram where the target runs on CPU; else the
-    target's packaged trained draft (`trained_draft_config`) or a fixed n-gram chain."""
+    """FreeDave for a diffusion LM; else adaptive n-gram, on every `device` (measured the best on
+    CPU and on an H100; the argument stays for devices where that changes)."""
     from specray.kernels.loader import is_diffusion_model
 
     if is_diffusion_model(model):
         from specray.cluster.config.diffusion import DEFAULT_NUM_DRAFTS, FREEDAVE
 
         return {"method": FREEDAVE, "num_drafts": DEFAULT_NUM_DRAFTS}
-    if on_cpu(device):
-        return adaptive_ngram_config()
-    return trained_draft_config(model) or dict(FIXED_NGRAM)
+    return adaptive_ngram_config()
 
 
 def adaptive_ngram_config() -> dict[str, Any]:
@@ -68,7 +60,7 @@ def trained_draft_config(model: str) -> dict[str, Any] | None:
 
 def method_recipe(model: str, method: str, default: dict[str, Any]) -> dict[str, Any] | None:
     """The tuned extras for `method` on `model`: the default's where it is that method, else the
-    packaged trained draft's (asking for eagle on CPU gets the accelerator default), else None."""
+    packaged trained draft's recipe (asking for eagle gets it behind prompt lookup), else None."""
     if method == default.get("method"):
         return default
     trained = trained_draft_config(model)
@@ -106,4 +98,4 @@ def is_default_for_other(model: str, device: str = "cpu") -> list[dict[str, Any]
 
     if not is_diffusion_model(model):
         return others
-    return others + [dict(FIXED_NGRAM), adaptive_ngram_config()]
+    return others + [adaptive_ngram_config()]

@@ -27,8 +27,9 @@ class RouterConfig(Strict):
         "auto", description="two groups in flight: draft B while verifying A; auto: only when the draft is a model")
     max_num_seqs: int = Field(32, ge=1, description="running sequences at most")
     max_prefill_tokens: int | None = Field(
-        512, ge=1, description="prompt tokens a round admits at most (one prompt always), so a first token waits "
-        "only for the prompts admitted with it; null: every prompt that fits")
+        512, ge=1, description="prompt tokens a round prefills at most, a longer prompt in chunks over several "
+        "rounds (chunked prefill): a first token waits only for the prompts ahead of it, and running "
+        "sequences keep decoding beside a long prompt; null: every prompt that fits, whole")
     max_waiting: int = Field(256, ge=1, description="queued requests before 429 / RESOURCE_EXHAUSTED")
     kv_cache_tokens: int = Field(16384, ge=16, description="target KV cache size in tokens")
     block_size: int = Field(16, ge=1)

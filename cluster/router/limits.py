@@ -28,8 +28,9 @@ class RouterLimits:
     draft_features: str | None = None
     adaptive: bool = False  # each round picks each sequence's draft length (cluster/router/adaptive.py)
     model_tokens: int | None = None  # draft-model steps a round runs at most (lookup first); None: its length
-    # prompt tokens a round admits at most (one prompt always): a prompt's first token then waits for
-    # the prompts admitted before it in its round only, not for every queued one; None: no bound
+    # prompt tokens a round prefills at most, a longer prompt in chunks over several rounds: a first
+    # token waits for the prompts ahead of it only, and running sequences decode between the chunks
+    # of a long prompt; None: no bound, every prompt whole
     max_prefill_tokens: int | None = None
 
     def __post_init__(self) -> None:

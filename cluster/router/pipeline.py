@@ -38,7 +38,7 @@ class RoundSteps(Protocol):
                        proposals: dict[str, Proposal]) -> list[Sequence]: ...
     def submit_propose(self, seqs: list[Sequence]) -> Pending[dict[object, Proposal]] | None: ...
     def collect_proposals(self, seqs: list[Sequence], pending: Pending | None) -> dict[str, Proposal]: ...
-    def outputs(self, seqs: list[Sequence]) -> list[RequestOutput]: ...
+    def news(self, seqs: list[Sequence]) -> list[RequestOutput]: ...
 
 
 class Pipeline:
@@ -56,6 +56,9 @@ class Pipeline:
         r = self.router
         committed = self._finish_verify()  # group A: committed, to be drafted next
         to_verify, proposals = self._finish_draft()  # group B: proposals ready
+        # a part-prefilled prompt's next chunk needs no proposal: it rides in this slot's verify
+        to_verify += [s for s in committed if s.prefilling]
+        committed = [s for s in committed if not s.prefilling]
         to_verify += r.admit(limit=self._admission_limit(len(committed), len(to_verify)))
         moved = self._rebalance(committed, to_verify)
         committed = [s for s in committed if s not in moved]
@@ -63,7 +66,7 @@ class Pipeline:
             self.verifying = (to_verify, proposals, r.submit_verify(to_verify, proposals))
         if committed:
             self.drafting = (committed, r.submit_propose(committed))
-        return r.outputs(self._touched)
+        return r.news(self._touched)
 
     def _finish_verify(self) -> list[Sequence]:
         self._touched: list[Sequence] = []

@@ -19,6 +19,7 @@ from specray.actors.messages import DraftItem, TargetItem
 from specray.cluster.outputs import RequestOutput
 from specray.cluster.pools.api import Done, DraftPool, DraftUnavailable, Pending, TargetPool, TargetUnavailable
 from specray.cluster.router.adaptive import length_policy
+from specray.cluster.router.admission import admit
 from specray.cluster.router.failures import log
 from specray.cluster.router.limits import RouterLimits, RouterStats, router_limits  # noqa: F401 (re-export)
 from specray.cluster.router.pipeline import Pipeline
@@ -67,25 +68,8 @@ class Router(RequestBook):
 
     # -- scheduling -------------------------------------------------------------------------
     def admit(self, limit: int | None = None) -> list[Sequence]:
-        """Move waiting sequences to running while KV, `max_num_seqs` and the round's prompt-token
-        budget (`max_prefill_tokens`; one prompt always) allow (at most `limit`)."""
-        admitted: list[Sequence] = []
-        budget, prefill = self.config.max_prefill_tokens, 0
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
-            if limit is not None and len(admitted) >= limit:
-                break
-            seq = self.waiting[0]
-            prefill += len(seq.prompt_token_ids)
-            if admitted and budget is not None and prefill > budget:
-                break
-            need = self.config.reservation(len(seq.prompt_token_ids), seq.params.max_tokens)
-            if self.reserved_tokens + need > self.config.kv_capacity_tokens:
-                break
-            self.waiting.popleft()
-            self.reserved_tokens += need
-            self.running.append(seq)
-            admitted.append(seq)
-        return admitted
+        """Plan the round's prefill and admit waiting sequences (cluster/router/admission.py)."""
+        return admit(self, limit)
 
     def num_draft_tokens(self, seq: Sequence) -> int:
         """This round's speculation length (a chain's length, a tree's depth): the request's own or
@@ -138,7 +122,7 @@ class Router(RequestBook):
         """The policy's lengths, within each cap; seeded sampled sequences keep theirs."""
         steered = [i for i, s in enumerate(seqs) if caps[i] > 0 and not s.reproducible]
         fixed_rows = sum(caps) - sum(caps[i] for i in steered)
-        prefill_rows = sum(len(s.prompt_token_ids) for s in self.running if not s.output_token_ids)
+        prefill_rows = sum(s.chunk for s in self.running if s.prefilling)
         chosen = self.lengths.lengths([(seqs[i].acceptance, caps[i]) for i in steered],
                                       len(seqs) + fixed_rows + prefill_rows)
         lengths = list(caps)
@@ -189,9 +173,12 @@ class Router(RequestBook):
             proposal = proposals.get(seq.seq_id, Proposal([]))
             self._check_budget(seq, proposal)
             return TargetItem(seq.seq_id, seq.output_token_ids[-1:], proposal, rule=self._rule(seq, proposal))
-        # prefill: the first token comes from the prompt's last position
-        spec = dataclasses.replace(seq.spec(), features=self.config.draft_features)
-        return TargetItem(seq.seq_id, list(seq.prompt_token_ids), Proposal([]), spec)
+        # prefill (the round's chunk of the prompt): the first token comes from the prompt's last position
+        start, end = seq.prefilled, seq.prefilled + seq.chunk
+        assert seq.chunk >= 1, "a prefilling sequence in a step has its chunk planned"
+        spec = dataclasses.replace(seq.spec(), features=self.config.draft_features) if start == 0 else None
+        return TargetItem(seq.seq_id, seq.prompt_token_ids[start:end], Proposal([]), spec,
+                          emits=end == len(seq.prompt_token_ids))
 
     def _rule(self, seq: Sequence, proposal: Proposal) -> str:
         """The rule for this round (kernels/verify/rules.py); the target worker checks it again."""
@@ -264,9 +251,13 @@ class Router(RequestBook):
         pending = self.submit_verify(group, proposals)
         if self.after_submit is not None:
             self.after_submit()
-        outputs = self.outputs(self.collect_verify(group, pending, proposals))
+        outputs = self.news(self.collect_verify(group, pending, proposals))
         self._observe(len(group), proposals, before)
         return outputs
+
+    def news(self, seqs: list[Sequence]) -> list[RequestOutput]:
+        """The outputs of requests that changed (a prompt chunk before the last changes nothing)."""
+        return self.outputs([s for s in seqs if not s.prefilling or s.finished])
 
     def _observe(self, num_seqs: int, proposals: dict[str, Proposal], before: tuple[float, ...]) -> None:
         """Tell the length policy what a round without a prefill cost (a prefill's step says
@@ -279,6 +270,12 @@ class Router(RequestBook):
         self.lengths.observe(num_seqs + sum(lengths), time.perf_counter() - start, drafted, lengths)
 
     def _commit(self, seq: Sequence, res: VerifyResult) -> None:
+        if seq.prefilling:
+            seq.prefilled, seq.chunk = seq.prefilled + seq.chunk, 0
+        if res.next_token_id is None:  # a prompt chunk before the last: cached, nothing drawn
+            if res.features is not None:
+                seq.draft_features.append(res.features)
+            return
         if seq.output_token_ids:  # a decode round (the prefill's first token is not one)
             self.stats.record_round(res)
             m = seq.metrics

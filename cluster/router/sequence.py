@@ -25,6 +25,8 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     draft_sent: int = 0  # committed tokens already sent to the draft worker
+    prefilled: int = 0  # prompt tokens the target has cached (chunked prefill: a long prompt takes rounds)
+    chunk: int = 0  # prompt tokens this round's target step prefills (set when the round is planned)
     # target features (VerifyResult.features) not sent to the draft worker yet; eagle drafts only
     draft_features: list = field(default_factory=list)
     prefix_offset: int = 0  # incremental detokenisation window over output_token_ids
@@ -45,6 +47,16 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def prefilling(self) -> bool:
+        """The target has not drawn this sequence's first token yet (its prompt is not all cached)."""
+        return not self.output_token_ids
+
+    def next_chunk(self, budget: int | None) -> int:
+        """Prompt tokens the next step prefills within `budget` (None: the rest of the prompt)."""
+        rest = len(self.prompt_token_ids) - self.prefilled
+        return rest if budget is None else min(rest, budget)
 
     @property
     def finished(self) -> bool:

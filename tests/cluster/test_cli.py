@@ -37,9 +37,9 @@ def test_draft_quantization_reaches_the_speculative_config():
 
 
 def test_generate_defaults_follow_the_device():
-    """`specray generate` on CPU: adaptive prompt lookup, off from two running sequences; on an
-    accelerator smollm2-135m's packaged feature-level draft behind prompt lookup; asking for eagle
-    on CPU gets that recipe; the flags override each part."""
+    """`specray generate` on CPU and on an accelerator: adaptive prompt lookup, off from two running
+    sequences; asking for eagle gets smollm2-135m's packaged feature-level draft behind prompt
+    lookup; the flags override each part."""
     from specray.cluster.cli import build_parser, speculative_config
 
     def spec(*flags):
@@ -50,9 +50,9 @@ def test_generate_defaults_follow_the_device():
     trained = {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 4,
                "lookup_first": {"model_tokens": 1}, "disable_by_batch_size": 2, "adaptive": True}
     assert spec() == spec("--speculative-method", "ngram") == spec("--model", "other") == cpu
-    assert spec("--device", "cuda") == spec("--speculative-method", "eagle") == spec("--speculative-method", "eagle",
-                                                                                      "--lookup-first") == trained
-    assert spec("--device", "cuda", "--model", "other") == {"method": "ngram", "num_speculative_tokens": 2}
+    assert spec("--device", "cuda") == spec("--device", "cuda", "--model", "other") == cpu
+    assert spec("--speculative-method", "eagle") == spec("--speculative-method", "eagle", "--lookup-first") == trained
+    assert spec("--device", "cuda", "--speculative-method", "eagle") == trained
     assert spec("--prompt-lookup-min", "1", "--prompt-lookup-max", "3") == {**cpu, "prompt_lookup_min": 1,
                                                                             "prompt_lookup_max": 3}
     assert spec("--num-speculative-tokens", "3", "--disable-by-batch-size", "8") == {

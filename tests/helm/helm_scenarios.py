@@ -6,6 +6,7 @@ SCENARIOS = {
     "cpu": (("values-cpu.yaml",), {}),
     "tp2": ((), {"target": {"tensorParallel": 2, "replicas": 2, "minReplicas": 2, "maxReplicas": 2}}),
     "no-draft": ((), {"speculation": {"method": "none"}}),
+    "eagle": ((), {"speculation": {"method": "eagle", "draftModel": "smollm2-135m-eagle"}}),  # a GPU draft group
     "api-key": ((), {"apiKey": {"enabled": True, "value": "s3cret"}}),
     "draft-model": (("values-cpu.yaml",), {"speculation": {"method": "draft_model", "draftModel": "/models/draft"},
                                           "modelStorage": {"type": "pvc", "pvc": {"create": True}},

@@ -18,7 +18,7 @@ def test_groups_and_pools_agree(rendered, scenario):
 
 
 def test_kuberay_quoting_of_resources(rendered):
-    rayservice = rendered["default"].rayservice
+    rayservice = rendered["eagle"].rayservice
     value = _group(rayservice, "draft")["rayStartParams"]["resources"]
     assert value == '"{\\"draft\\":1}"'  # YAML '"{\"draft\":1}"', as in KubeRay's samples
     assert ray_resources_param(value) == {"draft": 1} == app_config(rayservice)["pools"]["draft"]["resources"]
@@ -26,7 +26,7 @@ def test_kuberay_quoting_of_resources(rendered):
 
 
 def test_drifted_group_resources_are_caught(rendered):
-    rayservice = copy.deepcopy(rendered["default"].rayservice)
+    rayservice = copy.deepcopy(rendered["eagle"].rayservice)
     _group(rayservice, "draft")["rayStartParams"]["resources"] = '"{\\"drafter\\": 1}"'
     problems = pool_resource_problems(rayservice)
     assert problems == ["pool draft: group advertises {'drafter': 1}, config requests {'draft': 1.0}"]
@@ -56,7 +56,7 @@ def test_too_few_target_pods_for_tensor_parallel_are_caught(rendered):
 
 
 def test_missing_gpu_and_shared_resources_are_caught(rendered):
-    rayservice = copy.deepcopy(rendered["default"].rayservice)
+    rayservice = copy.deepcopy(rendered["eagle"].rayservice)
     del _group(rayservice, "target")["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
     _group(rayservice, "draft")["rayStartParams"]["resources"] = '"{\\"draft\\": 1, \\"target\\": 1}"'
     problems = pool_resource_problems(rayservice)
@@ -65,7 +65,7 @@ def test_missing_gpu_and_shared_resources_are_caught(rendered):
 
 
 def test_missing_draft_group_is_caught(rendered):
-    rayservice = copy.deepcopy(rendered["default"].rayservice)
+    rayservice = copy.deepcopy(rendered["eagle"].rayservice)
     groups = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]
     groups[:] = [g for g in groups if g["groupName"] != "draft"]
     assert pool_resource_problems(rayservice) == ["pool draft: no worker group named 'draft'"]
@@ -74,5 +74,5 @@ def test_missing_draft_group_is_caught(rendered):
 def test_draft_group_without_speculation_is_caught(rendered):
     def drift(cfg):
         cfg["speculative_config"] = None
-    problems = pool_resource_problems(with_app_config(rendered["default"].rayservice, drift))
+    problems = pool_resource_problems(with_app_config(rendered["eagle"].rayservice, drift))
     assert problems == ["a draft worker group is rendered but speculative_config is null"]

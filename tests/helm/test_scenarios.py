@@ -21,17 +21,20 @@ def _containers(r):
 
 def test_default_is_gpu_target_with_the_targets_own_speculation(rendered):
     r = rendered["default"]
-    assert set(_groups(r)) == {"draft", "target"}
+    assert set(_groups(r)) == {"target"}  # adaptive n-gram drafts in the replica
     target = _groups(r)["target"]["template"]["spec"]["containers"][0]
     assert target["resources"]["limits"]["nvidia.com/gpu"] == 1
     cfg = app_config(r.rayservice)
     assert cfg["pools"]["target"]["device"] == "cuda" and cfg["pools"]["target"]["num_gpus"] == 1
     assert "speculative_config" not in cfg  # method default: the Serve config picks the target's own
-    assert ServeConfig.from_dict(cfg).speculative_config["method"] == "eagle"  # smollm2-135m's packaged draft
+    assert ServeConfig.from_dict(cfg).speculative_config["method"] == "ngram"
+    assert ServeConfig.from_dict(cfg).draft_transport == "inline"
     assert cfg["http"]["api_key_env"] is None  # no key: a stray variable must not turn auth on
     assert r.of_kind("Secret") == [] and r.of_kind("ServiceMonitor") == []
-    draft = _groups(r)["draft"]["template"]["spec"]["containers"][0]  # a neural draft beside a GPU target
+    eagle = rendered["eagle"]
+    draft = _groups(eagle)["draft"]["template"]["spec"]["containers"][0]  # a neural draft beside a GPU target
     assert draft["resources"]["limits"]["nvidia.com/gpu"] == 1
+    cfg = app_config(eagle.rayservice)
     assert cfg["pools"]["draft"]["num_gpus"] == 1 and cfg["pools"]["draft"]["device"] == "cuda"
 
 
@@ -48,7 +51,7 @@ def test_ngram_draft_group_gets_no_gpu():
                                     {"target": {"gpus": 0}}, {"transport": {"kind": "inline"}}])
 def test_a_draft_in_the_replica_renders_no_draft_group(values):
     """transport auto (the default) drafts inside the replica where the method has no draft model
-    (ngram, aded, the CPU default); inline always does. Neither renders a draft group."""
+    (ngram, aded, the default); inline always does. Neither renders a draft group."""
     from helm_render import render
 
     r = render(values)

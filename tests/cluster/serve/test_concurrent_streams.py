@@ -1,5 +1,5 @@
 """Served outputs equal the in-process API's token for token at concurrency 1-16, over HTTP and
-gRPC, streaming and not; a consumer that falls behind gets coalesced snapshots (fewer chunks) with
+gRPC, streaming and not, with the served prompts prefilled in chunks; a consumer that falls behind gets coalesced snapshots (fewer chunks) with
 the same text, order and finish reasons."""
 
 import asyncio
@@ -35,7 +35,9 @@ def want(tiny_target):
 
 @pytest.fixture(scope="module")
 def served(tiny_target, tiny_draft):
-    llm = LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), **SPEC}, max_num_seqs=16)
+    # a prompt-token budget below most prompts' lengths: served prompts prefill in chunks
+    llm = LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), **SPEC}, max_num_seqs=16,
+              max_prefill_tokens=5)
     router = AsyncRouter(llm.router)
     tok = llm.get_tokenizer()
     service = GenerationService(router, tok, "tiny", speculative_method="draft_model")

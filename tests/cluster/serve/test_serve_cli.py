@@ -114,9 +114,9 @@ def test_speculative_config_json_replaces_the_files(tmp_path, capsys):
 
 
 def test_default_speculation_follows_the_device(tmp_path, capsys):
-    """On CPU the default is adaptive prompt lookup, off from two running sequences (measured:
-    cluster/config/defaults.py); a target on an accelerator takes its packaged trained draft behind
-    prompt lookup; asking for eagle on CPU gets that recipe; another target keeps n-gram."""
+    """On CPU and on an accelerator the default is adaptive prompt lookup, off from two running
+    sequences (measured: cluster/config/defaults.py); asking for eagle gets the packaged trained
+    draft behind prompt lookup."""
     import yaml
 
     cpu = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "disable_by_batch_size": 2,
@@ -128,6 +128,8 @@ def test_default_speculation_follows_the_device(tmp_path, capsys):
     path = tmp_path / "gpu.yaml"
     path.write_text("pools: {target: {device: cuda, num_gpus: 1}}\n")
     assert main(["serve", "--config", str(path), "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == cpu
+    assert main(["serve", "--config", str(path), "--dry-run", "--speculative-method", "eagle"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == trained
     assert main(["serve", "--dry-run", "--speculative-method", "eagle"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == trained
@@ -142,8 +144,7 @@ def test_default_speculation_follows_the_device(tmp_path, capsys):
     assert main(["serve", "--model", "other-model", "--dry-run"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == cpu
     assert main(["serve", "--model", "other-model", "--config", str(path), "--dry-run"]) == 0
-    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {"method": "ngram",
-                                                                             "num_speculative_tokens": 2}
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == cpu
 
 
 def test_inline_transport_places_no_draft_actor():
