@@ -11,6 +11,12 @@ LONG_CONTEXT = Path(__file__).parent / "data" / "long_context.jsonl"  # 2k-8k to
 SHARED_PROMPTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "spec_bench" / "question.jsonl"
 
 
+def dataset_name(path: str | Path | None) -> str:
+    """What a report names as its prompts: the file, or the packaged subset (the default where no
+    Spec-Bench lies beside the checkout, so two installs can measure different prompts)."""
+    return str(path) if path else f"the packaged Spec-Bench subset ({PACKAGED_PROMPTS.name})"
+
+
 def load_prompts(path: Path | None, num: int) -> list[dict]:
     """First turns taken round-robin across categories in file order: the first prompt of every
     category, then the second of every category, and so on, until `num`."""

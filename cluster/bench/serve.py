@@ -30,7 +30,7 @@ from pathlib import Path
 from specray.cluster.args import int_list
 from specray.cluster.bench.listing import first_model
 from specray.cluster.bench.load import Sample, run_level, run_level_grpc
-from specray.cluster.bench.prompts import load_prompts
+from specray.cluster.bench.prompts import dataset_name, load_prompts
 
 SCHEMA = "specray.bench.serve/2"
 
@@ -89,7 +89,8 @@ def request_bodies(args, model: str) -> list[dict]:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"{report['url']} model {report['model']}, {report['endpoint']}, {report['max_tokens']} max tokens", "",
+    lines = [f"{report['url']} model {report['model']}, {report['endpoint']}, {report['max_tokens']} max tokens; "
+             f"prompts: {dataset_name(report.get('dataset'))}", "",
              "| concurrency | rate | completed | errors | tokens/s | req/s | TTFT p50/p99 s | TPOT p50/p99 s | E2E p50/p90/p99 s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in report["levels"]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from specray.cluster.bench.listing import first_model
 from specray.cluster.bench.load import run_level
+from specray.cluster.bench.prompts import dataset_name
 from specray.cluster.bench.serve import request_bodies, summarise
 
 SCHEMA = "specray.bench.side_by_side/1"
@@ -106,7 +107,7 @@ def compare(levels: dict[str, list[dict]]) -> list[dict]:
 def markdown(report: dict) -> str:
     lines = [f"{report['model']} ({report['gguf']}), {report['endpoint']}, {report['num_requests']} requests x "
              f"{report['max_tokens']} tokens a level, temperature {report['temperature']}, ignore_eos "
-             f"{report['ignore_eos']}; llama-server (cache_prompt false): `{' '.join(report['llama_command'][1:])}`; "
+             f"{report['ignore_eos']}, prompts: {dataset_name(report.get('dataset'))}; llama-server (cache_prompt false): `{' '.join(report['llama_command'][1:])}`; "
              "specray serve: "
              f"`{report['specray_args'] or '(defaults)'}`", "",
              "| concurrency | llama-server tokens/s | specray serve tokens/s | ratio | TTFT p50 s (llama / specray) "

@@ -163,6 +163,7 @@ def test_bench_serve_against_a_live_server(tiny_target, tmp_path):
                 assert set(cats) == {"math", "qa"} and sum(c["completed"] for c in cats.values()) == 6
                 assert all(c["output_tokens"] == 3 * 5 and c["e2e_p50_s"] > 0 for c in cats.values())
             assert "| 4 | qa | 3 | 0 | 15 |" in (out / "serve.md").read_text()
+            assert f"prompts: {data}" in (out / "serve.md").read_text()  # which prompts: installs differ
         wrong_key = main(["bench", "serve", "--url", http.url, "--model", "tiny", "--concurrency", "2",
                           "--num-requests", "3", "--out", str(out)])
         assert wrong_key == 0 and json.loads((out / "serve.json").read_text())["levels"][0]["errors"] == 3

@@ -46,6 +46,7 @@ def test_the_comparison_pairs_levels():
                       "temperature": 0.0, "ignore_eos": True, "llama_command": ["llama-server", "-t", "2"],
                       "specray_args": "", "comparison": rows})
     assert "| 8 | 100.0 | 150.0 | 1.5x | 0.1 / 0.2 | 0.01 / 0.01 | 0 / 1 |" in table
+    assert "prompts: the packaged Spec-Bench subset" in table  # no dataset: the report says so
 
 
 def test_a_server_that_exits_is_a_clear_error(tmp_path):
