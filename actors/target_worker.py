@@ -174,15 +174,11 @@ class TargetWorker:
     def _verify(self, items: list[TargetItem], rules: list[str], logits: torch.Tensor) -> list[VerifyResult]:
         """logits [sum of the emitting items' n + 1, vocab_size] -> a result per item; a prompt chunk
         before the prompt's last has no logits and draws nothing."""
-        emitting = [b for b, item in enumerate(items) if item.emits]
-        results = [VerifyResult.prompt_chunk() for _ in items]
-        if emitting:
-            seqs = [self.seqs[items[b].seq_id] for b in emitting]
-            verified = verify_batch(logits, [items[b].proposal for b in emitting], [rules[b] for b in emitting],
-                                    [s.spec.sampling for s in seqs], [s.generator for s in seqs])
-            for b, res in zip(emitting, verified, strict=True):
-                results[b] = res
-        return results
+        emitting = [(item, rule) for item, rule in zip(items, rules, strict=True) if item.emits]
+        seqs = [self.seqs[item.seq_id] for item, _ in emitting]
+        verified = iter(verify_batch(logits, [item.proposal for item, _ in emitting], [rule for _, rule in emitting],
+                                     [s.spec.sampling for s in seqs], [s.generator for s in seqs]) if emitting else ())
+        return [next(verified) if item.emits else VerifyResult.prompt_chunk() for item in items]
 
     def _attach_logprobs(self, items, logits, results) -> None:
         row0 = 0

@@ -20,14 +20,14 @@ import time
 SHORT_TOKENS = 400  # the running sequences' max_tokens: more than the rounds a run takes
 
 
-def one_run(llm, short: list[list[int]], long: list[int], warm_rounds: int) -> dict:
+def one_run(llm, short: list[list[int]], long: list[int]) -> dict:
     from specray import SamplingParams
 
     router = llm.router
     params = SamplingParams(temperature=0.0, max_tokens=SHORT_TOKENS, ignore_eos=True)
     ids = [router.add_request(p, params) for p in short]
     seqs = [router.requests[i].seqs[0] for i in ids]
-    for _ in range(warm_rounds):  # every short prompt prefilled and decoding
+    while router.waiting or any(s.prefilling for s in seqs):  # every short prompt prefilled and decoding
         router.step()
     long_id = router.add_request(long, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
     before = [len(s.output_token_ids) for s in seqs]
@@ -70,11 +70,10 @@ def main() -> None:
     dataset = SHARED_PROMPTS if SHARED_PROMPTS.exists() else None
     short = [prompt_token_ids(tok, p["prompt"]) for p in load_prompts(dataset, args.running)]
     long = prompt_token_ids(tok, load_prompts(LONG_CONTEXT, 1)[0]["prompt"])[-args.long_tokens:]
-    warm = 1 + sum(len(p) for p in short) // min(b for b in budgets if b) if any(budgets) else 1
     runs = {b: [] for b in budgets}
     for _ in range(args.repeats):
         for b in budgets:
-            runs[b].append(one_run(llms[b], short, long, warm_rounds=warm))
+            runs[b].append(one_run(llms[b], short, long))
     want = runs[budgets[0]][0]["outputs"]
 
     def agrees(outputs) -> bool:  # the same greedy continuations, each as far as its run went

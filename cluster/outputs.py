@@ -26,6 +26,13 @@ class SpecMetrics:
     def acceptance_rate(self) -> float:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
+    def add_round(self, num_draft_tokens: int, num_accepted_tokens: int, num_emitted_tokens: int) -> None:
+        """Count one decode round."""
+        self.num_rounds += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        self.num_emitted_tokens += num_emitted_tokens
+
     @classmethod
     def total(cls, parts) -> "SpecMetrics":
         """The counters of several sequences (a request's choices) added up."""

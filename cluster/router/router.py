@@ -169,7 +169,7 @@ class Router(RequestBook):
             self._count_target_time(seqs, time.perf_counter() - start)
 
     def _target_item(self, seq: Sequence, proposals: dict[str, Proposal]) -> TargetItem:
-        if seq.output_token_ids:
+        if not seq.prefilling:
             proposal = proposals.get(seq.seq_id, Proposal([]))
             self._check_budget(seq, proposal)
             return TargetItem(seq.seq_id, seq.output_token_ids[-1:], proposal, rule=self._rule(seq, proposal))
@@ -206,7 +206,7 @@ class Router(RequestBook):
 
     def _count_target_time(self, seqs: list[Sequence], seconds: float) -> None:
         self.stats.target_seconds += seconds
-        if any(not seq.output_token_ids for seq in seqs):  # a prefill rode in this step
+        if any(seq.prefilling for seq in seqs):  # a prefill rode in this step
             self.stats.prefill_seconds += seconds
 
     def _isolate(self, seqs: list[Sequence], proposals: dict[str, Proposal], error: Exception) -> list[Sequence]:
@@ -245,7 +245,7 @@ class Router(RequestBook):
         if not self.running:
             return []
         group = list(self.running)
-        decoding = [s for s in group if s.output_token_ids]
+        decoding = [s for s in group if not s.prefilling]
         before = (time.perf_counter(), self.stats.draft_seconds, self.stats.prefill_seconds)
         proposals = self.collect_proposals(decoding, self.submit_propose(decoding))
         pending = self.submit_verify(group, proposals)
@@ -270,24 +270,18 @@ class Router(RequestBook):
         self.lengths.observe(num_seqs + sum(lengths), time.perf_counter() - start, drafted, lengths)
 
     def _commit(self, seq: Sequence, res: VerifyResult) -> None:
-        if seq.prefilling:
+        if seq.prefilling:  # the round's prompt chunk is cached (the prefill's first token is no round)
             seq.prefilled, seq.chunk = seq.prefilled + seq.chunk, 0
-        if res.next_token_id is None:  # a prompt chunk before the last: cached, nothing drawn
-            if res.features is not None:
-                seq.draft_features.append(res.features)
-            return
-        if seq.output_token_ids:  # a decode round (the prefill's first token is not one)
+        else:
             self.stats.record_round(res)
-            m = seq.metrics
-            m.num_rounds += 1
-            m.num_draft_tokens += res.num_draft_tokens
-            m.num_accepted_tokens += res.num_accepted
-            m.num_emitted_tokens += len(res.emitted_token_ids)
+            seq.metrics.add_round(res.num_draft_tokens, res.num_accepted, len(res.emitted_token_ids))
             if self.lengths is not None and res.num_draft_tokens:
                 self.lengths.record(seq.acceptance, res.num_draft_tokens, res.num_accepted)
-        seq.append(res.emitted_token_ids, res.logprobs)
         if res.features is not None:
             seq.draft_features.append(res.features)
+        if res.next_token_id is None:  # a prompt chunk before the last: nothing drawn
+            return
+        seq.append(res.emitted_token_ids, res.logprobs)
         if self.tokenizer is not None:  # skip_tokenizer_init: token ids only
             seq.detokenize(self.tokenizer)
         if seq.finished:
