@@ -10,6 +10,7 @@ import torch
 from specray.actors.diffusion_worker import DiffusionWorker
 from specray.actors.draft_worker import DraftWorker
 from specray.actors.target_worker import TargetWorker
+from specray.cluster.config.defaults import resolve_prefill_tokens
 from specray.cluster.config.diffusion import decode_options
 from specray.cluster.config.speculative import SpeculativeConfig
 from specray.cluster.config.worker_specs import draft_spec, num_blocks
@@ -50,7 +51,7 @@ class LLM:
                  max_num_seqs: int = 32, kv_cache_tokens: int = 16384, block_size: int = 16, seed: int = 0,
                  pipelined: bool = False, tokenizer: str | None = None, skip_tokenizer_init: bool = False,
                  diffusion_config: dict[str, Any] | None = None, kernels: str = "exact",
-                 max_prefill_tokens: int | None = 512):
+                 max_prefill_tokens: int | str | None = "auto"):
         """`tokenizer`: a folder or alias to take the tokenizer from (default: the model's own);
         `skip_tokenizer_init`: none at all, prompts and outputs are token ids (texts stay empty).
         A diffusion LM (a LLaDA or Dream folder) is detected from its config: `speculative_config`
@@ -58,7 +59,8 @@ class LLM:
         block_length and steps_per_block (cluster/config/diffusion.py). `kernels`: the target's CPU
         kernels on GGUF weights, "exact" (the fp32 model) or "fast" (8-bit activations, kernels/fast_linear.py; a 16-bit
         KV cache). `max_prefill_tokens`: prompt tokens a round prefills at most, a longer prompt in
-        chunks over several rounds (None: every prompt that fits, whole), as `specray serve` does."""
+        chunks over several rounds ("auto": 256 on CPU, 512 on an accelerator; None: every prompt that
+        fits, whole), as `specray serve` does."""
         torch_dtype = parse_dtype(dtype)
         torch.manual_seed(seed)
         checkpoint = resolve(model)
@@ -83,7 +85,7 @@ class LLM:
         draft = draft_spec(spec, model, dtype_name(torch_dtype), device, kv_cache_tokens, block_size)
         self.draft = None if draft is None else DraftWorker(build_drafter(draft))
         config, eos = router_limits(target_model.config, self.tokenizer, spec, max_model_len, max_num_seqs,
-                                    blocks, block_size, pipelined, max_prefill_tokens)
+                                    blocks, block_size, pipelined, resolve_prefill_tokens(max_prefill_tokens, device))
         draft_pool = None if self.draft is None else InProcessDraftPool(self.draft)
         self.router = Router(InProcessTargetPool(self.target), draft_pool, self.tokenizer, eos, config)
 

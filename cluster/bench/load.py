@@ -1,6 +1,6 @@
 """The load generator of `specray bench serve` and `bench cluster`: requests streamed over HTTP
 (any OpenAI-compatible server) or specray's gRPC API, closed loop at a concurrency or open loop at
-a request rate, each timed as a Sample (arrival or send, first token, end)."""
+a request rate, each timed as a Sample (arrival or send, first token, the gaps between chunks, end)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import asyncio
 import json
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specray.cluster.bench.listing import api_root
 
@@ -21,6 +21,17 @@ class Sample:
     end: float = 0.0
     tokens: int = 0
     error: str | None = None
+    gaps: list[float] = field(default_factory=list)  # seconds between consecutive streamed chunks
+    last: float | None = None  # when the latest chunk arrived
+
+    def chunk(self) -> None:
+        """A chunk with tokens arrived: the first one's time, or the gap since the last."""
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        else:
+            self.gaps.append(now - self.last)
+        self.last = now
 
 
 async def one_request(session, url: str, body: dict, chat: bool, start: float | None = None) -> Sample:
@@ -42,7 +53,7 @@ async def one_request(session, url: str, body: dict, chat: bool, start: float | 
                     text = choice.get("delta", {}).get("content") if chat else choice.get("text")
                     if text:
                         chunks += 1
-                        s.first = s.first or time.perf_counter()
+                        s.chunk()
         s.ok = True
     except Exception as e:  # a refused connection or a timeout counts as an error, not a crash
         s.error = f"{type(e).__name__}: {e}"
@@ -120,7 +131,7 @@ async def one_grpc_request(client, body: dict, chat: bool, start: float | None =
                                model=body.get("model"))
         async for delta in stream:
             if delta.token_ids:
-                s.first = s.first or time.perf_counter()
+                s.chunk()
                 s.tokens += len(delta.token_ids)
         s.end, s.ok = time.perf_counter(), True
     except SpecrayError as e:

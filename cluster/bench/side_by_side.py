@@ -91,7 +91,7 @@ class Server:
 
 
 def compare(levels: dict[str, list[dict]]) -> list[dict]:
-    """Per concurrency: specray over llama-server (tokens/s) and both TTFT / TPOT p50."""
+    """Per concurrency: specray over llama-server (tokens/s), both TTFT / TPOT p50 and ITL p99."""
     rows = []
     for ll, sp in zip(levels["llama-server"], levels["specray"], strict=True):
         base = ll["throughput_tokens_per_s"]
@@ -100,6 +100,7 @@ def compare(levels: dict[str, list[dict]]) -> list[dict]:
                      "ratio": round(sp["throughput_tokens_per_s"] / base, 3) if base else None,
                      "ttft_p50_s": [ll["ttft_s"]["p50"], sp["ttft_s"]["p50"]],
                      "tpot_p50_s": [ll["tpot_s"]["p50"], sp["tpot_s"]["p50"]],
+                     "itl_p99_s": [ll["itl_s"]["p99"], sp["itl_s"]["p99"]],
                      "errors": [ll["errors"], sp["errors"]]})
     return rows
 
@@ -111,11 +112,11 @@ def markdown(report: dict) -> str:
              "specray serve: "
              f"`{report['specray_args'] or '(defaults)'}`", "",
              "| concurrency | llama-server tokens/s | specray serve tokens/s | ratio | TTFT p50 s (llama / specray) "
-             "| TPOT p50 s (llama / specray) | errors |", "|---|---|---|---|---|---|---|"]
+             "| TPOT p50 s (llama / specray) | ITL p99 s (llama / specray) | errors |", "|---|---|---|---|---|---|---|---|"]
     for r in report["comparison"]:
         lines.append(f"| {r['concurrency']} | {r['llama_tokens_per_s']} | {r['specray_tokens_per_s']} | "
                      f"{r['ratio']}x | {r['ttft_p50_s'][0]} / {r['ttft_p50_s'][1]} | {r['tpot_p50_s'][0]} / "
-                     f"{r['tpot_p50_s'][1]} | {r['errors'][0]} / {r['errors'][1]} |")
+                     f"{r['tpot_p50_s'][1]} | {r['itl_p99_s'][0]} / {r['itl_p99_s'][1]} | {r['errors'][0]} / {r['errors'][1]} |")
     return "\n".join(lines) + "\n"
 
 

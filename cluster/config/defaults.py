@@ -9,6 +9,14 @@ from specray.kernels.loader import DEFAULT_DRAFTS, TARGET_DRAFTS
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024  # HTTP body / gRPC message: far above a full context of token ids
 
+# A round's prompt tokens (chunked prefill; `max_prefill_tokens: auto`). On a CPU a round's time
+# grows with its prompt tokens, and every running sequence waits for it: served Spec-Bench at 8
+# concurrent requests, 256 kept 512's tokens/s with a lower TTFT p50 and an ITL p99 of 0.5 s
+# against 0.85; 128 lost tokens/s (docs/performance.md). An accelerator's step costs about the
+# same up to hundreds of rows, so it keeps fewer, larger chunks (not measured there).
+CPU_PREFILL_TOKENS = 256
+ACCELERATOR_PREFILL_TOKENS = 512
+
 # Every device: prompt lookup (n-gram) of a match of at least 2 tokens (a lone token's match
 # proposes mostly misses, which teach the length policy to stop drafting), its length adaptive up to
 # 4 tokens (each round, each sequence drafts what maximises expected tokens per cost, from its
@@ -34,6 +42,16 @@ def default_speculative_config(model: str, device: str = "cpu") -> dict[str, Any
 
         return {"method": FREEDAVE, "num_drafts": DEFAULT_NUM_DRAFTS}
     return adaptive_ngram_config()
+
+
+def default_prefill_tokens(device: str) -> int:
+    """`max_prefill_tokens: auto` on `device` ("cpu", "cuda", "cuda:1", ...)."""
+    return CPU_PREFILL_TOKENS if device == "cpu" else ACCELERATOR_PREFILL_TOKENS
+
+
+def resolve_prefill_tokens(value: int | str | None, device: str) -> int | None:
+    """A max_prefill_tokens setting as the router takes it: "auto" -> this device's default."""
+    return default_prefill_tokens(device) if value == "auto" else value
 
 
 def adaptive_ngram_config() -> dict[str, Any]:

@@ -86,7 +86,7 @@ def router_limits(model_config, tokenizer, spec, max_model_len: int | None, max_
     if max_model_len is not None and not 2 <= max_model_len <= limit:
         raise ValueError(f"max_model_len must be in [2, {limit}], got {max_model_len}")
     if max_prefill_tokens is not None and (type(max_prefill_tokens) is not int or max_prefill_tokens < 1):
-        raise ValueError(f"max_prefill_tokens must be a positive integer or None, got {max_prefill_tokens!r}")
+        raise ValueError(f"max_prefill_tokens must be a positive integer, 'auto' or None, got {max_prefill_tokens!r}")
     if spec is not None and spec.method == "longspec":
         from specray.kernels.drafters.longspec_folder import check_pairing
 

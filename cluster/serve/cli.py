@@ -85,7 +85,7 @@ def add_serve_flags(p) -> None:
     p.add_argument("--max-num-seqs", type=int, help="running sequences at most")
     p.add_argument("--max-prefill-tokens", type=int,
                    help="prompt tokens a round prefills at most; a longer prompt prefills in chunks over several "
-                        "rounds (default 512)")
+                        "rounds (default: 256 on CPU, 512 on an accelerator)")
     p.add_argument("--max-waiting", type=int, help="queued sequences before 429 / RESOURCE_EXHAUSTED")
     p.add_argument("--kv-cache-tokens", type=int, help="target KV cache size in tokens")
     p.add_argument("--max-model-len", type=int, help="longest prompt + output (default: the model's context)")

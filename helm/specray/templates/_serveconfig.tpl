@@ -36,7 +36,7 @@ so the two cannot drift.
 {{- $v := .Values }}
 {{- $router := dict "pipelined" $v.router.pipelined "max_num_seqs" (int $v.router.maxNumSeqs) "max_prefill_tokens" nil "max_waiting" (int $v.router.maxWaiting) "kv_cache_tokens" (int $v.router.kvCacheTokens) "block_size" (int $v.router.blockSize) "draft_timeout_s" $v.router.draftTimeoutS }}
 {{- if $v.router.maxModelLen }}{{ $_ := set $router "max_model_len" (int $v.router.maxModelLen) }}{{ end }}
-{{- if $v.router.maxPrefillTokens }}{{ $_ := set $router "max_prefill_tokens" (int $v.router.maxPrefillTokens) }}{{ end }}
+{{- with $v.router.maxPrefillTokens }}{{ $_ := set $router "max_prefill_tokens" (ternary . (int .) (eq (toString .) "auto")) }}{{ end }}
 {{- $transport := dict "kind" $v.transport.kind }}
 {{- if $v.transport.drafterAddress }}{{ $_ := set $transport "drafter_address" $v.transport.drafterAddress }}{{ end }}
 {{- if $v.transport.masterPort }}{{ $_ := set $transport "master_port" (int $v.transport.masterPort) }}{{ end }}

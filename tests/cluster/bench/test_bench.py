@@ -158,6 +158,8 @@ def test_bench_serve_against_a_live_server(tiny_target, tmp_path):
                 assert level["completed"] == 6 and level["errors"] == 0
                 assert level["output_tokens"] == 6 * 5 and level["e2e_s"]["p50"] > 0  # ignore_eos: all run to 5
                 assert level["ttft_s"]["p50"] <= level["e2e_s"]["p99"]
+                itl = level["itl_s"]  # 1 + at most 3 tokens a round: every request streams 3+ chunks
+                assert 0 < itl["p50"] <= itl["p99"] <= itl["max"] <= level["e2e_s"]["p99"]
                 assert abs(level["throughput_tokens_per_s"] * level["seconds"] - 30) < 0.1  # seconds: 4 decimals
                 cats = level["per_category"]
                 assert set(cats) == {"math", "qa"} and sum(c["completed"] for c in cats.values()) == 6
@@ -169,6 +171,17 @@ def test_bench_serve_against_a_live_server(tiny_target, tmp_path):
         assert wrong_key == 0 and json.loads((out / "serve.json").read_text())["levels"][0]["errors"] == 3
     router.shutdown()
     assert (out / "serve.png").read_bytes()[:4] == b"\x89PNG" and (out / "serve.md").exists()
+
+
+def test_a_sample_times_the_gaps_between_its_chunks(monkeypatch):
+    from specray.cluster.bench import load
+
+    clock = iter([1.0, 1.5, 1.75, 3.0])
+    monkeypatch.setattr(load.time, "perf_counter", lambda: next(clock))
+    s = load.Sample(ok=True, start=0.5)
+    for _ in range(4):
+        s.chunk()
+    assert s.first == 1.0 and s.gaps == [0.5, 0.25, 1.25] and s.last == 3.0
 
 
 def test_open_loop_latency_counts_the_wait_for_a_slot():

@@ -10,9 +10,9 @@ from specray.cluster.bench.side_by_side import (Server, compare, find_llama_serv
                                                 markdown, specray_command)
 
 
-def level(c, tokens_per_s, ttft, errors=0):
+def level(c, tokens_per_s, ttft, errors=0, itl=0.02):
     return {"concurrency": c, "throughput_tokens_per_s": tokens_per_s, "errors": errors,
-            "ttft_s": {"p50": ttft}, "tpot_s": {"p50": 0.01}, "e2e_s": {"p50": 1.0}}
+            "ttft_s": {"p50": ttft}, "tpot_s": {"p50": 0.01}, "itl_s": {"p99": itl}, "e2e_s": {"p50": 1.0}}
 
 
 def test_no_build_is_a_clear_error(tmp_path, monkeypatch):
@@ -40,12 +40,12 @@ def test_both_servers_load_the_same_gguf(tmp_path):
 
 def test_the_comparison_pairs_levels():
     rows = compare({"llama-server": [level(1, 50.0, 0.2), level(8, 100.0, 0.1)],
-                    "specray": [level(1, 60.0, 0.3), level(8, 150.0, 0.2, errors=1)]})
+                    "specray": [level(1, 60.0, 0.3), level(8, 150.0, 0.2, errors=1, itl=0.5)]})
     assert [r["ratio"] for r in rows] == [1.2, 1.5] and rows[1]["errors"] == [0, 1]
     table = markdown({"model": "m", "gguf": "m.gguf", "endpoint": "chat", "num_requests": 4, "max_tokens": 8,
                       "temperature": 0.0, "ignore_eos": True, "llama_command": ["llama-server", "-t", "2"],
                       "specray_args": "", "comparison": rows})
-    assert "| 8 | 100.0 | 150.0 | 1.5x | 0.1 / 0.2 | 0.01 / 0.01 | 0 / 1 |" in table
+    assert "| 8 | 100.0 | 150.0 | 1.5x | 0.1 / 0.2 | 0.01 / 0.01 | 0.02 / 0.5 | 0 / 1 |" in table
     assert "prompts: the packaged Spec-Bench subset" in table  # no dataset: the report says so
 
 

@@ -140,3 +140,17 @@ def test_chunks_feed_an_eagle_draft_the_features_of_every_prompt_row(tiny_target
 def test_a_bad_budget_is_a_clear_error(tiny_target, bad):
     with pytest.raises(ValueError, match="max_prefill_tokens"):
         LLM(str(tiny_target), max_prefill_tokens=bad)
+
+
+def test_the_default_budget_follows_the_device(tiny_target):
+    """max_prefill_tokens "auto" (the default): CPU_PREFILL_TOKENS on a CPU, a larger budget on an
+    accelerator (whose step costs about the same for hundreds of rows); a number or None as given."""
+    from specray.cluster.config.defaults import ACCELERATOR_PREFILL_TOKENS, CPU_PREFILL_TOKENS
+    from specray.cluster.config.serve import ServeConfig
+
+    assert LLM(str(tiny_target)).router.config.max_prefill_tokens == CPU_PREFILL_TOKENS == 256
+    for device, budget in (("cpu", 256), ("cuda", ACCELERATOR_PREFILL_TOKENS), ("cuda:1", 512)):
+        assert ServeConfig.from_dict({"pools": {"target": {"device": device}}}).router.max_prefill_tokens == budget
+    for given in (None, 7):
+        cfg = ServeConfig.from_dict({"router": {"max_prefill_tokens": given}, "pools": {"target": {"device": "cuda"}}})
+        assert cfg.router.max_prefill_tokens == given

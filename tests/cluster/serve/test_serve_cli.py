@@ -161,6 +161,26 @@ def test_inline_transport_places_no_draft_actor():
     assert main(["serve", "--transport", "inline", "--dry-run"]) == 0
 
 
+def test_a_cluster_of_its_own_reconciles_less_often(monkeypatch):
+    """A local cluster gets LOCAL_CLUSTER_ENV before Ray starts (its processes inherit it), unless
+    the user set the variable; a cluster specray joins is left as it is."""
+    import ray
+
+    from specray.cluster.config.serve import ServeConfig
+    from specray.cluster.serve.local_ray import start_ray
+
+    name, seen = "RAY_SERVE_CONTROL_LOOP_INTERVAL_S", []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.append((kw["address"], os.environ.get(name))))
+    monkeypatch.delenv(name, raising=False)
+    start_ray(ServeConfig.from_dict({}))
+    monkeypatch.setenv(name, "0.2")
+    start_ray(ServeConfig.from_dict({}))
+    monkeypatch.delenv(name)
+    start_ray(ServeConfig.from_dict({"ray_address": "auto"}))
+    assert seen == [("local", "0.5"), ("local", "0.2"), ("auto", None)]
+
+
 @pytest.mark.parametrize("speculative, resolved", [
     ({"method": "ngram"}, "inline"), ({"method": "aded"}, "inline"),
     ({"method": "draft_model", "model": "smollm2-135m"}, "ray"), (None, "ray")])
