@@ -56,11 +56,11 @@ def sources_at(rev: str | None) -> dict[str, bytes]:
     return {n: done.stdout for n, done in shown.items() if done.returncode == 0}  # files it did not have yet
 
 
-def logits(model, rows: int) -> torch.Tensor:
+def logits(model, rows: int, context: int) -> torch.Tensor:
     cache = model.make_cache(64, block_size=16)
-    model(RaggedBatch.build([SeqChunk("s", list(range(100, 300)), 0)], cache), cache)
-    cache.set_cached("s", 200)
-    return model(RaggedBatch.build([SeqChunk("s", [7] * rows, 200, num_logits=rows)], cache), cache)
+    model(RaggedBatch.build([SeqChunk("s", list(range(100, 100 + context)), 0)], cache), cache)
+    cache.set_cached("s", context)
+    return model(RaggedBatch.build([SeqChunk("s", [7] * rows, context, num_logits=rows)], cache), cache)
 
 
 def main() -> None:
@@ -69,17 +69,20 @@ def main() -> None:
     ap.add_argument("--rows", default="1,3,8")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--kernels", choices=["exact", "fast"], default="exact", help="the model's numeric mode")
+    ap.add_argument("--context", type=int, default=200, help="cached tokens before the step (at most 1000)")
     args = ap.parse_args()
+    if not 1 <= args.context <= 1000:  # the cache holds 1024 tokens
+        ap.error("--context must be in [1, 1000]")
     model = load_model(resolve("smollm2-135m"), kernels=args.kernels)
     with tempfile.TemporaryDirectory() as tmp:
         libs = {"base": build(sources_at(args.base), Path(tmp) / "base"),
                 "tree": build(sources_at(None), Path(tmp) / "tree")}
         for rows in [int(r) for r in args.rows.split(",")]:
-            step = forward_steps({"m": (model, True)}, rows)["m"]
+            step = forward_steps({"m": (model, True)}, rows, args.context)["m"]
             outs, times = {}, {name: [] for name in libs}
             for name, lib in libs.items():
                 cpu_kernels._LIBRARY = lib
-                outs[name] = logits(model, rows)
+                outs[name] = logits(model, rows, args.context)
             for _ in range(args.repeats):
                 for name, lib in libs.items():
                     cpu_kernels._LIBRARY = lib
