@@ -18,7 +18,8 @@ from specray.cluster.outputs import CompletionOutput, RequestOutput
 from specray.cluster.params import SamplingParams
 from specray.cluster.pools.in_process import InProcessDiffusionPool, InProcessDraftPool, InProcessTargetPool
 from specray.cluster.router.diffusion_router import DiffusionRouter, diffusion_limits
-from specray.cluster.router.router import Router, router_limits
+from specray.cluster.router.limits import router_limits
+from specray.cluster.router.router import Router
 from specray.kernels.chat import chat_token_ids
 from specray.kernels.drafters.registry import build_drafter
 from specray.kernels.diffusion.config import is_diffusion_folder

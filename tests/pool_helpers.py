@@ -2,7 +2,8 @@
 
 from specray import LLM, SamplingParams
 from specray.cluster.config.serve import ServeConfig
-from specray.cluster.router.router import Router, router_limits
+from specray.cluster.router.limits import router_limits
+from specray.cluster.router.router import Router
 from specray.kernels.config import ModelConfig
 from specray.kernels.loader import Checkpoint
 

@@ -151,7 +151,8 @@ def transports(cfg, requests, params, concurrency: int) -> list[dict]:
     from specray.cluster.config.worker_specs import num_blocks, serve_target_spec
     from specray.cluster.pools.build import build_draft_pool, placement
     from specray.cluster.pools.ray_pools import RayTargetPool
-    from specray.cluster.router.router import Router, router_limits
+    from specray.cluster.router.limits import router_limits
+    from specray.cluster.router.router import Router
     from specray.cluster.serve.http_server import free_port
     from specray.kernels.config import ModelConfig
     from specray.kernels.loader import resolve

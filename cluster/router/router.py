@@ -21,7 +21,7 @@ from specray.cluster.pools.api import Done, DraftPool, DraftUnavailable, Pending
 from specray.cluster.router.adaptive import length_policy
 from specray.cluster.router.admission import admit
 from specray.cluster.router.failures import log
-from specray.cluster.router.limits import RouterLimits, RouterStats, router_limits  # noqa: F401 (re-export)
+from specray.cluster.router.limits import RouterLimits, RouterStats
 from specray.cluster.router.pipeline import Pipeline
 from specray.cluster.router.requests import RequestBook
 from specray.cluster.router.sequence import Sequence

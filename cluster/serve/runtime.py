@@ -10,7 +10,8 @@ from specray.cluster.config.worker_specs import num_blocks
 from specray.cluster.pools import compute_thread
 from specray.cluster.pools.build import build_draft_pool, build_target_pool
 from specray.cluster.router.async_router import AsyncRouter
-from specray.cluster.router.router import Router, router_limits
+from specray.cluster.router.limits import router_limits
+from specray.cluster.router.router import Router
 from specray.kernels.config import ModelConfig
 from specray.kernels.loader import resolve
 

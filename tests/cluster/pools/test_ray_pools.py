@@ -18,7 +18,8 @@ from specray.cluster.config.serve import ServeConfig  # noqa: E402
 from specray.cluster.config.worker_specs import serve_target_spec  # noqa: E402
 from specray.cluster.pools.api import TargetUnavailable  # noqa: E402
 from specray.cluster.pools.build import build_draft_pool, placement  # noqa: E402
-from specray.cluster.router.router import Router, router_limits  # noqa: E402
+from specray.cluster.router.limits import router_limits  # noqa: E402
+from specray.cluster.router.router import Router  # noqa: E402
 from specray.kernels.config import ModelConfig  # noqa: E402
 from specray.kernels.loader import Checkpoint  # noqa: E402
 
