@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from specray.cluster.config.defaults import (DEFAULT_MAX_REQUEST_BYTES, default_speculative_config, is_default_for_other,
                                              resolve_prefill_tokens)
@@ -37,6 +37,14 @@ class RouterConfig(Strict):
     block_size: int = Field(16, ge=1)
     max_model_len: int | None = Field(None, ge=2)
     draft_timeout_s: float = Field(60.0, gt=0, description="a slower draft pool counts as lost")
+
+    @field_validator("max_prefill_tokens", mode="before")
+    @classmethod
+    def _prefill_tokens(cls, value: Any) -> Any:
+        """One message for every wrong value (the union's own errors name its members instead)."""
+        if value is None or value == "auto" or (type(value) is int and value >= 1):
+            return value
+        raise ValueError(f"must be a positive integer, 'auto' or null, got {value!r}")
 
 
 class TransportConfig(Strict):

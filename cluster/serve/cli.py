@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from specray.cluster.args import json_object
+from specray.cluster.args import int_or_auto, json_object
 from specray.kernels.drafters.registry import METHODS
 
 # flag -> dotted ServeConfig key; flags left unset keep the config file's (or the default) value
@@ -83,9 +83,9 @@ def add_serve_flags(p) -> None:
     p.add_argument("--draft-workers", type=int, help="draft workers of one layer-parallel group (EasySpec across "
                                                      "devices; needs speculative_config layer_parallel >= it)")
     p.add_argument("--max-num-seqs", type=int, help="running sequences at most")
-    p.add_argument("--max-prefill-tokens", type=int,
+    p.add_argument("--max-prefill-tokens", type=int_or_auto,
                    help="prompt tokens a round prefills at most; a longer prompt prefills in chunks over several "
-                        "rounds (default: 256 on CPU, 512 on an accelerator)")
+                        "rounds; auto (the default): 256 on CPU, 512 on an accelerator")
     p.add_argument("--max-waiting", type=int, help="queued sequences before 429 / RESOURCE_EXHAUSTED")
     p.add_argument("--kv-cache-tokens", type=int, help="target KV cache size in tokens")
     p.add_argument("--max-model-len", type=int, help="longest prompt + output (default: the model's context)")

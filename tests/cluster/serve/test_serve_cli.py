@@ -52,7 +52,8 @@ def test_pipeline_auto_pipelines_only_model_drafts(flags, pipelined):
     ("routr: {}\n", "routr: unknown key"),
     ("router: {pipelined: sometimes}\n", "router.pipelined"),
     ("router: {max_num_seqs: 0}\n", "router.max_num_seqs"),
-    ("router: {max_prefill_tokens: 0}\n", "router.max_prefill_tokens"),
+    ("router: {max_prefill_tokens: 0}\n", "router.max_prefill_tokens: must be a positive integer, 'auto' or null"),
+    ("router: {max_prefill_tokens: lots}\n", "got 'lots'"),
     ("speculative_config: {method: magic}\n", "unknown speculative method"),
     ("transport: {kind: grpc}\n", "drafter_address"),
     ("speculative_config: {method: ngram, layer_parallel: 2}\n", "'layer_parallel' needs method 'draft_model'"),
@@ -68,6 +69,19 @@ def test_bad_config_exits_2_with_the_reason(tmp_path, capsys, text, message):
     path.write_text(text)
     assert main(["serve", "--config", str(path), "--dry-run"]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, budget", [("auto", 256), ("64", 64)])
+def test_prefill_budget_flag(flag, budget, capsys):
+    """--max-prefill-tokens: a number, or auto (the default: the target device's budget)."""
+    from specray.cluster.cli import build_parser
+    from specray.cluster.serve.cli import resolve_config
+
+    assert resolve_config(build_parser().parse_args(["serve", "--max-prefill-tokens", flag])).router.max_prefill_tokens == budget
+    assert resolve_config(build_parser().parse_args(["serve"])).router.max_prefill_tokens == 256
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--max-prefill-tokens", "many"])
+    assert "expected an integer or 'auto', got 'many'" in capsys.readouterr().err
 
 
 def test_speculation_flags(capsys):
