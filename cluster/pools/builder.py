@@ -12,6 +12,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from specray.cluster.pools import compute_thread, local_channel
 from specray.cluster.pools.compute_thread import OnComputeThread
+from specray.cluster.pools.heap import freeze_startup_heap
 
 
 class WorkerHost:
@@ -22,6 +23,7 @@ class WorkerHost:
     def __init__(self, build, spec):
         self.worker = OnComputeThread(build, spec)
         self.channel = None
+        freeze_startup_heap()
 
     def call(self, method: str, *args):
         return getattr(self.worker, method)(*args)

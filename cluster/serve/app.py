@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from specray.cluster.config.serve import ServeConfig
+from specray.cluster.pools.heap import freeze_startup_heap
 from specray.cluster.serve.grpc_service import GenerationService, serve_stream, serve_unary
 from specray.cluster.serve.openai_api import OpenAIServer
 from specray.cluster.serve.runtime import build_runtime, resolve_colocation
@@ -32,6 +33,7 @@ class SpecrayServer:
                                             speculative_method=spec.get("method", ""))
         self.grpc_server = self._start_grpc() if cfg.grpc.enabled and cfg.grpc.server == "replica" else None
         self.http_server = self._start_http() if cfg.http.server == "replica" else None
+        freeze_startup_heap()
 
     def _start_http(self):
         """specray's own HTTP server in this replica (http.server 'replica'), on its own thread."""

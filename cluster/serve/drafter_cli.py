@@ -55,9 +55,11 @@ def drafter_spec(args):
 def cmd_drafter(args) -> int:
     from specray.cluster.pools.draft_endpoint import DraftEndpoint
     from specray.cluster.pools.grpc_transport import serve_drafter
+    from specray.cluster.pools.heap import freeze_startup_heap
 
     spec = drafter_spec(args)
     server, port = serve_drafter(DraftEndpoint.from_spec(spec), f"{args.host}:{args.port}")
+    freeze_startup_heap()
     print(f"specray drafter ({args.method}) listening on {args.host}:{port}", flush=True)
     try:
         server.wait_for_termination()

@@ -187,6 +187,9 @@ def test_same_node_workers_take_the_channel_with_equal_outputs(ray_cluster, tiny
         assert [o.outputs[0].token_ids for o in run(router, [PROMPTS[0]] * 3, SAMPLED)] == reference[1]
         assert target.calls.channel is not None and draft.calls.channel is not None
         assert draft.stats.rounds > 0 and target.busy() > 0 and draft.busy() > 0
+        frozen = lambda host: __import__("gc").get_freeze_count()  # noqa: E731 - pickled by value
+        for actor in (target.actors[0], draft.actor):  # built, then frozen (cluster/pools/heap.py)
+            assert ray.get(actor.__ray_call__.remote(frozen)) > 10_000
     finally:
         target.close()
         draft.close()
