@@ -3,6 +3,7 @@ and prints its endpoints."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 
@@ -207,6 +208,9 @@ def cmd_serve(args) -> int:
 
     start_ray(cfg)
     handle = run_serve(cfg)
+    # SIGTERM (docker stop, kill, a supervisor) stops it as Ctrl-C does: Ray's driver would otherwise
+    # print a crash trace and abort (exit 134) with the requests in flight
+    signal.signal(signal.SIGTERM, _interrupt)
     print(endpoint_banner(cfg, handle), flush=True)
     try:
         while True:
@@ -217,6 +221,10 @@ def cmd_serve(args) -> int:
 
         serve.shutdown()
         return 0
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def endpoint_banner(cfg, handle) -> str:
@@ -239,5 +247,5 @@ def endpoint_banner(cfg, handle) -> str:
               f"    curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\",
               f"      -d '{{\"model\": \"{cfg.model_name}\", \"messages\": [{{\"role\": \"user\", "
               f"\"content\": \"What is speculative decoding?\"}}], \"max_tokens\": 64}}'",
-              "  Ctrl-C stops the server."]
+              "  Ctrl-C (or SIGTERM) stops the server."]
     return "\n".join(lines)

@@ -255,11 +255,13 @@ def test_specray_serve_starts_and_answers(tiny_target, tmp_path):
                     timeout=60) as c:  # gRPC over TLS
             assert c.generate([1, 5, 9, 5, 9], max_tokens=4, ignore_eos=True).usage.completion_tokens == 4
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)  # as Ctrl-C: a clean shutdown, not Ray's abort
         try:
-            proc.wait(timeout=60)
+            rest = proc.communicate(timeout=60)[0]
         except subprocess.TimeoutExpired:
             proc.kill()
+            raise
+    assert proc.returncode == 0 and "specray serve: shutting down" in rest and "SIGTERM received" not in rest
 
 
 def listening_hosts(ports: set[int]) -> set[str]:
