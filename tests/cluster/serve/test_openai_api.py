@@ -115,3 +115,15 @@ def test_disconnect_frees_the_sequence(served):
     while router.router.has_unfinished() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not router.router.has_unfinished() and router.router.reserved_tokens == 0
+
+
+@pytest.mark.parametrize("field, value", [("max_tokens", -3), ("temperature", -1), ("top_p", 2.0), ("n", 0),
+                                          ("stop", [""]), ("seed", -1)])
+def test_a_refused_sampling_parameter_is_named_in_param(field, value):
+    """OpenAI's error body names the offending field in `param`, as for the schema's own errors."""
+    from specray.cluster.serve.openai_protocol import ApiError, ChatRequest
+
+    body = ChatRequest(messages=[{"role": "user", "content": "hi"}], **{field: value})
+    with pytest.raises(ApiError) as e:
+        body.sampling_params(16, None)
+    assert e.value.status == 400 and e.value.param == field and field in str(e.value)
