@@ -38,26 +38,28 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         if self.top_k == -1:
             self.top_k = 0
-        _check(_is_int(self.n) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
-        _check(_is_number(self.temperature) and 0.0 <= self.temperature < math.inf,
+        _check(_is_int(self.n) and self.n >= 1, "n", f"n must be an integer >= 1, got {self.n!r}")
+        _check(_is_number(self.temperature) and 0.0 <= self.temperature < math.inf, "temperature",
                f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        _check(_is_number(self.top_p) and 0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p!r}")
-        _check(_is_int(self.top_k) and 0 <= self.top_k <= MAX_TOP_K,
+        _check(_is_number(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p",
+               f"top_p must be in (0, 1], got {self.top_p!r}")
+        _check(_is_int(self.top_k) and 0 <= self.top_k <= MAX_TOP_K, "top_k",
                f"top_k must be an integer in [0, {MAX_TOP_K}] or -1, got {self.top_k!r}")
-        _check(self.seed is None or (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED - (self.n - 1)),
+        _check(self.seed is None or (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED - (self.n - 1)), "seed",
                f"seed must be an integer in [0, {MAX_SEED} - (n - 1)], got {self.seed!r}")
-        _check(_is_int(self.max_tokens) and self.max_tokens >= 1,
+        _check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens",
                f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
+        _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS), "logprobs",
                f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
-        _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
-        _check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids must be integers >= 0")
-        _check(len(self.stop) <= MAX_STOPS and len(self.stop_token_ids) <= MAX_STOPS,
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings")
+        _check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+               "stop_token_ids must be integers >= 0")
+        _check(len(self.stop) <= MAX_STOPS and len(self.stop_token_ids) <= MAX_STOPS, None,
                f"at most {MAX_STOPS} stop strings and {MAX_STOPS} stop_token_ids")
         _check(self.num_speculative_tokens is None or (_is_int(self.num_speculative_tokens)
-                                                       and self.num_speculative_tokens >= 0),
+                                                       and self.num_speculative_tokens >= 0), "num_speculative_tokens",
                f"num_speculative_tokens must be an integer >= 0, got {self.num_speculative_tokens!r}")
-        _check(self.verify_budget is None or (_is_int(self.verify_budget) and self.verify_budget >= 1),
+        _check(self.verify_budget is None or (_is_int(self.verify_budget) and self.verify_budget >= 1), "verify_budget",
                f"verify_budget must be an integer >= 1, got {self.verify_budget!r}")
 
     def sampling_config(self) -> SamplingConfig:
@@ -72,6 +74,14 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _check(ok: bool, message: str) -> None:
+class SamplingParamError(ValueError):
+    """A refused sampling parameter; `param` names it (an OpenAI error body's `param`)."""
+
+    def __init__(self, param: str | None, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+def _check(ok: bool, param: str | None, message: str) -> None:
     if not ok:
-        raise ValueError(message)
+        raise SamplingParamError(param, message)

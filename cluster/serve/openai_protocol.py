@@ -7,7 +7,6 @@ that specray does not implement is refused, naming the field, unless it holds it
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -15,8 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specray.cluster.params import SamplingParams
 from specray.cluster.serve.prompts import PromptError, check_text
-
-SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
 
 class ApiError(Exception):
@@ -94,9 +91,8 @@ class _Common(BaseModel):
                                   max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens,
                                   ignore_eos=self.ignore_eos, logprobs=logprobs,
                                   num_speculative_tokens=self.num_speculative_tokens)
-        except ValueError as e:  # SamplingParams' messages start with the field they refuse
-            first = str(e).split(" ", 1)[0]
-            raise ApiError(400, str(e), param=first if first in SAMPLING_FIELDS else None) from None
+        except ValueError as e:  # SamplingParamError names the parameter
+            raise ApiError(400, str(e), param=getattr(e, "param", None)) from None
 
 
 class CompletionRequest(_Common):
