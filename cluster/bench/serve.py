@@ -3,8 +3,8 @@
 Streams chat (or completion) requests built from the benchmark prompts, either closed-loop at a
 fixed concurrency (a sweep of levels) or open-loop with Poisson arrivals at a request rate, and
 reports per level: throughput, TTFT, time per output token, inter-token latency and end-to-end
-latency (p50/p90/p99) and error counts, overall and per prompt category. Writes serve.{json,md,png}; the PNG plots
-latency against throughput.
+latency (p50/p90/p99) and error counts, overall and per prompt category. Writes
+serve.{json,md,png}; the PNG plots latency against throughput.
 
 Open loop: a request's clock starts when it arrives, so a server (or the --concurrency cap) that
 falls behind shows as latency; closed loop: when a slot frees and it is sent.
@@ -19,8 +19,8 @@ no ignore_eos, and started the open-loop clock only once a request got a concurr
   chunk), throughput_tokens_per_s, requests_per_s, ttft_s / tpot_s / e2e_s {p50, p90, p99} (seconds;
   TPOT over tokens after the first), itl_s {p50, p90, p99, max} (inter-token latency: the gaps
   between a request's consecutive streamed chunks, over every request; a stall behind another
-  request's prefill shows here, not in TPOT's per-request mean), per_category {category: {requests, completed, errors,
-  output_tokens, ttft_p50_s, e2e_p50_s}}.
+  request's prefill shows here, not in TPOT's per-request mean), per_category {category:
+  {requests, completed, errors, output_tokens, ttft_p50_s, e2e_p50_s}}.
 """
 
 from __future__ import annotations
@@ -45,8 +45,10 @@ def percentiles(values: list[float]) -> dict:
     return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
 
 
-def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 4)
+def inter_token(samples: list[Sample]) -> dict:
+    """Percentiles and the largest of the gaps between consecutive chunks, over every request."""
+    gaps = [g for s in samples for g in s.gaps]
+    return {**percentiles(gaps), "max": round(max(gaps), 4) if gaps else None}
 
 
 def per_category(samples: list[Sample], categories: list[str]) -> dict:
@@ -75,7 +77,7 @@ def summarise(concurrency: int, rate: float | None, samples: list[Sample], secon
         "requests_per_s": round(len(ok) / seconds, 3) if seconds else 0.0,
         "ttft_s": percentiles([s.first - s.start for s in ok if s.first]),
         "tpot_s": percentiles([(s.end - s.first) / (s.tokens - 1) for s in ok if s.first and s.tokens > 1]),
-        "itl_s": {**percentiles([g for s in ok for g in s.gaps]), "max": _round(max((g for s in ok for g in s.gaps), default=None))},
+        "itl_s": inter_token(ok),
         "e2e_s": percentiles([s.end - s.start for s in ok]),
         "per_category": per_category(samples, categories or ["all"] * len(samples)),
     }
@@ -102,12 +104,10 @@ def markdown(report: dict) -> str:
              "ITL p50/p99/max s | E2E p50/p90/p99 s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["levels"]:
-        t, p, e = r["ttft_s"], r["tpot_s"], r["e2e_s"]
-        i = r.get("itl_s") or {}  # reports of schema /2 have none
+        t, p, i, e = r["ttft_s"], r["tpot_s"], r["itl_s"], r["e2e_s"]
         lines.append(f"| {r['concurrency']} | {r['request_rate'] or 'closed loop'} | {r['completed']} | {r['errors']} | "
                      f"{r['throughput_tokens_per_s']} | {r['requests_per_s']} | {t['p50']}/{t['p99']} | "
-                     f"{p['p50']}/{p['p99']} | {i.get('p50')}/{i.get('p99')}/{_round(i.get('max'))} | "
-                     f"{e['p50']}/{e['p90']}/{e['p99']} |")
+                     f"{p['p50']}/{p['p99']} | {i['p50']}/{i['p99']}/{i['max']} | {e['p50']}/{e['p90']}/{e['p99']} |")
     lines += ["", "| concurrency | category | completed | errors | output tokens | TTFT p50 s | E2E p50 s |",
               "|---|---|---|---|---|---|---|"]
     for r in report["levels"]:

@@ -108,15 +108,18 @@ def compare(levels: dict[str, list[dict]]) -> list[dict]:
 def markdown(report: dict) -> str:
     lines = [f"{report['model']} ({report['gguf']}), {report['endpoint']}, {report['num_requests']} requests x "
              f"{report['max_tokens']} tokens a level, temperature {report['temperature']}, ignore_eos "
-             f"{report['ignore_eos']}, prompts: {dataset_name(report.get('dataset'))}; llama-server (cache_prompt false): `{' '.join(report['llama_command'][1:])}`; "
+             f"{report['ignore_eos']}, prompts: {dataset_name(report.get('dataset'))}; llama-server (cache_prompt "
+             f"false): `{' '.join(report['llama_command'][1:])}`; "
              "specray serve: "
              f"`{report['specray_args'] or '(defaults)'}`", "",
              "| concurrency | llama-server tokens/s | specray serve tokens/s | ratio | TTFT p50 s (llama / specray) "
-             "| TPOT p50 s (llama / specray) | ITL p99 s (llama / specray) | errors |", "|---|---|---|---|---|---|---|---|"]
+             "| TPOT p50 s (llama / specray) | ITL p99 s (llama / specray) | errors |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in report["comparison"]:
         lines.append(f"| {r['concurrency']} | {r['llama_tokens_per_s']} | {r['specray_tokens_per_s']} | "
                      f"{r['ratio']}x | {r['ttft_p50_s'][0]} / {r['ttft_p50_s'][1]} | {r['tpot_p50_s'][0]} / "
-                     f"{r['tpot_p50_s'][1]} | {r['itl_p99_s'][0]} / {r['itl_p99_s'][1]} | {r['errors'][0]} / {r['errors'][1]} |")
+                     f"{r['tpot_p50_s'][1]} | {r['itl_p99_s'][0]} / {r['itl_p99_s'][1]} | "
+                     f"{r['errors'][0]} / {r['errors'][1]} |")
     return "\n".join(lines) + "\n"
 
 
