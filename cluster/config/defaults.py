@@ -45,8 +45,8 @@ def default_speculative_config(model: str, device: str = "cpu") -> dict[str, Any
 
 
 def default_prefill_tokens(device: str) -> int:
-    """`max_prefill_tokens: auto` on `device` ("cpu", "cuda", "cuda:1", ...)."""
-    return CPU_PREFILL_TOKENS if device == "cpu" else ACCELERATOR_PREFILL_TOKENS
+    """`max_prefill_tokens: auto` on `device` ("cpu", "cpu:0", "cuda", "cuda:1", ...)."""
+    return CPU_PREFILL_TOKENS if str(device).split(":")[0] == "cpu" else ACCELERATOR_PREFILL_TOKENS
 
 
 def resolve_prefill_tokens(value: int | str | None, device: str) -> int | None:

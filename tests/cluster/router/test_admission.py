@@ -149,7 +149,7 @@ def test_the_default_budget_follows_the_device(tiny_target):
     from specray.cluster.config.serve import ServeConfig
 
     assert LLM(str(tiny_target)).router.config.max_prefill_tokens == CPU_PREFILL_TOKENS == 256
-    for device, budget in (("cpu", 256), ("cuda", ACCELERATOR_PREFILL_TOKENS), ("cuda:1", 512)):
+    for device, budget in (("cpu", 256), ("cpu:0", 256), ("cuda", ACCELERATOR_PREFILL_TOKENS), ("cuda:1", 512)):
         assert ServeConfig.from_dict({"pools": {"target": {"device": device}}}).router.max_prefill_tokens == budget
     for given in (None, 7):
         cfg = ServeConfig.from_dict({"router": {"max_prefill_tokens": given}, "pools": {"target": {"device": "cuda"}}})
