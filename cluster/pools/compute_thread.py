@@ -82,6 +82,10 @@ class _ComputeLoop:
         """Call `handle(conn)` on this thread whenever `conn` is readable, until it returns False."""
         run(self.selector.register, conn, selectors.EVENT_READ, handle)
 
+    def waiting(self) -> bool:
+        """A queued call or a readable connection (asked on this thread, between two of its own calls)."""
+        return bool(self.tasks) or bool(self.selector.select(0))
+
 
 def _loop() -> _ComputeLoop:
     global _LOOP
@@ -102,6 +106,12 @@ def post(fn, *args) -> Future:
     """Queue fn(*args) on the compute thread and return at once, also from the compute thread itself
     (it runs after what is queued before it)."""
     return _loop().submit(fn, *args)
+
+
+def waiting() -> bool:
+    """Whether anything else waits for the compute thread: a call running there may then go on
+    (the router's next round) instead of queueing itself behind a wake-up of the thread."""
+    return _loop().waiting()
 
 
 def watch(conn, handle) -> None:

@@ -69,11 +69,14 @@ def _put_all(puts: list[tuple[asyncio.Queue, object]]) -> None:
 
 
 class AsyncRouter:
-    def __init__(self, router: Router, max_waiting: int = 256, post: Callable[[Callable], Future] | None = None):
-        """`post(fn)` runs fn on the thread that is to run the rounds and returns its Future."""
+    def __init__(self, router: Router, max_waiting: int = 256, post: Callable[[Callable], Future] | None = None,
+                 waiting: Callable[[], bool] | None = None):
+        """`post(fn)` runs fn on the thread that is to run the rounds and returns its Future;
+        `waiting()` says whether other work waits for that thread (a turn then ends after its round)."""
         self.router = router
         self._own = None if post is not None else ThreadPoolExecutor(1, thread_name_prefix="specray-router")
         self._post = post or self._own.submit
+        self._waiting = waiting or (lambda: False)
         self.max_waiting = max_waiting
         self._commands: queue.Queue = queue.Queue()
         self._queued_seqs = 0  # sequences of Add commands no turn has taken yet
@@ -182,11 +185,12 @@ class AsyncRouter:
                 self.router.abort(command.request_id)
 
     def _turn(self) -> None:
-        """Commands, then one round, then the next turn while work remains. A round's outputs are
-        held until the next round's target step is sent (Router.after_submit): the event loops then
-        stream them while the target computes, and the next round's calls do not wait for the GIL
-        behind them. Held outputs go out before anything else is delivered, and at once when no
-        round follows."""
+        """Commands and a round, again while work remains and nothing else waits for the thread,
+        then the next turn. A round's outputs are held until the next round's target step is sent
+        (Router.after_submit): the event loops then stream them while the target computes, and the
+        next round's calls do not wait for the GIL behind them. Held outputs go out before anything
+        else is delivered, and at once when no round follows. Rounds in one turn skip the thread's
+        wake-up between them (a self-pipe write, a select and the GIL taken back each)."""
         with self._turns:
             self._turn_queued = False  # a command from now on queues another turn
         if self._stopped:
@@ -194,9 +198,12 @@ class AsyncRouter:
         self._turning = threading.current_thread()
         try:
             self._apply_commands()
-            if self.router.has_unfinished():
+            while self.router.has_unfinished():
                 self._round()
-            if self.router.has_unfinished():
+                if self._stopped or self._waiting():
+                    break
+                self._apply_commands()
+            if self.router.has_unfinished() and not self._stopped:
                 self._queue_turn()
             else:
                 self._flush()

@@ -71,8 +71,8 @@ def build_runtime(cfg: ServeConfig, wait_ready: bool = True) -> Runtime:
                                 num_blocks(r.kv_cache_tokens, r.block_size), r.block_size, cfg.pipelined,
                                 r.max_prefill_tokens)
     router = Router(target, draft, tokenizer, eos, limits)
-    return Runtime(cfg, router, AsyncRouter(router, cfg.router.max_waiting, compute_thread.post), tokenizer, target,
-                   draft)
+    rounds = AsyncRouter(router, cfg.router.max_waiting, compute_thread.post, compute_thread.waiting)
+    return Runtime(cfg, router, rounds, tokenizer, target, draft)
 
 
 def build_diffusion_runtime(cfg: ServeConfig, checkpoint, tokenizer, wait_ready: bool = True) -> Runtime:
@@ -98,4 +98,5 @@ def build_diffusion_runtime(cfg: ServeConfig, checkpoint, tokenizer, wait_ready:
     limits = diffusion_limits(config, options.block_length, r.max_model_len, r.max_num_seqs)
     eos = set(config.model.eos_token_ids) or {tokenizer.eos_token_id}
     router = DiffusionRouter(pool, tokenizer, eos, limits)
-    return Runtime(cfg, router, AsyncRouter(router, r.max_waiting, compute_thread.post), tokenizer, pool, None)
+    rounds = AsyncRouter(router, r.max_waiting, compute_thread.post, compute_thread.waiting)
+    return Runtime(cfg, router, rounds, tokenizer, pool, None)

@@ -67,3 +67,32 @@ def test_a_task_that_queues_the_next_does_not_starve_the_watched_connections():
     finally:
         theirs.close()
     assert served_at and served_at[0] < most
+
+
+def test_waiting_sees_a_queued_call_and_a_readable_connection():
+    """What lets the router's turn go on with its next round, or end it for other work."""
+    from specray.cluster.pools.compute_thread import waiting
+
+    mine, theirs = socket.socketpair()
+    seen = []
+
+    def look():
+        seen.append(waiting())  # nothing else queued or readable
+        post(lambda: None)
+        seen.append(waiting())  # a call queued behind this one
+        return True
+
+    def readable(conn) -> bool:
+        conn.recv(1)
+        return False
+
+    try:
+        assert run(look) is True
+        post(lambda: None).result(timeout=10)  # the queued call ran
+        watch(mine, readable)
+        # watch registered on this thread's loop: a byte sent now makes the connection readable
+        assert run(lambda: (theirs.send(b"x"), __import__("time").sleep(0.05), waiting())[2]) is True
+        post(lambda: None).result(timeout=10)
+    finally:
+        theirs.close()
+    assert seen == [False, True]

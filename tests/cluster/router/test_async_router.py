@@ -1,7 +1,9 @@
 """AsyncRouter hands a round's outputs to the event loops once the next round's target step is sent
-(so their streaming overlaps the target's compute), in order, and at once when no round follows."""
+(so their streaming overlaps the target's compute), in order, and at once when no round follows; a
+turn goes on with the next round while nothing else waits for its thread."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -89,3 +91,60 @@ def test_a_request_after_shutdown_gets_an_error_not_a_silent_wait(tiny_target):
     from specray.cluster.serve.errors import UNAVAILABLE, status_of
 
     assert status_of(RouterStopped("x")) is UNAVAILABLE  # 503 / UNAVAILABLE: the client may retry
+
+
+
+def _turns_and_tokens(llm, waiting, second_at: int | None = None):
+    """Stream one request (and, with `second_at`, a second one added once the first has that many
+    tokens) through an AsyncRouter; -> (turns that ran rounds, rounds, each request's token ids)."""
+    router, turns, rounds = AsyncRouter(llm.router, waiting=waiting), [0], [0]
+    turn, step, compute = router._turn, llm.router.step, llm.target.step
+
+    def counted_turn():  # turns that ran a round
+        before = rounds[0]
+        turn()
+        turns[0] += rounds[0] > before
+
+    def counted_round():
+        rounds[0] += 1
+        return step()
+
+    def slow(items):  # time for the event loop to add the second request between two rounds
+        time.sleep(0.003)
+        return compute(items)
+
+    router._turn, llm.router.step, llm.target.step = counted_turn, counted_round, slow
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+
+    async def one(prompt):
+        return [o async for o in router.generate(prompt, params)][-1].outputs[0].token_ids
+
+    async def both():
+        first, later = asyncio.ensure_future(one([5, 6, 7])), None
+        while second_at is not None and later is None:
+            await asyncio.sleep(0.0005)
+            assert not first.done(), "the first request ended before the second could join it"
+            if max((len(s.output_token_ids) for s in list(llm.router.running)), default=0) >= second_at:
+                later = asyncio.ensure_future(one([9, 8]))
+        return [await first] + ([await later] if later else [])
+
+    try:
+        tokens = asyncio.run(both())
+        router.shutdown()  # returns once the last turn ended (it counts itself after its last output)
+        return turns[0], rounds[0], tokens
+    finally:
+        router.shutdown()
+        llm.router.step, llm.target.step = step, compute
+
+
+def test_a_turn_runs_rounds_until_something_else_waits_for_its_thread(tiny_target):
+    llm = LLM(str(tiny_target))
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in llm.generate([[5, 6, 7], [9, 8]], params)]
+    turns, rounds, tokens = _turns_and_tokens(llm, waiting=None)  # nothing else uses the turns' thread
+    assert tokens == want[:1] and turns == 1 and rounds >= 2
+    turns, rounds, tokens = _turns_and_tokens(llm, waiting=lambda: True)
+    assert tokens == want[:1] and turns == rounds >= 2  # a turn a round
+    # a request added while a turn runs joins at that turn's next round
+    turns, rounds, tokens = _turns_and_tokens(llm, waiting=None, second_at=3)
+    assert tokens == want and turns == 1
