@@ -3,7 +3,11 @@ window: how often each idle process wakes (docs/performance.md, 2026-11-27 after
 
     python wakeups.py 15
 """
-import os, time, sys
+import os
+import sys
+import time
+
+
 def snap():
     out = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):

@@ -4,6 +4,7 @@ runs directly instead of waiting on itself."""
 
 import socket
 import threading
+import time
 
 import torch
 
@@ -86,12 +87,16 @@ def test_waiting_sees_a_queued_call_and_a_readable_connection():
         conn.recv(1)
         return False
 
+    def sent_then_look() -> bool:  # on the compute thread, so the byte waits unread
+        theirs.send(b"x")
+        time.sleep(0.05)
+        return waiting()
+
     try:
         assert run(look) is True
         post(lambda: None).result(timeout=10)  # the queued call ran
         watch(mine, readable)
-        # watch registered on this thread's loop: a byte sent now makes the connection readable
-        assert run(lambda: (theirs.send(b"x"), __import__("time").sleep(0.05), waiting())[2]) is True
+        assert run(sent_then_look) is True
         post(lambda: None).result(timeout=10)
     finally:
         theirs.close()
