@@ -148,3 +148,43 @@ def test_a_turn_runs_rounds_until_something_else_waits_for_its_thread(tiny_targe
     # a request added while a turn runs joins at that turn's next round
     turns, rounds, tokens = _turns_and_tokens(llm, waiting=None, second_at=3)
     assert tokens == want and turns == 1
+
+
+def test_a_call_for_the_compute_thread_runs_between_two_rounds_of_a_turn(tiny_target):
+    """As in the replica: rounds on the compute thread, and a worker call (a health ping, a stats
+    read) from another thread waits for one round at most, not for the running requests to end."""
+    from specray.cluster.pools import compute_thread
+
+    llm = LLM(str(tiny_target))
+    rounds, step, compute = [0], llm.router.step, llm.target.step
+
+    def counted_round():
+        rounds[0] += 1
+        return step()
+
+    def slow(items):
+        time.sleep(0.01)
+        return compute(items)
+
+    llm.router.step, llm.target.step = counted_round, slow
+    router = AsyncRouter(llm.router, post=compute_thread.post, waiting=compute_thread.waiting)
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+
+    async def last():
+        return [o async for o in router.generate([5, 6, 7], params)][-1]
+
+    async def stream_and_call():
+        run = asyncio.ensure_future(last())
+        while rounds[0] < 3:
+            await asyncio.sleep(0.002)
+        seen = await asyncio.to_thread(compute_thread.run, lambda: rounds[0])  # from another thread
+        return seen, rounds[0], await run
+
+    try:
+        seen, after, out = asyncio.run(stream_and_call())
+    finally:
+        router.shutdown()
+        llm.router.step, llm.target.step = step, compute
+    assert 3 <= seen <= after and seen <= 6  # served after the round under way (not after the 30th)
+    assert out.finished and len(out.outputs[0].token_ids) == 30
+
