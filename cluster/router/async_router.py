@@ -197,12 +197,13 @@ class AsyncRouter:
             return
         self._turning = threading.current_thread()
         try:
-            self._apply_commands()
-            while self.router.has_unfinished():
+            while True:
+                self._apply_commands()
+                if not self.router.has_unfinished():
+                    break
                 self._round()
                 if self._stopped or self._waiting():
                     break
-                self._apply_commands()
             if self.router.has_unfinished() and not self._stopped:
                 self._queue_turn()
             else:

@@ -130,11 +130,10 @@ def _turns_and_tokens(llm, waiting, second_at: int | None = None):
 
     try:
         tokens = asyncio.run(both())
-        router.shutdown()  # returns once the last turn ended (it counts itself after its last output)
-        return turns[0], rounds[0], tokens
     finally:
-        router.shutdown()
+        router.shutdown()  # returns once the last turn ended (it counts itself after its last output)
         llm.router.step, llm.target.step = step, compute
+    return turns[0], rounds[0], tokens
 
 
 def test_a_turn_runs_rounds_until_something_else_waits_for_its_thread(tiny_target):
