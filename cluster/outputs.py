@@ -39,6 +39,13 @@ class SpecMetrics:
         return cls(*(sum(getattr(m, f.name) for m in parts) for f in fields(cls)))
 
 
+def most_likely(logprobs: dict[int, float], n: int) -> list[tuple[int, float]]:
+    """The n most likely tokens of one position's logprobs (the top n and the drawn token, as the
+    target worker gives them): the drawn token is among them only where it ranks there. Most likely
+    first, ties by token id."""
+    return sorted(logprobs.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+
+
 @dataclass
 class CompletionOutput:
     index: int

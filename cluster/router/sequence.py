@@ -115,9 +115,28 @@ class Sequence:
         self.prefix_offset, self.read_offset = max(self.read_offset - 4, 0), len(ids)
         return full[len(prefix):]
 
+    def streamable_text(self) -> str:
+        """The text no later token can take back: while the sequence runs, a tail that a stop string
+        could begin with is held back (a stop string found later cuts there, and a stream must
+        never have sent it); finished, all of it."""
+        if self.finished or self.params.include_stop_str_in_output:
+            return self.text
+        return self.text[: len(self.text) - stop_prefix_len(self.text, self.params.stop)]
+
     def completion(self) -> CompletionOutput:
         cum = None
         if self.logprobs is not None:
             cum = sum(lp[t] for lp, t in zip(self.logprobs, self.output_token_ids))
-        return CompletionOutput(self.index, self.text, list(self.output_token_ids), self.finish_reason,
+        return CompletionOutput(self.index, self.streamable_text(), list(self.output_token_ids), self.finish_reason,
                                 self.stop_reason, self.logprobs, cum)
+
+
+def stop_prefix_len(text: str, stops: list[str]) -> int:
+    """The length of the longest end of `text` that is a proper beginning of one of `stops`."""
+    longest = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:k]):
+                longest = k
+                break
+    return longest

@@ -7,7 +7,7 @@ import typing
 
 import grpc
 
-from specray.cluster.outputs import CompletionOutput, RequestOutput, SpecMetrics
+from specray.cluster.outputs import CompletionOutput, RequestOutput, SpecMetrics, most_likely
 from specray.cluster.params import SamplingParams
 from specray.cluster.serve.openai_protocol import ChatMessage
 from specray.cluster.serve.prompts import PromptEncoder
@@ -80,12 +80,15 @@ async def prompt_input(prompts: PromptEncoder, request: pb.GenerateRequest) -> t
 
 
 # -- outputs --------------------------------------------------------------------------------
-def token_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, float]] | None) -> list[pb.TokenLogprob]:
+def token_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, float]] | None,
+                   n: int | None) -> list[pb.TokenLogprob]:
+    """Each token's logprob and the `n` most likely tokens at its position (the drawn one among
+    them where it ranks there)."""
     if not logprobs:
         return []
     out = []
     for tok, lp in zip(token_ids, logprobs):
-        top = sorted(((t, v) for t, v in lp.items() if t != tok), key=lambda x: -x[1])
+        top = most_likely(lp, n or 0)
         out.append(pb.TokenLogprob(token_id=tok, token=tokenizer.decode([tok]), logprob=lp[tok],
                                    top=[pb.TopLogprob(token_id=t, token=tokenizer.decode([t]), logprob=v)
                                         for t, v in top]))
@@ -112,9 +115,10 @@ def speculative(m: SpecMetrics) -> pb.SpeculativeMetrics:
                                  acceptance_length=m.acceptance_length, acceptance_rate=m.acceptance_rate)
 
 
-def complete_response(tokenizer, request_id: str, model: str, out: RequestOutput) -> pb.CompleteResponse:
+def complete_response(tokenizer, request_id: str, model: str, out: RequestOutput,
+                      top_n: int | None) -> pb.CompleteResponse:
     choices = [pb.Choice(index=c.index, text=c.text, token_ids=c.token_ids, finish=choice_finish(c),
-                         logprobs=token_logprobs(tokenizer, c.token_ids, c.logprobs)) for c in out.outputs]
+                         logprobs=token_logprobs(tokenizer, c.token_ids, c.logprobs, top_n)) for c in out.outputs]
     return pb.CompleteResponse(request_id=request_id, model=model, choices=choices, usage=usage(out),
                                speculative=speculative(out.metrics))
 
@@ -127,8 +131,8 @@ def summary(request_id: str, out: RequestOutput) -> pb.GenerateResponse:
 class DeltaTracker:
     """Turns successive RequestOutputs of one request into per-choice deltas."""
 
-    def __init__(self, tokenizer, request_id: str):
-        self.tokenizer, self.request_id = tokenizer, request_id
+    def __init__(self, tokenizer, request_id: str, top_n: int | None):
+        self.tokenizer, self.request_id, self.top_n = tokenizer, request_id, top_n
         self.text_sent: dict[int, int] = {}
         self.tokens_sent: dict[int, int] = {}
         self.done: set[int] = set()  # choices whose last delta went out
@@ -144,7 +148,7 @@ class DeltaTracker:
             self.text_sent[c.index], self.tokens_sent[c.index] = max(t0, len(c.text)), len(c.token_ids)
             if c.finish_reason:
                 self.done.add(c.index)
-            lps = token_logprobs(self.tokenizer, tokens, c.logprobs[k0:] if c.logprobs else None)
+            lps = token_logprobs(self.tokenizer, tokens, c.logprobs[k0:] if c.logprobs else None, self.top_n)
             msgs.append(pb.GenerateResponse(request_id=self.request_id, delta=pb.ChoiceDelta(
                 index=c.index, text=text, token_ids=tokens, logprobs=lps,
                 finish_reason=FINISH.get(c.finish_reason, pb.FINISH_REASON_UNSPECIFIED))))

@@ -80,7 +80,7 @@ class GenerationService:
     async def generate(self, request: pb.GenerateRequest, call: CallInfo) -> AsyncIterator[pb.GenerateResponse]:
         """Generate: deltas as rounds commit tokens, then one summary."""
         request_id, ids, params, prompt = await self._admit(request, call)
-        tracker, last = conv.DeltaTracker(self.tokenizer, request_id), None
+        tracker, last = conv.DeltaTracker(self.tokenizer, request_id, params.logprobs), None
         async for out in self._run(ids, params, prompt, call):
             last = out
             for msg in tracker.deltas(out):
@@ -95,7 +95,7 @@ class GenerationService:
         async for out in self._run(ids, params, prompt, call):
             last = out
         self.metrics.succeeded(last.outputs[0].finish_reason)
-        return conv.complete_response(self.tokenizer, request_id, self.model_name, last)
+        return conv.complete_response(self.tokenizer, request_id, self.model_name, last, params.logprobs)
 
     async def list_models(self, request: pb.ListModelsRequest, call: CallInfo) -> pb.ListModelsResponse:
         self._authorize(call)

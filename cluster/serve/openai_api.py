@@ -29,6 +29,7 @@ from specray.cluster.serve.middleware import RequestLimits, KeyGuard
 from specray.cluster.serve.errors import REQUEST_ERRORS, status_of
 from specray.cluster.serve.http_server import MAX_HEADER_BYTES
 from specray.cluster.serve.metrics import ServingMetrics
+from specray.cluster.serve.openai_logprobs import ChoiceDeltas, chat_logprobs, completion_logprobs
 from specray.cluster.serve.openai_protocol import ApiError, ChatRequest, CompletionRequest
 from specray.cluster.serve.prompts import PromptEncoder, PromptError
 
@@ -47,22 +48,14 @@ def _usage(outs: list[RequestOutput]) -> dict:
                             "acceptance_length": round(emitted / rounds, 4) if rounds else None}}
 
 
-def _chat_logprobs(tokenizer, choice) -> dict | None:
-    if choice.logprobs is None:
-        return None
-    content = []
-    for tok, lp in zip(choice.token_ids, choice.logprobs):
-        top = [{"token": tokenizer.decode([t]), "logprob": v} for t, v in lp.items() if t != tok]
-        content.append({"token": tokenizer.decode([tok]), "logprob": lp[tok], "top_logprobs": top})
-    return {"content": content}
-
-
 def _validation_error(exc: RequestValidationError) -> ApiError:
     first = exc.errors()[0] if exc.errors() else {}
     if first.get("type") == "json_invalid":  # loc is ("body", <character offset>): not a field
         return ApiError(400, f"request body is not valid JSON: {first.get('msg', '')}")
     where = ".".join(str(x) for x in first.get("loc", ())[1:])
-    return ApiError(400, f"{where}: {first.get('msg', 'invalid request')}", param=where or None)
+    if not where:  # the body itself: not an object, or missing
+        return ApiError(400, "the request body must be a JSON object (Content-Type: application/json)")
+    return ApiError(400, f"{where}: {first.get('msg', 'invalid request')}", param=where)
 
 
 class OpenAIServer:
@@ -71,7 +64,9 @@ class OpenAIServer:
         self.router, self.tokenizer, self.model_name = router, tokenizer, model_name
         self.api_key, self.default_max_tokens = api_key, default_max_tokens
         self.metrics = ServingMetrics(router)
-        self.prompts = PromptEncoder(tokenizer, router.router.config.max_model_len)
+        self.max_model_len = router.router.config.max_model_len
+        self.prompts = PromptEncoder(tokenizer, self.max_model_len)
+        self.created = int(time.time())  # the model card's: when this server started
         self.app = self._build(max_request_bytes)
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -92,6 +87,7 @@ class OpenAIServer:
         app.get("/health")(lambda: {"status": "ok"})
         app.get("/metrics")(lambda: Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4"))
         app.get("/v1/models")(self.models)
+        app.get("/v1/models/{model:path}")(self.model)
         app.post("/v1/completions")(self.completions)
         app.post("/v1/chat/completions")(self.chat)
         return app
@@ -175,8 +171,16 @@ class OpenAIServer:
                 task.cancel()
 
     # -- routes -----------------------------------------------------------------------------
+    def _model_card(self) -> dict:
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "specray",
+                "max_model_len": self.max_model_len}
+
     async def models(self):
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "specray"}]}
+        return {"object": "list", "data": [self._model_card()]}
+
+    async def model(self, model: str):
+        self._check_model(model)
+        return self._model_card()
 
     async def completions(self, body: CompletionRequest, request: Request):
         self._check_model(body.model)
@@ -189,9 +193,7 @@ class OpenAIServer:
             return await self._sse(self._completion_chunks(rid, created, inputs, params, body.n, body.include_usage))
         outs = await self._all(self._final(request, ids, params, text) for text, ids in inputs)
         choices = [{"index": i * body.n + c.index, "text": c.text, "finish_reason": c.finish_reason,
-                    "logprobs": None if c.logprobs is None else {
-                        "tokens": [self.tokenizer.decode([t]) for t in c.token_ids],
-                        "token_logprobs": [lp[t] for lp, t in zip(c.logprobs, c.token_ids)]}}
+                    "logprobs": completion_logprobs(self.tokenizer, c.token_ids, c.logprobs)[0]}
                    for i, o in enumerate(outs) for c in o.outputs]
         self.metrics.succeeded(outs[0].outputs[0].finish_reason)
         return {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
@@ -203,7 +205,8 @@ class OpenAIServer:
             body.max_tokens = body.max_completion_tokens
         params = body.sampling_params(self.default_max_tokens, body.top_n())
         try:
-            ids = await self.prompts.chat([{"role": m.role, "content": m.text()} for m in body.messages])
+            ids = await self.prompts.chat([{"role": m.role, "content": m.text(f"messages[{i}].content")}
+                                           for i, m in enumerate(body.messages)])
         except PromptError as e:
             raise ApiError(400, str(e), param=e.param) from None
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
@@ -211,7 +214,8 @@ class OpenAIServer:
             return await self._sse(self._chat_chunks(rid, created, ids, params, body.include_usage))
         out = await self._final(request, ids, params, None)
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "finish_reason": c.finish_reason, "logprobs": _chat_logprobs(self.tokenizer, c)}
+                    "finish_reason": c.finish_reason,
+                    "logprobs": chat_logprobs(self.tokenizer, c.token_ids, c.logprobs, params.logprobs)}
                    for c in out.outputs]
         self.metrics.succeeded(out.outputs[0].finish_reason)
         return {"id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
@@ -249,36 +253,38 @@ class OpenAIServer:
     async def _completion_chunks(self, rid, created, inputs, params, n, include_usage):
         finals = []
         for i, (text, ids) in enumerate(inputs):  # prompts stream one after another
-            sent: dict[int, int] = {}
+            deltas = ChoiceDeltas()
             async for out in self._run(ids, params, text):
                 if out.finished:
                     finals.append(out)
                 for c in out.outputs:
-                    delta = c.text[sent.get(c.index, 0):]
-                    if delta or c.finish_reason:
-                        sent[c.index] = len(c.text)
-                        yield {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
-                               "choices": [{"index": i * n + c.index, "text": delta, "logprobs": None,
-                                            "finish_reason": c.finish_reason}]}
+                    if (new := deltas.take(c)) is None:
+                        continue
+                    delta, k0 = new
+                    yield {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
+                           "choices": [{"index": i * n + c.index, "text": delta, "finish_reason": c.finish_reason,
+                                        "logprobs": deltas.completion_logprobs(self.tokenizer, c, k0)}]}
         if include_usage and finals:
             yield {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
                    "choices": [], "usage": _usage(finals)}
 
     async def _chat_chunks(self, rid, created, ids, params, include_usage):
         head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
-        sent: dict[int, int] = {}
-        last = None
+        deltas, last = ChoiceDeltas(), None
         async for out in self._run(ids, params, None):
             if last is None:  # the role chunks wait for the engine to take the request
                 for j in range(params.n):
                     yield {**head, "choices": [{"index": j, "delta": {"role": "assistant", "content": ""},
-                                                "finish_reason": None}]}
+                                                "logprobs": None, "finish_reason": None}]}
             last = out
             for c in out.outputs:
-                delta = c.text[sent.get(c.index, 0):]
-                if delta or c.finish_reason:
-                    sent[c.index] = len(c.text)
-                    yield {**head, "choices": [{"index": c.index, "delta": {"content": delta} if delta else {},
-                                                "finish_reason": c.finish_reason}]}
+                if (new := deltas.take(c)) is None:
+                    continue
+                delta, k0 = new
+                lps = None if c.logprobs is None else c.logprobs[k0:]
+                yield {**head, "choices": [{"index": c.index, "delta": {"content": delta} if delta else {},
+                                            "logprobs": chat_logprobs(self.tokenizer, c.token_ids, lps,
+                                                                      params.logprobs, k0),
+                                            "finish_reason": c.finish_reason}]}
         if include_usage and last is not None:
             yield {**head, "choices": [], "usage": _usage([last])}

@@ -51,6 +51,13 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "repetition_penalty": _off(1, 1.0), "min_p": _off(0, 0.0), "prompt_logprobs": _off(),
     "guided_json": _off(), "guided_regex": _off(), "guided_choice": _off(), "guided_grammar": _off(),
     "presence_penalty": _off(0, 0.0), "frequency_penalty": _off(0, 0.0),
+    # vLLM's extensions
+    "structured_outputs": _off(), "guided_decoding_backend": _off(), "bad_words": _off([]),
+    "allowed_token_ids": _off(), "truncate_prompt_tokens": _off(), "use_beam_search": _off(False),
+    "length_penalty": _off(1, 1.0), "logits_processors": _off([]), "spaces_between_special_tokens": _off(True),
+    "return_tokens_as_token_ids": _off(False), "add_generation_prompt": _off(True),
+    "continue_final_message": _off(False), "chat_template": _off(), "chat_template_kwargs": _off({}),
+    "reasoning_effort": _off(), "add_special_tokens": _off(),
 }
 
 
@@ -70,12 +77,16 @@ class _Common(BaseModel):
     stop_token_ids: list[int] = []  # vLLM extension
     ignore_eos: bool = False  # vLLM extension
     num_speculative_tokens: int | None = None  # specray extension: per-request speculation (0 = off)
+    include_stop_str_in_output: bool = False  # vLLM extension
+    skip_special_tokens: bool = True  # vLLM extension
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.get("include_usage"))
 
     def refuse_unsupported(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "stream_options needs stream: true", param="stream_options")
         for name, value in (self.model_extra or {}).items():
             if name in UNSUPPORTED and not UNSUPPORTED[name](value):
                 raise ApiError(400, f"{name} is not supported by specray (it would change the output); "
@@ -90,7 +101,9 @@ class _Common(BaseModel):
                                   seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
                                   max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens,
                                   ignore_eos=self.ignore_eos, logprobs=logprobs,
-                                  num_speculative_tokens=self.num_speculative_tokens)
+                                  num_speculative_tokens=self.num_speculative_tokens,
+                                  include_stop_str_in_output=self.include_stop_str_in_output,
+                                  skip_special_tokens=self.skip_special_tokens)
         except ValueError as e:  # SamplingParamError names the parameter
             raise ApiError(400, str(e), param=getattr(e, "param", None)) from None
 
@@ -116,12 +129,15 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
 
-    def text(self) -> str:
+    def text(self, param: str = "messages") -> str:
+        """The message's text; `param` names it in errors (messages[i].content)."""
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        parts = [c.get("text", "") for c in self.content if c.get("type") == "text"]
+        parts = [c.get("text") for c in self.content if c.get("type") == "text"]
         if len(parts) != len(self.content):
-            raise ApiError(400, "only text content parts are supported", param="messages")
+            raise ApiError(400, "only text content parts are supported", param=param)
+        if not all(isinstance(p, str) for p in parts):
+            raise ApiError(400, "a text content part needs a string \"text\"", param=param)
         return "".join(parts)
 
 
@@ -132,4 +148,6 @@ class ChatRequest(_Common):
     top_logprobs: int | None = None
 
     def top_n(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         return (self.top_logprobs or 0) if self.logprobs else None

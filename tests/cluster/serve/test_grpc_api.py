@@ -139,3 +139,23 @@ def test_tls(tmp_path, served):
     with GrpcServerThread(served[1], credentials=creds) as server:
         with Client(server.target, api_key=KEY, root_certificates=cert, server_name="localhost", timeout=30) as c:
             assert c.generate(PROMPT, max_tokens=3).usage.completion_tokens == 3
+
+
+def test_a_stream_never_sends_a_piece_of_its_stop_string(client, offline):
+    """The deltas of a streamed request add up to the unary text when a stop string spans tokens."""
+    out = offline.generate(PROMPT, GREEDY)[0].outputs[0]
+    tok = offline.get_tokenizer()
+    cuts = [len(tok.decode(out.token_ids[:k])) for k in range(1, len(out.token_ids) - 1)]
+    cut = next(c for c in cuts if out.text.find(out.text[c - 2: c + 2]) == c - 2)  # a first occurrence
+    stop = out.text[cut - 2: cut + 2]
+    whole = client.generate(PROMPT, **greedy(stop=[stop])).choices[0]
+    deltas = list(client.stream(PROMPT, **greedy(stop=[stop])))
+    assert whole.text == out.text[: cut - 2] and whole.finish_reason == "stop"
+    assert "".join(d.text for d in deltas) == whole.text
+
+
+def test_top_logprobs_are_the_n_most_likely(client):
+    lp = client.generate(PROMPT, **greedy(logprobs=3)).choices[0].logprobs
+    for pos in lp:  # greedy: the drawn token leads its position's three
+        assert len(pos.top) == 3 and pos.top[0].token_id == pos.token_id
+        assert [t.logprob for t in pos.top] == sorted((t.logprob for t in pos.top), reverse=True)

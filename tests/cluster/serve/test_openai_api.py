@@ -127,3 +127,96 @@ def test_a_refused_sampling_parameter_is_named_in_param(field, value):
     with pytest.raises(ApiError) as e:
         body.sampling_params(16, None)
     assert e.value.status == 400 and e.value.param == field and field in str(e.value)
+
+
+def _stop_across_tokens(offline, prompt: str) -> tuple[str, str]:
+    """A stop string that spans two tokens of the greedy answer to `prompt`, and the text before it."""
+    out = offline.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].outputs[0]
+    tok = offline.get_tokenizer()
+    for k in range(1, len(out.token_ids) - 1):
+        cut = len(tok.decode(out.token_ids[:k]))  # a token boundary inside the answer
+        stop = out.text[cut - 2: cut + 2]
+        if len(stop) == 4 and out.text.find(stop) == cut - 2:  # its first occurrence
+            return stop, out.text[: cut - 2]
+    raise AssertionError(f"no stop string fits {out.text!r}")
+
+
+def test_a_stop_string_across_tokens_streams_the_text_it_answers(client, offline):
+    """Streaming holds back a tail a stop string could begin with: the streamed text is the
+    unstreamed one, never a piece of the stop string (which is cut once its last token comes)."""
+    stop, want = _stop_across_tokens(offline, "w20 w21 w22")
+    args = dict(model="tiny", prompt="w20 w21 w22", temperature=0, max_tokens=12, stop=stop,
+                extra_body={"ignore_eos": True})
+    whole = client.completions.create(**args).choices[0]
+    streamed = list(client.completions.create(**args, stream=True))
+    assert whole.text == want and whole.finish_reason == "stop"
+    assert "".join(c.choices[0].text for c in streamed) == want
+    assert [c.choices[0].finish_reason for c in streamed][-1] == "stop"
+    chat = dict(model="tiny", messages=MESSAGES, temperature=0, max_tokens=12, extra_body={"ignore_eos": True})
+    text = client.chat.completions.create(**chat).choices[0].message.content
+    stop = text[-6:-2]
+    cut = client.chat.completions.create(**chat, stop=stop).choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        **chat, stop=stop, stream=True) if c.choices)
+    assert streamed == cut == text[: text.find(stop)]
+
+
+def test_logprobs_list_the_n_most_likely_tokens_streamed_or_not(client):
+    args = dict(model="tiny", messages=MESSAGES, temperature=0, max_tokens=5, logprobs=True, top_logprobs=3)
+    whole = client.chat.completions.create(**args).choices[0].logprobs.content
+    for pos in whole:
+        tops = [t.logprob for t in pos.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True)
+        assert pos.token == pos.top_logprobs[0].token and pos.logprob == tops[0]  # greedy: the drawn one leads
+    streamed = [p for c in client.chat.completions.create(**args, stream=True)
+                if c.choices and c.choices[0].logprobs for p in c.choices[0].logprobs.content]
+    assert [(p.token, p.logprob) for p in streamed] == [(p.token, p.logprob) for p in whole]
+    legacy = dict(model="tiny", prompt="w20 w21", temperature=0, max_tokens=4, logprobs=2)
+    lp = client.completions.create(**legacy).choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 4
+    assert lp.text_offset[0] == 0 and all(lp.token_logprobs[i] in lp.top_logprobs[i].values() for i in range(4))
+    text = client.completions.create(**legacy).choices[0].text
+    assert "".join(lp.tokens) == text and [text.index(t, o) for t, o in zip(lp.tokens, lp.text_offset)] == lp.text_offset
+    chunks = [c.choices[0].logprobs for c in client.completions.create(**legacy, stream=True)]
+    assert [t for c in chunks if c for t in c.tokens] == lp.tokens
+    assert [o for c in chunks if c for o in c.text_offset] == lp.text_offset
+
+
+def test_each_choice_streams_its_finish_once(client):
+    chunks = [c for c in client.chat.completions.create(model="tiny", messages=MESSAGES, n=2, seed=1, max_tokens=3,
+                                                        stream=True, extra_body={"max_tokens": 3}) if c.choices]
+    finishes = [(c.choices[0].index, c.choices[0].finish_reason) for c in chunks if c.choices[0].finish_reason]
+    assert sorted(finishes) == [(0, "length"), (1, "length")]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content"),
+    ({"messages": MESSAGES, "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": MESSAGES, "include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
+    ({"messages": MESSAGES, "add_generation_prompt": False}, "add_generation_prompt"),
+    ({"messages": MESSAGES, "use_beam_search": True}, "use_beam_search"),
+    ({"messages": MESSAGES, "structured_outputs": {"choice": ["a"]}}, "structured_outputs"),
+])
+def test_a_request_refused_names_its_field(served, body, param):
+    resp = httpx.post(served[0].url + "/v1/chat/completions", json={"model": "tiny", "max_tokens": 2, **body},
+                      headers={"Authorization": f"Bearer {KEY}"})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
+
+
+def test_vllm_output_options_are_applied(client, offline):
+    stop, want = _stop_across_tokens(offline, "w20 w21 w22")
+    args = dict(model="tiny", prompt="w20 w21 w22", temperature=0, max_tokens=12, stop=stop)
+    kept = client.completions.create(**args, extra_body={"ignore_eos": True, "include_stop_str_in_output": True})
+    assert kept.choices[0].text == want + stop
+
+
+def test_a_body_that_is_not_an_object_and_the_model_card(served, client):
+    resp = httpx.post(served[0].url + "/v1/chat/completions", content=b"hello", headers={
+        "Authorization": f"Bearer {KEY}", "Content-Type": "text/plain"})
+    assert resp.status_code == 400 and "JSON object" in resp.json()["error"]["message"]
+    card = client.models.retrieve("tiny")
+    assert card.id == "tiny" and card.created > 0 and card.model_extra["max_model_len"] > 0
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("other")
