@@ -27,7 +27,7 @@ from specray.cluster.serve.auth import authorized
 from specray.cluster.serve.errors import REQUEST_ERRORS, http_status_label, status_of
 from specray.cluster.serve.grpc_convert import GrpcAbort
 from specray.cluster.serve.metrics import ServingMetrics
-from specray.cluster.serve.prompts import PromptEncoder, PromptError
+from specray.cluster.serve.prompts import PromptEncoder, PromptError, check_room
 from specray.protos.specray.v1 import generate_pb2 as pb
 from specray.protos.specray.v1 import generate_pb2_grpc
 
@@ -141,6 +141,8 @@ class GenerationService:
         try:
             params = conv.sampling_params(request.sampling, self.default_max_tokens)
             prompt, ids = await conv.prompt_input(self.prompts, request)
+            if request.sampling.HasField("max_tokens"):
+                check_room(len(ids), params.max_tokens, self.prompts.max_model_len)
         except GrpcAbort as e:
             raise self._fail(e.code, e.details) from None
         except PromptError as e:

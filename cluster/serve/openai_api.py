@@ -31,7 +31,7 @@ from specray.cluster.serve.http_server import MAX_HEADER_BYTES
 from specray.cluster.serve.metrics import ServingMetrics
 from specray.cluster.serve.openai_logprobs import ChoiceDeltas, chat_logprobs, completion_logprobs
 from specray.cluster.serve.openai_protocol import ApiError, ChatRequest, CompletionRequest
-from specray.cluster.serve.prompts import PromptEncoder, PromptError
+from specray.cluster.serve.prompts import PromptEncoder, PromptError, check_room
 
 OPEN_PATHS = ("/health", "/metrics")  # everything else needs the key when one is set (/docs too)
 DISCONNECT_POLL_S = 0.5
@@ -119,13 +119,16 @@ class OpenAIServer:
             raise ApiError.of(errors.NOT_FOUND, f"model {model!r} does not exist; this server serves "
                               f"{self.model_name!r}", "model")
 
-    async def _encode(self, prompt: str | list[int], param: str) -> tuple[str | None, list[int]]:
-        if not isinstance(prompt, str):
-            return None, prompt
+    async def _encode(self, prompt: str | list[int], param: str,
+                      max_tokens: int | None) -> tuple[str | None, list[int]]:
+        """The prompt's token ids; an explicit max_tokens must fit beside them."""
         try:
-            return prompt, await self.prompts.text(prompt, param)
+            ids = prompt if not isinstance(prompt, str) else await self.prompts.text(prompt, param)
+            if max_tokens is not None:
+                check_room(len(ids), max_tokens, self.max_model_len)
         except PromptError as e:
             raise ApiError(400, str(e), param=e.param) from None
+        return (prompt if isinstance(prompt, str) else None), ids
 
     async def _run(self, ids: list[int], params, prompt: str | None) -> AsyncIterator[RequestOutput]:
         start, first, last = time.monotonic(), None, None
@@ -186,7 +189,7 @@ class OpenAIServer:
         self._check_model(body.model)
         params = body.sampling_params(self.default_max_tokens, body.logprobs)
         prompts = body.prompts()
-        inputs = [await self._encode(p, "prompt" if len(prompts) == 1 else f"prompt[{i}]")
+        inputs = [await self._encode(p, "prompt" if len(prompts) == 1 else f"prompt[{i}]", body.max_tokens)
                   for i, p in enumerate(prompts)]
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
@@ -207,6 +210,8 @@ class OpenAIServer:
         try:
             ids = await self.prompts.chat([{"role": m.role, "content": m.text(f"messages[{i}].content")}
                                            for i, m in enumerate(body.messages)])
+            if body.max_tokens is not None:
+                check_room(len(ids), body.max_tokens, self.max_model_len)
         except PromptError as e:
             raise ApiError(400, str(e), param=e.param) from None
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())

@@ -34,9 +34,18 @@ def check_text(text: str, param: str, max_chars: int | None = None) -> None:
         raise PromptError(f"{len(text)} characters cannot fit the model's context; at most {max_chars}", param)
 
 
+def check_room(prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+    """A max_tokens the client asked for must fit beside the prompt (as OpenAI and vLLM answer);
+    the server's default is cut to the room left instead."""
+    if prompt_tokens + max_tokens > max_model_len:
+        raise PromptError(f"the model's context is {max_model_len} tokens; this request asks for "
+                          f"{prompt_tokens + max_tokens} ({prompt_tokens} in the prompt, {max_tokens} to "
+                          "generate): lower max_tokens or shorten the prompt", "max_tokens")
+
+
 class PromptEncoder:
     def __init__(self, tokenizer, max_model_len: int, threads: int = 2):
-        self.tokenizer = tokenizer
+        self.tokenizer, self.max_model_len = tokenizer, max_model_len
         longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
         self.max_chars = max_model_len * longest * NORMALIZER_SLACK
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="specray-tokenize")

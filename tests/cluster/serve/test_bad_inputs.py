@@ -29,6 +29,8 @@ HTTP_CASES = [
     ("/v1/completions", {"prompt": "w5", "n": 0}, 400, "n must"),
     ("/v1/completions", {"prompt": "w5", "max_tokens": True}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": "w5", "max_tokens": -5}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "w5", "max_tokens": 10**6}, 400, "max_tokens"),  # more than the context holds
+    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 10**6}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": "w5", "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {"prompt": "w5", "temperature": "hot"}, 400, "temperature"),
     ("/v1/completions", b'{"prompt": "w5", "temperature": NaN}', 400, "temperature"),
@@ -122,6 +124,8 @@ def test_bad_grpc_requests_are_invalid_argument_and_fail_alone(engine, reference
                 c.generate(prompt, max_tokens=4)
         with pytest.raises(InvalidArgumentError, match="role"):
             c.chat([{"role": "wizard", "content": "hi"}], max_tokens=4)
+        with pytest.raises(InvalidArgumentError, match="max_tokens"):  # more than the context holds
+            c.generate(GOOD, max_tokens=10**6)
         with pytest.raises(ResourceExhaustedError):  # over the message limit
             c.generate("w5 " * LIMIT, max_tokens=4)
     with grpc.insecure_channel(engine.grpc.target) as channel:  # bytes that are no GenerateRequest
