@@ -28,6 +28,7 @@ from specray.cluster.config.defaults import DEFAULT_MAX_REQUEST_BYTES
 from specray.cluster.serve.middleware import RequestLimits, KeyGuard
 from specray.cluster.serve.errors import REQUEST_ERRORS, status_of
 from specray.cluster.serve.http_server import MAX_HEADER_BYTES
+from specray.cluster.serve.merge import side_by_side
 from specray.cluster.serve.metrics import ServingMetrics
 from specray.cluster.serve.openai_logprobs import ChoiceDeltas, chat_logprobs, completion_logprobs
 from specray.cluster.serve.openai_protocol import ApiError, ChatRequest, CompletionRequest
@@ -256,19 +257,18 @@ class OpenAIServer:
         return StreamingResponse(events(), media_type="text/event-stream")
 
     async def _completion_chunks(self, rid, created, inputs, params, n, include_usage):
-        finals = []
-        for i, (text, ids) in enumerate(inputs):  # prompts stream one after another
-            deltas = ChoiceDeltas()
-            async for out in self._run(ids, params, text):
-                if out.finished:
-                    finals.append(out)
-                for c in out.outputs:
-                    if (new := deltas.take(c)) is None:
-                        continue
-                    delta, k0 = new
-                    yield {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
-                           "choices": [{"index": i * n + c.index, "text": delta, "finish_reason": c.finish_reason,
-                                        "logprobs": deltas.completion_logprobs(self.tokenizer, c, k0)}]}
+        finals, deltas = [], [ChoiceDeltas() for _ in inputs]
+        # the prompts of one request run together, as unstreamed ones do
+        async for i, out in side_by_side([self._run(ids, params, text) for text, ids in inputs]):
+            if out.finished:
+                finals.append(out)
+            for c in out.outputs:
+                if (new := deltas[i].take(c)) is None:
+                    continue
+                delta, k0 = new
+                yield {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
+                       "choices": [{"index": i * n + c.index, "text": delta, "finish_reason": c.finish_reason,
+                                    "logprobs": deltas[i].completion_logprobs(self.tokenizer, c, k0)}]}
         if include_usage and finals:
             yield {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
                    "choices": [], "usage": _usage(finals)}

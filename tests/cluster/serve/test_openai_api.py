@@ -220,3 +220,14 @@ def test_a_body_that_is_not_an_object_and_the_model_card(served, client):
     assert card.id == "tiny" and card.created > 0 and card.model_extra["max_model_len"] > 0
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("other")
+
+
+def test_the_prompts_of_one_streamed_request_run_together(client, offline):
+    prompts = ["w20 w21 w22", "w30 w31"]
+    args = dict(model="tiny", prompt=prompts, temperature=0, max_tokens=12, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**args).choices
+    chunks = [c.choices[0] for c in client.completions.create(**args, stream=True)]
+    for i in (0, 1):
+        assert "".join(c.text for c in chunks if c.index == i) == whole[i].text
+    order = [c.index for c in chunks]
+    assert order.index(1) < len(order) - 1 - order[::-1].index(0)  # prompt 1 began before prompt 0 ended
