@@ -9,6 +9,7 @@ from specray.actors.messages import SeqSpec
 from specray.cluster.outputs import CompletionOutput, SpecMetrics
 from specray.cluster.params import SamplingParams
 from specray.cluster.router.adaptive import Acceptance
+from specray.cluster.router.stops import StopTails
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Sequence:
     acceptance: Acceptance = field(default_factory=Acceptance)  # adaptive lengths (router/adaptive.py)
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
+    stop_tails: StopTails | None = None  # the text's end a stop string could begin with (streams hold it back)
 
     def __post_init__(self) -> None:
         assert len(self.prompt_token_ids) >= 1
@@ -94,8 +96,11 @@ class Sequence:
     def detokenize(self, tokenizer) -> None:
         """Extend `text` with the newly committed tokens; apply stop strings (cut before the stop
         string unless include_stop_str_in_output)."""
-        start = len(self.text)
-        self.text += self._new_text(tokenizer)
+        start, new = len(self.text), self._new_text(tokenizer)
+        self.text += new
+        if self.params.stop and not self.params.include_stop_str_in_output:
+            self.stop_tails = self.stop_tails or StopTails(self.params.stop)
+            self.stop_tails.feed(new)
         for stop in self.params.stop:
             # a stop string may straddle the old and new text
             at = self.text.find(stop, max(0, start - len(stop) + 1))
@@ -119,9 +124,9 @@ class Sequence:
         """The text no later token can take back: while the sequence runs, a tail that a stop string
         could begin with is held back (a stop string found later cuts there, and a stream must
         never have sent it); finished, all of it."""
-        if self.finished or self.params.include_stop_str_in_output:
+        if self.finished or self.stop_tails is None:
             return self.text
-        return self.text[: len(self.text) - stop_prefix_len(self.text, self.params.stop)]
+        return self.text[: len(self.text) - self.stop_tails.held()]
 
     def completion(self) -> CompletionOutput:
         cum = None
@@ -130,13 +135,3 @@ class Sequence:
         return CompletionOutput(self.index, self.streamable_text(), list(self.output_token_ids), self.finish_reason,
                                 self.stop_reason, self.logprobs, cum)
 
-
-def stop_prefix_len(text: str, stops: list[str]) -> int:
-    """The length of the longest end of `text` that is a proper beginning of one of `stops`."""
-    longest = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:k]):
-                longest = k
-                break
-    return longest

@@ -144,7 +144,8 @@ class DeltaTracker:
             text, tokens = c.text[t0:], c.token_ids[k0:]
             if c.index in self.done or not (text or tokens or c.finish_reason):
                 continue
-            # a stop string may cut text already sent; never resend it
+            # text only grows (the router holds back what a stop string could cut); tokens may
+            # come before their text does
             self.text_sent[c.index], self.tokens_sent[c.index] = max(t0, len(c.text)), len(c.token_ids)
             if c.finish_reason:
                 self.done.add(c.index)

@@ -197,7 +197,8 @@ class OpenAIServer:
             return await self._sse(self._completion_chunks(rid, created, inputs, params, body.n, body.include_usage))
         outs = await self._all(self._final(request, ids, params, text) for text, ids in inputs)
         choices = [{"index": i * body.n + c.index, "text": c.text, "finish_reason": c.finish_reason,
-                    "logprobs": completion_logprobs(self.tokenizer, c.token_ids, c.logprobs)[0]}
+                    "logprobs": completion_logprobs(self.tokenizer, c.token_ids, c.logprobs,
+                                                    skip=params.skip_special_tokens)[0]}
                    for i, o in enumerate(outs) for c in o.outputs]
         self.metrics.succeeded(outs[0].outputs[0].finish_reason)
         return {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
@@ -212,7 +213,8 @@ class OpenAIServer:
             ids = await self.prompts.chat([{"role": m.role, "content": m.text(f"messages[{i}].content")}
                                            for i, m in enumerate(body.messages)])
             if body.max_tokens is not None:
-                check_room(len(ids), body.max_tokens, self.max_model_len)
+                check_room(len(ids), body.max_tokens, self.max_model_len,
+                           "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens")
         except PromptError as e:
             raise ApiError(400, str(e), param=e.param) from None
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
@@ -221,7 +223,8 @@ class OpenAIServer:
         out = await self._final(request, ids, params, None)
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                     "finish_reason": c.finish_reason,
-                    "logprobs": chat_logprobs(self.tokenizer, c.token_ids, c.logprobs, params.logprobs)}
+                    "logprobs": chat_logprobs(self.tokenizer, c.token_ids, c.logprobs, params.logprobs,
+                                              skip=params.skip_special_tokens)}
                    for c in out.outputs]
         self.metrics.succeeded(out.outputs[0].finish_reason)
         return {"id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
@@ -268,7 +271,8 @@ class OpenAIServer:
                 delta, k0 = new
                 yield {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
                        "choices": [{"index": i * n + c.index, "text": delta, "finish_reason": c.finish_reason,
-                                    "logprobs": deltas[i].completion_logprobs(self.tokenizer, c, k0)}]}
+                                    "logprobs": deltas[i].completion_logprobs(self.tokenizer, c, k0,
+                                                                              params.skip_special_tokens)}]}
         if include_usage and finals:
             yield {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
                    "choices": [], "usage": _usage(finals)}
@@ -289,7 +293,8 @@ class OpenAIServer:
                 lps = None if c.logprobs is None else c.logprobs[k0:]
                 yield {**head, "choices": [{"index": c.index, "delta": {"content": delta} if delta else {},
                                             "logprobs": chat_logprobs(self.tokenizer, c.token_ids, lps,
-                                                                      params.logprobs, k0),
+                                                                      params.logprobs, k0,
+                                                                      params.skip_special_tokens),
                                             "finish_reason": c.finish_reason}]}
         if include_usage and last is not None:
             yield {**head, "choices": [], "usage": _usage([last])}

@@ -9,40 +9,51 @@ from specray.cluster.outputs import most_likely
 CONTEXT_TOKENS = 4  # tokens decoded before a position's token, so its text keeps its leading space
 
 
-def piece(tokenizer, ids: list[int], i: int, tok: int | None = None) -> str:
-    """The text token `tok` (default ids[i]) adds after ids[:i], as decoded in context."""
+def pieces(tokenizer, ids: list[int], i: int, toks: list[int], skip: bool = True) -> list[str]:
+    """The text each of `toks` would add after ids[:i], decoded in context (`skip`: special tokens
+    give none, as in the choice's text)."""
     window = ids[max(0, i - CONTEXT_TOKENS):i]
-    tok = ids[i] if tok is None else tok
-    before, after = tokenizer.decode(window), tokenizer.decode(window + [tok])
-    return after[len(before):] if after.startswith(before) else tokenizer.decode([tok])
+    before = tokenizer.decode(window, skip_special_tokens=skip)
+    out = []
+    for tok in toks:
+        after = tokenizer.decode(window + [tok], skip_special_tokens=skip)
+        out.append(after[len(before):] if after.startswith(before) else tokenizer.decode([tok]))
+    return out
 
 
 def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, float]] | None, n: int,
-                  start: int = 0) -> dict | None:
+                  start: int = 0, skip: bool = True) -> dict | None:
     """{"content": [...]}: tokens [start:] with their logprobs and the `n` most likely tokens there
     (`logprobs` holds positions start onwards)."""
     if logprobs is None:
         return None
     content = []
     for i, lp in enumerate(logprobs, start):
-        top = [{"token": piece(tokenizer, token_ids, i, t), "logprob": v} for t, v in most_likely(lp, n)]
-        content.append({"token": piece(tokenizer, token_ids, i), "logprob": lp[token_ids[i]], "top_logprobs": top})
+        top = most_likely(lp, n)
+        texts = pieces(tokenizer, token_ids, i, [token_ids[i]] + [t for t, _ in top], skip)
+        content.append({"token": texts[0], "logprob": lp[token_ids[i]],
+                        "top_logprobs": [{"token": x, "logprob": v} for x, (_, v) in zip(texts[1:], top)]})
     return {"content": content}
 
 
 def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, float]] | None,
-                        start: int = 0, offset: int = 0) -> tuple[dict | None, int]:
+                        start: int = 0, offset: int = 0, skip: bool = True) -> tuple[dict | None, int]:
     """The legacy shape for tokens [start:]: each one's text, logprob, the most likely tokens with
-    the drawn one (up to logprobs + 1, as OpenAI says) and its character offset, counted on from
-    `offset`. -> (that, the offset after the last token)."""
+    the drawn one (up to logprobs + 1, as OpenAI says; two that read alike keep the likelier) and
+    its character offset, counted on from `offset`. -> (that, the offset after the last token)."""
     if logprobs is None:
         return None, offset
     tokens, offsets, tops = [], [], []
     for i, lp in enumerate(logprobs, start):
-        tokens.append(piece(tokenizer, token_ids, i))
+        ranked = most_likely(lp, len(lp))
+        texts = pieces(tokenizer, token_ids, i, [token_ids[i]] + [t for t, _ in ranked], skip)
+        tokens.append(texts[0])
         offsets.append(offset)
-        offset += len(tokens[-1])
-        tops.append({piece(tokenizer, token_ids, i, t): v for t, v in most_likely(lp, len(lp))})
+        offset += len(texts[0])
+        top: dict[str, float] = {}
+        for x, (_, v) in zip(texts[1:], ranked):
+            top.setdefault(x, v)
+        tops.append(top)
     token_logprobs = [lp[token_ids[i]] for i, lp in enumerate(logprobs, start)]
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}, offset
 
@@ -70,8 +81,9 @@ class ChoiceDeltas:
         self.text_sent[c.index], self.tokens_sent[c.index] = len(c.text), len(c.token_ids)
         return text, k0
 
-    def completion_logprobs(self, tokenizer, c, k0: int) -> dict | None:
+    def completion_logprobs(self, tokenizer, c, k0: int, skip: bool) -> dict | None:
         """The completions API's logprobs of choice c's tokens [k0:], offsets carried over chunks."""
         lps = None if c.logprobs is None else c.logprobs[k0:]
-        out, self.offsets[c.index] = completion_logprobs(tokenizer, c.token_ids, lps, k0, self.offsets.get(c.index, 0))
+        out, self.offsets[c.index] = completion_logprobs(tokenizer, c.token_ids, lps, k0,
+                                                         self.offsets.get(c.index, 0), skip)
         return out

@@ -8,7 +8,7 @@ that specray does not implement is refused, naming the field, unless it holds it
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -57,7 +57,7 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "length_penalty": _off(1, 1.0), "logits_processors": _off([]), "spaces_between_special_tokens": _off(True),
     "return_tokens_as_token_ids": _off(False), "add_generation_prompt": _off(True),
     "continue_final_message": _off(False), "chat_template": _off(), "chat_template_kwargs": _off({}),
-    "reasoning_effort": _off(), "add_special_tokens": _off(),
+    "reasoning_effort": _off(),
 }
 
 
@@ -84,11 +84,14 @@ class _Common(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.get("include_usage"))
 
+    NO_OPS: ClassVar[dict[str, Callable[[Any], bool]]] = {}  # an endpoint's own no-op values (vLLM's)
+
     def refuse_unsupported(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options needs stream: true", param="stream_options")
         for name, value in (self.model_extra or {}).items():
-            if name in UNSUPPORTED and not UNSUPPORTED[name](value):
+            no_op = self.NO_OPS.get(name, UNSUPPORTED.get(name))
+            if no_op is not None and not no_op(value):
                 raise ApiError(400, f"{name} is not supported by specray (it would change the output); "
                                "leave it out", param=name)
 
@@ -109,6 +112,7 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
+    NO_OPS: ClassVar[dict[str, Callable[[Any], bool]]] = {"add_special_tokens": _off(True)}  # prompts get them
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
 
@@ -142,6 +146,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(_Common):
+    NO_OPS: ClassVar[dict[str, Callable[[Any], bool]]] = {"add_special_tokens": _off(False)}  # the template's
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False

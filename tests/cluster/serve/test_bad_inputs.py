@@ -30,7 +30,7 @@ HTTP_CASES = [
     ("/v1/completions", {"prompt": "w5", "max_tokens": True}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": "w5", "max_tokens": -5}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": "w5", "max_tokens": 10**6}, 400, "max_tokens"),  # more than the context holds
-    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 10**6}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 10**6}, 400, "max_completion_tokens"),
     ("/v1/completions", {"prompt": "w5", "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {"prompt": "w5", "temperature": "hot"}, 400, "temperature"),
     ("/v1/completions", b'{"prompt": "w5", "temperature": NaN}', 400, "temperature"),

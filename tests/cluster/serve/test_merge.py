@@ -40,3 +40,27 @@ def test_the_first_error_ends_every_stream():
 
     got, closed = asyncio.run(run())
     assert (1, "b0") in got and sorted(closed) == ["a", "b"] and len(got) < 20
+
+
+def test_a_reader_that_stops_early_closes_every_stream_and_each_stream_waits_for_its_reader():
+    async def run():
+        closed, produced = [], []
+
+        async def counted(name):
+            try:
+                for k in range(100):
+                    produced.append(name)
+                    yield k
+                    await asyncio.sleep(0)
+            finally:
+                closed.append(name)
+
+        merged = side_by_side([counted("a"), counted("b")])
+        got = [await merged.__anext__() for _ in range(3)]
+        await asyncio.sleep(0.05)  # a stream does not run ahead of its reader
+        ahead = len(produced) - len(got)
+        await merged.aclose()
+        return got, closed, ahead
+
+    got, closed, ahead = asyncio.run(run())
+    assert len(got) == 3 and sorted(closed) == ["a", "b"] and ahead <= 2

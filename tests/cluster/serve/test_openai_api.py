@@ -176,7 +176,8 @@ def test_logprobs_list_the_n_most_likely_tokens_streamed_or_not(client):
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 4
     assert lp.text_offset[0] == 0 and all(lp.token_logprobs[i] in lp.top_logprobs[i].values() for i in range(4))
     text = client.completions.create(**legacy).choices[0].text
-    assert "".join(lp.tokens) == text and [text.index(t, o) for t, o in zip(lp.tokens, lp.text_offset)] == lp.text_offset
+    assert "".join(lp.tokens) == text
+    assert [text.index(t, o) for t, o in zip(lp.tokens, lp.text_offset)] == lp.text_offset
     chunks = [c.choices[0].logprobs for c in client.completions.create(**legacy, stream=True)]
     assert [t for c in chunks if c for t in c.tokens] == lp.tokens
     assert [o for c in chunks if c for o in c.text_offset] == lp.text_offset
@@ -184,7 +185,7 @@ def test_logprobs_list_the_n_most_likely_tokens_streamed_or_not(client):
 
 def test_each_choice_streams_its_finish_once(client):
     chunks = [c for c in client.chat.completions.create(model="tiny", messages=MESSAGES, n=2, seed=1, max_tokens=3,
-                                                        stream=True, extra_body={"max_tokens": 3}) if c.choices]
+                                                        stream=True) if c.choices]
     finishes = [(c.choices[0].index, c.choices[0].finish_reason) for c in chunks if c.choices[0].finish_reason]
     assert sorted(finishes) == [(0, "length"), (1, "length")]
 
@@ -231,3 +232,12 @@ def test_the_prompts_of_one_streamed_request_run_together(client, offline):
         assert "".join(c.text for c in chunks if c.index == i) == whole[i].text
     order = [c.index for c in chunks]
     assert order.index(1) < len(order) - 1 - order[::-1].index(0)  # prompt 1 began before prompt 0 ended
+
+
+def test_sampled_completions_logprobs_hold_the_drawn_token_beside_the_top_n(client):
+    """OpenAI's legacy format: up to logprobs + 1 entries, the drawn token always among them."""
+    lp = client.completions.create(model="tiny", prompt="w20 w21", temperature=5.0, seed=3, max_tokens=24,
+                                   logprobs=1).choices[0].logprobs
+    sizes = [len(top) for top in lp.top_logprobs]
+    assert set(sizes) <= {1, 2} and 2 in sizes  # a token drawn below the top one somewhere
+    assert all(tok in top and top[tok] == v for tok, top, v in zip(lp.tokens, lp.top_logprobs, lp.token_logprobs))
