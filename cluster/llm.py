@@ -113,9 +113,7 @@ class LLM:
 
         Every prompt is validated before any runs: a bad one raises ValueError naming its index.
         """
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
-                                               and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        prompts = _as_list(prompts)
         params = sampling_params or SamplingParams()
         params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(params_list) != len(prompts):
@@ -123,9 +121,10 @@ class LLM:
         ids = self._add_all(prompts, params_list)
         return self._run(ids, use_tqdm)
 
-    def stream(self, prompts: Seq[PromptLike], sampling_params: SamplingParams):
+    def stream(self, prompts: PromptLike | Seq[PromptLike], sampling_params: SamplingParams | None = None):
         """Yield every `RequestOutput` as its request advances (one per request per round)."""
-        ids = self._add_all(prompts, [sampling_params] * len(prompts))
+        prompts = _as_list(prompts)
+        ids = self._add_all(prompts, [sampling_params or SamplingParams()] * len(prompts))
         while self.router.has_unfinished():
             yield from self.router.step()
             self._raise_failures(ids)
@@ -152,7 +151,11 @@ class LLM:
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
              sampling_params: SamplingParams | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
         """Apply the tokenizer's chat template, then generate."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        if not messages:
+            raise ValueError("messages is empty: a conversation needs at least one message")
+        conversations = [messages] if isinstance(messages[0], dict) else messages
+        for i, conversation in enumerate(conversations):
+            _check_conversation(conversation, i)
         prompts = [{"prompt_token_ids": self.apply_chat_template(c)} for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
@@ -185,3 +188,18 @@ def diffusion_router(checkpoint, tokenizer, speculative_config, diffusion_config
     eos = set(model.config.model.eos_token_ids) or ({tokenizer.eos_token_id} if tokenizer is not None else set())
     return DiffusionRouter(InProcessDiffusionPool(DiffusionWorker(model, options)), tokenizer, eos, limits)
 
+
+def _as_list(prompts) -> list:
+    """One prompt (a string, a dict or a list of token ids) as a list of one; a list of prompts as is."""
+    if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        return [prompts]
+    return list(prompts)
+
+
+def _check_conversation(messages, index: int) -> None:
+    """Each message a {"role": str, "content": str} (the template would fail deep inside otherwise)."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"conversation {index}: a non-empty list of messages, got {messages!r}")
+    for j, m in enumerate(messages):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise ValueError(f"conversation {index}, message {j}: needs a string 'role' and 'content', got {m!r}")

@@ -35,6 +35,10 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        _check(isinstance(self.stop, (list, tuple, type(None))), "stop",
+               f"stop must be a string or a list of strings, got {self.stop!r}")
+        _check(isinstance(self.stop_token_ids, (list, tuple)), "stop_token_ids",
+               f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}")
         self.stop = list(self.stop or [])
         if self.top_k == -1:
             self.top_k = 0

@@ -188,6 +188,8 @@ class ServeConfig(Strict):
         if self.transport.kind == "grpc" and self.speculative_config and not self.transport.drafter_address:
             raise ValueError("transport.kind 'grpc' needs transport.drafter_address (host:port)")
         self._draft_group()
+        if self.grpc.enabled and self.grpc.port == self.http.port:
+            raise ValueError(f"http.port and grpc.port are both {self.http.port}: the two servers need a port each")
         if self.http.server == "replica" and self.grpc.enabled and self.grpc.server == "proxy":
             raise ValueError("grpc.server 'proxy' needs http.server 'proxy': Ray Serve's proxy would take "
                              "http.port, which the replica's own HTTP server binds")

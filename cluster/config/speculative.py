@@ -17,6 +17,9 @@ from specray.kernels.drafters.tree_shapes import TreeSpec
 from specray.kernels.verify.rules import SAMPLED_RULES
 
 METHODS = tuple(registry.METHODS)
+INT_KEYS = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "draft_num_layers",
+            "draft_vocab_trim", "disable_by_batch_size", "verify_budget", "layer_parallel")
+MAX_SPECULATIVE_TOKENS = 256  # a chain's length or a tree's depth: far past where drafting pays
 VERIFY_CHOICES = ("auto", *SAMPLED_RULES)
 DRAFT_QUANTIZATIONS = (None, "none", "q8_0")
 
@@ -65,10 +68,15 @@ class SpeculativeConfig:
     adaptive: bool = False
 
     def __post_init__(self) -> None:
+        for key in INT_KEYS:  # a string or a bool would fail later, far from its key
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ValueError(f"{key} must be an integer, got {value!r}")
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], "
+                             f"got {self.num_speculative_tokens!r}")
         registry.check_options(self.method, self.model, self.tree, self.lookup_first, self.layer_parallel,
                                aded=self.aded, longspec=self.longspec)
-        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
-            raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {self.num_speculative_tokens}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
         if self.draft_num_layers is not None and self.draft_num_layers < 1:
@@ -141,6 +149,8 @@ class SpeculativeConfig:
     def from_dict(cls, raw: dict[str, Any] | None) -> "SpeculativeConfig | None":
         if not raw:
             return None
+        if not isinstance(raw, dict):
+            raise ValueError(f"speculative_config must be a dict (e.g. {{'method': 'ngram'}}), got {raw!r}")
         raw = dict(raw)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)

@@ -147,6 +147,9 @@ def _speculative_override(args, current: dict | None, target: str):
                 spec = {} if k is None else {"num_speculative_tokens": k}
         spec["method"] = args.speculative_method
     if args.draft_model:  # a draft model means a method that uses one (as vLLM infers it)
+        if args.speculative_method and not _uses_draft_model(args.speculative_method):
+            raise ValueError(f"--draft-model needs a method that runs a draft model; --speculative-method "
+                             f"{args.speculative_method} runs none (leave one of the two out)")
         method = args.speculative_method or _draft_method(args.draft_model)
         spec.update(model=args.draft_model, method=method if _uses_draft_model(method) else "draft_model")
     draft = packaged_draft(target, spec.get("method", ""))
@@ -203,6 +206,10 @@ def cmd_serve(args) -> int:
         print("specray serve: --api-key is visible in the process list; prefer --api-key-file or SPECRAY_API_KEY",
               file=sys.stderr)
     cfg.http.resolved_api_key()  # an unreadable key file fails here, before anything starts
+    if cfg.ray_address is None:  # a local cluster's workers see this machine's files: a bad model fails here
+        from specray.kernels.loader import resolve
+
+        resolve(cfg.model)
     from specray.cluster.serve.local_ray import start_ray
     from specray.cluster.serve.run import run_serve
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import grpc
+
+from specray.client.errors import InvalidArgumentError
 from specray.protos.specray.v1 import generate_pb2 as pb
 
 _FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_ABORT: "abort"}
@@ -27,13 +30,23 @@ class Sampling:
     num_speculative_tokens: int | None = None  # 0 turns speculation off for this request
 
     def to_proto(self) -> pb.SamplingParams:
-        msg = pb.SamplingParams(top_k=self.top_k, stop_token_ids=list(self.stop_token_ids),
-                                ignore_eos=self.ignore_eos,
-                                stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []))
+        """The message; a value the message cannot hold (a seed past 2^64, a string for a number)
+        raises InvalidArgumentError naming its field, as the server would."""
+        msg = pb.SamplingParams()
+        values = {"top_k": self.top_k, "ignore_eos": self.ignore_eos, "stop_token_ids": list(self.stop_token_ids),
+                  "stop": [self.stop] if isinstance(self.stop, str) else list(self.stop or [])}
         for name in ("max_tokens", "temperature", "top_p", "n", "seed", "logprobs", "num_speculative_tokens"):
-            value = getattr(self, name)
-            if value is not None:  # unset optionals keep the server's default
-                setattr(msg, name, value)
+            values[name] = getattr(self, name)  # unset optionals (None) keep the server's default
+        for name, value in values.items():
+            if value is None:
+                continue
+            try:
+                if isinstance(value, list):
+                    getattr(msg, name).extend(value)
+                else:
+                    setattr(msg, name, value)
+            except (TypeError, ValueError) as e:
+                raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {e}") from None
         return msg
 
 

@@ -22,6 +22,8 @@ def llm(tiny_target, tiny_draft):
     (dict(top_k=-3), "top_k"),
     (dict(n=0), "n must"),
     (dict(num_speculative_tokens=-1), "num_speculative_tokens"),
+    (dict(stop=5), "stop must be a string or a list"),
+    (dict(stop_token_ids=5), "stop_token_ids must be a list"),
 ])
 def test_bad_sampling_params(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -34,6 +36,10 @@ def test_bad_sampling_params(kwargs, message):
     ({"method": "draft_model"}, "needs a draft"),
     ({"method": "ngram", "bogus": 1}, "unknown speculative_config keys"),
     ({"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2}, "prompt_lookup"),
+    ({"method": "ngram", "prompt_lookup_min": "2"}, "prompt_lookup_min must be an integer, got '2'"),
+    ({"method": "ngram", "num_speculative_tokens": True}, "num_speculative_tokens must be an integer"),
+    ({"method": "ngram", "num_speculative_tokens": 100000}, r"num_speculative_tokens must be an integer in \[1, "),
+    ("ngram", "speculative_config must be a dict"),
 ])
 def test_bad_speculative_config(tiny_target, config, message):
     with pytest.raises(ValueError, match=message):
@@ -130,3 +136,19 @@ def test_abort_frees_the_sequence(llm):
 def test_incremental_text_equals_full_decode(llm):
     out = llm.generate({"prompt_token_ids": [1, 8, 9, 10]}, SamplingParams(max_tokens=30, **GREEDY))[0].outputs[0]
     assert out.text == llm.get_tokenizer().decode(out.token_ids, skip_special_tokens=True)
+
+
+def test_stream_takes_one_prompt_as_generate_does(llm):
+    """A string is one prompt (it was streamed as one request a character)."""
+    want = llm.generate("w5 w6", SamplingParams(max_tokens=3, **GREEDY))[0]
+    outs = list(llm.stream("w5 w6", SamplingParams(max_tokens=3, **GREEDY)))
+    assert {o.request_id for o in outs} == {outs[-1].request_id} and outs[-1].outputs[0].text == want.outputs[0].text
+
+
+@pytest.mark.parametrize("messages, message", [
+    ([], "messages is empty"), ([{"role": "user"}], "message 0: needs a string 'role' and 'content'"),
+    ([[{"role": "user", "content": "hi"}], "hi"], "conversation 1"),
+])
+def test_chat_refuses_malformed_messages(llm, messages, message):
+    with pytest.raises(ValueError, match=message):
+        llm.chat(messages)

@@ -84,6 +84,20 @@ def test_prefill_budget_flag(flag, budget, capsys):
     assert "expected an integer or 'auto', got 'many'" in capsys.readouterr().err
 
 
+def test_conflicting_or_missing_things_exit_2_before_anything_starts(capsys, monkeypatch):
+    """A method that runs no draft beside --draft-model, one port for both servers, and a model
+    that is not there (a local cluster's workers would fail deploying it) are refused up front."""
+    import specray.cluster.serve.local_ray as local_ray
+
+    monkeypatch.setattr(local_ray, "start_ray", lambda cfg: pytest.fail("Ray must not start"))
+    assert main(["serve", "--speculative-method", "ngram", "--draft-model", "smollm2-135m-draft", "--dry-run"]) == 2
+    assert "--draft-model needs a method" in capsys.readouterr().err
+    assert main(["serve", "--port", "9000", "--dry-run"]) == 2
+    assert "grpc.port are both 9000" in capsys.readouterr().err
+    assert main(["serve", "--model", "/no/such/model"]) == 2
+    assert "unknown model" in capsys.readouterr().err
+
+
 def test_speculation_flags(capsys):
     import yaml
 
