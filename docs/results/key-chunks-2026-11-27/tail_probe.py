@@ -27,4 +27,5 @@ for rep in range(5):
 for key in packs:
     m = [statistics.median(res[(key, r)]) for r in (1, 2, 4)]
     mb = packs[key][0].nbytes / 1e6
-    print(f"in {key[0]:5d} out {key[1]:5d} {mb:.2f} MB: rows 1/2/4 {m[0]:.1f} / {m[1]:.1f} / {m[2]:.1f} us; cost(2)/cost(1) {m[1]/m[0]:.3f}, cost(4)/cost(1) {m[2]/m[0]:.3f}; GB/s at 1 row {mb*1e3/m[0]:.1f}")
+    print(f"in {key[0]:5d} out {key[1]:5d} {mb:.2f} MB: rows 1/2/4 {m[0]:.1f} / {m[1]:.1f} / {m[2]:.1f} us; "
+          f"cost(2)/cost(1) {m[1]/m[0]:.3f}, cost(4)/cost(1) {m[2]/m[0]:.3f}; GB/s at 1 row {mb*1e3/m[0]:.1f}")
