@@ -18,7 +18,7 @@ from specray.kernels.verify.rules import SAMPLED_RULES
 
 METHODS = tuple(registry.METHODS)
 INT_KEYS = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "draft_num_layers",
-            "draft_vocab_trim", "disable_by_batch_size", "verify_budget", "layer_parallel")
+            "draft_vocab_trim", "disable_by_batch_size", "verify_budget")  # layer_parallel: the registry's
 MAX_SPECULATIVE_TOKENS = 256  # a chain's length or a tree's depth: far past where drafting pays
 VERIFY_CHOICES = ("auto", *SAMPLED_RULES)
 DRAFT_QUANTIZATIONS = (None, "none", "q8_0")
