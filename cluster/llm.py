@@ -79,6 +79,8 @@ class LLM:
         if diffusion_config:
             raise ValueError(f"diffusion_config applies to diffusion LMs; {model!r} is autoregressive")
         spec = SpeculativeConfig.from_dict(speculative_config)
+        if spec is not None and spec.model is not None:
+            resolve(spec.model)  # a draft that is not there fails before the target loads
         target_model = load_model(checkpoint, torch_dtype, device, kernels=kernels)
         blocks = num_blocks(kv_cache_tokens, block_size)
         self.target = TargetWorker(target_model, blocks, block_size,

@@ -51,6 +51,14 @@ def test_unknown_model():
         LLM("no-such-model-anywhere")
 
 
+def test_a_missing_draft_fails_before_the_target_loads(tiny_target, monkeypatch):
+    import specray.cluster.llm as llm_module
+
+    monkeypatch.setattr(llm_module, "load_model", lambda *a, **k: pytest.fail("the target must not load"))
+    with pytest.raises(ModelNotFoundError, match="no-such-draft"):
+        LLM(str(tiny_target), speculative_config={"method": "draft_model", "model": "no-such-draft"})
+
+
 def test_bad_prompts_raise_before_anything_runs(llm):
     with pytest.raises(ValueError, match="prompt 1: prompt is empty"):
         llm.generate([{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": []}], SamplingParams(max_tokens=2))
