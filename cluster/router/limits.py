@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specray.cluster.params import SamplingParams
+from specray.cluster.params import SamplingParamError, SamplingParams
 from specray.kernels.drafters import registry
 from specray.kernels.ints import ceil_div
 from specray.kernels.proposal import VerifyResult
@@ -50,24 +50,27 @@ class RouterLimits:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"expected SamplingParams, got {type(params).__name__}")
         if not prompt_token_ids:
-            raise ValueError("prompt is empty: it must contain at least one token")
+            raise SamplingParamError("prompt", "prompt is empty: it must contain at least one token")
         if len(prompt_token_ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(prompt_token_ids)} tokens; the model's context is "
-                             f"{self.max_model_len} tokens, leaving no room to generate")
+            raise SamplingParamError("prompt", f"prompt has {len(prompt_token_ids)} tokens; the model's context is "
+                                    f"{self.max_model_len} tokens, leaving no room to generate")
         if self.reservation(len(prompt_token_ids), params.max_tokens) > self.kv_capacity_tokens:
-            raise ValueError("request can never fit in the KV cache; lower max_tokens or raise the cache size")
+            raise SamplingParamError("max_tokens", "request can never fit in the KV cache; lower max_tokens or raise "
+                                    "the cache size")
         vocab = self.vocab_size
         if any(type(t) is not int or not 0 <= t < vocab for t in prompt_token_ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+            raise SamplingParamError("prompt", f"prompt token ids must be integers in [0, {vocab})")
         if not has_tokenizer and params.stop:
-            raise ValueError("stop strings need a tokenizer, and this engine has none; use stop_token_ids")
+            raise SamplingParamError("stop", "stop strings need a tokenizer, and this engine has none; "
+                                             "use stop_token_ids")
         if params.n > self.max_num_seqs:
-            raise ValueError(f"n={params.n} exceeds max_num_seqs {self.max_num_seqs}: "
-                             "a request's choices must fit in one running batch")
+            raise SamplingParamError("n", f"n={params.n} exceeds max_num_seqs {self.max_num_seqs}: "
+                                    "a request's choices must fit in one running batch")
         if params.logprobs is not None and params.logprobs > vocab:
-            raise ValueError(f"logprobs must be <= the vocabulary size {vocab}, got {params.logprobs}")
+            raise SamplingParamError("logprobs", f"logprobs must be <= the vocabulary size {vocab}, "
+                                                 f"got {params.logprobs}")
         if any(t >= vocab for t in params.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be in [0, {vocab})")
+            raise SamplingParamError("stop_token_ids", f"stop_token_ids must be in [0, {vocab})")
 
     def draft_cap(self, num_running: int) -> int:
         """Draft tokens allowed per sequence while `num_running` sequences run."""

@@ -131,7 +131,8 @@ class OpenAIServer:
             raise ApiError(400, str(e), param=e.param) from None
         return (prompt if isinstance(prompt, str) else None), ids
 
-    async def _run(self, ids: list[int], params, prompt: str | None) -> AsyncIterator[RequestOutput]:
+    async def _run(self, ids: list[int], params, prompt: str | None,
+                   prompt_param: str = "prompt") -> AsyncIterator[RequestOutput]:
         start, first, last = time.monotonic(), None, None
         try:
             async for out in self.router.generate(ids, params, prompt):
@@ -139,18 +140,19 @@ class OpenAIServer:
                     first = time.monotonic()
                 last = out
                 yield out
-        except REQUEST_ERRORS as e:
-            raise ApiError.of(status_of(e), str(e)) from None
+        except REQUEST_ERRORS as e:  # the router's checks name the field they refuse
+            param = getattr(e, "param", None)
+            raise ApiError.of(status_of(e), str(e), prompt_param if param == "prompt" else param) from None
         if last is not None:
             tokens = max(len(c.token_ids) for c in last.outputs)
             self.metrics.observe(start, first, time.monotonic(), tokens)
 
-    async def _final(self, request: Request, ids, params, prompt) -> RequestOutput:
+    async def _final(self, request: Request, ids, params, prompt, prompt_param: str = "prompt") -> RequestOutput:
         """Run to completion. A client that hangs up (polled here; Ray Serve cancels this
         coroutine instead) aborts the run, which frees its sequences."""
         async def drain():
             last = None
-            async for out in self._run(ids, params, prompt):
+            async for out in self._run(ids, params, prompt, prompt_param):
                 last = out
             return last
 
@@ -220,7 +222,7 @@ class OpenAIServer:
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
             return await self._sse(self._chat_chunks(rid, created, ids, params, body.include_usage))
-        out = await self._final(request, ids, params, None)
+        out = await self._final(request, ids, params, None, "messages")
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                     "finish_reason": c.finish_reason,
                     "logprobs": chat_logprobs(self.tokenizer, c.token_ids, c.logprobs, params.logprobs,
@@ -280,7 +282,7 @@ class OpenAIServer:
     async def _chat_chunks(self, rid, created, ids, params, include_usage):
         head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
         deltas, last = ChoiceDeltas(), None
-        async for out in self._run(ids, params, None):
+        async for out in self._run(ids, params, None, "messages"):
             if last is None:  # the role chunks wait for the engine to take the request
                 for j in range(params.n):
                     yield {**head, "choices": [{"index": j, "delta": {"role": "assistant", "content": ""},

@@ -241,3 +241,13 @@ def test_sampled_completions_logprobs_hold_the_drawn_token_beside_the_top_n(clie
     sizes = [len(top) for top in lp.top_logprobs]
     assert set(sizes) <= {1, 2} and 2 in sizes  # a token drawn below the top one somewhere
     assert all(tok in top and top[tok] == v for tok, top, v in zip(lp.tokens, lp.top_logprobs, lp.token_logprobs))
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": [10**6]}, "prompt"),  # token ids the vocabulary lacks: the router's own check
+    ({"prompt": "w5", "n": 10**3}, "n"),
+])
+def test_the_routers_refusals_name_their_field(served, body, param):
+    resp = httpx.post(served[0].url + "/v1/completions", json={"model": "tiny", "max_tokens": 2, **body},
+                      headers={"Authorization": f"Bearer {KEY}"})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
