@@ -214,12 +214,12 @@ def cmd_serve(args) -> int:
     from specray.cluster.serve.run import run_serve
 
     start_ray(cfg)
-    handle = run_serve(cfg)
-    # SIGTERM (docker stop, kill, a supervisor) stops it as Ctrl-C does: Ray's driver would otherwise
-    # print a crash trace and abort (exit 134) with the requests in flight
+    # SIGTERM (docker stop, kill, a supervisor) stops it as Ctrl-C does, while it deploys too: Ray's
+    # driver would otherwise print a crash trace and abort (exit 134) with the requests in flight
     signal.signal(signal.SIGTERM, _interrupt)
-    print(endpoint_banner(cfg, handle), flush=True)
     try:
+        handle = run_serve(cfg)
+        print(endpoint_banner(cfg, handle), flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
