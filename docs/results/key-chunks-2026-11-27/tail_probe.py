@@ -2,7 +2,7 @@
 (576 = 16 + 2 blocks; 512, 1536 and 640 = 16 + 4 for comparison), the weights streamed from memory
 (48 copies of 1.88 MB each, cycled). Run: python docs/results/key-chunks-2026-11-27/tail_probe.py
 """
-import time, torch, statistics, sys
+import time, torch, statistics
 from specray.kernels.quant_linear import round_to_q8_0, pack_exact
 from specray.kernels.fast_linear import pack_fast, fast_linear
 torch.manual_seed(0)
