@@ -81,8 +81,7 @@ class SpeculativeConfig:
             raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
         if self.draft_num_layers is not None and self.draft_num_layers < 1:
             raise ValueError(f"draft_num_layers must be >= 1, got {self.draft_num_layers}")
-        if self.draft_vocab_trim is not None and (not isinstance(self.draft_vocab_trim, int)
-                                                  or self.draft_vocab_trim < 0):
+        if self.draft_vocab_trim is not None and self.draft_vocab_trim < 0:
             raise ValueError(f"draft_vocab_trim must be an integer >= 0, got {self.draft_vocab_trim}")
         if self.draft_quantization not in DRAFT_QUANTIZATIONS:
             raise ValueError(f"draft_quantization must be one of {DRAFT_QUANTIZATIONS}, got {self.draft_quantization!r}")
@@ -92,7 +91,7 @@ class SpeculativeConfig:
             raise ValueError(f"unknown verify rule {self.verify!r}; choose one of {VERIFY_CHOICES}")
         if self.lookup_first not in (None, False) and self.verify not in ("auto", "chain"):
             raise ValueError(f"'lookup_first' proposes chains, which verify {self.verify!r} refuses; use 'auto'")
-        if self.verify_budget is not None and (not isinstance(self.verify_budget, int) or self.verify_budget < 1):
+        if self.verify_budget is not None and self.verify_budget < 1:
             raise ValueError(f"verify_budget must be an integer >= 1, got {self.verify_budget}")
         if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
             raise ValueError(f"disable_by_batch_size must be >= 1, got {self.disable_by_batch_size}")

@@ -41,6 +41,8 @@ class Sequence:
 
     def __post_init__(self) -> None:
         assert len(self.prompt_token_ids) >= 1
+        if self.params.stop and not self.params.include_stop_str_in_output:
+            self.stop_tails = StopTails(self.params.stop)
 
     @property
     def token_ids(self) -> list[int]:
@@ -98,8 +100,7 @@ class Sequence:
         string unless include_stop_str_in_output)."""
         start, new = len(self.text), self._new_text(tokenizer)
         self.text += new
-        if self.params.stop and not self.params.include_stop_str_in_output:
-            self.stop_tails = self.stop_tails or StopTails(self.params.stop)
+        if self.stop_tails is not None:
             self.stop_tails.feed(new)
         for stop in self.params.stop:
             # a stop string may straddle the old and new text

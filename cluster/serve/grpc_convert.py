@@ -9,6 +9,7 @@ import grpc
 
 from specray.cluster.outputs import CompletionOutput, RequestOutput, SpecMetrics, most_likely
 from specray.cluster.params import SamplingParams
+from specray.cluster.serve.deltas import ChoiceDeltas
 from specray.cluster.serve.openai_protocol import ChatMessage
 from specray.cluster.serve.prompts import PromptEncoder
 from specray.protos.specray.v1 import generate_pb2 as pb
@@ -133,22 +134,15 @@ class DeltaTracker:
 
     def __init__(self, tokenizer, request_id: str, top_n: int | None):
         self.tokenizer, self.request_id, self.top_n = tokenizer, request_id, top_n
-        self.text_sent: dict[int, int] = {}
-        self.tokens_sent: dict[int, int] = {}
-        self.done: set[int] = set()  # choices whose last delta went out
+        self.choices = ChoiceDeltas()
 
     def deltas(self, out: RequestOutput) -> list[pb.GenerateResponse]:
         msgs = []
         for c in out.outputs:
-            t0, k0 = self.text_sent.get(c.index, 0), self.tokens_sent.get(c.index, 0)
-            text, tokens = c.text[t0:], c.token_ids[k0:]
-            if c.index in self.done or not (text or tokens or c.finish_reason):
+            if (new := self.choices.take(c, tokens_alone=True)) is None:
                 continue
-            # text only grows (the router holds back what a stop string could cut); tokens may
-            # come before their text does
-            self.text_sent[c.index], self.tokens_sent[c.index] = max(t0, len(c.text)), len(c.token_ids)
-            if c.finish_reason:
-                self.done.add(c.index)
+            text, k0 = new
+            tokens = c.token_ids[k0:]
             lps = token_logprobs(self.tokenizer, tokens, c.logprobs[k0:] if c.logprobs else None, self.top_n)
             msgs.append(pb.GenerateResponse(request_id=self.request_id, delta=pb.ChoiceDelta(
                 index=c.index, text=text, token_ids=tokens, logprobs=lps,

@@ -30,8 +30,9 @@ from specray.cluster.serve.errors import REQUEST_ERRORS, status_of
 from specray.cluster.serve.http_server import MAX_HEADER_BYTES
 from specray.cluster.serve.merge import side_by_side
 from specray.cluster.serve.metrics import ServingMetrics
-from specray.cluster.serve.openai_logprobs import ChoiceDeltas, chat_logprobs, completion_logprobs
-from specray.cluster.serve.openai_protocol import ApiError, ChatRequest, CompletionRequest
+from specray.cluster.serve.deltas import ChoiceDeltas
+from specray.cluster.serve.openai_logprobs import CompletionDeltas, chat_logprobs, completion_logprobs
+from specray.cluster.serve.openai_protocol import ApiError, ChatRequest, CompletionRequest, validation_error
 from specray.cluster.serve.prompts import PromptEncoder, PromptError, check_room
 
 OPEN_PATHS = ("/health", "/metrics")  # everything else needs the key when one is set (/docs too)
@@ -47,16 +48,6 @@ def _usage(outs: list[RequestOutput]) -> dict:
             "speculative": {"num_draft_tokens": sum(x.num_draft_tokens for x in m),
                             "num_accepted_tokens": sum(x.num_accepted_tokens for x in m),
                             "acceptance_length": round(emitted / rounds, 4) if rounds else None}}
-
-
-def _validation_error(exc: RequestValidationError) -> ApiError:
-    first = exc.errors()[0] if exc.errors() else {}
-    if first.get("type") == "json_invalid":  # loc is ("body", <character offset>): not a field
-        return ApiError(400, f"request body is not valid JSON: {first.get('msg', '')}")
-    where = ".".join(str(x) for x in first.get("loc", ())[1:])
-    if not where:  # the body itself: not an object, or missing
-        return ApiError(400, "the request body must be a JSON object (Content-Type: application/json)")
-    return ApiError(400, f"{where}: {first.get('msg', 'invalid request')}", param=where)
 
 
 class OpenAIServer:
@@ -82,7 +73,7 @@ class OpenAIServer:
         app.add_middleware(KeyGuard, allowed=self._allowed,
                            reject=lambda: self._error(ApiError.of(errors.UNAUTHENTICATED, "missing or wrong API key")))
         app.exception_handler(ApiError)(lambda _, exc: self._error(exc))
-        app.exception_handler(RequestValidationError)(lambda _, exc: self._error(_validation_error(exc)))
+        app.exception_handler(RequestValidationError)(lambda _, exc: self._error(validation_error(exc)))
         app.exception_handler(HTTPException)(lambda _, exc: self._error(self._http_error(exc)))
         app.exception_handler(Exception)(lambda _, exc: self._error(self._internal(exc)))
         app.get("/health")(lambda: {"status": "ok"})
@@ -262,7 +253,7 @@ class OpenAIServer:
         return StreamingResponse(events(), media_type="text/event-stream")
 
     async def _completion_chunks(self, rid, created, inputs, params, n, include_usage):
-        finals, deltas = [], [ChoiceDeltas() for _ in inputs]
+        finals, deltas = [], [CompletionDeltas() for _ in inputs]
         # the prompts of one request run together, as unstreamed ones do
         async for i, out in side_by_side([self._run(ids, params, text) for text, ids in inputs]):
             if out.finished:

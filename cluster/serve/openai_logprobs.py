@@ -5,6 +5,7 @@ dicts (the top `n` tokens and the drawn one): chat's `content` list and the comp
 from __future__ import annotations
 
 from specray.cluster.outputs import most_likely
+from specray.cluster.serve.deltas import ChoiceDeltas
 
 CONTEXT_TOKENS = 4  # tokens decoded before a position's token, so its text keeps its leading space
 
@@ -58,28 +59,12 @@ def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}, offset
 
 
-class ChoiceDeltas:
-    """What each choice of a streamed request has not sent yet: its text since the last chunk and
-    the tokens (with their logprobs) committed since. A choice's text only grows: the router holds
-    back a tail a stop string could begin with (`Sequence.streamable_text`)."""
+class CompletionDeltas(ChoiceDeltas):
+    """ChoiceDeltas with the completions API's text_offset carried over a choice's chunks."""
 
     def __init__(self):
-        self.text_sent: dict[int, int] = {}
-        self.tokens_sent: dict[int, int] = {}
-        self.offsets: dict[int, int] = {}  # the completions API's text_offset after the tokens sent
-        self.done: set[int] = set()  # choices whose last chunk went out
-
-    def take(self, c) -> tuple[str, int] | None:
-        """-> (new text, the first token not sent yet), or None when the choice has nothing new or
-        has had its last chunk. Tokens wait for a chunk with text or the end."""
-        t0, k0 = self.text_sent.get(c.index, 0), self.tokens_sent.get(c.index, 0)
-        text = c.text[t0:]
-        if c.index in self.done or not (text or c.finish_reason):
-            return None
-        if c.finish_reason:
-            self.done.add(c.index)
-        self.text_sent[c.index], self.tokens_sent[c.index] = len(c.text), len(c.token_ids)
-        return text, k0
+        super().__init__()
+        self.offsets: dict[int, int] = {}  # the text_offset after the tokens sent
 
     def completion_logprobs(self, tokenizer, c, k0: int, skip: bool) -> dict | None:
         """The completions API's logprobs of choice c's tokens [k0:], offsets carried over chunks."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
 from specray.cluster.params import SamplingParams
@@ -30,6 +31,17 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+
+
+def validation_error(exc: RequestValidationError) -> ApiError:
+    """FastAPI's refusal of a body as the OpenAI error, naming the field."""
+    first = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "json_invalid":  # loc is ("body", <character offset>): not a field
+        return ApiError(400, f"request body is not valid JSON: {first.get('msg', '')}")
+    where = ".".join(str(x) for x in first.get("loc", ())[1:])
+    if not where:  # the body itself: not an object, or missing
+        return ApiError(400, "the request body must be a JSON object (Content-Type: application/json)")
+    return ApiError(400, f"{where}: {first.get('msg', 'invalid request')}", param=where)
 
 
 def _check_text(text: str, param: str) -> None:

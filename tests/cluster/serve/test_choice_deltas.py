@@ -1,7 +1,7 @@
 """ChoiceDeltas: each choice's new text and tokens once, tokens waiting for text, one finish a choice."""
 
 from specray.cluster.outputs import CompletionOutput
-from specray.cluster.serve.openai_logprobs import ChoiceDeltas
+from specray.cluster.serve.deltas import ChoiceDeltas
 
 
 def test_tokens_wait_for_their_text_and_each_choice_finishes_once():
