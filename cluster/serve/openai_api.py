@@ -56,8 +56,7 @@ class OpenAIServer:
         self.router, self.tokenizer, self.model_name = router, tokenizer, model_name
         self.api_key, self.default_max_tokens = api_key, default_max_tokens
         self.metrics = ServingMetrics(router)
-        self.max_model_len = router.router.config.max_model_len
-        self.prompts = PromptEncoder(tokenizer, self.max_model_len)
+        self.prompts = PromptEncoder(tokenizer, router.router.config.max_model_len)
         self.created = int(time.time())  # the model card's: when this server started
         self.app = self._build(max_request_bytes)
 
@@ -117,7 +116,7 @@ class OpenAIServer:
         try:
             ids = prompt if not isinstance(prompt, str) else await self.prompts.text(prompt, param)
             if max_tokens is not None:
-                check_room(len(ids), max_tokens, self.max_model_len)
+                check_room(len(ids), max_tokens, self.prompts.max_model_len)
         except PromptError as e:
             raise ApiError(400, str(e), param=e.param) from None
         return (prompt if isinstance(prompt, str) else None), ids
@@ -170,7 +169,7 @@ class OpenAIServer:
     # -- routes -----------------------------------------------------------------------------
     def _model_card(self) -> dict:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "specray",
-                "max_model_len": self.max_model_len}
+                "max_model_len": self.prompts.max_model_len}
 
     async def models(self):
         return {"object": "list", "data": [self._model_card()]}
@@ -206,7 +205,7 @@ class OpenAIServer:
             ids = await self.prompts.chat([{"role": m.role, "content": m.text(f"messages[{i}].content")}
                                            for i, m in enumerate(body.messages)])
             if body.max_tokens is not None:
-                check_room(len(ids), body.max_tokens, self.max_model_len,
+                check_room(len(ids), body.max_tokens, self.prompts.max_model_len,
                            "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens")
         except PromptError as e:
             raise ApiError(400, str(e), param=e.param) from None
