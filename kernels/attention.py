@@ -72,23 +72,26 @@ class HybridSplit:
     of `*_min_rows` to `torch_max_rows` new tokens after `*_min_context` context keys split; below,
     one masked pass is as fast or faster (benchmarks/hybrid_attention.py, docs/performance.md)."""
 
-    c_min_context: int = 2048  # the C kernel (steps of <= SMALL_QUERY_ROWS rows a sequence)
+    c_min_context: int = 2048  # the C kernel
     c_min_rows: int = 3
+    # A prefill chunk's hundreds of rows do not split: its tree part (the chunk's own keys, scored per
+    # row) made a 256-row chunk's attention twice the one masked pass's (docs/performance.md).
+    c_max_rows: int = SMALL_QUERY_ROWS
     torch_min_context: int = 4096  # the torch path (one sequence)
     torch_min_rows: int = 8
     torch_max_rows: int = 16  # more rows take the fused kernel, which the split only matches
 
     def __post_init__(self) -> None:
         assert min(self.c_min_context, self.torch_min_context) >= 1
-        assert 2 <= self.torch_min_rows <= self.torch_max_rows and self.c_min_rows >= 2
+        assert 2 <= self.torch_min_rows <= self.torch_max_rows and 2 <= self.c_min_rows <= self.c_max_rows
 
     def applies(self, context_len: int, rows: int) -> bool:
         """The torch path's rule."""
         return self.torch_min_rows <= rows <= self.torch_max_rows and context_len >= self.torch_min_context
 
 
-ALWAYS_SPLIT = {"c_min_context": 1, "c_min_rows": 2, "torch_min_context": 1, "torch_min_rows": 2,
-                "torch_max_rows": 1 << 30}  # every round of 2+ rows after any context (tests, benchmark)
+ALWAYS_SPLIT = {"c_min_context": 1, "c_min_rows": 2, "c_max_rows": 1 << 30, "torch_min_context": 1,
+                "torch_min_rows": 2, "torch_max_rows": 1 << 30}  # every round of 2+ rows after any context (tests, benchmark)
 NEVER_SPLIT = {"c_min_context": 1 << 40, "torch_min_context": 1 << 40}  # one masked pass everywhere
 HYBRID = HybridSplit()
 

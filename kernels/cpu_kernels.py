@@ -21,7 +21,7 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = [CSRC / "quant_linear.c", CSRC / "fast_linear.c", CSRC / "cpu_ops.c", CSRC / "attention.c",
            CSRC / "attention_f16.c", CSRC / "decoder.c", CSRC / "parallel.c"]
 HEADERS = [CSRC / "vec16.h", CSRC / "kv_type.h", CSRC / "parallel.h", CSRC / "fast_linear_avx512.h", CSRC / "fast_linear_avx2.h",
-           CSRC / "attention_hybrid.h"]
+           CSRC / "attention_hybrid.h", CSRC / "attention_scores.h"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 # Extra compiler flags, e.g. "-mno-avx512f" to run the AVX2 paths on an AVX-512 machine (the tests do)
 FLAGS_ENV = "SPECRAY_CPU_KERNEL_FLAGS"
@@ -43,8 +43,8 @@ SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
     "specray_attention": [P, I64, I64, I64, I64, I64, P, I64, P, P, P, P, P, P, I64, F32, P, P, I64, I32],
     "specray_attention_f16": [P, I64, I64, I64, I64, I64, P, I64, P, P, P, P, P, P, I64, F32, P, P, I64, I32],
     "specray_attention_split_scratch": [I64, I64, I64, I64, I64],  # rows, heads, kv_heads, dim, max_new -> floats
-    "specray_attention_score_rows": [],  # -> rows of score scratch (times heads * max_keys)
-    "specray_set_attention_split": [I64, I64],  # min context, min rows for the hybrid (split) attention
+    "specray_attention_score_floats": [I64],  # max_keys -> floats of score scratch
+    "specray_set_attention_split": [I64, I64, I64],  # min context, min and max rows for the hybrid (split) attention
     "specray_decoder_workspace": [I64, P, I64],  # rows, dims, max_keys -> floats
     # h, rows, dims, eps, scale, weights, kinds, kv, kv_layer_stride, kv_half, num_slots, cos, sin, slots,
     # key_slots, key_start, num_ctx, num_new, num_pad, new_mask, max_new, max_keys, work, threads
@@ -57,7 +57,7 @@ SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
 }
 RESTYPES = {"specray_decoder_workspace": I64, "specray_decoder_logits_workspace": I64,
             "specray_attention_split_scratch": I64, "specray_fast_scratch_bytes": I64,
-            "specray_attention_score_rows": I64}  # the rest return nothing
+            "specray_attention_score_floats": I64}  # the rest return nothing
 
 _LIBRARY: ctypes.CDLL | None | bool = False  # False: not tried yet
 

@@ -166,9 +166,9 @@ def attention(qkv: torch.Tensor, num_heads: int, layer_kv: torch.Tensor, key_slo
     out = torch.empty(num_tokens, num_heads * dim)
     lib = cpu_kernels.library()
     split = lib.specray_attention_split_scratch(num_tokens, num_heads, num_kv_heads, dim, rows.new_mask.shape[1])
-    scores = lib.specray_attention_score_rows() * num_heads * rows.max_keys  # per (thread, head)
+    scores = lib.specray_attention_score_floats(rows.max_keys)  # per thread
     scratch = torch.empty(scores + split)  # scores, then the split tasks'
-    lib.specray_set_attention_split(HYBRID.c_min_context, HYBRID.c_min_rows)
+    lib.specray_set_attention_split(HYBRID.c_min_context, HYBRID.c_min_rows, HYBRID.c_max_rows)
     (lib.specray_attention_f16 if _kv_half(layer_kv) else lib.specray_attention)(
         _ptr(qkv), width * dim, num_tokens, num_heads, num_kv_heads, dim, _ptr(layer_kv), layer_kv.shape[1],
         _ptr(key_slots), _ptr(rows.key_start), _ptr(rows.num_ctx), _ptr(rows.num_new), _ptr(rows.num_pad),
@@ -260,7 +260,7 @@ def decoder_layers(h: torch.Tensor, table: DecoderTable, kv: torch.Tensor, cos: 
     lib = cpu_kernels.library()
     work = workspace(lib.specray_decoder_workspace(num_tokens, _ptr(table.dims), rows.max_keys))
     lib.specray_set_attention_split(HYBRID.c_min_context if table.split else NEVER_SPLIT["c_min_context"],
-                                    HYBRID.c_min_rows)
+                                    HYBRID.c_min_rows, HYBRID.c_max_rows)
     lib.specray_decoder_layers(
         _ptr(h), num_tokens, _ptr(table.dims), table.eps, table.scale, _ptr(table.weights), _ptr(table.kinds),
         _ptr(kv), kv.stride(0), _kv_half(kv), kv.shape[2], _ptr(cos), _ptr(sin), _ptr(slots), _ptr(key_slots),

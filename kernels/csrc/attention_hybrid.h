@@ -8,14 +8,15 @@
 #define SPLIT_BLOCK 256 // context keys scored per block (their keys and values stay in L2)
 
 // Which sequences split (HybridSplit sets them); one pair for attention.c and attention_f16.c.
-extern int64_t specray_split_min_ctx, specray_split_min_rows;
+extern int64_t specray_split_min_ctx, specray_split_min_rows, specray_split_max_rows;
 
 #if !defined(KV_HALF)  // once in the library: attention_f16.c includes attention.c again
-int64_t specray_split_min_ctx = 2048, specray_split_min_rows = 3;
+int64_t specray_split_min_ctx = 2048, specray_split_min_rows = 3, specray_split_max_rows = 16;
 
-void specray_set_attention_split(int64_t min_ctx, int64_t min_rows) {
+void specray_set_attention_split(int64_t min_ctx, int64_t min_rows, int64_t max_rows) {
     specray_split_min_ctx = min_ctx;
     specray_split_min_rows = min_rows < 2 ? 2 : min_rows;
+    specray_split_max_rows = max_rows;
 }
 #endif
 
@@ -66,7 +67,7 @@ static void attend_prefix(const float* const* qs, int num, const kv_t* keys, con
         }
         for (int i0 = 0; i0 < num; i0 += MAX_GROUP) {  // each value row once per MAX_GROUP vectors
             int g = num - i0 < MAX_GROUP ? num - i0 : MAX_GROUP;
-            weighted_values(s + i0 * SPLIT_BLOCK, SPLIT_BLOCK, g, values, slots + j0, nb, NULL, nb, dim, part);
+            weighted_values(s + i0 * SPLIT_BLOCK, SPLIT_BLOCK, g, values, slots + j0, nb, NULL, 0, nb, dim, part, 0);
             for (int i = 0; i < g; i++)
                 for (int64_t d = 0; d < dim; d++) o[i0 + i][d] += part[i * dim + d];
         }

@@ -140,6 +140,57 @@ def test_attention_matches_the_reference_on_a_mixed_batch(tiny_target, tmp_path,
         torch.testing.assert_close(got[q0:q1], want, rtol=1e-5, atol=1e-5)
 
 
+def chunk_against_decode(model, kv_dtype, rows: int, context: int = 70):
+    """-> (the C attention of a chunk of `rows` new tokens after `context` cached ones, the same rows
+    each decoded alone over the same keys), the cache's blocks interleaved with another sequence's."""
+    c = model.config
+    cache = model.make_cache(96, block_size=4)
+    for n in (6, 30, context):  # "a" and "b" take turns for blocks: a's slots are not one run
+        for seq in ("a", "b"):
+            cache.reserve(seq, n)
+    cache.set_cached("a", context)
+    gen = torch.Generator().manual_seed(1)
+    layer_kv = torch.randn(cache.kv[0].shape, generator=gen).to(kv_dtype)
+    qkv = torch.randn(rows, c.num_heads + 2 * c.num_kv_heads, c.head_dim, generator=gen)
+    chunk = RaggedBatch.build([SeqChunk("a", list(range(3, 3 + rows)), context, num_logits=rows)], cache)
+    assert cache.slot_run("a", context + rows) is None
+    got = cpu_ops.attention(qkv, c.num_heads, layer_kv, chunk.key_slots, cpu_ops.AttentionRows.build(chunk),
+                            model.scale)
+    alone = []
+    for i in range(rows):
+        cache.set_cached("a", context + i)
+        one = RaggedBatch.build([SeqChunk("a", [3 + i], context + i)], cache)
+        alone.append(cpu_ops.attention(qkv[i:i + 1], c.num_heads, layer_kv, one.key_slots,
+                                       cpu_ops.AttentionRows.build(one), model.scale)[0])
+    return got, torch.stack(alone)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("head_dim", [16, 64, 80])
+def test_a_prefill_chunks_rows_read_in_tiles_keep_their_decode_bits(tiny_target, tmp_path, head_dim, kv_dtype):
+    """A chunk of 45 rows after 70 context keys (its rows read their keys in tiles of several rows,
+    their values in blocks) gives each row the bits of that row decoded alone over the same keys."""
+    folder = tiny_target if head_dim == 16 else save_tiny_llama(tmp_path, hidden_size=2 * head_dim,
+                                                                 num_attention_heads=2, num_key_value_heads=1)
+    got, alone = chunk_against_decode(load_model(Checkpoint(folder, "t"), cpu_kernels=False), kv_dtype, 45)
+    for i in range(45):
+        assert torch.equal(got[i], alone[i]), f"row {i}"
+
+
+def test_a_prefill_chunk_does_not_take_the_hybrid_split(tiny_target):
+    """Past the split's context, a verification-sized step splits (prefix and tree parts merged: close
+    to, not the bits of, decoding) while a prefill chunk's rows, more than `c_max_rows`, do not."""
+    from specray.kernels.attention import hybrid_settings
+
+    model = load_model(Checkpoint(tiny_target, "t"), cpu_kernels=False)
+    with hybrid_settings(c_min_context=8, c_min_rows=2, c_max_rows=16):
+        got, alone = chunk_against_decode(model, torch.float32, 20)
+        assert torch.equal(got, alone)
+        got, alone = chunk_against_decode(model, torch.float32, 12)  # split
+        assert not torch.equal(got, alone)
+        torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-5)
+
+
 def test_prefill_chunks_take_the_c_attention_too(tiny_target):
     model = load_model(Checkpoint(tiny_target, "t"), cpu_kernels=False)
     cache = model.make_cache(32, block_size=4)
