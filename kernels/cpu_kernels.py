@@ -43,7 +43,7 @@ SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
     "specray_attention": [P, I64, I64, I64, I64, I64, P, I64, P, P, P, P, P, P, I64, F32, P, P, I64, I32],
     "specray_attention_f16": [P, I64, I64, I64, I64, I64, P, I64, P, P, P, P, P, P, I64, F32, P, P, I64, I32],
     "specray_attention_split_scratch": [I64, I64, I64, I64, I64],  # rows, heads, kv_heads, dim, max_new -> floats
-    "specray_attention_score_floats": [I64],  # max_keys -> floats of score scratch
+    "specray_attention_score_floats": [I64, I64],  # group, max_keys -> floats of score scratch
     "specray_set_attention_split": [I64, I64, I64],  # min context, min and max rows for the hybrid (split) attention
     "specray_decoder_workspace": [I64, P, I64],  # rows, dims, max_keys -> floats
     # h, rows, dims, eps, scale, weights, kinds, kv, kv_layer_stride, kv_half, num_slots, cos, sin, slots,

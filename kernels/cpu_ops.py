@@ -166,7 +166,7 @@ def attention(qkv: torch.Tensor, num_heads: int, layer_kv: torch.Tensor, key_slo
     out = torch.empty(num_tokens, num_heads * dim)
     lib = cpu_kernels.library()
     split = lib.specray_attention_split_scratch(num_tokens, num_heads, num_kv_heads, dim, rows.new_mask.shape[1])
-    scores = lib.specray_attention_score_floats(rows.max_keys)  # per thread
+    scores = lib.specray_attention_score_floats(num_heads // num_kv_heads, rows.max_keys)  # per thread
     scratch = torch.empty(scores + split)  # scores, then the split tasks'
     lib.specray_set_attention_split(HYBRID.c_min_context, HYBRID.c_min_rows, HYBRID.c_max_rows)
     (lib.specray_attention_f16 if _kv_half(layer_kv) else lib.specray_attention)(

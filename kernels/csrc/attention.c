@@ -102,7 +102,7 @@ static void attend(const float* q, int64_t q_stride, int rows, int num, const kv
         if (last[j - ctx]) seen[m++] = slots[j];
     for (int r = 0; r < rows; r++) {
         len[r] = ctx;
-        for (int64_t j = 0; j < n - ctx; j++) len[r] += visible_new[r * max_new + j];
+        for (int64_t j = 0; j < n - ctx; j++) len[r] += visible_new[r * max_new + j] != 0;
     }
     const int64_t total = ctx + m, all = total + pad;
 #define KEY_SLOT(i) ((i) < ctx ? slots[i] : (i) < total ? seen[(i) - ctx] : slots[n + (i) - total])
@@ -159,11 +159,14 @@ static void attend(const float* q, int64_t q_stride, int rows, int num, const kv
 
 #define SCORE_THREADS 16  // score buffers: one per thread (more threads are capped), not one per row
 
-#define SCORE_ROWS (TILE_ROWS * MAX_GROUP)  // a thread's score rows: an item's (a tile's rows x its heads)
+// A thread's score rows: an item's, a tile's rows x the query heads of one KV head it takes.
+static inline int64_t score_rows(int64_t group) { return TILE_ROWS * (group < MAX_GROUP ? group : MAX_GROUP); }
 
 #if !defined(KV_HALF)  // once in the library: attention_f16.c includes this file again
-// Floats of score scratch `specray_attention` needs for rows of up to max_keys keys.
-int64_t specray_attention_score_floats(int64_t max_keys) { return SCORE_THREADS * SCORE_ROWS * max_keys; }
+// Floats of score scratch `specray_attention` needs (`group` query heads a KV head, rows of up to max_keys keys).
+int64_t specray_attention_score_floats(int64_t group, int64_t max_keys) {
+    return SCORE_THREADS * score_rows(group) * max_keys;
+}
 #endif
 
 #include "attention_hybrid.h"
@@ -189,7 +192,7 @@ typedef struct {  // specray_attention's arguments, as specray_parallel's chunks
 static void row_chunk(void* ctx, int64_t i0, int64_t i1, int thread, int fresh) {
     (void)fresh;
     const AttentionJob* j = (const AttentionJob*)ctx;
-    float* scores = j->scratch + thread * SCORE_ROWS * j->max_keys;
+    float* scores = j->scratch + thread * score_rows(j->group) * j->max_keys;
     for (int64_t i = i0; i < i1; i++) {
         int64_t k = i / (j->kv_heads * j->chunks), c = i % (j->kv_heads * j->chunks), t = j->tile_t0[k];
         int64_t kvh = c / j->chunks, first = (c % j->chunks) * MAX_GROUP, h = kvh * j->group + first;
@@ -251,7 +254,7 @@ static void split_chunk(void* ctx, int64_t i0, int64_t i1, int thread, int fresh
 // dim] (keys then values); key_slots [num_keys]; per row: key_start (its sequence's first key in
 // key_slots), num_ctx, num_pad (the padded baseline's masked dummy keys after the sequence's
 // num_new keys: scored, then dropped, as a padded kernel would); new_mask [rows, max_new]
-// (1 = visible); out [rows, heads * dim]; scratch [SCORE_THREADS * SCORE_ROWS * max_keys + the split's].
+// (1 = visible); out [rows, heads * dim]; scratch [specray_attention_score_floats + the split's].
 // A prefill chunk's rows go in tiles that read each key and value once for all of them.
 // Sequences of specray_split_min_rows to _max_rows rows after specray_split_min_ctx context or more split (hybrid path).
 void KV_NAME(specray_attention)(const float* q, int64_t q_stride, int64_t rows, int64_t heads, int64_t kv_heads,
@@ -285,7 +288,7 @@ void KV_NAME(specray_attention)(const float* q, int64_t q_stride, int64_t rows, 
     AttentionJob job = {q, q_stride, heads, kv_heads, dim, kv, num_slots, key_slots, key_start, num_ctx, num_new,
                         num_pad, new_mask, max_new, scale, out, scratch, max_keys, group, chunks, tile_t0, tile_n,
                         task_t0, task_v0, task_num, per_task,
-                        scratch + SCORE_THREADS * SCORE_ROWS * max_keys};  // the caller sizes scratch for both
+                        scratch + SCORE_THREADS * score_rows(group) * max_keys};  // the caller sizes scratch for both
     specray_parallel(tiles * kv_heads * chunks, 1, threads, row_chunk, &job);
     specray_parallel(tasks * kv_heads, 1, threads, split_chunk, &job);
 }

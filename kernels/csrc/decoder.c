@@ -25,7 +25,7 @@ void specray_rope_store_kv(float* qkv, int64_t rows, int64_t heads, int64_t kv_h
 void specray_attention(ATTENTION_ARGS);
 void specray_attention_f16(ATTENTION_ARGS);  // attention_f16.c: the same over an fp16 cache
 int64_t specray_attention_split_scratch(int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, int64_t max_new);
-int64_t specray_attention_score_floats(int64_t max_keys);
+int64_t specray_attention_score_floats(int64_t group, int64_t max_keys);
 int64_t specray_fast_scratch_bytes(int64_t rows, int64_t in);
 void specray_fast_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks, int kind, int64_t out,
                          float* y, uint8_t* act, int threads);
@@ -70,7 +70,7 @@ static void part_sizes(int64_t rows, const int64_t* d, int64_t max_keys, int64_t
     int64_t parts[6] = {d[D_HIDDEN], width, d[D_HEADS] * d[D_HEAD_DIM], d[D_HIDDEN], 2 * d[D_INTERMEDIATE],
                         d[D_INTERMEDIATE]};
     for (int i = 0; i < 6; i++) sizes[i] = rows * parts[i];
-    sizes[6] = specray_attention_score_floats(max_keys);  // scores: per thread, not per row
+    sizes[6] = specray_attention_score_floats(d[D_HEADS] / d[D_KV_HEADS], max_keys);  // per thread, not per row
 }
 
 static Workspace carve(float* work, int64_t rows, const int64_t* d, int64_t max_keys) {

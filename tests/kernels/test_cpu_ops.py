@@ -107,7 +107,7 @@ def test_model_with_fused_ops_matches_the_torch_path(tiny_target):
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])  # fp16: widened as it is loaded
-@pytest.mark.parametrize("head_dim", [16, 64, 80])  # the kernel's 64-float blocks, and a remainder
+@pytest.mark.parametrize("head_dim", [16, 20, 64, 80])  # the kernel's 64-float blocks, a remainder, no 16-float block
 def test_attention_matches_the_reference_on_a_mixed_batch(tiny_target, tmp_path, head_dim, kv_dtype):
     """Decode, a verification chain and a tree in one step, keys scattered over the paged cache:
     the C attention equals the reference, sequence by sequence (an fp16 cache: the reference on its
@@ -140,9 +140,12 @@ def test_attention_matches_the_reference_on_a_mixed_batch(tiny_target, tmp_path,
         torch.testing.assert_close(got[q0:q1], want, rtol=1e-5, atol=1e-5)
 
 
-def chunk_against_decode(model, kv_dtype, rows: int, context: int = 70):
-    """-> (the C attention of a chunk of `rows` new tokens after `context` cached ones, the same rows
-    each decoded alone over the same keys), the cache's blocks interleaved with another sequence's."""
+def chunk_against_decode(model, kv_dtype, rows: int, context: int = 70, parents: list[int] | None = None):
+    """-> (the C attention of a step of `rows` new tokens (a chunk, or the tree `parents`) after
+    `context` cached ones, each row alone over its visible keys: its context, its ancestors, itself),
+    the cache's blocks interleaved with another sequence's."""
+    from specray.kernels.attention import ancestor_matrix
+
     c = model.config
     cache = model.make_cache(96, block_size=4)
     for n in (6, 30, context):  # "a" and "b" take turns for blocks: a's slots are not one run
@@ -152,27 +155,34 @@ def chunk_against_decode(model, kv_dtype, rows: int, context: int = 70):
     gen = torch.Generator().manual_seed(1)
     layer_kv = torch.randn(cache.kv[0].shape, generator=gen).to(kv_dtype)
     qkv = torch.randn(rows, c.num_heads + 2 * c.num_kv_heads, c.head_dim, generator=gen)
-    chunk = RaggedBatch.build([SeqChunk("a", list(range(3, 3 + rows)), context, num_logits=rows)], cache)
+    step = RaggedBatch.build([SeqChunk("a", list(range(3, 3 + rows)), context, parents, num_logits=rows)], cache)
     assert cache.slot_run("a", context + rows) is None
-    got = cpu_ops.attention(qkv, c.num_heads, layer_kv, chunk.key_slots, cpu_ops.AttentionRows.build(chunk),
-                            model.scale)
+    got = cpu_ops.attention(qkv, c.num_heads, layer_kv, step.key_slots, cpu_ops.AttentionRows.build(step), model.scale)
+    slots = step.key_slots.tolist()
+    visible = ancestor_matrix(parents, rows) if parents else torch.ones(rows, rows).tril().bool()
     alone = []
     for i in range(rows):
-        cache.set_cached("a", context + i)
-        one = RaggedBatch.build([SeqChunk("a", [3 + i], context + i)], cache)
-        alone.append(cpu_ops.attention(qkv[i:i + 1], c.num_heads, layer_kv, one.key_slots,
-                                       cpu_ops.AttentionRows.build(one), model.scale)[0])
+        keys = slots[:context] + [slots[context + j] for j in range(rows) if visible[i, j]]
+        one = cpu_ops.AttentionRows(*torch.tensor([[0], [len(keys) - 1], [1], [0]]), torch.ones(1, 1, dtype=torch.uint8),
+                                    len(keys))
+        alone.append(cpu_ops.attention(qkv[i:i + 1], c.num_heads, layer_kv, torch.tensor(keys), one, model.scale)[0])
     return got, torch.stack(alone)
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("head_dim", [16, 64, 80])
-def test_a_prefill_chunks_rows_read_in_tiles_keep_their_decode_bits(tiny_target, tmp_path, head_dim, kv_dtype):
-    """A chunk of 45 rows after 70 context keys (its rows read their keys in tiles of several rows,
-    their values in blocks) gives each row the bits of that row decoded alone over the same keys."""
-    folder = tiny_target if head_dim == 16 else save_tiny_llama(tmp_path, hidden_size=2 * head_dim,
-                                                                 num_attention_heads=2, num_key_value_heads=1)
-    got, alone = chunk_against_decode(load_model(Checkpoint(folder, "t"), cpu_kernels=False), kv_dtype, 45)
+@pytest.mark.parametrize("shape", [(16, 2, 1), (64, 2, 1), (80, 2, 1), (20, 2, 1), (16, 10, 2)])  # head_dim, heads, kv
+@pytest.mark.parametrize("tree", [False, True])
+def test_a_steps_rows_read_in_tiles_keep_their_decode_bits(tiny_target, tmp_path, shape, kv_dtype, tree):
+    """45 rows after 70 context keys, a prefill chunk or a tree (chains with side branches: rows in
+    tiles of several where each extends the one before, siblings apart), read their keys in tiles
+    and their values in blocks, and give each row the bits of that row alone over its visible keys.
+    Head sizes: the kernel's 16-float blocks, a remainder, none (scalar scores); a GQA group past 4."""
+    head_dim, heads, kv_heads = shape
+    folder = save_tiny_llama(tmp_path, hidden_size=heads * head_dim, num_attention_heads=heads,
+                             num_key_value_heads=kv_heads)
+    model = load_model(Checkpoint(folder, "t"), cpu_kernels=False)
+    parents = [-1] + [i - 2 if i % 7 == 0 else i - 1 for i in range(1, 45)] if tree else None
+    got, alone = chunk_against_decode(model, kv_dtype, 45, parents=parents)
     for i in range(45):
         assert torch.equal(got[i], alone[i]), f"row {i}"
 
