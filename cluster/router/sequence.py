@@ -88,7 +88,9 @@ class Sequence:
             self.output_token_ids.append(tok)
             if logprobs is not None:
                 self.logprobs = (self.logprobs or []) + [logprobs[j]]
-            if tok in self.params.stop_token_ids or (tok in self.eos_token_ids and not self.params.ignore_eos):
+            if tok in self.eos_token_ids and not self.params.ignore_eos:  # as vLLM: EOS is no stop_reason
+                self.finish_reason = "stop"
+            elif tok in self.params.stop_token_ids:
                 self.finish_reason, self.stop_reason = "stop", tok
             elif len(self.output_token_ids) >= self.params.max_tokens or self.num_tokens >= self.max_model_len:
                 self.finish_reason = "length"

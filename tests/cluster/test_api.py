@@ -112,6 +112,10 @@ def test_eos_stops_unless_ignored(tiny_target):
     llm.router.eos_token_ids = frozenset({eos})
     out = llm.generate({"prompt_token_ids": [1, 8, 9]}, SamplingParams(max_tokens=12, temperature=0.0))[0]
     assert out.outputs[0].token_ids[-1] == eos and out.outputs[0].finish_reason == "stop"
+    assert out.outputs[0].stop_reason is None  # vLLM's: the stop string or stop token id, None at EOS
+    also = llm.generate({"prompt_token_ids": [1, 8, 9]}, SamplingParams(max_tokens=12, temperature=0.0,
+                                                                      stop_token_ids=[eos]))[0].outputs[0]
+    assert also.token_ids == out.outputs[0].token_ids and also.stop_reason is None
 
 
 def test_logprobs_and_n(llm):
