@@ -253,6 +253,7 @@ class OpenAIServer:
 
     async def _completion_chunks(self, rid, created, inputs, params, n, include_usage):
         finals, deltas = [], [CompletionDeltas() for _ in inputs]
+        usage = {"usage": None} if include_usage else {}  # OpenAI's: null on every chunk before the usage one
         # the prompts of one request run together, as unstreamed ones do
         async for i, out in side_by_side([self._run(ids, params, text) for text, ids in inputs]):
             if out.finished:
@@ -264,13 +265,15 @@ class OpenAIServer:
                 yield {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
                        "choices": [{"index": i * n + c.index, "text": delta, "finish_reason": c.finish_reason,
                                     "logprobs": deltas[i].completion_logprobs(self.tokenizer, c, k0,
-                                                                              params.skip_special_tokens)}]}
+                                                                              params.skip_special_tokens)}],
+                       **usage}
         if include_usage and finals:
             yield {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
                    "choices": [], "usage": _usage(finals)}
 
     async def _chat_chunks(self, rid, created, ids, params, include_usage):
-        head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
+        head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name,
+                **({"usage": None} if include_usage else {})}  # OpenAI's: null on every chunk before the usage one
         deltas, last = ChoiceDeltas(), None
         async for out in self._run(ids, params, None, "messages"):
             if last is None:  # the role chunks wait for the engine to take the request

@@ -59,6 +59,26 @@ def test_completions_stream_and_not(client, offline):
     assert text == want.outputs[0].text
 
 
+@pytest.mark.parametrize("chat", [True, False])
+def test_include_usage_puts_null_usage_on_every_chunk_before_the_usage_chunk(served, chat):
+    """As OpenAI streams with stream_options.include_usage: `"usage": null` on each chunk, then one
+    with no choices and the usage; without the option no chunk has the key."""
+    import json
+
+    path, body = (("/v1/chat/completions", {"messages": MESSAGES}) if chat else
+                  ("/v1/completions", {"prompt": "w20 w21 w22"}))
+    for include in (True, False):
+        extra = {"stream_options": {"include_usage": True}} if include else {}
+        with httpx.stream("POST", served[0].url + path, headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
+                          json={"model": "tiny", "max_tokens": 5, "stream": True, "ignore_eos": True, **body, **extra}) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        if include:
+            assert all("usage" in c and c["usage"] is None for c in chunks[:-1]) and len(chunks) > 2
+            assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+        else:
+            assert not any("usage" in c for c in chunks)
+
+
 def test_n_seed_logprobs_and_models(client):
     resp = client.chat.completions.create(model="tiny", messages=MESSAGES, n=2, seed=5, max_tokens=6,
                                           logprobs=True, top_logprobs=2)
