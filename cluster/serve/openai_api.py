@@ -138,15 +138,21 @@ class OpenAIServer:
             self.metrics.observe(start, first, time.monotonic(), tokens)
 
     async def _final(self, request: Request, ids, params, prompt, prompt_param: str = "prompt") -> RequestOutput:
-        """Run to completion. A client that hangs up (polled here; Ray Serve cancels this
-        coroutine instead) aborts the run, which frees its sequences."""
+        """Run to completion; a client that hangs up aborts the run (`_while_connected`)."""
         async def drain():
             last = None
             async for out in self._run(ids, params, prompt, prompt_param):
                 last = out
             return last
 
-        task = asyncio.ensure_future(drain())
+        return await self._while_connected(request, drain())
+
+    @staticmethod
+    async def _while_connected(request: Request, work):
+        """Await `work` while the client stays: one that hangs up (polled here; Ray Serve cancels
+        this coroutine instead) cancels it, which aborts its run and frees its sequences, whether
+        it waits in the queue, prefills or decodes."""
+        task = asyncio.ensure_future(work)
         try:
             while not task.done():
                 await asyncio.wait([task], timeout=DISCONNECT_POLL_S)
@@ -186,7 +192,8 @@ class OpenAIServer:
                   for i, p in enumerate(prompts)]
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
-            return await self._sse(self._completion_chunks(rid, created, inputs, params, body.n, body.include_usage))
+            chunks = self._completion_chunks(rid, created, inputs, params, body.n, body.include_usage)
+            return await self._sse(request, chunks)
         outs = await self._all(self._final(request, ids, params, text) for text, ids in inputs)
         choices = [{"index": i * body.n + c.index, "text": c.text, "finish_reason": c.finish_reason,
                     "logprobs": completion_logprobs(self.tokenizer, c.token_ids, c.logprobs,
@@ -211,7 +218,7 @@ class OpenAIServer:
             raise ApiError(400, str(e), param=e.param) from None
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
-            return await self._sse(self._chat_chunks(rid, created, ids, params, body.include_usage))
+            return await self._sse(request, self._chat_chunks(rid, created, ids, params, body.include_usage))
         out = await self._final(request, ids, params, None, "messages")
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                     "finish_reason": c.finish_reason,
@@ -223,10 +230,11 @@ class OpenAIServer:
                 "choices": choices, "usage": _usage([out])}
 
     # -- streaming --------------------------------------------------------------------------
-    async def _sse(self, chunks: AsyncIterator[dict]) -> StreamingResponse:
+    async def _sse(self, request: Request, chunks: AsyncIterator[dict]) -> StreamingResponse:
         """The response starts once the first chunk is ready, so a request refused on admission
-        (400, 429, 503) or failed before its first token gets a real HTTP status."""
-        first = await anext(chunks)
+        (400, 429, 503) or failed before its first token gets a real HTTP status; a client that
+        hangs up before it aborts the run as an unstreamed request's does."""
+        first = await self._while_connected(request, anext(chunks))
 
         async def rest():
             yield first

@@ -137,6 +137,37 @@ def test_disconnect_frees_the_sequence(served):
     assert not router.router.has_unfinished() and router.router.reserved_tokens == 0
 
 
+def test_a_stream_whose_client_leaves_before_its_first_chunk_is_aborted(tiny_target):
+    """One sequence slot, held by a long request: a second streamed request waits in the queue (no
+    chunk yet, no response headers) and its client hangs up: it leaves the queue, it is never run."""
+    import threading
+
+    llm = LLM(str(tiny_target), max_num_seqs=1)
+    step = llm.router.target.submit_step
+    llm.router.target.submit_step = lambda items: time.sleep(0.1) or step(items)  # a round takes 0.1 s
+    router = AsyncRouter(llm.router)
+    server = OpenAIServer(router, llm.get_tokenizer(), "tiny")
+    body = {"model": "tiny", "messages": MESSAGES, "stream": True, "ignore_eos": True}
+    with BackgroundServer(server.app) as http:
+        held = []
+        holder = threading.Thread(target=lambda: held.append(httpx.post(
+            http.url + "/v1/chat/completions", timeout=60, json={**body, "stream": False, "max_tokens": 40})))
+        holder.start()
+        deadline = time.monotonic() + 10
+        while not router.router.running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(httpx.ReadTimeout):  # no headers while it waits: the client gives up
+            httpx.post(http.url + "/v1/chat/completions", json={**body, "max_tokens": 5}, timeout=1.0)
+        assert len(router.router.waiting) == 1 and len(router.router.running) == 1
+        deadline = time.monotonic() + 2.0  # the polling notices within 0.5 s; the holder runs ~4 s
+        while router.router.waiting and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not router.router.waiting and len(router.router.running) == 1 and holder.is_alive()
+        holder.join(timeout=30)
+    router.shutdown()
+    assert held[0].status_code == 200 and held[0].json()["usage"]["completion_tokens"] == 40
+
+
 @pytest.mark.parametrize("field, value", [("max_tokens", -3), ("temperature", -1), ("top_p", 2.0), ("n", 0),
                                           ("stop", [""]), ("seed", -1)])
 def test_a_refused_sampling_parameter_is_named_in_param(field, value):
