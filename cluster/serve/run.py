@@ -28,6 +28,16 @@ def run_serve(cfg, app_name: str = "specray", proxy_location: str | None = None)
     extra = {"proxy_location": proxy_location} if proxy_location else {}
     http = HTTPOptions(host=cfg.http.host, port=cfg.http.port, keep_alive_timeout_s=cfg.http.keep_alive_timeout_s)
     serve.start(http_options=http, grpc_options=grpc_options, **extra)
-    cfg = resolve_colocation(cfg)
+    cfg = for_replicas(resolve_colocation(cfg))
     serve.run(build_app({"config": cfg.model_dump()}), name=app_name, route_prefix="/")
-    return {"grpc": grpc, "api_key": cfg.http.resolved_api_key() is not None, "colocated": cfg.pools.colocate}
+    return {"grpc": grpc, "api_key": cfg.http.api_key is not None, "colocated": cfg.pools.colocate}
+
+
+def for_replicas(cfg):
+    """The config the replicas get: the API key resolved here, where `specray serve` runs (its
+    variable or key file may not exist where a joined cluster places the replica, which then served
+    without a key while the banner asked for one)."""
+    key = cfg.http.resolved_api_key()
+    if key is None:
+        return cfg
+    return cfg.model_copy(update={"http": cfg.http.model_copy(update={"api_key": key, "api_key_file": None})})

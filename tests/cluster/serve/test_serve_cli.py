@@ -306,3 +306,21 @@ def test_api_key_sources(tmp_path, monkeypatch):
     assert HttpConfig().resolved_api_key() == "sk-env"
     with pytest.raises(ValueError, match="cannot read"):
         HttpConfig(api_key_file=str(tmp_path / "missing")).resolved_api_key()
+
+
+def test_the_replicas_get_the_key_resolved_where_serve_runs(tmp_path, monkeypatch):
+    """A replica on a joined cluster sees neither this shell's variable nor this machine's key file:
+    the config it gets carries the key itself."""
+    from specray.cluster.config.serve import ServeConfig
+    from specray.cluster.serve.run import for_replicas
+
+    monkeypatch.setenv("SPECRAY_API_KEY", "sk-env")
+    shipped = for_replicas(ServeConfig())
+    monkeypatch.delenv("SPECRAY_API_KEY")  # the replica's environment
+    assert ServeConfig.model_validate(shipped.model_dump()).http.resolved_api_key() == "sk-env"
+    key = tmp_path / "key"
+    key.write_text("sk-file\n")
+    shipped = for_replicas(ServeConfig.from_dict({"http": {"api_key_file": str(key)}}))
+    key.unlink()
+    assert shipped.http.api_key_file is None and shipped.http.resolved_api_key() == "sk-file"
+    assert for_replicas(ServeConfig()).http.api_key is None  # no key anywhere: none required
