@@ -220,7 +220,8 @@ class ServeConfig(Strict):
         ADED: a hop to another process a round costs more than their lookup), ray where it has one."""
         if self.transport.kind != "auto":
             return self.transport.kind
-        name = (self.speculative_config or {}).get("method")
+        spec = self.speculative  # parsed: a config without "method" is n-gram, as vLLM's
+        name = spec.method if spec is not None else None
         model_free = name in registry.METHODS and not registry.METHODS[name].needs_model
         return "inline" if model_free else "ray"
 

@@ -211,7 +211,8 @@ def test_a_cluster_of_its_own_reconciles_less_often(monkeypatch):
 
 @pytest.mark.parametrize("speculative, resolved", [
     ({"method": "ngram"}, "inline"), ({"method": "aded"}, "inline"),
-    ({"method": "draft_model", "model": "smollm2-135m"}, "ray"), (None, "ray")])
+    ({"method": "draft_model", "model": "smollm2-135m"}, "ray"), (None, "ray"),
+    ({"num_speculative_tokens": 3}, "inline")])  # no method: n-gram, as vLLM's
 def test_auto_transport_runs_model_free_drafts_inline(speculative, resolved):
     """transport auto (the default): a draft without a model (n-gram, ADED) runs in the router's
     process, where a round's proposal costs no hop to another process; a draft model gets its pool."""
