@@ -81,6 +81,22 @@ class RouterLimits:
         return cap
 
 
+def _fit_context(max_model_len: int | None, limit: int, capacity: int, spec_tokens: int) -> int:
+    """The context one sequence may fill: the model's, cut to what the KV cache holds beside a round's
+    draft tokens where not set (as `reservation` counts); a set one the cache cannot hold is refused
+    at start-up, as vLLM does, rather than every long request later."""
+    room = capacity - spec_tokens - 1
+    if max_model_len is None:
+        if room < 2:
+            raise ValueError(f"the KV cache ({capacity} tokens) leaves no room for a sequence; raise kv_cache_tokens")
+        return min(limit, room)
+    if max_model_len > room:
+        raise ValueError(f"max_model_len {max_model_len} does not fit in the KV cache ({capacity} tokens, "
+                         f"{spec_tokens + 1} of them for a round's draft and bonus tokens); lower max_model_len "
+                         "or raise kv_cache_tokens")
+    return max_model_len
+
+
 def router_limits(model_config, tokenizer, spec, max_model_len: int | None, max_num_seqs: int,
                   num_blocks: int, block_size: int, pipelined: bool = False,
                   max_prefill_tokens: int | None = None) -> tuple[RouterLimits, set[int]]:
@@ -95,8 +111,10 @@ def router_limits(model_config, tokenizer, spec, max_model_len: int | None, max_
 
         check_pairing(spec.model, model_config, spec.longspec, max_model_len or limit)
     eos = set(model_config.eos_token_ids) or ({tokenizer.eos_token_id} if tokenizer is not None else set())
+    max_model_len = _fit_context(max_model_len, limit, num_blocks * block_size,
+                                 max(spec.num_speculative_tokens, spec.max_draft_tokens()) if spec else 0)
     return RouterLimits(
-        max_model_len=max_model_len or limit, vocab_size=model_config.vocab_size,
+        max_model_len=max_model_len, vocab_size=model_config.vocab_size,
         kv_capacity_tokens=num_blocks * block_size, block_size=block_size, max_num_seqs=max_num_seqs,
         num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
         speculation_schedule=spec.schedule() if spec else (), pipelined=pipelined and spec is not None,
