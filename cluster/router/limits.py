@@ -81,10 +81,14 @@ class RouterLimits:
         return cap
 
 
-def _fit_context(max_model_len: int | None, limit: int, capacity: int, spec_tokens: int) -> int:
-    """The context one sequence may fill: the model's, cut to what the KV cache holds beside a round's
-    draft tokens where not set (as `reservation` counts); a set one the cache cannot hold is refused
-    at start-up, as vLLM does, rather than every long request later."""
+def fit_context(max_model_len: int | None, limit: int, capacity: int, spec) -> int:
+    """The context one sequence may fill: the model's (`limit`), cut to what a KV cache of `capacity`
+    tokens holds beside a round's draft tokens (`spec`, a SpeculativeConfig or None) where not set,
+    as `reservation` counts; a set one the cache cannot hold is refused at start-up, as vLLM does,
+    rather than every long request later."""
+    if max_model_len is not None and not 2 <= max_model_len <= limit:
+        raise ValueError(f"max_model_len must be in [2, {limit}], got {max_model_len}")
+    spec_tokens = max(spec.num_speculative_tokens, spec.max_draft_tokens()) if spec else 0
     room = capacity - spec_tokens - 1
     if max_model_len is None:
         if room < 2:
@@ -102,8 +106,6 @@ def router_limits(model_config, tokenizer, spec, max_model_len: int | None, max_
                   max_prefill_tokens: int | None = None) -> tuple[RouterLimits, set[int]]:
     """The router's limits from the target's ModelConfig and the SpeculativeConfig (or None)."""
     limit = model_config.max_position_embeddings
-    if max_model_len is not None and not 2 <= max_model_len <= limit:
-        raise ValueError(f"max_model_len must be in [2, {limit}], got {max_model_len}")
     if max_prefill_tokens is not None and (type(max_prefill_tokens) is not int or max_prefill_tokens < 1):
         raise ValueError(f"max_prefill_tokens must be a positive integer, 'auto' or None, got {max_prefill_tokens!r}")
     if spec is not None and spec.method == "longspec":
@@ -111,8 +113,7 @@ def router_limits(model_config, tokenizer, spec, max_model_len: int | None, max_
 
         check_pairing(spec.model, model_config, spec.longspec, max_model_len or limit)
     eos = set(model_config.eos_token_ids) or ({tokenizer.eos_token_id} if tokenizer is not None else set())
-    max_model_len = _fit_context(max_model_len, limit, num_blocks * block_size,
-                                 max(spec.num_speculative_tokens, spec.max_draft_tokens()) if spec else 0)
+    max_model_len = fit_context(max_model_len, limit, num_blocks * block_size, spec)
     return RouterLimits(
         max_model_len=max_model_len, vocab_size=model_config.vocab_size,
         kv_capacity_tokens=num_blocks * block_size, block_size=block_size, max_num_seqs=max_num_seqs,

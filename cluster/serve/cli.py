@@ -192,6 +192,22 @@ def _draft_method(name: str) -> str:
         return "draft_model"
 
 
+def check_model_and_context(cfg) -> None:
+    """A missing model, or a context the model or the KV cache cannot hold, fails here in one line,
+    before Ray starts (in a replica it failed after three deployment attempts, with tracebacks)."""
+    from specray.cluster.config.worker_specs import num_blocks
+    from specray.cluster.router.limits import fit_context
+    from specray.kernels.config import ModelConfig
+    from specray.kernels.loader import is_diffusion_model, resolve
+
+    checkpoint = resolve(cfg.model)
+    if is_diffusion_model(cfg.model):  # its router checks its own context (cluster/router/diffusion_router.py)
+        return
+    r = cfg.router
+    limit = ModelConfig.from_hf(checkpoint.hf_config()).max_position_embeddings
+    fit_context(r.max_model_len, limit, num_blocks(r.kv_cache_tokens, r.block_size) * r.block_size, cfg.speculative)
+
+
 def cmd_serve(args) -> int:
     import yaml
 
@@ -206,10 +222,8 @@ def cmd_serve(args) -> int:
         print("specray serve: --api-key is visible in the process list; prefer --api-key-file or SPECRAY_API_KEY",
               file=sys.stderr)
     cfg.http.resolved_api_key()  # an unreadable key file fails here, before anything starts
-    if cfg.ray_address is None:  # a local cluster's workers see this machine's files: a bad model fails here
-        from specray.kernels.loader import resolve
-
-        resolve(cfg.model)
+    if cfg.ray_address is None:  # a local cluster's workers see this machine's files
+        check_model_and_context(cfg)
     from specray.cluster.serve.local_ray import start_ray
     from specray.cluster.serve.run import run_serve
 

@@ -84,9 +84,10 @@ def test_prefill_budget_flag(flag, budget, capsys):
     assert "expected an integer or 'auto', got 'many'" in capsys.readouterr().err
 
 
-def test_conflicting_or_missing_things_exit_2_before_anything_starts(capsys, monkeypatch):
-    """A method that runs no draft beside --draft-model, one port for both servers, and a model
-    that is not there (a local cluster's workers would fail deploying it) are refused up front."""
+def test_conflicting_or_missing_things_exit_2_before_anything_starts(capsys, monkeypatch, tiny_target):
+    """A method that runs no draft beside --draft-model, one port for both servers, a model that is
+    not there and a context the model or the KV cache cannot hold (a local cluster's workers would
+    fail deploying them) are refused up front."""
     import specray.cluster.serve.local_ray as local_ray
 
     monkeypatch.setattr(local_ray, "start_ray", lambda cfg: pytest.fail("Ray must not start"))
@@ -96,6 +97,10 @@ def test_conflicting_or_missing_things_exit_2_before_anything_starts(capsys, mon
     assert "grpc.port are both 9000" in capsys.readouterr().err
     assert main(["serve", "--model", "/no/such/model"]) == 2
     assert "unknown model" in capsys.readouterr().err
+    assert main(["serve", "--model", str(tiny_target), "--max-model-len", "100000"]) == 2  # the model's is 512
+    assert "max_model_len must be in [2, 512]" in capsys.readouterr().err
+    assert main(["serve", "--model", str(tiny_target), "--kv-cache-tokens", "32", "--max-model-len", "60"]) == 2
+    assert "does not fit in the KV cache" in capsys.readouterr().err
 
 
 def test_speculation_flags(capsys):
