@@ -26,11 +26,12 @@ class SpecrayServer:
         self.runtime = build_runtime(self.config)
         rt, cfg = self.runtime, self.config
         self.http = OpenAIServer(rt.async_router, rt.tokenizer, cfg.model_name, rt.api_key, cfg.http.default_max_tokens,
-                                 cfg.http.max_request_bytes)
-        spec = cfg.speculative_config or {}  # a diffusion LM's: freedave
+                                 cfg.http.max_request_bytes, self._max_calls())
+        spec = cfg.speculative  # parsed (no "method": n-gram); None: off, or a diffusion LM's own (freedave)
+        method = spec.method if spec is not None else (cfg.speculative_config or {}).get("method", "")
         self.generation = GenerationService(rt.async_router, rt.tokenizer, cfg.model_name, api_key=rt.api_key,
                                             metrics=self.http.metrics, default_max_tokens=cfg.http.default_max_tokens,
-                                            speculative_method=spec.get("method", ""))
+                                            speculative_method=method)
         self.grpc_server = self._start_grpc() if cfg.grpc.enabled and cfg.grpc.server == "replica" else None
         self.http_server = self._start_http() if cfg.http.server == "replica" else None
         freeze_startup_heap()
@@ -40,8 +41,7 @@ class SpecrayServer:
         from specray.cluster.serve.http_server import BackgroundServer
 
         h = self.config.http
-        return BackgroundServer(self.http.app, h.host, h.port, h.keep_alive_timeout_s, h.header_timeout_s,
-                                self._max_calls()).__enter__()
+        return BackgroundServer(self.http.app, h.host, h.port, h.keep_alive_timeout_s, h.header_timeout_s).__enter__()
 
     def _start_grpc(self):
         """specray's own gRPC server in this replica (grpc.server 'replica'), on its own thread."""
@@ -56,8 +56,8 @@ class SpecrayServer:
                                 g.max_message_bytes, self._max_calls()).__enter__()
 
     def _max_calls(self) -> int:
-        """Calls each replica server takes at once (as Serve's proxy would queue): what the router
-        may run and queue, plus room for health checks and metrics; more are refused at once."""
+        """Calls each API takes at once (as Serve's proxy would queue): what the router may run and
+        queue, and some; more are refused at once (HTTP's health checks and metrics never are)."""
         r = self.config.router
         return r.max_num_seqs + 2 * r.max_waiting + 16
 

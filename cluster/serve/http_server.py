@@ -79,15 +79,14 @@ def bounded_protocol(header_timeout_s: float = HEADER_TIMEOUT_S):
 
 class BackgroundServer:
     def __init__(self, app, host: str = "127.0.0.1", port: int | None = None,
-                 keep_alive_timeout_s: float = 5.0, header_timeout_s: float = HEADER_TIMEOUT_S,
-                 limit_concurrency: int | None = None):
-        """`limit_concurrency`: connections and in-flight requests at most; more get 503 at once."""
+                 keep_alive_timeout_s: float = 5.0, header_timeout_s: float = HEADER_TIMEOUT_S):
+        """Calls in flight are bounded by the app (middleware.CallLimit), not by uvicorn's
+        limit_concurrency, which counts idle connections too."""
         import uvicorn
 
         self.host, self.port = host, port or free_port(host)
         config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", http=bounded_protocol(header_timeout_s),
-                                h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_keep_alive=keep_alive_timeout_s,
-                                limit_concurrency=limit_concurrency)
+                                h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_keep_alive=keep_alive_timeout_s)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="specray-http", daemon=True)
 

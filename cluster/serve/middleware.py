@@ -1,4 +1,5 @@
-"""Plain ASGI middlewares of the HTTP API: the request size limits and the API key check.
+"""Plain ASGI middlewares of the HTTP API: the request size limits, the API key check and the limit
+on calls in flight.
 
 RequestLimits refuses headers over a size limit (431) and bodies over theirs (413) before the app
 buffers and parses them: a body by its declared Content-Length at once, and by counting as a chunked
@@ -62,3 +63,27 @@ class KeyGuard:
             await self.reject()(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+class CallLimit:
+    """Refuses a call past `max_calls` in flight (its streaming included) with `reject()`, except on
+    `exempt` paths (health checks, metrics): uvicorn's own limit counts open connections, so idle
+    sockets made /health answer 503."""
+
+    def __init__(self, app: ASGIApp, max_calls: int, exempt: tuple[str, ...], reject: Callable[[], object]):
+        assert max_calls >= 1
+        self.app, self.max_calls, self.exempt, self.reject = app, max_calls, exempt, reject
+        self.in_flight = 0  # one event loop: no lock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.exempt:
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.max_calls:
+            await self.reject()(scope, receive, send)
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1

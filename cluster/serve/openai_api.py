@@ -25,7 +25,7 @@ from specray.cluster.router.failures import request_failed
 from specray.cluster.serve import errors
 from specray.cluster.serve.auth import authorized
 from specray.cluster.config.defaults import DEFAULT_MAX_REQUEST_BYTES
-from specray.cluster.serve.middleware import RequestLimits, KeyGuard
+from specray.cluster.serve.middleware import CallLimit, KeyGuard, RequestLimits
 from specray.cluster.serve.errors import REQUEST_ERRORS, status_of
 from specray.cluster.serve.http_server import MAX_HEADER_BYTES
 from specray.cluster.serve.merge import side_by_side
@@ -52,16 +52,18 @@ def _usage(outs: list[RequestOutput]) -> dict:
 
 class OpenAIServer:
     def __init__(self, router: AsyncRouter, tokenizer, model_name: str, api_key: str | None = None,
-                 default_max_tokens: int = 256, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES):
+                 default_max_tokens: int = 256, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 max_calls: int | None = None):
+        """`max_calls`: calls in flight at most (health checks and metrics aside); more get 503."""
         self.router, self.tokenizer, self.model_name = router, tokenizer, model_name
         self.api_key, self.default_max_tokens = api_key, default_max_tokens
         self.metrics = ServingMetrics(router)
         self.prompts = PromptEncoder(tokenizer, router.router.config.max_model_len)
         self.created = int(time.time())  # the model card's: when this server started
-        self.app = self._build(max_request_bytes)
+        self.app = self._build(max_request_bytes, max_calls)
 
     # -- plumbing ---------------------------------------------------------------------------
-    def _build(self, max_request_bytes: int) -> FastAPI:
+    def _build(self, max_request_bytes: int, max_calls: int | None) -> FastAPI:
         app = FastAPI(title="specray", description="OpenAI-compatible API with lossless speculative decoding")
 
         # Plain ASGI middlewares: Starlette's BaseHTTPMiddleware would hide a client's disconnect
@@ -71,6 +73,9 @@ class OpenAIServer:
                            reject_headers=lambda message: self._error(ApiError.of(errors.HEADERS_TOO_LARGE, message)))
         app.add_middleware(KeyGuard, allowed=self._allowed,
                            reject=lambda: self._error(ApiError.of(errors.UNAUTHENTICATED, "missing or wrong API key")))
+        if max_calls is not None:  # outermost: a refused call costs no parsing
+            app.add_middleware(CallLimit, max_calls=max_calls, exempt=OPEN_PATHS, reject=lambda: self._error(
+                ApiError.of(errors.UNAVAILABLE, f"the server is at its {max_calls} calls in flight; retry")))
         app.exception_handler(ApiError)(lambda _, exc: self._error(exc))
         app.exception_handler(RequestValidationError)(lambda _, exc: self._error(validation_error(exc)))
         app.exception_handler(HTTPException)(lambda _, exc: self._error(self._http_error(exc)))

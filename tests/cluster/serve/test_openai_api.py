@@ -302,3 +302,41 @@ def test_the_routers_refusals_name_their_field(served, body, param):
     resp = httpx.post(served[0].url + "/v1/completions", json={"model": "tiny", "max_tokens": 2, **body},
                       headers={"Authorization": f"Bearer {KEY}"})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
+
+
+def test_calls_past_the_limit_get_503_while_idle_sockets_and_health_checks_do_not_count(tiny_target):
+    """Two calls in flight at most: a third gets an OpenAI-style 503 with Retry-After, counted in the
+    metrics; /health and /metrics answer all the while, and open idle connections take no call."""
+    import socket
+    import threading
+
+    llm = LLM(str(tiny_target))
+    step = llm.router.target.submit_step
+    llm.router.target.submit_step = lambda items: time.sleep(0.05) or step(items)  # calls last a while
+    router = AsyncRouter(llm.router)
+    server = OpenAIServer(router, llm.get_tokenizer(), "tiny", max_calls=2)
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 40, "ignore_eos": True}
+    with BackgroundServer(server.app) as http:
+        host, port = http.url.removeprefix("http://").split(":")
+        idle = [socket.create_connection((host, int(port))) for _ in range(5)]  # connected, sending nothing
+        assert httpx.get(http.url + "/health").status_code == 200
+        done = []
+        calls = [threading.Thread(target=lambda: done.append(httpx.post(http.url + "/v1/chat/completions", json=body,
+                                                                        timeout=60))) for _ in range(2)]
+        for t in calls:
+            t.start()
+        deadline = time.monotonic() + 10
+        while len(router.router.running) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        refused = httpx.post(http.url + "/v1/chat/completions", json=body, timeout=60)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["type"] == "service_unavailable_error"
+        assert httpx.get(http.url + "/health").status_code == 200
+        assert 'status="503"' in httpx.get(http.url + "/metrics").text
+        for t in calls:
+            t.join(timeout=30)
+        assert [r.status_code for r in done] == [200, 200]
+        assert httpx.post(http.url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+        for s in idle:
+            s.close()
+    router.shutdown()
