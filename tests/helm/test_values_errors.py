@@ -44,6 +44,8 @@ def test_schema_rejects(values, message):
     ({"speculation": {"method": "eagle", "draftModel": "d"}, "draft": {"enabled": False}},
      "draft.enabled=false leaves the draft pool nowhere to run"),
     ({"apiKey": {"enabled": True}}, "apiKey.enabled needs apiKey.value or apiKey.existingSecret"),
+    ({"speculation": {"method": "aded", "adaptive": True}}, "speculation.adaptive applies to chains"),
+    ({"http": {"port": 9000}}, "http.port and grpc.port are both 9000"),
     ({"modelStorage": {"type": "pvc"}}, "modelStorage.type pvc needs modelStorage.pvc.claimName"),
     ({"modelStorage": {"type": "initContainer"}}, "modelStorage.type initContainer needs modelStorage.initContainer.command"),
 ])

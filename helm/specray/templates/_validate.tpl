@@ -42,6 +42,12 @@ Cross-field checks that values.schema.json cannot express; each fails the render
 {{- if and $v.autoscaling.enabled (lt (int $v.target.minReplicas) (int $v.target.tensorParallel)) }}
 {{- fail (printf "target.minReplicas (%d) must be at least target.tensorParallel (%d) when autoscaling" (int $v.target.minReplicas) (int $v.target.tensorParallel)) }}
 {{- end }}
+{{- if and $v.speculation.adaptive (eq $v.speculation.method "aded") }}
+{{- fail "speculation.adaptive applies to chains (ngram, draft_model, eagle, longspec); aded drafts trees of a fixed shape" }}
+{{- end }}
+{{- if eq (int $v.http.port) (int $v.grpc.port) }}
+{{- fail (printf "http.port and grpc.port are both %d; give them different ports" (int $v.http.port)) }}
+{{- end }}
 {{- if and $v.apiKey.enabled (not $v.apiKey.existingSecret) (not $v.apiKey.value) }}
 {{- fail "apiKey.enabled needs apiKey.value or apiKey.existingSecret" }}
 {{- end }}
