@@ -79,21 +79,31 @@ class GenerationService:
     # -- rpcs -------------------------------------------------------------------------------
     async def generate(self, request: pb.GenerateRequest, call: CallInfo) -> AsyncIterator[pb.GenerateResponse]:
         """Generate: deltas as rounds commit tokens, then one summary."""
+        start = time.monotonic()
         request_id, ids, params, prompt = await self._admit(request, call)
         tracker, last = conv.DeltaTracker(self.tokenizer, request_id, params.logprobs), None
-        async for out in self._run(ids, params, prompt, call):
-            last = out
-            for msg in tracker.deltas(out):
-                yield msg
+        try:
+            async for out in self._run(ids, params, prompt, call):
+                last = out
+                for msg in tracker.deltas(out):
+                    yield msg
+        except (asyncio.CancelledError, GeneratorExit):  # closed at a yield: GeneratorExit
+            self._left(start, call)
+            raise
         self.metrics.succeeded(last.outputs[0].finish_reason)
         yield conv.summary(request_id, last)
 
     async def complete(self, request: pb.GenerateRequest, call: CallInfo) -> pb.CompleteResponse:
         """Complete: the full result."""
+        start = time.monotonic()
         request_id, ids, params, prompt = await self._admit(request, call)
         last = None
-        async for out in self._run(ids, params, prompt, call):
-            last = out
+        try:
+            async for out in self._run(ids, params, prompt, call):
+                last = out
+        except asyncio.CancelledError:
+            self._left(start, call)
+            raise
         self.metrics.succeeded(last.outputs[0].finish_reason)
         return conv.complete_response(self.tokenizer, request_id, self.model_name, last, params.logprobs)
 
@@ -118,6 +128,12 @@ class GenerationService:
         if self.metrics is not None:
             self.metrics.failed(http_status_label(code))
         return GrpcAbort(code, details)
+
+    def _left(self, start: float, call: CallInfo) -> None:
+        """Count a call its client left, once: at its deadline (504, as the client sees
+        DEADLINE_EXCEEDED) or before it (499)."""
+        late = call.time_remaining is not None and time.monotonic() >= start + call.time_remaining - 0.05
+        self._fail(Code.DEADLINE_EXCEEDED if late else Code.CANCELLED, "")
 
     def refuse(self, error: GrpcAbort) -> GrpcAbort:
         """Count a request refused before it reached the service (a malformed message)."""
@@ -170,9 +186,6 @@ class GenerationService:
                                                      "the request was aborted") from None
         except REQUEST_ERRORS as e:
             raise self._fail(status_of(e).grpc, str(e)) from None
-        except asyncio.CancelledError:
-            self._fail(Code.CANCELLED, "")
-            raise
         except Exception as e:  # noqa: BLE001 - a bug: the client gets a reference, the log the rest
             raise self._fail(Code.INTERNAL, str(request_failed("grpc", e))) from None
         if last is not None:

@@ -139,9 +139,15 @@ def test_server_enforces_the_deadline_itself(served):
     assert wait_idle(router, n)
 
 
+def failures(service, status: str) -> float:
+    return service.metrics.registry.get_sample_value("specray_request_failure_total", {"status": status}) or 0.0
+
+
 def test_cancel_frees_the_sequence(client, served):
+    """Each way a client leaves frees its sequence and counts once as 499 (the sync stream's break
+    closes the handler at a yield, the async unary's cancel lands at an await)."""
     router = served[2]
-    n = len(router.aborted)
+    n, cancelled = len(router.aborted), failures(served[1], "499")
     with client.stream(PROMPT, **LONG) as stream:
         for delta in stream:
             assert delta.token_ids
@@ -161,8 +167,24 @@ def test_cancel_frees_the_sequence(client, served):
                 stream.cancel()  # ends the loop without error
             assert seen == 1 and stream.summary is None
 
+    async def break_off_five():  # five streams at once, each left after its third delta
+        async with AsyncClient(served[0].target, api_key=KEY) as c:
+            async def one():
+                async with c.stream(PROMPT, **LONG) as stream:
+                    seen = 0
+                    async for _ in stream:
+                        seen += 1
+                        if seen == 3:
+                            break
+            await asyncio.gather(*[one() for _ in range(5)])
+
     asyncio.run(cancel_unary())
-    assert wait_idle(router) and len(router.aborted) == n + 3
+    asyncio.run(break_off_five())
+    assert wait_idle(router) and len(router.aborted) == n + 8
+    deadline = time.monotonic() + 5  # the handlers learn of the cancellations as the server polls
+    while failures(served[1], "499") < cancelled + 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert failures(served[1], "499") == cancelled + 8
     assert client.generate(PROMPT, max_tokens=2).usage.completion_tokens == 2
 
 
