@@ -121,7 +121,7 @@ class OpenAIServer:
         try:
             ids = prompt if not isinstance(prompt, str) else await self.prompts.text(prompt, param)
             if max_tokens is not None:
-                check_room(len(ids), max_tokens, self.prompts.max_model_len)
+                check_room(len(ids), max_tokens, self.prompts.max_model_len, prompt_param=param)
         except PromptError as e:
             raise ApiError(400, str(e), param=e.param) from None
         return (prompt if isinstance(prompt, str) else None), ids
@@ -201,6 +201,7 @@ class OpenAIServer:
             return await self._sse(request, chunks)
         outs = await self._all(self._final(request, ids, params, text) for text, ids in inputs)
         choices = [{"index": i * body.n + c.index, "text": c.text, "finish_reason": c.finish_reason,
+                    "stop_reason": c.stop_reason,
                     "logprobs": completion_logprobs(self.tokenizer, c.token_ids, c.logprobs,
                                                     skip=params.skip_special_tokens)[0]}
                    for i, o in enumerate(outs) for c in o.outputs]
@@ -218,7 +219,7 @@ class OpenAIServer:
                                            for i, m in enumerate(body.messages)])
             if body.max_tokens is not None:
                 check_room(len(ids), body.max_tokens, self.prompts.max_model_len,
-                           "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens")
+                           "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens", "messages")
         except PromptError as e:
             raise ApiError(400, str(e), param=e.param) from None
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
@@ -226,7 +227,7 @@ class OpenAIServer:
             return await self._sse(request, self._chat_chunks(rid, created, ids, params, body.include_usage))
         out = await self._final(request, ids, params, None, "messages")
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "finish_reason": c.finish_reason,
+                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
                     "logprobs": chat_logprobs(self.tokenizer, c.token_ids, c.logprobs, params.logprobs,
                                               skip=params.skip_special_tokens)}
                    for c in out.outputs]
@@ -277,6 +278,7 @@ class OpenAIServer:
                 delta, k0 = new
                 yield {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
                        "choices": [{"index": i * n + c.index, "text": delta, "finish_reason": c.finish_reason,
+                                    "stop_reason": c.stop_reason,
                                     "logprobs": deltas[i].completion_logprobs(self.tokenizer, c, k0,
                                                                               params.skip_special_tokens)}],
                        **usage}
@@ -303,6 +305,6 @@ class OpenAIServer:
                                             "logprobs": chat_logprobs(self.tokenizer, c.token_ids, lps,
                                                                       params.logprobs, k0,
                                                                       params.skip_special_tokens),
-                                            "finish_reason": c.finish_reason}]}
+                                            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]}
         if include_usage and last is not None:
             yield {**head, "choices": [], "usage": _usage([last])}

@@ -79,6 +79,25 @@ def test_include_usage_puts_null_usage_on_every_chunk_before_the_usage_chunk(ser
             assert not any("usage" in c for c in chunks)
 
 
+def test_choices_carry_vllms_stop_reason(served, offline):
+    """vLLM's `stop_reason`: the stop string or stop token id that ended a choice, else null."""
+    import json
+
+    text = offline.generate("w20 w21 w22", SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))[0]
+    word, tok = text.outputs[0].text.split()[2], text.outputs[0].token_ids[4]
+    url, auth = served[0].url, {"Authorization": f"Bearer {KEY}"}
+    base = {"model": "tiny", "prompt": "w20 w21 w22", "temperature": 0, "max_tokens": 10, "ignore_eos": True}
+    for extra, want in (({"stop": [word]}, word), ({"stop_token_ids": [tok]}, tok), ({}, None)):
+        choice = httpx.post(url + "/v1/completions", json={**base, **extra}, headers=auth).json()["choices"][0]
+        assert choice["stop_reason"] == want and choice["finish_reason"] == ("length" if want is None else "stop")
+        with httpx.stream("POST", url + "/v1/completions", json={**base, **extra, "stream": True}, headers=auth) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        assert chunks[-1]["choices"][0]["stop_reason"] == want
+    chat = httpx.post(url + "/v1/chat/completions", headers=auth, json={
+        "model": "tiny", "messages": MESSAGES, "max_tokens": 5, "ignore_eos": True}).json()["choices"][0]
+    assert "stop_reason" in chat and chat["stop_reason"] is None
+
+
 def test_n_seed_logprobs_and_models(client):
     resp = client.chat.completions.create(model="tiny", messages=MESSAGES, n=2, seed=5, max_tokens=6,
                                           logprobs=True, top_logprobs=2)
@@ -250,6 +269,7 @@ def test_each_choice_streams_its_finish_once(client):
     ({"messages": MESSAGES, "add_generation_prompt": False}, "add_generation_prompt"),
     ({"messages": MESSAGES, "use_beam_search": True}, "use_beam_search"),
     ({"messages": MESSAGES, "structured_outputs": {"choice": ["a"]}}, "structured_outputs"),
+    ({"messages": [{"role": "user", "content": "w5 " * 600}]}, "messages"),  # fills the context alone
 ])
 def test_a_request_refused_names_its_field(served, body, param):
     resp = httpx.post(served[0].url + "/v1/chat/completions", json={"model": "tiny", "max_tokens": 2, **body},
@@ -297,6 +317,7 @@ def test_sampled_completions_logprobs_hold_the_drawn_token_beside_the_top_n(clie
 @pytest.mark.parametrize("body, param", [
     ({"prompt": [10**6]}, "prompt"),  # token ids the vocabulary lacks: the router's own check
     ({"prompt": "w5", "n": 10**3}, "n"),
+    ({"prompt": "w5 " * 600}, "prompt"),  # the prompt fills the context alone: not max_tokens' fault
 ])
 def test_the_routers_refusals_name_their_field(served, body, param):
     resp = httpx.post(served[0].url + "/v1/completions", json={"model": "tiny", "max_tokens": 2, **body},
