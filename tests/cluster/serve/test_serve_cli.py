@@ -63,6 +63,9 @@ def test_pipeline_auto_pipelines_only_model_drafts(flags, pipelined):
     ("speculative_config: {method: draft_model, model: d, layer_parallel: 2}\n"
      "pools: {draft: {num_workers: 2, device: cuda}}\n", "needs pools.draft.num_gpus >= 1"),
     ("- a\n- b\n", "mapping"),
+    ("grpc: {enabled: 'yes'}\n", "grpc.enabled: Input should be a valid boolean"),  # types as the HTTP API's
+    ("router: {max_num_seqs: '32'}\n", "router.max_num_seqs: Input should be a valid integer"),
+    ("router: {max_num_seqs: true}\n", "router.max_num_seqs: Input should be a valid integer"),
 ])
 def test_bad_config_exits_2_with_the_reason(tmp_path, capsys, text, message):
     path = tmp_path / "bad.yaml"
