@@ -108,12 +108,12 @@ def router_limits(model_config, tokenizer, spec, max_model_len: int | None, max_
     limit = model_config.max_position_embeddings
     if max_prefill_tokens is not None and (type(max_prefill_tokens) is not int or max_prefill_tokens < 1):
         raise ValueError(f"max_prefill_tokens must be a positive integer, 'auto' or None, got {max_prefill_tokens!r}")
-    if spec is not None and spec.method == "longspec":
+    max_model_len = fit_context(max_model_len, limit, num_blocks * block_size, spec)
+    if spec is not None and spec.method == "longspec":  # its window against the context served
         from specray.kernels.drafters.longspec_folder import check_pairing
 
-        check_pairing(spec.model, model_config, spec.longspec, max_model_len or limit)
+        check_pairing(spec.model, model_config, spec.longspec, max_model_len)
     eos = set(model_config.eos_token_ids) or ({tokenizer.eos_token_id} if tokenizer is not None else set())
-    max_model_len = fit_context(max_model_len, limit, num_blocks * block_size, spec)
     return RouterLimits(
         max_model_len=max_model_len, vocab_size=model_config.vocab_size,
         kv_capacity_tokens=num_blocks * block_size, block_size=block_size, max_num_seqs=max_num_seqs,

@@ -27,11 +27,9 @@ class SpecrayServer:
         rt, cfg = self.runtime, self.config
         self.http = OpenAIServer(rt.async_router, rt.tokenizer, cfg.model_name, rt.api_key, cfg.http.default_max_tokens,
                                  cfg.http.max_request_bytes, self._max_calls())
-        spec = cfg.speculative  # parsed (no "method": n-gram); None: off, or a diffusion LM's own (freedave)
-        method = spec.method if spec is not None else (cfg.speculative_config or {}).get("method", "")
         self.generation = GenerationService(rt.async_router, rt.tokenizer, cfg.model_name, api_key=rt.api_key,
                                             metrics=self.http.metrics, default_max_tokens=cfg.http.default_max_tokens,
-                                            speculative_method=method)
+                                            speculative_method=cfg.speculative_method or "")
         self.grpc_server = self._start_grpc() if cfg.grpc.enabled and cfg.grpc.server == "replica" else None
         self.http_server = self._start_http() if cfg.http.server == "replica" else None
         freeze_startup_heap()

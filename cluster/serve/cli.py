@@ -253,11 +253,9 @@ def endpoint_banner(cfg, handle) -> str:
     host = "127.0.0.1" if everywhere else cfg.http.host
     url = f"http://{host}:{cfg.http.port}"
     auth = ' -H "Authorization: Bearer $SPECRAY_API_KEY"' if handle.get("api_key") else ""
-    spec = cfg.speculative  # parsed (a config without "method" is n-gram); None: off, or a diffusion LM's own
-    method = spec.method if spec is not None else (cfg.speculative_config or {}).get("method", "off")
     lines = [
         f"specray is serving {cfg.model_name!r} "
-        f"(speculation: {method}, transport: {cfg.draft_transport}, "
+        f"(speculation: {cfg.speculative_method or 'off'}, transport: {cfg.draft_transport}, "
         f"workers: {'in the replica' if handle.get('colocated') else 'Ray actor pools'})",
         f"  HTTP (OpenAI-compatible): {url}/v1   health: {url}/health   metrics: {url}/metrics",
     ]

@@ -121,7 +121,7 @@ class OpenAIServer:
         try:
             ids = prompt if not isinstance(prompt, str) else await self.prompts.text(prompt, param)
             if max_tokens is not None:
-                check_room(len(ids), max_tokens, self.prompts.max_model_len, prompt_param=param)
+                check_room(len(ids), max_tokens, self.prompts.max_model_len)
         except PromptError as e:
             raise ApiError(400, str(e), param=e.param) from None
         return (prompt if isinstance(prompt, str) else None), ids
@@ -219,7 +219,7 @@ class OpenAIServer:
                                            for i, m in enumerate(body.messages)])
             if body.max_tokens is not None:
                 check_room(len(ids), body.max_tokens, self.prompts.max_model_len,
-                           "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens", "messages")
+                           "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens")
         except PromptError as e:
             raise ApiError(400, str(e), param=e.param) from None
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
@@ -266,8 +266,9 @@ class OpenAIServer:
         return StreamingResponse(events(), media_type="text/event-stream")
 
     async def _completion_chunks(self, rid, created, inputs, params, n, include_usage):
-        finals, deltas = [], [CompletionDeltas() for _ in inputs]
+        head = {"id": rid, "object": "text_completion", "created": created, "model": self.model_name}
         usage = {"usage": None} if include_usage else {}  # OpenAI's: null on every chunk before the usage one
+        finals, deltas = [], [CompletionDeltas() for _ in inputs]
         # the prompts of one request run together, as unstreamed ones do
         async for i, out in side_by_side([self._run(ids, params, text) for text, ids in inputs]):
             if out.finished:
@@ -276,19 +277,17 @@ class OpenAIServer:
                 if (new := deltas[i].take(c)) is None:
                     continue
                 delta, k0 = new
-                yield {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
-                       "choices": [{"index": i * n + c.index, "text": delta, "finish_reason": c.finish_reason,
-                                    "stop_reason": c.stop_reason,
-                                    "logprobs": deltas[i].completion_logprobs(self.tokenizer, c, k0,
-                                                                              params.skip_special_tokens)}],
+                yield {**head, "choices": [{"index": i * n + c.index, "text": delta, "finish_reason": c.finish_reason,
+                                            "stop_reason": c.stop_reason,
+                                            "logprobs": deltas[i].completion_logprobs(self.tokenizer, c, k0,
+                                                                                      params.skip_special_tokens)}],
                        **usage}
         if include_usage and finals:
-            yield {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
-                   "choices": [], "usage": _usage(finals)}
+            yield {**head, "choices": [], "usage": _usage(finals)}
 
     async def _chat_chunks(self, rid, created, ids, params, include_usage):
         head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name,
-                **({"usage": None} if include_usage else {})}  # OpenAI's: null on every chunk before the usage one
+                **({"usage": None} if include_usage else {})}  # as in completions
         deltas, last = ChoiceDeltas(), None
         async for out in self._run(ids, params, None, "messages"):
             if last is None:  # the role chunks wait for the engine to take the request

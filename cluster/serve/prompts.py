@@ -34,15 +34,11 @@ def check_text(text: str, param: str, max_chars: int | None = None) -> None:
         raise PromptError(f"{len(text)} characters cannot fit the model's context; at most {max_chars}", param)
 
 
-def check_room(prompt_tokens: int, max_tokens: int, max_model_len: int, param: str = "max_tokens",
-               prompt_param: str = "prompt") -> None:
+def check_room(prompt_tokens: int, max_tokens: int, max_model_len: int, param: str = "max_tokens") -> None:
     """A max_tokens the client asked for must fit beside the prompt (as OpenAI and vLLM answer);
     the server's default is cut to the room left instead. A prompt that fills the context alone is
-    the prompt's fault, whatever max_tokens says."""
-    if prompt_tokens >= max_model_len:
-        raise PromptError(f"prompt has {prompt_tokens} tokens; the model's context is {max_model_len} tokens, "
-                          "leaving no room to generate", prompt_param)
-    if prompt_tokens + max_tokens > max_model_len:
+    the prompt's fault whatever max_tokens says: the router's own check refuses it, naming it."""
+    if prompt_tokens < max_model_len and prompt_tokens + max_tokens > max_model_len:
         raise PromptError(f"the model's context is {max_model_len} tokens; this request asks for "
                           f"{prompt_tokens + max_tokens} ({prompt_tokens} in the prompt, {max_tokens} to "
                           f"generate): lower {param} or shorten the prompt", param)
