@@ -7,15 +7,14 @@ with every problem listed. The pools read their Ray resources from `pools.draft.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from specray.cluster.config.defaults import (DEFAULT_MAX_REQUEST_BYTES, default_speculative_config, is_default_for_other,
-                                             resolve_prefill_tokens)
+from specray.cluster.config.defaults import default_speculative_config, is_default_for_other, resolve_prefill_tokens
+from specray.cluster.config.endpoints import GrpcConfig, HttpConfig
 from specray.cluster.config.pools import PoolsConfig, Strict
 from specray.cluster.config.speculative import SpeculativeConfig
 from specray.kernels.drafters import registry
@@ -56,68 +55,6 @@ class TransportConfig(Strict):
     drafter_address: str | None = Field(None, description="grpc: host:port of an external Drafter service")
     master_port: int | None = Field(None, ge=1, le=65535, description="torch_distributed rendezvous port")
 
-
-class HttpConfig(Strict):
-    # replica: specray's own HTTP server in the Serve replica (no proxy hop; request heads must arrive
-    # within header_timeout_s and stay under 64 KiB); proxy: Ray Serve's HTTP proxy, which runs on every
-    # node but bounds neither (the Helm chart's choice: put a reverse proxy with those limits in front)
-    server: Literal["replica", "proxy"] = "replica"
-    host: str = Field("127.0.0.1", description="interface to listen on; 0.0.0.0 exposes the server to the network")
-    port: int = Field(8000, ge=1, le=65535)
-    api_key: str | None = Field(None, description="require 'Authorization: Bearer <key>' on every route but "
-                                "/health and /metrics; prefer api_key_file or the variable (argv is public)")
-    api_key_file: str | None = Field(None, description="read the API key from this file (first line)")
-    api_key_env: str | None = Field("SPECRAY_API_KEY", description="read the API key from this variable")
-    default_max_tokens: int = Field(256, ge=1)
-    max_request_bytes: int = Field(DEFAULT_MAX_REQUEST_BYTES, ge=1024, description="larger bodies get 413")
-    keep_alive_timeout_s: float = Field(5.0, gt=0, description="idle connections close after this")
-    header_timeout_s: float = Field(10.0, gt=0, description="replica server: a request head must arrive within this")
-
-    def resolved_api_key(self) -> str | None:
-        """The key both APIs require: `api_key`, else `api_key_file`'s, else the `api_key_env`
-        variable's; None: no key."""
-        if self.api_key:
-            return self.api_key
-        if self.api_key_file:
-            try:
-                key = Path(self.api_key_file).read_text().strip()
-            except OSError as e:
-                raise ValueError(f"http.api_key_file: cannot read {self.api_key_file}: {e.strerror}") from None
-            if not key:
-                raise ValueError(f"http.api_key_file: {self.api_key_file} is empty")
-            return key
-        return (os.environ.get(self.api_key_env) if self.api_key_env else None) or None
-
-
-class GrpcConfig(Strict):
-    port: int = Field(9000, ge=1, le=65535)
-    enabled: bool = True
-    # replica: specray's own grpc.aio server in the Serve replica (binds `host`, TLS, message limit,
-    # malformed messages are INVALID_ARGUMENT); proxy: Ray Serve's gRPC proxy, which runs on every
-    # node but binds all interfaces, has no TLS and takes messages up to 2 GiB (the Helm chart's choice)
-    server: Literal["replica", "proxy"] = "replica"
-    host: str | None = Field(None, description="interface to listen on (replica server); unset: http.host")
-    max_message_bytes: int = Field(DEFAULT_MAX_REQUEST_BYTES, ge=1024,
-                                   description="larger request messages get RESOURCE_EXHAUSTED (replica server)")
-    tls_cert_file: str | None = Field(None, description="PEM certificate chain: serve gRPC over TLS")
-    tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file")
-
-    @model_validator(mode="after")
-    def _tls(self) -> "GrpcConfig":
-        if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ValueError("tls_cert_file and tls_key_file go together")
-        if self.tls_cert_file and self.server == "proxy":
-            raise ValueError("Ray Serve's gRPC proxy has no TLS: use server 'replica', or terminate TLS in front")
-        return self
-
-    def tls_pair(self) -> tuple[bytes, bytes] | None:
-        """(private key, certificate chain) PEM bytes, or None: plaintext."""
-        if not self.tls_cert_file:
-            return None
-        try:
-            return Path(self.tls_key_file).read_bytes(), Path(self.tls_cert_file).read_bytes()
-        except OSError as e:
-            raise ValueError(f"grpc TLS: cannot read {e.filename}: {e.strerror}") from None
 
 class ServeConfig(Strict):
     model: str = Field("smollm2-135m", description="target: alias, HF folder or .gguf file")
@@ -221,8 +158,7 @@ class ServeConfig(Strict):
         ADED: a hop to another process a round costs more than their lookup), ray where it has one."""
         if self.transport.kind != "auto":
             return self.transport.kind
-        spec = self.speculative  # parsed: a config without "method" is n-gram, as vLLM's
-        name = spec.method if spec is not None else None
+        name = self.speculative_method
         model_free = name in registry.METHODS and not registry.METHODS[name].needs_model
         return "inline" if model_free else "ray"
 
@@ -230,6 +166,13 @@ class ServeConfig(Strict):
     def speculative(self) -> SpeculativeConfig | None:
         """The autoregressive speculative config (None for a diffusion LM: FreeDave is decode_options)."""
         return None if self.diffusion else SpeculativeConfig.from_dict(self.speculative_config)
+
+    @property
+    def speculative_method(self) -> str | None:
+        """The method that serves: the parsed config's (one without "method" is n-gram, as vLLM's), a
+        diffusion LM's own (freedave); None: no speculation."""
+        spec = self.speculative
+        return spec.method if spec is not None else (self.speculative_config or {}).get("method")
 
     @property
     def pipelined(self) -> bool:

@@ -306,7 +306,7 @@ def test_dry_run_hides_the_api_key_and_checks_tls_files(tmp_path, capsys):
 
 
 def test_api_key_sources(tmp_path, monkeypatch):
-    from specray.cluster.config.serve import HttpConfig
+    from specray.cluster.config.endpoints import HttpConfig
 
     key = tmp_path / "key"
     key.write_text("sk-a\n")
