@@ -22,14 +22,8 @@ from pathlib import Path
 import torch
 
 from specray.kernels import cpu_kernels, cpu_ops
-from specray.kernels.attention import (
-    ALWAYS_SPLIT,
-    NEVER_SPLIT,
-    SMALL_QUERY_ROWS,
-    build_attention_mask,
-    hybrid_settings,
-    ragged_attention,
-)
+from specray.kernels.attention import build_attention_mask, ragged_attention
+from specray.kernels.hybrid_attention import ALWAYS_SPLIT, NEVER_SPLIT, SMALL_QUERY_ROWS, hybrid_settings
 from specray.kernels.batch import RaggedBatch, SeqChunk
 from specray.kernels.config import ModelConfig
 from specray.kernels.kv_cache import PagedKVCache

@@ -9,22 +9,19 @@ Fast paths, which tests hold to the reference:
   Projections and MLPs stay one ragged batch. (A flat mask over the whole batch's keys would cost
   batch x total keys per row, quadratic in the batch size.)
 
-Hybrid tree attention (LongSpec): a round's new tokens attend their sequence's context with no mask
-(the prefix part, which returns its log-sum-exp) and the round's own tokens with the tree or causal
-mask (the tree part); the two merge exactly by their log-sum-exps. `hybrid_reference_attention`
-specifies it; the single-sequence fast path and the C kernel split where `HYBRID.min_context` says.
+A round after a long context splits (kernels/hybrid_attention.py); the specifications, in float64,
+are in kernels/attention_reference.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from specray.kernels.batch import RaggedBatch
+from specray.kernels.hybrid_attention import HYBRID, SMALL_QUERY_ROWS, hybrid_attention
 
 
 def ancestor_matrix(parents: list[int] | None, n: int) -> torch.Tensor:
@@ -60,100 +57,6 @@ def build_attention_mask(batch: RaggedBatch) -> torch.Tensor | None:
         pad = batch.key_pads[b] if batch.key_pads else 0
         mask[q0:q1, k0:k1 - pad] = sequence_mask(batch.context_lens[b], batch.parents[b], q1 - q0)
     return mask.to(batch.input_ids.device)
-
-
-SMALL_QUERY_ROWS = 16  # up to this many query rows (decode, verify), grouped bmm beats the fused kernel
-
-
-@dataclass
-class HybridSplit:
-    """Where verification attention splits into the prefix and the tree part. On a CPU the split
-    saves context reads, not arithmetic, so it pays only after a long context: per path, sequences
-    of `*_min_rows` to `torch_max_rows` new tokens after `*_min_context` context keys split; below,
-    one masked pass is as fast or faster (benchmarks/hybrid_attention.py, docs/performance.md)."""
-
-    c_min_context: int = 2048  # the C kernel
-    c_min_rows: int = 3
-    # A prefill chunk's hundreds of rows do not split: its tree part (the chunk's own keys, scored per
-    # row) made a 256-row chunk's attention twice the one masked pass's (docs/performance.md).
-    c_max_rows: int = SMALL_QUERY_ROWS
-    torch_min_context: int = 4096  # the torch path (one sequence)
-    torch_min_rows: int = 8
-    torch_max_rows: int = 16  # more rows take the fused kernel, which the split only matches
-
-    def __post_init__(self) -> None:
-        assert min(self.c_min_context, self.torch_min_context) >= 1
-        assert 2 <= self.torch_min_rows <= self.torch_max_rows and 2 <= self.c_min_rows <= self.c_max_rows
-
-    def applies(self, context_len: int, rows: int) -> bool:
-        """The torch path's rule."""
-        return self.torch_min_rows <= rows <= self.torch_max_rows and context_len >= self.torch_min_context
-
-
-ALWAYS_SPLIT = {"c_min_context": 1, "c_min_rows": 2, "c_max_rows": 1 << 30, "torch_min_context": 1,
-                "torch_min_rows": 2, "torch_max_rows": 1 << 30}  # every round of 2+ rows after any context (tests, benchmark)
-NEVER_SPLIT = {"c_min_context": 1 << 40, "torch_min_context": 1 << 40}  # one masked pass everywhere
-HYBRID = HybridSplit()
-
-
-@contextmanager
-def hybrid_settings(**settings):
-    """Change `HYBRID` for a block (e.g. `hybrid_settings(**ALWAYS_SPLIT)`), restored after."""
-    old = dataclasses.asdict(HYBRID)
-    for key, value in settings.items():
-        setattr(HYBRID, key, value)
-    try:
-        yield HYBRID
-    finally:
-        for key, value in old.items():
-            setattr(HYBRID, key, value)
-FLASH_MIN_WORK = 1 << 16  # query rows x prefix keys from which the fused kernel beats bmm for the prefix part
-
-
-def merge_parts(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
-    """Attention over keys A and B from each part's normalised output [..., D] and log-sum-exp [...]:
-    A's share of the total mass is sigmoid(lse_a - lse_b) (0 where A is empty: lse_a = -inf)."""
-    w = torch.sigmoid(lse_a - lse_b).unsqueeze(-1)  # [..., 1]
-    return out_b + w * (out_a - out_b)
-
-
-def prefix_part(rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """rows [kv_heads, m, D] over every key, no mask: keys, values [kv_heads, ctx, D] -> the normalised
-    output [kv_heads, m, D] and its log-sum-exp [kv_heads, m]."""
-    if rows.shape[1] * keys.shape[1] >= FLASH_MIN_WORK:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            rows.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), 0.0, False, scale=scale)
-        return out[0], lse[0]
-    scores = torch.bmm(rows, keys.transpose(1, 2)) * scale  # [kv_heads, m, ctx]
-    lse = scores.logsumexp(-1)  # [kv_heads, m]
-    return torch.bmm((scores - lse.unsqueeze(-1)).exp(), values), lse
-
-
-def tree_part(rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
-              scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """rows [kv_heads, m, D] over the round's own keys [kv_heads, n, D] where visible [m, n] -> the
-    normalised output [kv_heads, m, D] and its log-sum-exp [kv_heads, m] (each row sees itself)."""
-    scores = (torch.bmm(rows, keys.transpose(1, 2)) * scale).masked_fill(~visible, float("-inf"))
-    lse = scores.logsumexp(-1)  # [kv_heads, m]
-    return torch.bmm((scores - lse.unsqueeze(-1)).exp(), values), lse
-
-
-def hybrid_attention(q: torch.Tensor, kv: torch.Tensor, context_len: int, tree_mask: torch.Tensor,
-                     scale: float) -> torch.Tensor:
-    """One sequence's round: q [n, num_heads, D]; kv [2 * num_kv_heads, >= context_len + n, D] (its
-    context, then its new tokens); tree_mask [n, n] bool (ancestry) -> [n, num_heads * D]."""
-    n, num_heads, head_dim = q.shape
-    num_kv_heads = kv.shape[0] // 2
-    group = num_heads // num_kv_heads
-    rows = q.view(n, num_kv_heads, group, head_dim).permute(1, 0, 2, 3).reshape(num_kv_heads, n * group, head_dim)
-    keys, values = kv[:num_kv_heads], kv[num_kv_heads:]  # [num_kv_heads, keys, D]
-    out_p, lse_p = prefix_part(rows, keys[:, :context_len], values[:, :context_len], scale)
-    visible = tree_mask.repeat_interleave(group, dim=0)  # [n * group, n]: rows are (token, head in group)
-    end = context_len + n
-    out_t, lse_t = tree_part(rows, keys[:, context_len:end], values[:, context_len:end], visible, scale)
-    out = merge_parts(out_p, lse_p, out_t, lse_t)  # [num_kv_heads, n * group, D]
-    return out.view(num_kv_heads, n, group, head_dim).permute(1, 0, 2, 3).reshape(n, -1)
 
 
 def ragged_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None, scale: float,
@@ -357,51 +260,3 @@ def batch_attention(q: torch.Tensor, layer_kv: torch.Tensor, plan: BatchAttentio
         kv = layer_kv[:, s.keys] if isinstance(s.keys, slice) else layer_kv.index_select(1, s.keys)
         out[s.start:s.end] = ragged_attention(q[s.start:s.end], kv, s.mask, scale, s.causal, s.context_len)
     return out
-
-
-def _per_sequence(q: torch.Tensor, kv: torch.Tensor, batch: RaggedBatch):
-    """The references' view of a step, in float64: per sequence (its index, queries [num_heads, n, D],
-    keys and values [num_heads, context + n, D], each KV head repeated for its query heads)."""
-    assert batch.key_pads is None, "the reference does not model the padded baseline"
-    num_kv_heads = kv.shape[0] // 2
-    group = q.shape[1] // num_kv_heads
-    for b in range(batch.batch_size):
-        q0, q1, k0 = batch.cu_seqlens[b], batch.cu_seqlens[b + 1], batch.cu_keylens[b]
-        k1 = k0 + batch.context_lens[b] + q1 - q0
-        qs = q[q0:q1].double().transpose(0, 1)
-        ks = kv[:num_kv_heads, k0:k1].double().repeat_interleave(group, dim=0)
-        vs = kv[num_kv_heads:, k0:k1].double().repeat_interleave(group, dim=0)
-        yield b, qs, ks, vs
-
-
-def reference_attention(q: torch.Tensor, kv: torch.Tensor, batch: RaggedBatch, scale: float) -> torch.Tensor:
-    """Specification: softmax(q k^T * scale + mask) v per sequence, computed in float64.
-
-    q [num_tokens, num_heads, head_dim]; kv [2 * num_kv_heads, num_keys, head_dim].
-    """
-    outs = []
-    for b, qs, ks, vs in _per_sequence(q, kv, batch):
-        n = qs.shape[1]
-        scores = qs @ ks.transpose(1, 2) * scale  # [num_heads, n, keys]
-        scores = scores.masked_fill(~sequence_mask(batch.context_lens[b], batch.parents[b], n), float("-inf"))
-        outs.append((scores.softmax(-1) @ vs).transpose(0, 1).reshape(n, -1))
-    return torch.cat(outs).to(q.dtype)
-
-
-def hybrid_reference_attention(q: torch.Tensor, kv: torch.Tensor, batch: RaggedBatch, scale: float) -> torch.Tensor:
-    """Specification of the split, in float64: per sequence, the prefix part (every context key, no
-    mask) and the tree part (the new tokens, ancestry mask), merged by their log-sum-exps.
-
-    q [num_tokens, num_heads, head_dim]; kv [2 * num_kv_heads, num_keys, head_dim].
-    """
-    outs = []
-    for b, qs, ks, vs in _per_sequence(q, kv, batch):
-        ctx, n = batch.context_lens[b], qs.shape[1]
-        prefix = qs @ ks[:, :ctx].transpose(1, 2) * scale  # [num_heads, n, ctx]
-        tree = (qs @ ks[:, ctx:].transpose(1, 2) * scale).masked_fill(
-            ~ancestor_matrix(batch.parents[b], n), float("-inf"))  # [num_heads, n, n]
-        lse_p, lse_t = prefix.logsumexp(-1), tree.logsumexp(-1)  # [num_heads, n]; lse_p = -inf without context
-        out_p = (prefix - lse_p.unsqueeze(-1)).exp().nan_to_num(0.0) @ vs[:, :ctx]
-        out_t = (tree - lse_t.unsqueeze(-1)).exp() @ vs[:, ctx:]
-        outs.append(merge_parts(out_p, lse_p, out_t, lse_t).transpose(0, 1).reshape(n, -1))
-    return torch.cat(outs).to(q.dtype)

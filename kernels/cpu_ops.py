@@ -7,7 +7,7 @@ RoPE + the KV write (a bmm, a cat and an index_copy_), and attention for steps o
 of about ten ops per sequence group. `decoder_layers` then runs every layer of such a step in one
 call (`csrc/decoder.c`: the same kernels, the same order, faster than the op-by-op calls).
 Callers use them only where `available()`: CPU, fp32, a compiled library. `attention`'s reference
-is `attention.reference_attention`; `decoder_layers`' is the model's op-by-op layer loop.
+is `attention_reference.reference_attention`; `decoder_layers`' is the model's op-by-op layer loop.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from specray.kernels import cpu_kernels
-from specray.kernels.attention import HYBRID, NEVER_SPLIT, ancestor_matrix
+from specray.kernels.attention import ancestor_matrix
+from specray.kernels.hybrid_attention import HYBRID, NEVER_SPLIT
 from specray.kernels.batch import RaggedBatch
 from specray.kernels.fast_linear import KINDS as FAST_KINDS, FastWeight
 from specray.kernels.quant_linear import KINDS as EXACT_KINDS, PackedWeight

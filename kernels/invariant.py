@@ -16,7 +16,7 @@ and a near-tie flips a greedy token. Here every shape a row meets is fixed:
   rows at a time, every block one fixed-shape call: a row's result depends on its keys alone, and a
   block past a row's own keys adds exact zeros.
 
-The math is `kernels/attention.py`'s reference; only the association of the sums differs.
+The math is `kernels/attention_reference.py`'s reference; only the association of the sums differs.
 """
 
 from __future__ import annotations

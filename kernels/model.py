@@ -19,8 +19,8 @@ from specray.kernels.attention import (
     is_causal_prefill,
     plan_batch_attention,
     ragged_attention,
-    reference_attention,
 )
+from specray.kernels.attention_reference import reference_attention
 from specray.kernels.batch import RaggedBatch
 from specray.kernels.config import ModelConfig
 from specray.kernels.cpu_weights import CpuWeights

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from specray.kernels.attention import build_attention_mask, fused_attention, grouped_attention, reference_attention
+from specray.kernels.attention import build_attention_mask, fused_attention, grouped_attention
+from specray.kernels.attention_reference import reference_attention
 from specray.kernels.batch import RaggedBatch, SeqChunk
 from specray.kernels.config import ModelConfig
 from specray.kernels.kv_cache import PagedKVCache

@@ -112,7 +112,7 @@ def test_attention_matches_the_reference_on_a_mixed_batch(tiny_target, tmp_path,
     """Decode, a verification chain and a tree in one step, keys scattered over the paged cache:
     the C attention equals the reference, sequence by sequence (an fp16 cache: the reference on its
     values widened to fp32)."""
-    from specray.kernels.attention import reference_attention
+    from specray.kernels.attention_reference import reference_attention
 
     folder = tiny_target if head_dim == 16 else save_tiny_llama(tmp_path, hidden_size=2 * head_dim,
                                                                  num_attention_heads=2, num_key_value_heads=1)
@@ -190,7 +190,7 @@ def test_a_steps_rows_read_in_tiles_keep_their_decode_bits(tiny_target, tmp_path
 def test_a_prefill_chunk_does_not_take_the_hybrid_split(tiny_target):
     """Past the split's context, a verification-sized step splits (prefix and tree parts merged: close
     to, not the bits of, decoding) while a prefill chunk's rows, more than `c_max_rows`, do not."""
-    from specray.kernels.attention import hybrid_settings
+    from specray.kernels.hybrid_attention import hybrid_settings
 
     model = load_model(Checkpoint(tiny_target, "t"), cpu_kernels=False)
     with hybrid_settings(c_min_context=8, c_min_rows=2, c_max_rows=16):

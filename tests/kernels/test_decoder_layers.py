@@ -74,7 +74,7 @@ def test_native_layers_match_the_op_by_op_path(packed_model):
 def test_native_layers_with_the_hybrid_split_match_the_reference(packed_model):
     """The whole-model C call with every round split into the prefix and tree parts (LongSpec's
     hybrid attention) still computes the reference's logits and KV."""
-    from specray.kernels.attention import ALWAYS_SPLIT, hybrid_settings
+    from specray.kernels.hybrid_attention import ALWAYS_SPLIT, hybrid_settings
 
     with hybrid_settings(**ALWAYS_SPLIT):
         native, native_kv = step(packed_model, MIXED, native=True)

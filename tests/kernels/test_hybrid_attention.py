@@ -8,17 +8,9 @@ import pytest
 import torch
 
 from specray.kernels import cpu_kernels, cpu_ops
-from specray.kernels.attention import (
-    ALWAYS_SPLIT,
-    NEVER_SPLIT,
-    batch_attention,
-    build_attention_mask,
-    hybrid_reference_attention,
-    hybrid_settings,
-    plan_batch_attention,
-    ragged_attention,
-    reference_attention,
-)
+from specray.kernels.attention import batch_attention, build_attention_mask, plan_batch_attention, ragged_attention
+from specray.kernels.attention_reference import hybrid_reference_attention, reference_attention
+from specray.kernels.hybrid_attention import ALWAYS_SPLIT, NEVER_SPLIT, hybrid_settings
 from specray.kernels.batch import RaggedBatch, SeqChunk
 from specray.kernels.config import ModelConfig
 from specray.kernels.kv_cache import PagedKVCache

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from specray import LLM, SamplingParams
 from specray.kernels import invariant
-from specray.kernels.attention import reference_attention
+from specray.kernels.attention_reference import reference_attention
 from specray.kernels.batch import RaggedBatch, SeqChunk, pad_uniform
 from specray.kernels.config import ModelConfig
 from specray.kernels.kv_cache import PagedKVCache

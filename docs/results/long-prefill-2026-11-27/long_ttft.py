@@ -3,7 +3,7 @@ rule (a prefill chunk of any size split past 2048 context keys) against the new 
 alternating. Run from the repository root: python docs/results/long-prefill-2026-11-27/long_ttft.py 2048,4096 2"""
 import sys, time
 from specray import LLM, SamplingParams
-from specray.kernels.attention import hybrid_settings
+from specray.kernels.hybrid_attention import hybrid_settings
 llm = LLM("smollm2-135m", max_model_len=8192)
 sp = SamplingParams(temperature=0.0, max_tokens=1)
 text = open("README.md").read() + open("docs/serving.md").read() * 4
