@@ -10,6 +10,7 @@ import grpc
 from specray.cluster.outputs import CompletionOutput, RequestOutput, SpecMetrics, most_likely
 from specray.cluster.params import SamplingParams
 from specray.cluster.serve.deltas import ChoiceDeltas
+from specray.cluster.serve.openai_logprobs import pieces
 from specray.cluster.serve.openai_protocol import ChatMessage
 from specray.cluster.serve.prompts import PromptEncoder
 from specray.protos.specray.v1 import generate_pb2 as pb
@@ -82,17 +83,20 @@ async def prompt_input(prompts: PromptEncoder, request: pb.GenerateRequest) -> t
 
 # -- outputs --------------------------------------------------------------------------------
 def token_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, float]] | None,
-                   n: int | None) -> list[pb.TokenLogprob]:
-    """Each token's logprob and the `n` most likely tokens at its position (the drawn one among
-    them where it ranks there)."""
+                   n: int | None, start: int = 0) -> list[pb.TokenLogprob]:
+    """Tokens [start:] of a choice (`logprobs` holds positions start onwards): each one's logprob
+    and the `n` most likely tokens at its position (the drawn one among them where it ranks there).
+    Token texts are decoded in context, as the HTTP API's, so they add up to the choice's text (a
+    token alone loses a leading space or a multi-byte character's other bytes)."""
     if not logprobs:
         return []
     out = []
-    for tok, lp in zip(token_ids, logprobs):
-        top = most_likely(lp, n or 0)
-        out.append(pb.TokenLogprob(token_id=tok, token=tokenizer.decode([tok]), logprob=lp[tok],
-                                   top=[pb.TopLogprob(token_id=t, token=tokenizer.decode([t]), logprob=v)
-                                        for t, v in top]))
+    for i, lp in enumerate(logprobs, start):
+        tok, top = token_ids[i], most_likely(lp, n or 0)
+        texts = pieces(tokenizer, token_ids, i, [tok] + [t for t, _ in top])
+        out.append(pb.TokenLogprob(token_id=tok, token=texts[0], logprob=lp[tok],
+                                   top=[pb.TopLogprob(token_id=t, token=x, logprob=v)
+                                        for x, (t, v) in zip(texts[1:], top)]))
     return out
 
 
@@ -143,7 +147,8 @@ class DeltaTracker:
                 continue
             text, k0 = new
             tokens = c.token_ids[k0:]
-            lps = token_logprobs(self.tokenizer, tokens, c.logprobs[k0:] if c.logprobs else None, self.top_n)
+            lps = token_logprobs(self.tokenizer, c.token_ids, c.logprobs[k0:] if c.logprobs else None, self.top_n,
+                                 start=k0)
             msgs.append(pb.GenerateResponse(request_id=self.request_id, delta=pb.ChoiceDelta(
                 index=c.index, text=text, token_ids=tokens, logprobs=lps,
                 finish_reason=FINISH.get(c.finish_reason, pb.FINISH_REASON_UNSPECIFIED))))

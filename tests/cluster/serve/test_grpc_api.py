@@ -109,6 +109,17 @@ def test_n_seed_stop_and_logprobs(client):
     assert stopped.finish_reason == "stop" and stopped.stop_reason == tok and stopped.token_ids[-1] == tok
 
 
+def test_logprob_token_texts_add_up_to_the_text(client):
+    """Token texts are decoded in context, as the HTTP API's: alone, a word-level token loses its
+    leading space. Unary and streamed alike."""
+    kw = greedy(logprobs=1)
+    whole = client.generate(PROMPT, **kw).choices[0]
+    assert "".join(x.token for x in whole.logprobs) == whole.text and " " in whole.text
+    assert all(x.top[0].token == x.token for x in whole.logprobs)  # greedy: the drawn token leads
+    streamed = client.stream(PROMPT, **kw).collect().choices[0]
+    assert "".join(x.token for x in streamed.logprobs) == streamed.text == whole.text
+
+
 def test_standard_health_service(served):
     with grpc.insecure_channel(served[0].target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)

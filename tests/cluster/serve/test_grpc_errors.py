@@ -33,7 +33,9 @@ KEY = "sk-grpc"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 PROMPT = "w20 w21 w22"
 NOT_SERVING = HealthCheckResponse.NOT_SERVING
-LONG = dict(max_tokens=400, ignore_eos=True, temperature=0)  # 100+ rounds: seconds with slow_step
+# 100+ rounds even where n-gram accepts every draft (the tiny model repeats itself): 2 s or more
+# with slow_step
+LONG = dict(max_tokens=400, ignore_eos=True, temperature=0)
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +47,8 @@ def served(tiny_target):
     llm.router.abort = lambda request_id: (router.aborted.append(request_id), abort(request_id))
     step = llm.router.step
 
-    def slow_step():  # >= 5 ms a round: LONG outlasts the deadlines below on any machine's kernels
-        time.sleep(0.005)
+    def slow_step():  # >= 20 ms a round: LONG outlasts the deadlines below on any machine's kernels
+        time.sleep(0.02)
         return step()
     llm.router.step = slow_step
     service = GenerationService(router, llm.get_tokenizer(), "tiny", api_key=KEY)
