@@ -28,26 +28,14 @@ from specray.cluster.config.defaults import DEFAULT_MAX_REQUEST_BYTES
 from specray.cluster.serve.middleware import CallLimit, KeyGuard, RequestLimits
 from specray.cluster.serve.errors import REQUEST_ERRORS, status_of
 from specray.cluster.serve.http_server import MAX_HEADER_BYTES
-from specray.cluster.serve.merge import side_by_side
 from specray.cluster.serve.metrics import ServingMetrics
-from specray.cluster.serve.deltas import ChoiceDeltas
-from specray.cluster.serve.openai_logprobs import CompletionDeltas, chat_logprobs, completion_logprobs
+from specray.cluster.serve.openai_chunks import chat_chunks, completion_chunks, usage_body
+from specray.cluster.serve.openai_logprobs import chat_logprobs, completion_logprobs
 from specray.cluster.serve.openai_protocol import ApiError, ChatRequest, CompletionRequest, validation_error
 from specray.cluster.serve.prompts import PromptEncoder, PromptError, check_room
 
 OPEN_PATHS = ("/health", "/metrics")  # everything else needs the key when one is set (/docs too)
 DISCONNECT_POLL_S = 0.5
-
-
-def _usage(outs: list[RequestOutput]) -> dict:
-    prompt = sum(len(o.prompt_token_ids) for o in outs)
-    completion = sum(len(c.token_ids) for o in outs for c in o.outputs)
-    m = [o.metrics for o in outs]
-    rounds, emitted = sum(x.num_rounds for x in m), sum(x.num_emitted_tokens for x in m)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "speculative": {"num_draft_tokens": sum(x.num_draft_tokens for x in m),
-                            "num_accepted_tokens": sum(x.num_accepted_tokens for x in m),
-                            "acceptance_length": round(emitted / rounds, 4) if rounds else None}}
 
 
 class OpenAIServer:
@@ -197,7 +185,8 @@ class OpenAIServer:
                   for i, p in enumerate(prompts)]
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
-            chunks = self._completion_chunks(rid, created, inputs, params, body.n, body.include_usage)
+            chunks = completion_chunks(self._run, self.tokenizer, self.model_name, rid, created, inputs, params, body.n,
+                                       body.include_usage)
             return await self._sse(request, chunks)
         outs = await self._all(self._final(request, ids, params, text) for text, ids in inputs)
         choices = [{"index": i * body.n + c.index, "text": c.text, "finish_reason": c.finish_reason,
@@ -207,7 +196,7 @@ class OpenAIServer:
                    for i, o in enumerate(outs) for c in o.outputs]
         self.metrics.succeeded(outs[0].outputs[0].finish_reason)
         return {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
-                "choices": choices, "usage": _usage(outs)}
+                "choices": choices, "usage": usage_body(outs)}
 
     async def chat(self, body: ChatRequest, request: Request):
         self._check_model(body.model)
@@ -224,7 +213,8 @@ class OpenAIServer:
             raise ApiError(400, str(e), param=e.param) from None
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
-            return await self._sse(request, self._chat_chunks(rid, created, ids, params, body.include_usage))
+            return await self._sse(request, chat_chunks(self._run, self.tokenizer, self.model_name, rid, created, ids, params,
+                                                                 body.include_usage))
         out = await self._final(request, ids, params, None, "messages")
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                     "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
@@ -233,7 +223,7 @@ class OpenAIServer:
                    for c in out.outputs]
         self.metrics.succeeded(out.outputs[0].finish_reason)
         return {"id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
-                "choices": choices, "usage": _usage([out])}
+                "choices": choices, "usage": usage_body([out])}
 
     # -- streaming --------------------------------------------------------------------------
     async def _sse(self, request: Request, chunks: AsyncIterator[dict]) -> StreamingResponse:
@@ -264,46 +254,3 @@ class OpenAIServer:
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
-
-    async def _completion_chunks(self, rid, created, inputs, params, n, include_usage):
-        head = {"id": rid, "object": "text_completion", "created": created, "model": self.model_name}
-        usage = {"usage": None} if include_usage else {}  # OpenAI's: null on every chunk before the usage one
-        finals, deltas = [], [CompletionDeltas() for _ in inputs]
-        # the prompts of one request run together, as unstreamed ones do
-        async for i, out in side_by_side([self._run(ids, params, text) for text, ids in inputs]):
-            if out.finished:
-                finals.append(out)
-            for c in out.outputs:
-                if (new := deltas[i].take(c)) is None:
-                    continue
-                delta, k0 = new
-                yield {**head, "choices": [{"index": i * n + c.index, "text": delta, "finish_reason": c.finish_reason,
-                                            "stop_reason": c.stop_reason,
-                                            "logprobs": deltas[i].completion_logprobs(self.tokenizer, c, k0,
-                                                                                      params.skip_special_tokens)}],
-                       **usage}
-        if include_usage and finals:
-            yield {**head, "choices": [], "usage": _usage(finals)}
-
-    async def _chat_chunks(self, rid, created, ids, params, include_usage):
-        head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name,
-                **({"usage": None} if include_usage else {})}  # as in completions
-        deltas, last = ChoiceDeltas(), None
-        async for out in self._run(ids, params, None, "messages"):
-            if last is None:  # the role chunks wait for the engine to take the request
-                for j in range(params.n):
-                    yield {**head, "choices": [{"index": j, "delta": {"role": "assistant", "content": ""},
-                                                "logprobs": None, "finish_reason": None}]}
-            last = out
-            for c in out.outputs:
-                if (new := deltas.take(c)) is None:
-                    continue
-                delta, k0 = new
-                lps = None if c.logprobs is None else c.logprobs[k0:]
-                yield {**head, "choices": [{"index": c.index, "delta": {"content": delta} if delta else {},
-                                            "logprobs": chat_logprobs(self.tokenizer, c.token_ids, lps,
-                                                                      params.logprobs, k0,
-                                                                      params.skip_special_tokens),
-                                            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]}
-        if include_usage and last is not None:
-            yield {**head, "choices": [], "usage": _usage([last])}

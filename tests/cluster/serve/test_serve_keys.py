@@ -1,0 +1,47 @@
+"""`specray serve`'s API key: never printed, read from a file or the environment, and resolved where
+serve runs so that replicas on a joined cluster get the key itself; TLS files go in pairs."""
+
+import pytest
+
+from specray.cluster.cli import main
+
+
+def test_dry_run_hides_the_api_key_and_checks_tls_files(tmp_path, capsys):
+    import yaml
+
+    assert main(["serve", "--api-key", "sk-secret", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "sk-secret" not in out and yaml.safe_load(out)["http"]["api_key"] == "<hidden>"
+    assert yaml.safe_load(out)["http"]["host"] == "127.0.0.1"
+    assert main(["serve", "--grpc-tls-cert", str(tmp_path / "c.pem"), "--dry-run"]) == 2
+    assert "tls_cert_file and tls_key_file go together" in capsys.readouterr().err
+
+
+def test_api_key_sources(tmp_path, monkeypatch):
+    from specray.cluster.config.endpoints import HttpConfig
+
+    key = tmp_path / "key"
+    key.write_text("sk-a\n")
+    monkeypatch.setenv("SPECRAY_API_KEY", "sk-env")
+    assert HttpConfig(api_key_file=str(key)).resolved_api_key() == "sk-a"
+    assert HttpConfig().resolved_api_key() == "sk-env"
+    with pytest.raises(ValueError, match="cannot read"):
+        HttpConfig(api_key_file=str(tmp_path / "missing")).resolved_api_key()
+
+
+def test_the_replicas_get_the_key_resolved_where_serve_runs(tmp_path, monkeypatch):
+    """A replica on a joined cluster sees neither this shell's variable nor this machine's key file:
+    the config it gets carries the key itself."""
+    from specray.cluster.config.serve import ServeConfig
+    from specray.cluster.serve.run import for_replicas
+
+    monkeypatch.setenv("SPECRAY_API_KEY", "sk-env")
+    shipped = for_replicas(ServeConfig())
+    monkeypatch.delenv("SPECRAY_API_KEY")  # the replica's environment
+    assert ServeConfig.model_validate(shipped.model_dump()).http.resolved_api_key() == "sk-env"
+    key = tmp_path / "key"
+    key.write_text("sk-file\n")
+    shipped = for_replicas(ServeConfig.from_dict({"http": {"api_key_file": str(key)}}))
+    key.unlink()
+    assert shipped.http.api_key_file is None and shipped.http.resolved_api_key() == "sk-file"
+    assert for_replicas(ServeConfig()).http.api_key is None  # no key anywhere: none required
