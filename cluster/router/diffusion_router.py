@@ -126,10 +126,8 @@ class DiffusionRouter(RequestBook):
         self.stats.diffusion_steps += update.steps
         if update.token_ids:
             before = len(seq.output_token_ids)
-            seq.append(update.token_ids, None)
+            seq.commit(update.token_ids, None, self.tokenizer)
             self.stats.tokens += len(seq.output_token_ids) - before
-            if self.tokenizer is not None:
-                seq.detokenize(self.tokenizer)
         if update.done and not seq.finished:  # the canvas is complete: max_tokens reached
             seq.finish_reason = "length"
         if seq.finished:

@@ -281,9 +281,7 @@ class Router(RequestBook):
             seq.draft_features.append(res.features)
         if res.next_token_id is None:  # a prompt chunk before the last: nothing drawn
             return
-        seq.append(res.emitted_token_ids, res.logprobs)
-        if self.tokenizer is not None:  # skip_tokenizer_init: token ids only
-            seq.detokenize(self.tokenizer)
+        seq.commit(res.emitted_token_ids, res.logprobs, self.tokenizer)  # no tokenizer (skip_tokenizer_init): ids
         if seq.finished:
             self._retire(seq)
 

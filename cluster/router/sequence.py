@@ -97,6 +97,21 @@ class Sequence:
             if self.finished:
                 return
 
+    def commit(self, token_ids: list[int], logprobs: list[dict[int, float]] | None, tokenizer) -> None:
+        """`append` and `detokenize` (no tokenizer: ids only). With stop strings the tokens go one at a
+        time, as plain decoding commits them: a round's tokens end at the one whose text completes a
+        stop string, so token ids, usage and logprobs do not depend on how many a round emitted."""
+        if tokenizer is None or not self.params.stop:
+            self.append(token_ids, logprobs)
+            if tokenizer is not None:
+                self.detokenize(tokenizer)
+            return
+        for j in range(len(token_ids)):
+            self.append(token_ids[j:j + 1], None if logprobs is None else logprobs[j:j + 1])
+            self.detokenize(tokenizer)
+            if self.finished:
+                return
+
     def detokenize(self, tokenizer) -> None:
         """Extend `text` with the newly committed tokens; apply stop strings (cut before the stop
         string unless include_stop_str_in_output)."""

@@ -91,7 +91,7 @@ def test_length_is_capped_by_the_context(llm):
     assert len(out.outputs[0].token_ids) == 4 and out.outputs[0].finish_reason == "length"
 
 
-def test_stop_token_and_stop_string(llm):
+def test_stop_token_and_stop_string(llm, tiny_target):
     base = llm.generate({"prompt_token_ids": [1, 8, 9, 10]}, SamplingParams(max_tokens=20, **GREEDY))[0]
     ids, text = base.outputs[0].token_ids, base.outputs[0].text
     stop_tok = ids[5]
@@ -103,6 +103,23 @@ def test_stop_token_and_stop_string(llm):
     out = llm.generate({"prompt_token_ids": [1, 8, 9, 10]},
                        SamplingParams(max_tokens=20, stop=[word], **GREEDY))[0].outputs[0]
     assert out.text == text[: text.index(word)] and out.finish_reason == "stop" and out.stop_reason == word
+    # the ids end at the token that completes the stop string, as plain decoding's do (rounds of the
+    # 3-token draft emitted past it)
+    tok = llm.get_tokenizer()
+    assert word in tok.decode(out.token_ids) and word not in tok.decode(out.token_ids[:-1])
+    plain = LLM(str(tiny_target), max_model_len=64).generate(
+        {"prompt_token_ids": [1, 8, 9, 10]}, SamplingParams(max_tokens=20, stop=[word], **GREEDY))[0].outputs[0]
+    assert (out.token_ids, out.text) == (plain.token_ids, plain.text)
+
+
+def test_a_stop_string_ends_the_ids_where_plain_decoding_ends_them(tiny_target):
+    """n-gram accepts the tiny model's repeats, so a round emits past the token that completes the
+    stop string: ids, usage and text still end where plain decoding's do."""
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    params = SamplingParams(max_tokens=20, stop=["w15 w15 w15"], **GREEDY)
+    spec, plain = (LLM(str(tiny_target), speculative_config=c, max_model_len=64).generate(
+        ["w20 w21 w22 w20 w21"], params)[0].outputs[0] for c in (ngram, None))
+    assert (spec.token_ids, spec.text, spec.finish_reason) == (plain.token_ids, plain.text, "stop")
 
 
 def test_eos_stops_unless_ignored(tiny_target):

@@ -75,6 +75,9 @@ def test_stop_tokens_strings_and_chat(folder):
     text = llm.generate([{"prompt_token_ids": PROMPTS[2]}], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True,
                                                                            stop=[word]))[0].outputs[0]
     assert word not in text.text and text.finish_reason == "stop" and text.stop_reason == word
+    # a block's tokens past the one that completes the stop string are not the answer's (nor its usage)
+    tok = llm.get_tokenizer()
+    assert word in tok.decode(text.token_ids) and word not in tok.decode(text.token_ids[:-1])
     chat = llm.chat([{"role": "user", "content": "w7 w8"}], SamplingParams(temperature=0, max_tokens=8))
     assert chat[0].outputs[0].token_ids
 

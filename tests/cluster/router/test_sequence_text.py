@@ -57,3 +57,25 @@ def test_a_running_sequence_streams_up_to_a_possible_stop_and_all_once_finished(
     assert seq.completion().text == "one two th"
     assert _seq(stop=["three"], include_stop_str_in_output=True).completion().text == "one two th"
     assert _seq().completion().text == "one two th"
+
+
+def _committed(rounds: list[list[int]], **params) -> Sequence:
+    seq = Sequence("s", "r", 0, [1], SamplingParams(max_tokens=8, **params), frozenset(), 64)
+    words = _Words(["one ", "two ", "three ", "four ", "five "])
+    for tokens in rounds:
+        seq.commit(tokens, [{t: -0.5} for t in tokens], words)
+        if seq.finished:
+            break
+    return seq
+
+
+@pytest.mark.parametrize("stop, kept", [(["two"], 2), (["e t"], 2), (["hree fo"], 4), (["six"], 5)])
+def test_a_round_stops_at_the_token_that_completes_a_stop_string(stop, kept):
+    """A round of several tokens commits as plain decoding's one-token rounds do: ids, logprobs and
+    text end where the stop string is complete, whatever the rounds' sizes."""
+    plain = _committed([[0], [1], [2], [3], [4]], stop=stop)
+    for rounds in ([[0, 1, 2, 3, 4]], [[0, 1], [2, 3, 4]], [[0], [1, 2, 3], [4]]):
+        seq = _committed(rounds, stop=stop)
+        assert seq.output_token_ids == plain.output_token_ids == [0, 1, 2, 3, 4][:kept]
+        assert len(seq.logprobs) == kept and seq.text == plain.text
+        assert (seq.finish_reason, seq.stop_reason) == (plain.finish_reason, plain.stop_reason)
