@@ -14,7 +14,7 @@ from typing import Any
 from specray.kernels.drafters import registry
 from specray.kernels.drafters.aded import AdedOptions
 from specray.kernels.drafters.tree_shapes import TreeSpec
-from specray.kernels.verify.rules import SAMPLED_RULES
+from specray.kernels.verify.rules import KIND_OF_RULE, SAMPLED_RULES
 
 METHODS = tuple(registry.METHODS)
 INT_KEYS = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "draft_num_layers",
@@ -89,14 +89,33 @@ class SpeculativeConfig:
             AdedOptions.from_dict(self.aded)
         if self.verify not in VERIFY_CHOICES:
             raise ValueError(f"unknown verify rule {self.verify!r}; choose one of {VERIFY_CHOICES}")
-        if self.lookup_first not in (None, False) and self.verify not in ("auto", "chain"):
-            raise ValueError(f"'lookup_first' proposes chains, which verify {self.verify!r} refuses; use 'auto'")
+        self._check_verify()
         if self.verify_budget is not None and self.verify_budget < 1:
             raise ValueError(f"verify_budget must be an integer >= 1, got {self.verify_budget}")
         if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
             raise ValueError(f"disable_by_batch_size must be >= 1, got {self.disable_by_batch_size}")
         self._check_schedule()
         self._check_adaptive()
+
+    def sampled_kinds(self) -> set[str]:
+        """The Proposal kinds this config drafts for sampled requests (greedy ones verify greedily)."""
+        if self.method == "aded":
+            kinds = {"deterministic_tree"}
+        else:
+            kinds = {TreeSpec.from_dict(self.tree).sampled_kind if self.tree is not None else "chain"}
+        return kinds | ({"chain"} if self.lookup_first not in (None, False) else set())
+
+    def _check_verify(self) -> None:
+        """A fixed rule is exact for one proposal kind: refused here where the drafts take another,
+        rather than failing every sampled request at its first round."""
+        if self.verify == "auto":
+            return
+        kinds, needed = self.sampled_kinds(), KIND_OF_RULE[self.verify]
+        if kinds != {needed}:
+            drafts = f"method {self.method!r}" + (" with lookup_first" if self.lookup_first else "") + (
+                f" and a {TreeSpec.from_dict(self.tree).kind!r} tree" if self.tree is not None else "")
+            raise ValueError(f"verify {self.verify!r} is exact only for {needed!r} proposals, but {drafts} "
+                             f"proposes {sorted(kinds)} for sampled requests; use 'auto'")
 
     def _check_adaptive(self) -> None:
         if not isinstance(self.adaptive, bool):

@@ -83,10 +83,7 @@ class TreeDraftModelDrafter:
         tree, budget = self.tree, r.verify_budget
         depth = tree.depth(r.num_draft_tokens)
         width, depth = tree.shape(depth, budget) if tree.kind in ("rsd_s", "spectr") else (tree.width, depth)
-        if r.sampling.greedy or tree.kind == "topk":
-            kind = "deterministic_tree"
-        else:
-            kind = "iid" if tree.kind == "spectr" else "wor_tree"
+        kind = "deterministic_tree" if r.sampling.greedy else tree.sampled_kind
         build = TreeBuild(kind)
         if kind == "iid":
             build.frontier_counts = [width]

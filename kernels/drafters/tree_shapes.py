@@ -51,6 +51,12 @@ class TreeSpec:
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"tree {name} must be an integer >= 1, got {v!r}")
 
+    @property
+    def sampled_kind(self) -> str:
+        """The Proposal kind this tree makes for a sampled request (a greedy one's is always a
+        deterministic tree): it names the rule that verifies it exactly (kernels/verify/rules.py)."""
+        return {"spectr": "iid", "topk": "deterministic_tree"}.get(self.kind, "wor_tree")
+
     @classmethod
     def from_dict(cls, raw: dict) -> "TreeSpec":
         if not isinstance(raw, dict) or "kind" not in raw:

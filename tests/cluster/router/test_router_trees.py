@@ -100,12 +100,35 @@ def test_per_request_verify_budget(tiny_target, tiny_draft, reference):
         SamplingParams(verify_budget=0)
 
 
-def test_configured_rule_mismatch_is_an_error_not_a_fallback(tiny_target, tiny_draft):
-    """A sampled request whose deterministic tree would be verified by the chain rule raises."""
+@pytest.mark.parametrize("cfg, ok", [
+    ({"model": "d", "verify": "kseq"}, False), ({"model": "d", "verify": "chain"}, True),
+    ({"model": "d", "tree": {"kind": "rsd_c", "branching": [2, 1]}, "verify": "descent"}, False),
+    ({"model": "d", "tree": {"kind": "rsd_s", "width": 2}, "verify": "rrs"}, True),
+    ({"model": "d", "tree": {"kind": "spectr", "k": 2}, "verify": "rrs"}, False),
+    ({"model": "d", "tree": {"kind": "spectr", "k": 2}, "verify": "kseq"}, True),
+    ({"model": "d", "tree": {"kind": "topk"}, "verify": "descent"}, True),
+    ({"method": "aded", "verify": "rrs"}, False), ({"method": "aded", "verify": "descent"}, True),
+    ({"method": "ngram", "verify": "chain"}, True), ({"method": "ngram", "verify": "kseq"}, False),
+    # lookup rounds propose chains, the model's rounds trees: no one rule verifies both
+    ({"model": "d", "tree": {"kind": "spectr", "k": 2}, "lookup_first": True, "verify": "kseq"}, False),
+    ({"model": "d", "tree": {"kind": "spectr", "k": 2}, "lookup_first": True, "verify": "auto"}, True),
+])
+def test_a_fixed_rule_must_verify_every_kind_the_drafts_take(cfg, ok):
+    from specray.cluster.config.speculative import SpeculativeConfig
+
+    if ok:
+        SpeculativeConfig.from_dict(cfg)
+    else:
+        with pytest.raises(ValueError, match=f"verify {cfg['verify']!r} is exact only for"):
+            SpeculativeConfig.from_dict(cfg)
+
+
+def test_configured_rule_mismatch_is_refused_at_start(tiny_target, tiny_draft):
+    """A rule that cannot verify the drafts' kind is refused with the config, not at every sampled
+    request's first round."""
     cfg = {"model": str(tiny_draft), "num_speculative_tokens": 2, "tree": TREES["topk"], "verify": "chain"}
-    llm = LLM(str(tiny_target), speculative_config=cfg, kv_cache_tokens=4096)
-    with pytest.raises(ValueError, match="cannot verify a 'deterministic_tree' proposal"):
-        llm.generate(prompts(1), SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True))
+    with pytest.raises(ValueError, match="verify 'chain' is exact only for 'chain' proposals.*deterministic_tree"):
+        LLM(str(tiny_target), speculative_config=cfg, kv_cache_tokens=4096)
     ok = LLM(str(tiny_target), speculative_config={**cfg, "verify": "descent"}, kv_cache_tokens=4096)
     assert len(ok.generate(prompts(1), SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True))[0]
                .outputs[0].token_ids) == 8
