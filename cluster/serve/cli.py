@@ -193,8 +193,9 @@ def _draft_method(name: str) -> str:
 
 
 def check_model_and_context(cfg) -> None:
-    """A missing model, or a context the model or the KV cache cannot hold, fails here in one line,
-    before Ray starts (in a replica it failed after three deployment attempts, with tracebacks)."""
+    """A missing model or draft, a draft another method serves, or a context the model or the KV cache
+    cannot hold fails here in one line, before Ray starts (in a replica it failed after three
+    deployment attempts, with tracebacks)."""
     from specray.cluster.config.worker_specs import num_blocks
     from specray.cluster.router.limits import fit_context
     from specray.kernels.config import ModelConfig
@@ -206,6 +207,11 @@ def check_model_and_context(cfg) -> None:
     r = cfg.router
     limit = ModelConfig.from_hf(checkpoint.hf_config()).max_position_embeddings
     fit_context(r.max_model_len, limit, num_blocks(r.kv_cache_tokens, r.block_size) * r.block_size, cfg.speculative)
+    spec = cfg.speculative
+    if spec is not None and spec.model is not None and spec.method in ("draft_model", "eagle", "longspec"):
+        from specray.kernels.drafters.loading import check_draft_folder
+
+        check_draft_folder(spec.method, spec.model)
 
 
 def cmd_serve(args) -> int:

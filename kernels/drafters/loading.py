@@ -53,11 +53,30 @@ def _vocab_trim_ids(options: DraftOptions, folder: Path) -> torch.Tensor | None:
     return load_vocab_trim(folder, k) if k else None
 
 
+DRAFT_KINDS = {"eagle": "a feature-level draft (eagle.json)", "longspec": "a LongSpec draft (longspec.json)",
+               "draft_model": "a standalone draft model"}
+
+
+def check_draft_folder(method: str, model: str) -> None:
+    """Refuse a draft that another method serves, naming that method: `draft_model` loading an eagle
+    folder failed deep in its weights (a KeyError), a diffusion LM with transformers' advice to upgrade."""
+    from specray.kernels.drafters.longspec_folder import is_longspec_folder
+    from specray.kernels.loader import is_diffusion_model
+
+    if is_diffusion_model(model):
+        raise ValueError(f"{model!r} is a diffusion LM: it serves on its own (FreeDave) and cannot be a draft")
+    path = resolve(model).path
+    kind = "eagle" if is_eagle_folder(path) else "longspec" if is_longspec_folder(path) else "draft_model"
+    if kind != method:
+        raise ValueError(f"{model!r} is {DRAFT_KINDS[kind]}, not {DRAFT_KINDS[method]}: use method {kind!r}")
+
+
 def build_draft_model(options: DraftOptions, workers=None) -> Drafter:
     """A standalone draft checkpoint: a chain, a VocabTrim chain, or a tree. `workers`: the TPGroup
     of a layer-parallel draft group (kernels/layer_parallel.py), this process being one rank."""
     if options.model is None:
         raise ValueError("method 'draft_model' needs speculative_config['model']")
+    check_draft_folder("draft_model", options.model)
     checkpoint = resolve(options.model)
     ids = _vocab_trim_ids(options, checkpoint.path)
     draft = load_model(checkpoint, DTYPES[options.dtype], options.device, options.draft_num_layers,
@@ -82,9 +101,8 @@ def build_eagle(options: DraftOptions) -> Drafter:
     """A feature-level draft folder (eagle.json) over its target's embedding and head."""
     if options.model is None:
         raise ValueError("method 'eagle' needs speculative_config['model'] (a feature-level draft folder)")
+    check_draft_folder("eagle", options.model)
     checkpoint = resolve(options.model)
-    if not is_eagle_folder(checkpoint.path):
-        raise ValueError(f"{options.model!r} is not a feature-level draft (no eagle.json); use method 'draft_model'")
     draft = load_eagle(checkpoint.path, resolve(eagle_target(checkpoint.path)).path, DTYPES[options.dtype],
                        options.device)
     if _cpu_fp32(options):
@@ -99,13 +117,12 @@ def build_eagle(options: DraftOptions) -> Drafter:
 def build_longspec(options: DraftOptions) -> Drafter:
     """A LongSpec draft folder (longspec.json) over its target's embedding and head."""
     from specray.kernels.drafters.longspec import LongSpecDrafter, LongSpecTreeDrafter
-    from specray.kernels.drafters.longspec_folder import LongSpecOptions, is_longspec_folder, load_longspec
+    from specray.kernels.drafters.longspec_folder import LongSpecOptions, load_longspec
 
     if options.model is None:
         raise ValueError("method 'longspec' needs speculative_config['model'] (a LongSpec draft folder)")
+    check_draft_folder("longspec", options.model)
     checkpoint = resolve(options.model)
-    if not is_longspec_folder(checkpoint.path):
-        raise ValueError(f"{options.model!r} is not a LongSpec draft (no longspec.json)")
     window = LongSpecOptions.from_dict(options.longspec).window
     layer, embed, head = load_longspec(checkpoint.path, window, DTYPES[options.dtype], options.device)
     drafter = LongSpecDrafter(layer, embed, head, _vocab_trim_ids(options, checkpoint.path))

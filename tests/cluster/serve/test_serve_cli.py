@@ -104,6 +104,8 @@ def test_conflicting_or_missing_things_exit_2_before_anything_starts(capsys, mon
     assert "max_model_len must be in [2, 512]" in capsys.readouterr().err
     assert main(["serve", "--model", str(tiny_target), "--kv-cache-tokens", "32", "--max-model-len", "60"]) == 2
     assert "does not fit in the KV cache" in capsys.readouterr().err
+    assert main(["serve", "--speculative-method", "draft_model", "--draft-model", "smollm2-135m-eagle"]) == 2
+    assert "feature-level draft (eagle.json), not a standalone draft model: use method 'eagle'" in capsys.readouterr().err
 
 
 def test_speculation_flags(capsys):
