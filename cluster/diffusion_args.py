@@ -29,32 +29,55 @@ def _given(args) -> dict:
     return {k: getattr(args, k, None) for k in ("num_drafts", "block_length", "steps_per_block")}
 
 
+def _flags(names: list[str]) -> str:
+    return ", ".join(names)
+
+
 def _refuse_for_autoregressive(args, model: str, given: dict) -> None:
     """The diffusion flags (or --speculative-method freedave) beside an autoregressive model: an error."""
     named = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
     named += ["--fixed-drafts"] if getattr(args, "adaptive", None) is False else []
     if named or getattr(args, "speculative_method", None) == FREEDAVE:
-        raise ValueError(f"{', '.join(named) or '--speculative-method freedave'} apply to diffusion LMs; "
+        raise ValueError(f"only diffusion LMs take {_flags(named) or '--speculative-method freedave'}; "
                          f"{model!r} is autoregressive")
+
+
+def _num_drafts(args, given: dict, current: int | None = None) -> int:
+    """FreeDave's drafts from the flags: `none` is static decoding (one draft), whatever else is set."""
+    n = given["num_drafts"]
+    if n is not None and n < 1:
+        raise ValueError(f"--num-drafts must be an integer >= 1 (1 = static decoding), got {n}")
+    if getattr(args, "speculative_method", None) == "none":
+        if n not in (None, 1) or getattr(args, "adaptive", None) is not None:
+            raise ValueError("--speculative-method none is static decoding (one draft): drop --num-drafts "
+                             "and --fixed-drafts, or use --speculative-method freedave")
+        return 1
+    return n or current or DEFAULT_NUM_DRAFTS
 
 
 def diffusion_configs(args) -> tuple[dict | None, dict] | None:
     """(speculative_config, diffusion_config) for a diffusion model; None for an autoregressive one
-    (then the diffusion flags are an error)."""
+    (then the diffusion flags are an error). `--speculative-config` is FreeDave's whole config, as
+    `specray serve` takes it (checked where the model loads)."""
     given = _given(args)
     if not is_diffusion_model(args.model):
         _refuse_for_autoregressive(args, args.model, given)
         return None
     wrong = [f"--{k.replace('_', '-')}" for k in AR_FLAGS if getattr(args, k, None) not in (None, False)]
-    if wrong or getattr(args, "speculative_config", None) is not None:
-        raise ValueError(f"{', '.join(wrong) or '--speculative-config'} do not apply to a diffusion LM "
-                         "(FreeDave drafts from the model itself): use --num-drafts")
+    if wrong:
+        raise ValueError(f"a diffusion LM takes none of {_flags(wrong)} (FreeDave drafts from the model itself): "
+                         "use --num-drafts")
     method = getattr(args, "speculative_method", None)
     if method not in (None, FREEDAVE, "none"):
         raise ValueError(f"a diffusion LM speculates with freedave only, got --speculative-method {method}")
-    drafts = 1 if method == "none" else given["num_drafts"] or DEFAULT_NUM_DRAFTS
     diffusion = {k: v for k, v in given.items() if k != "num_drafts" and v is not None}
-    return _freedave(drafts, args), diffusion
+    spec = getattr(args, "speculative_config", None)
+    if spec is not None:
+        if method is not None or given["num_drafts"] is not None or getattr(args, "adaptive", None) is not None:
+            raise ValueError("--speculative-config is the whole speculative_config: put num_drafts and adaptive "
+                             "inside it, without --speculative-method, --num-drafts or --fixed-drafts")
+        return spec, diffusion
+    return _freedave(_num_drafts(args, given), args), diffusion
 
 
 def _freedave(drafts: int, args) -> dict:
@@ -66,12 +89,13 @@ def _freedave(drafts: int, args) -> dict:
 
 def serve_overrides(args, model: str, current: dict | None) -> dict:
     """ServeConfig overrides of the diffusion flags (`specray serve`); {} when none was given."""
-    given = _given(args)
-    if all(v is None for v in given.values()) and getattr(args, "speculative_method", None) != FREEDAVE \
-            and getattr(args, "adaptive", None) is None:
+    given, method = _given(args), getattr(args, "speculative_method", None)
+    diffusion_model = is_diffusion_model(model)
+    if all(v is None for v in given.values()) and method != FREEDAVE and getattr(args, "adaptive", None) is None \
+            and not (method == "none" and diffusion_model):
         return {}
-    if not is_diffusion_model(model):
+    if not diffusion_model:
         _refuse_for_autoregressive(args, model, given)
-    drafts = given["num_drafts"] or (current or {}).get("num_drafts") or DEFAULT_NUM_DRAFTS
+    drafts = _num_drafts(args, given, (current or {}).get("num_drafts"))
     diffusion = {k: v for k, v in given.items() if k != "num_drafts" and v is not None}
     return {"speculative_config": _freedave(drafts, args), "diffusion_config": diffusion or None}

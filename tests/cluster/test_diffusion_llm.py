@@ -122,5 +122,14 @@ def test_cli_generate_streams_a_diffusion_model(folder, capsys):
     captured = capsys.readouterr()
     assert "model calls a token" in captured.err and captured.out.strip()
     assert cli_main(["generate", "--model", str(folder), "--draft-model", "x", "w5"]) == 2
-    assert "do not apply to a diffusion LM" in capsys.readouterr().err
+    assert "a diffusion LM takes none of" in capsys.readouterr().err
+    # FreeDave's whole config, as `specray serve` takes it; checked where the model loads
+    spec = '{"method": "freedave", "num_drafts": 2}'
+    assert cli_main(["generate", "--model", str(folder), "--max-tokens", "8", "--speculative-config", spec, "w5"]) == 0
+    capsys.readouterr()
+    for flags, words in ((["--speculative-config", '{"num_drafts": 0}'], "num_drafts"),
+                         (["--speculative-config", spec, "--num-drafts", "3"], "whole speculative_config"),
+                         (["--num-drafts", "0"], "--num-drafts must be")):
+        assert cli_main(["generate", "--model", str(folder), *flags, "w5"]) == 2
+        assert words in capsys.readouterr().err
     torch.manual_seed(0)

@@ -141,3 +141,10 @@ def test_serve_config_and_flags(dllm, tiny_target):
     assert cfg.decode_options().num_drafts == 5 and cfg.decode_options().block_length == 8
     with pytest.raises(ValueError, match="autoregressive"):
         resolve_config(parser.parse_args(["--model", str(tiny_target), "--num-drafts", "5"]))
+    # `none` is static decoding, with other flags or alone; 0 drafts and `none` beside drafts are refused
+    for flags in (["--speculative-method", "none"], ["--speculative-method", "none", "--block-length", "8"]):
+        assert resolve_config(parser.parse_args(["--model", str(dllm), *flags])).decode_options().num_drafts == 1
+    for flags, words in ((["--num-drafts", "0"], "--num-drafts must be an integer >= 1"),
+                         (["--speculative-method", "none", "--num-drafts", "3"], "static decoding")):
+        with pytest.raises(ValueError, match=words):
+            resolve_config(parser.parse_args(["--model", str(dllm), *flags]))
