@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -105,19 +104,22 @@ def speculative_config(args) -> dict | None:
 
 
 def read_prompts(args) -> list[str]:
+    """The command line's prompts, then the file's (JSONL rows, or one prompt a non-blank line);
+    none at all: the demo prompt. A file without prompts or with a bad row is a ValueError."""
     prompts = list(args.prompt)
     if args.file:
+        from specray.cluster.bench.prompts import read_rows
+
         path = Path(args.file)
-        if not path.exists():
-            raise ValueError(f"prompt file {path} does not exist")
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            if path.suffix == ".jsonl":
-                row = json.loads(line)
-                prompts.append(row.get("prompt") or row["turns"][0])
-            else:
-                prompts.append(line)
+        if path.suffix == ".jsonl":
+            prompts += [row["prompt"] for row in read_rows(path)]
+        else:
+            if not path.exists():
+                raise ValueError(f"prompt file {path} does not exist")
+            lines = [line for line in path.read_text().splitlines() if line.strip()]
+            if not lines:
+                raise ValueError(f"prompt file {path} holds no prompts")
+            prompts += lines
     return prompts or [DEFAULT_PROMPT]
 
 

@@ -40,6 +40,23 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def check_engine_args(device: str, kv_cache_tokens: int, block_size: int) -> None:
+    """The in-process engine's device must be here, its KV cache hold a block: ValueError saying why
+    (torch's RuntimeError, or a bare assertion, otherwise)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: this machine or torch build has no CUDA device")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: specray runs on cpu or cuda")
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
+    if not isinstance(kv_cache_tokens, int) or kv_cache_tokens < block_size:
+        raise ValueError(f"kv_cache_tokens must be an integer >= block_size ({block_size}), got {kv_cache_tokens!r}")
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return next(name for name, d in DTYPES.items() if d == dtype)
 
@@ -63,6 +80,7 @@ class LLM:
         chunks over several rounds ("auto": 256 on CPU, 512 on an accelerator; None: every prompt that
         fits, whole), as `specray serve` does."""
         torch_dtype = parse_dtype(dtype)
+        check_engine_args(device, kv_cache_tokens, block_size)
         torch.manual_seed(seed)
         checkpoint = resolve(model)
         self.model_name = model

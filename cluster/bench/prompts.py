@@ -17,15 +17,41 @@ def dataset_name(path: str | Path | None) -> str:
     return str(path) if path else f"the packaged Spec-Bench subset ({PACKAGED_PROMPTS.name})"
 
 
+def prompt_text(row: dict, where: str) -> str:
+    """A row's prompt: its "prompt", else the first of its "turns" (Spec-Bench's); ValueError naming `where`."""
+    text = row.get("prompt")
+    if text is None and isinstance(row.get("turns"), list) and row["turns"]:
+        text = row["turns"][0]
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{where}: needs a non-empty string 'prompt', or 'turns' whose first entry is one")
+    return text
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a JSONL prompt file (blank lines skipped), each with its "prompt" filled in from
+    `prompt_text`; a bad line is a ValueError naming the file and line."""
+    if not path.exists():
+        raise ValueError(f"prompt file {path} does not exist")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} line {n}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path} line {n}: a JSON object is needed, got {type(row).__name__}")
+        rows.append({**row, "prompt": prompt_text(row, f"{path} line {n}")})
+    if not rows:
+        raise ValueError(f"prompt file {path} holds no prompts")
+    return rows
+
+
 def load_prompts(path: Path | None, num: int) -> list[dict]:
     """First turns taken round-robin across categories in file order: the first prompt of every
     category, then the second of every category, and so on, until `num`."""
-    path = path or PACKAGED_PROMPTS
-    if not path.exists():
-        raise ValueError(f"prompt file {path} does not exist")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    if not rows:
-        raise ValueError(f"prompt file {path} holds no prompts")
+    rows = read_rows(path or PACKAGED_PROMPTS)
     by_cat: dict[str, list[dict]] = {}
     for r in rows:
         by_cat.setdefault(r.get("category", "all"), []).append(r)
@@ -34,7 +60,7 @@ def load_prompts(path: Path | None, num: int) -> list[dict]:
         for cat_rows in by_cat.values():
             if i < len(cat_rows) and len(picked) < num:
                 row = cat_rows[i]
-                picked.append({"category": row.get("category", "all"), "prompt": row.get("prompt") or row["turns"][0],
+                picked.append({"category": row.get("category", "all"), "prompt": row["prompt"],
                                **({"context_tokens": row["context_tokens"]} if "context_tokens" in row else {})})
         i += 1
     return picked

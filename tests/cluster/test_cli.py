@@ -78,9 +78,27 @@ def test_bad_input_is_a_clear_error(tiny_target, capsys):
         assert code == 2 and message in capsys.readouterr().err
     assert main(["generate", "w3", "--model", "no-such-model"]) == 2
     assert "unknown model" in capsys.readouterr().err
+    for argv, message in ([["--kv-cache-tokens", "0"], "kv_cache_tokens must be"],
+                          [["--device", "bogus"], "unknown device 'bogus'"]):
+        assert main(["generate", "w3", "--model", str(tiny_target), *argv]) == 2
+        assert message in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:  # argparse's own check of a choice
         main(["generate", "w3", "--model", str(tiny_target), "--draft-quantization", "int4"])
     assert exit_info.value.code == 2 and "--draft-quantization" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("p.txt", "\n  \n", "holds no prompts"), ("p.jsonl", "\n", "holds no prompts"),
+    ("p.jsonl", '{"prompt": "w3"}\nnot json\n', "p.jsonl line 2: not JSON"),
+    ("p.jsonl", '{"prompt": 5}\n', "line 1: needs a non-empty string 'prompt'"),
+    ("p.jsonl", '{"turns": []}\n', "line 1: needs a non-empty string 'prompt'"),
+    ("p.jsonl", '{"foo": "x"}\n', "line 1: needs a non-empty string 'prompt'"),
+    ("p.jsonl", '["w3"]\n', "line 1: a JSON object is needed"),
+])
+def test_a_prompt_file_without_good_prompts_is_refused_naming_the_line(tmp_path, capsys, name, text, message):
+    (tmp_path / name).write_text(text)
+    assert main(["generate", "--file", str(tmp_path / name), "--model", "no-model-is-loaded"]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_speculative_config_json_is_the_whole_config(tiny_target, tiny_draft, capsys):
