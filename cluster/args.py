@@ -16,6 +16,53 @@ def float_list(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x]
 
 
+def _at_least(value, low, text: str):
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if isinstance(low, int) else 'a number'} "
+                                         f">= {low}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (a count: requests, prompts, tokens, threads)."""
+    try:
+        return _at_least(int(text), 1, text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+
+
+def positive_int_list(text: str) -> list[int]:
+    """ "1,4,8" -> [1, 4, 8], each >= 1, at least one (batch sizes, concurrency levels, drafts) """
+    values = [positive_int(x) for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return values
+
+
+def non_negative_float(text: str) -> float:
+    """A number >= 0 (a temperature)."""
+    try:
+        return _at_least(float(text), 0.0, text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+
+
+def positive_float(text: str) -> float:
+    """A number > 0 (a request rate)."""
+    value = non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def non_negative_float_list(text: str) -> list[float]:
+    """ "0,1.0" -> [0.0, 1.0], each >= 0, at least one (temperatures) """
+    values = [non_negative_float(x) for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers >= 0, got {text!r}")
+    return values
+
+
 def json_object(text: str) -> dict:
     try:
         value = json.loads(text)

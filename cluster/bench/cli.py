@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specray.cluster.args import float_list, int_list
+from specray.cluster.args import non_negative_float_list, positive_int, positive_int_list
 from specray.cluster.bench.cluster import add_cluster_bench_parser
 from specray.cluster.bench.diffusion import add_diffusion_bench_parser
 from specray.cluster.bench.easyspec import add_easyspec_parser
@@ -21,16 +21,16 @@ def add_bench_parser(sub) -> None:
                      help="JSONL with Spec-Bench 'turns' or 'prompt' (default: Spec-Bench if present, else "
                           "the packaged subset); rows with 'context_tokens' (the packaged long-context set, "
                           f"{LONG_CONTEXT}) add the long-context table")
-    off.add_argument("--num-prompts", type=int, default=16, help="prompts a cell, round-robin over categories")
-    off.add_argument("--max-tokens", type=int, default=128, help="new tokens a prompt")
+    off.add_argument("--num-prompts", type=positive_int, default=16, help="prompts a cell, round-robin over categories")
+    off.add_argument("--max-tokens", type=positive_int, default=128, help="new tokens a prompt")
     off.add_argument("--methods", default=None, help=f"comma-separated from {list(METHODS)} (default: all; "
                      "specray_eagle with a feature-level draft; trees, drafted by it where there is one, "
                      "else by --draft-model, not in --quick); a specray method + '_fast' (e.g. specray_fast, "
                      "specray_eagle_fast) runs it with the fast kernels")
-    off.add_argument("--batch-sizes", type=int_list, default=[1, 4, 8, 16], help="comma-separated, e.g. 1,4,8,16")
-    off.add_argument("--temperatures", type=float_list, default=[0.0, 1.0],
+    off.add_argument("--batch-sizes", type=positive_int_list, default=[1, 4, 8, 16], help="comma-separated, e.g. 1,4,8,16")
+    off.add_argument("--temperatures", type=non_negative_float_list, default=[0.0, 1.0],
                      help="comma-separated; 0 is greedy (outputs checked against plain decoding)")
-    off.add_argument("--num-speculative-tokens", type=int, default=2, help="draft tokens a round (chains; trees' depth)")
+    off.add_argument("--num-speculative-tokens", type=positive_int, default=2, help="draft tokens a round (chains; trees' depth)")
     off.add_argument("--hf-prompt-lookup-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
     off.add_argument("--draft-model", default=None, help="draft checkpoint for specray_draft and hf_assisted "
                      "(default: the target's packaged standalone draft, smollm2-135m-draft for smollm2-135m; "

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from specray.cluster.args import int_list
+from specray.cluster.args import positive_int, positive_int_list
 from specray.cluster.bench.cluster_report import markdown, median_rows
 from specray.cluster.bench.prompts import load_prompts
 from specray.cluster.bench.load import run_level, run_level_grpc
@@ -267,11 +267,11 @@ def add_cluster_bench_parser(kinds) -> None:
     p = kinds.add_parser("cluster", help="served (Ray Serve + pools) vs in-process, and the draft transports",
                          description="Takes every `specray serve` flag; runs both router modes itself.")
     add_serve_flags(p)
-    p.add_argument("--concurrency", type=int_list, default=[1, 8, 16], help="closed-loop levels, e.g. 1,8,16")
-    p.add_argument("--num-requests", type=int, default=16, help="requests a level")
-    p.add_argument("--max-tokens", type=int, default=64, help="new tokens a request (greedy)")
+    p.add_argument("--concurrency", type=positive_int_list, default=[1, 8, 16], help="closed-loop levels, e.g. 1,8,16")
+    p.add_argument("--num-requests", type=positive_int, default=16, help="requests a level")
+    p.add_argument("--max-tokens", type=positive_int, default=64, help="new tokens a request (greedy)")
     p.add_argument("--dataset", default=None, help="JSONL of prompts (default: the packaged Spec-Bench subset)")
-    p.add_argument("--repeats", type=int, default=1,
+    p.add_argument("--repeats", type=positive_int, default=1,
                    help="run every path this many times, interleaved, and report each one's median pass")
     p.add_argument("--paths", type=paths_list, default=PATHS,
                    help=f"which paths to run beside the in-process engine, comma-separated: {','.join(PATHS)} "

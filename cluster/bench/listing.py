@@ -36,3 +36,18 @@ def first_model(httpx, url: str, headers: dict) -> str:
     if not ids:
         raise ValueError(f"{models_url} lists no models: {response.text[:200]!r}; pass --model")
     return ids[0]
+
+
+def first_grpc_model(target: str, api_key: str | None) -> str:
+    """The first model a specray gRPC server lists (ListModels), with a clear error where it cannot."""
+    from specray.client import Client
+    from specray.client.errors import SpecrayError
+
+    try:
+        with Client(target, api_key=api_key, timeout=30) as client:
+            models = client.models()
+    except SpecrayError as e:
+        raise ValueError(f"cannot list models over gRPC at {target}: {e}") from None
+    if not models:
+        raise ValueError(f"the gRPC server at {target} lists no models; pass --model")
+    return models[0].id

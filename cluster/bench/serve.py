@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 
-from specray.cluster.args import int_list
-from specray.cluster.bench.listing import first_model
+from specray.cluster.args import non_negative_float, positive_float, positive_int, positive_int_list
+from specray.cluster.bench.listing import first_grpc_model, first_model
 from specray.cluster.bench.load import Sample, run_level, run_level_grpc
 from specray.cluster.bench.prompts import dataset_name, load_prompts
 
@@ -98,7 +99,8 @@ def request_bodies(args, model: str) -> list[dict]:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"{report['url']} model {report['model']}, {report['endpoint']}, {report['max_tokens']} max tokens; "
+    where = report["url"] or f"gRPC {report['grpc']}"
+    lines = [f"{where} model {report['model']}, {report['endpoint']}, {report['max_tokens']} max tokens; "
              f"prompts: {dataset_name(report.get('dataset'))}", "",
              "| concurrency | rate | completed | errors | tokens/s | req/s | TTFT p50/p99 s | TPOT p50/p99 s | "
              "ITL p50/p99/max s | E2E p50/p90/p99 s |",
@@ -147,7 +149,12 @@ def cmd_bench_serve(args) -> int:
 
         return run_side_by_side(args)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    model = args.model or first_model(httpx, args.url, headers)
+    if args.model:
+        model = args.model
+    elif args.grpc:
+        model = first_grpc_model(args.grpc, args.api_key)
+    else:
+        model = first_model(httpx, args.url, headers)
     from tqdm import tqdm
 
     bodies = request_bodies(args, model)
@@ -163,8 +170,8 @@ def cmd_bench_serve(args) -> int:
             samples, seconds = asyncio.run(level)
         levels.append(summarise(c, args.request_rate, samples, seconds, categories))
         print(f"concurrency {c}: {levels[-1]['throughput_tokens_per_s']} tokens/s, {levels[-1]['errors']} errors")
-    report = {"schema": SCHEMA, "url": args.url, "grpc": args.grpc, "model": model, "endpoint": args.endpoint,
-              "max_tokens": args.max_tokens, "temperature": args.temperature, "ignore_eos": args.ignore_eos,
+    report = {"schema": SCHEMA, "url": None if args.grpc else args.url, "grpc": args.grpc, "model": model,
+              "endpoint": args.endpoint, "max_tokens": args.max_tokens, "temperature": args.temperature, "ignore_eos": args.ignore_eos,
               "dataset": args.dataset, "levels": levels}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -172,7 +179,14 @@ def cmd_bench_serve(args) -> int:
     (out / "serve.md").write_text(markdown(report))
     plot(report, out / "serve.png")
     print(markdown(report))
-    return 0
+    return 0 if any(level["completed"] for level in levels) else all_failed(levels)
+
+
+def all_failed(levels: list[dict]) -> int:
+    """No request of any level completed: say why (the first errors) and fail the command."""
+    examples = sorted({e for level in levels for e in level["error_examples"]})[:3]
+    print(f"specray bench serve: error: every request failed, e.g. {examples}", file=sys.stderr)
+    return 1
 
 
 def add_serve_bench_parser(kinds) -> None:
@@ -184,11 +198,11 @@ def add_serve_bench_parser(kinds) -> None:
     srv.add_argument("--api-key", default=None, help="sent as Authorization: Bearer KEY")
     srv.add_argument("--endpoint", choices=["chat", "completions"], default="chat",
                      help="/v1/chat/completions (the prompt as a user message) or /v1/completions")
-    srv.add_argument("--concurrency", type=int_list, default=[1, 8, 16], help="closed-loop levels, e.g. 1,8,16")
-    srv.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals per second (open loop)")
-    srv.add_argument("--num-requests", type=int, default=32, help="requests a level")
-    srv.add_argument("--max-tokens", type=int, default=128, help="max_tokens of every request")
-    srv.add_argument("--temperature", type=float, default=0.0, help="of every request (each has its own seed)")
+    srv.add_argument("--concurrency", type=positive_int_list, default=[1, 8, 16], help="closed-loop levels, e.g. 1,8,16")
+    srv.add_argument("--request-rate", type=positive_float, default=None, help="Poisson arrivals per second (open loop)")
+    srv.add_argument("--num-requests", type=positive_int, default=32, help="requests a level")
+    srv.add_argument("--max-tokens", type=positive_int, default=128, help="max_tokens of every request")
+    srv.add_argument("--temperature", type=non_negative_float, default=0.0, help="of every request (each has its own seed)")
     srv.add_argument("--dataset", default=str(SHARED_PROMPTS) if SHARED_PROMPTS.exists() else None,
                      help="JSONL of prompts (default: Spec-Bench beside the checkout if present, else the "
                           "packaged subset)")
@@ -202,10 +216,10 @@ def add_serve_bench_parser(kinds) -> None:
                           "and measure both, level by level, in one run (--url is not used)")
     srv.add_argument("--llama-cpp", default=None, metavar="DIR",
                      help="a llama.cpp build's bin folder (default: the newest from scripts/build_llama_cpp.sh)")
-    srv.add_argument("--llama-parallel", type=int, default=16, help="llama-server's slots (-np)")
-    srv.add_argument("--llama-ctx", type=int, default=None,
+    srv.add_argument("--llama-parallel", type=positive_int, default=16, help="llama-server's slots (-np)")
+    srv.add_argument("--llama-ctx", type=positive_int, default=None,
                      help="llama-server's context, shared by its slots (-c; default 2048 a slot)")
-    srv.add_argument("--threads", type=int, default=None, help="llama-server's threads (default: this node's cores)")
+    srv.add_argument("--threads", type=positive_int, default=None, help="llama-server's threads (default: this node's cores)")
     srv.add_argument("--specray-args", default="", help="extra `specray serve` flags, e.g. \"--colocate off\"")
     srv.add_argument("--out", default="bench_out", help="folder for the report (JSON, Markdown, plot)")
     srv.set_defaults(func=cmd_bench_serve)

@@ -168,9 +168,29 @@ def test_bench_serve_against_a_live_server(tiny_target, tmp_path):
             assert f"prompts: {data}" in (out / "serve.md").read_text()  # which prompts: installs differ
         wrong_key = main(["bench", "serve", "--url", http.url, "--model", "tiny", "--concurrency", "2",
                           "--num-requests", "3", "--out", str(out)])
-        assert wrong_key == 0 and json.loads((out / "serve.json").read_text())["levels"][0]["errors"] == 3
+        # every request refused (no key): the report is written, and the command fails saying why
+        assert wrong_key == 1 and json.loads((out / "serve.json").read_text())["levels"][0]["errors"] == 3
     router.shutdown()
     assert (out / "serve.png").read_bytes()[:4] == b"\x89PNG" and (out / "serve.md").exists()
+
+
+def test_bench_serve_over_grpc_lists_the_model_there(tiny_target, tmp_path):
+    """--grpc asks the gRPC server for its model (ListModels), never an HTTP --url."""
+    from specray import LLM
+    from specray.cluster.router.async_router import AsyncRouter
+    from specray.cluster.serve.grpc_server import GrpcServerThread
+    from specray.cluster.serve.grpc_service import GenerationService
+
+    llm = LLM(str(tiny_target))
+    router = AsyncRouter(llm.router)
+    out = tmp_path / "grpc"
+    with GrpcServerThread(GenerationService(router, llm.get_tokenizer(), "tiny-grpc")) as server:
+        code = main(["bench", "serve", "--grpc", server.target, "--url", "http://127.0.0.1:9", "--concurrency", "1",
+                     "--num-requests", "2", "--max-tokens", "4", "--ignore-eos", "--out", str(out)])
+    router.shutdown()
+    report = json.loads((out / "serve.json").read_text())
+    assert code == 0 and report["model"] == "tiny-grpc" and report["url"] is None
+    assert report["levels"][0]["completed"] == 2 and (out / "serve.md").read_text().startswith("gRPC ")
 
 
 def test_a_sample_times_the_gaps_between_its_chunks(monkeypatch):
@@ -293,3 +313,19 @@ def test_bench_easyspec_end_to_end(tmp_path, tiny_target):
     n4 = next(r for r in report["rows"] if r["N"] == 4 and r["calibrated"])
     assert n4["attention_steps_per_draft_token"] == (6 + 2 * 3) / 3  # first token exact, then 3 groups
     assert (out / "easyspec.png").read_bytes()[:4] == b"\x89PNG" and "| N |" in (out / "easyspec.md").read_text()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["serve", "--concurrency", "0"], "expected an integer >= 1, got '0'"),
+    (["serve", "--concurrency", "-2"], "expected an integer >= 1"),
+    (["serve", "--num-requests", "0"], "--num-requests"), (["serve", "--request-rate", "-1"], "a number >= 0"),
+    (["serve", "--max-tokens", "-5"], "--max-tokens"), (["serve", "--temperature", "-1"], "--temperature"),
+    (["offline", "--num-prompts", "0"], "--num-prompts"), (["offline", "--max-tokens", "0"], "--max-tokens"),
+    (["offline", "--temperatures", "-1"], "--temperatures"), (["offline", "--batch-sizes", "0"], "--batch-sizes"),
+    (["diffusion", "--num-prompts", "0"], "--num-prompts"), (["diffusion", "--batch-sizes", "0"], "--batch-sizes"),
+    (["cluster", "--concurrency", "0"], "--concurrency"),
+])
+def test_bench_refuses_counts_below_one_before_anything_runs(argv, words, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", *argv])
+    assert exit_info.value.code == 2 and words in capsys.readouterr().err
