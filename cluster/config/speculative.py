@@ -75,8 +75,11 @@ class SpeculativeConfig:
         if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], "
                              f"got {self.num_speculative_tokens!r}")
-        registry.check_options(self.method, self.model, self.tree, self.lookup_first, self.layer_parallel,
-                               aded=self.aded, longspec=self.longspec)
+        entry = registry.check_options(self.method, self.model, self.tree, self.lookup_first, self.layer_parallel,
+                                       aded=self.aded, longspec=self.longspec)
+        if self.model is not None and not entry.needs_model:  # aded took it for its tokenizer, and crashed
+            raise ValueError(f"method {self.method!r} drafts without a model: drop 'model' (draft models need "
+                             f"method {registry.methods_where('needs_model')})")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
         if self.draft_num_layers is not None and self.draft_num_layers < 1:

@@ -58,7 +58,7 @@ def method(name: str) -> Method:
     return METHODS[name]
 
 
-def _methods_where(flag: str) -> str:
+def methods_where(flag: str) -> str:
     return " or ".join(repr(m.name) for m in METHODS.values() if getattr(m, flag))
 
 
@@ -69,7 +69,7 @@ def check_options(name: str, model: str | None = None, tree: dict | None = None,
     entry = method(name)
     if layer_parallel is not None:
         if not entry.layer_parallel:
-            raise ValueError(f"'layer_parallel' needs method {_methods_where('layer_parallel')} (a draft with "
+            raise ValueError(f"'layer_parallel' needs method {methods_where('layer_parallel')} (a draft with "
                              f"layers to group; got {name!r})")
         if not isinstance(layer_parallel, int) or isinstance(layer_parallel, bool) or layer_parallel < 1:
             raise ValueError(f"layer_parallel must be an integer >= 1, got {layer_parallel!r}")
@@ -77,13 +77,13 @@ def check_options(name: str, model: str | None = None, tree: dict | None = None,
         raise ValueError(f"speculative method {name!r} needs a draft 'model'")
     if tree is not None:
         if not entry.grows_trees:
-            raise ValueError(f"'tree' needs method {_methods_where('grows_trees')} (got {name!r})")
+            raise ValueError(f"'tree' needs method {methods_where('grows_trees')} (got {name!r})")
         from specray.kernels.drafters.tree_shapes import TreeSpec
 
         TreeSpec.from_dict(tree)  # raises ValueError naming the bad key or kind
     if lookup_first not in (None, False):
         if not entry.takes_lookup_first:
-            raise ValueError(f"'lookup_first' needs method {_methods_where('takes_lookup_first')} (got {name!r})")
+            raise ValueError(f"'lookup_first' needs method {methods_where('takes_lookup_first')} (got {name!r})")
         from specray.kernels.drafters.hybrid import LookupOptions
 
         LookupOptions.from_dict(lookup_first)
@@ -104,7 +104,7 @@ def build_drafter(options: DraftOptions, workers=None) -> "Drafter":
                           aded=options.aded, longspec=options.longspec)
     if workers is not None and workers.size > 1 and not entry.layer_parallel:
         raise ValueError(f"a draft group of {workers.size} workers needs 'layer_parallel' (method "
-                         f"{_methods_where('layer_parallel')})")
+                         f"{methods_where('layer_parallel')})")
     drafter = entry.build(options, workers)
     if options.lookup_first not in (None, False):
         from specray.kernels.drafters.hybrid import LookupFirstDrafter, LookupOptions

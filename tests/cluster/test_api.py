@@ -40,6 +40,8 @@ def test_bad_sampling_params(kwargs, message):
     ({"method": "ngram", "num_speculative_tokens": True}, "num_speculative_tokens must be an integer"),
     ({"method": "ngram", "num_speculative_tokens": 100000}, r"num_speculative_tokens must be an integer in \[1, "),
     ("ngram", "speculative_config must be a dict"),
+    ({"method": "aded", "model": "smollm2-135m-draft"}, "method 'aded' drafts without a model: drop 'model'"),
+    ({"method": "ngram", "model": "x"}, "method 'ngram' drafts without a model"),
 ])
 def test_bad_speculative_config(tiny_target, config, message):
     with pytest.raises(ValueError, match=message):
