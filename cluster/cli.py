@@ -68,20 +68,23 @@ LOOKUP_FLAGS = ("prompt_lookup_min", "prompt_lookup_max")
 
 def speculative_config(args) -> dict | None:
     from specray.cluster.config.defaults import default_speculative_config, method_recipe, packaged_draft
-    from specray.cluster.serve.cli import refuse_beside_speculative_config
+    from specray.cluster.serve.cli import refuse_beside_none, refuse_beside_speculative_config
 
     if getattr(args, "speculative_config", None) is not None:  # callers' namespaces may predate the flag
         refuse_beside_speculative_config(args, GENERATE_SPEC_FLAGS)
         return args.speculative_config
     if args.speculative_method == "none":
+        refuse_beside_none(args, GENERATE_SPEC_FLAGS + LOOKUP_FLAGS)
         return None
     default = default_speculative_config(args.model, getattr(args, "device", "cpu"))
     method = args.speculative_method or default["method"]
     k = args.num_speculative_tokens  # 0 is a value (rejected below), not "unset"
     cfg = {"method": method, "num_speculative_tokens": 2 if k is None else k}
     if method != "ngram":
-        # no draft named: the target's packaged draft for this method, else the target (truncated)
-        cfg["model"] = args.draft_model or packaged_draft(args.model, method) or args.model
+        # no draft named: the target's packaged draft for this method, else (draft_model) the target,
+        # truncated; eagle and longspec need a draft of their own kind (refused, as serve does, without)
+        fallback = args.model if method == "draft_model" else None
+        cfg["model"] = args.draft_model or packaged_draft(args.model, method) or fallback
         for key in ("draft_num_layers", "draft_vocab_trim", "draft_quantization"):
             if getattr(args, key) is not None:
                 cfg[key] = getattr(args, key)

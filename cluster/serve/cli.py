@@ -128,6 +128,7 @@ def _speculative_override(args, current: dict | None, target: str):
         refuse_beside_speculative_config(args, SERVE_SPEC_FLAGS)
         return args.speculative_config
     if args.speculative_method == "none":
+        refuse_beside_none(args, SERVE_SPEC_FLAGS)
         return None
     adaptive = getattr(args, "adaptive_speculation", None)
     if (args.speculative_method is None and args.draft_model is None and args.num_speculative_tokens is None
@@ -171,6 +172,14 @@ def _uses_draft_model(method: str | None) -> bool:
 
 SERVE_SPEC_FLAGS = ("speculative_method", "draft_model", "num_speculative_tokens", "lookup_first",
                     "adaptive_speculation")
+
+
+def refuse_beside_none(args, flags: tuple[str, ...]) -> None:
+    """--speculative-method none turns speculation off: another speculation flag beside it is a mistake."""
+    given = [f"--{f.replace('_', '-')}" for f in flags
+             if f != "speculative_method" and getattr(args, f, None) not in (None, False)]
+    if given:
+        raise ValueError(f"--speculative-method none turns speculation off; drop {', '.join(given)}")
 
 
 def refuse_beside_speculative_config(args, flags: tuple[str, ...]) -> None:

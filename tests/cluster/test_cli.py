@@ -79,7 +79,9 @@ def test_bad_input_is_a_clear_error(tiny_target, capsys):
     assert main(["generate", "w3", "--model", "no-such-model"]) == 2
     assert "unknown model" in capsys.readouterr().err
     for argv, message in ([["--kv-cache-tokens", "0"], "kv_cache_tokens must be"],
-                          [["--device", "bogus"], "unknown device 'bogus'"]):
+                          [["--device", "bogus"], "unknown device 'bogus'"],
+                          [["--speculative-method", "none", "--num-speculative-tokens", "3"],
+                           "none turns speculation off; drop --num-speculative-tokens"]):
         assert main(["generate", "w3", "--model", str(tiny_target), *argv]) == 2
         assert message in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:  # argparse's own check of a choice

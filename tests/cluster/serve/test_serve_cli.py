@@ -96,6 +96,8 @@ def test_conflicting_or_missing_things_exit_2_before_anything_starts(capsys, mon
     monkeypatch.setattr(local_ray, "start_ray", lambda cfg: pytest.fail("Ray must not start"))
     assert main(["serve", "--speculative-method", "ngram", "--draft-model", "smollm2-135m-draft", "--dry-run"]) == 2
     assert "--draft-model needs a method" in capsys.readouterr().err
+    assert main(["serve", "--speculative-method", "none", "--lookup-first", "--dry-run"]) == 2
+    assert "none turns speculation off; drop --lookup-first" in capsys.readouterr().err
     assert main(["serve", "--port", "9000", "--dry-run"]) == 2
     assert "grpc.port are both 9000" in capsys.readouterr().err
     assert main(["serve", "--model", "/no/such/model"]) == 2
