@@ -73,7 +73,8 @@ def test_include_usage_puts_null_usage_on_every_chunk_before_the_usage_chunk(ser
                           json={"model": "tiny", "max_tokens": 5, "stream": True, "ignore_eos": True, **body, **extra}) as r:
             chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
         if include:
-            assert all("usage" in c and c["usage"] is None for c in chunks[:-1]) and len(chunks) > 2
+            # a fast box may coalesce a completion's 5 tokens into one chunk (chat adds the role chunk)
+            assert all("usage" in c and c["usage"] is None for c in chunks[:-1]) and len(chunks) >= 2 + chat
             assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
         else:
             assert not any("usage" in c for c in chunks)
