@@ -31,12 +31,16 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
 
 
+def _checked_list(text: str, one, what: str) -> list:
+    values = [one(x) for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}")
+    return values
+
+
 def positive_int_list(text: str) -> list[int]:
     """ "1,4,8" -> [1, 4, 8], each >= 1, at least one (batch sizes, concurrency levels, drafts) """
-    values = [positive_int(x) for x in text.split(",") if x.strip()]
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
-    return values
+    return _checked_list(text, positive_int, "integers >= 1")
 
 
 def non_negative_float(text: str) -> float:
@@ -57,10 +61,7 @@ def positive_float(text: str) -> float:
 
 def non_negative_float_list(text: str) -> list[float]:
     """ "0,1.0" -> [0.0, 1.0], each >= 0, at least one (temperatures) """
-    values = [non_negative_float(x) for x in text.split(",") if x.strip()]
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers >= 0, got {text!r}")
-    return values
+    return _checked_list(text, non_negative_float, "numbers >= 0")
 
 
 def json_object(text: str) -> dict:
