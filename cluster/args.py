@@ -16,19 +16,19 @@ def float_list(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x]
 
 
-def _at_least(value, low, text: str):
-    if value < low:
-        raise argparse.ArgumentTypeError(f"expected {'an integer' if isinstance(low, int) else 'a number'} "
-                                         f">= {low}, got {text!r}")
+def _number(text: str, convert, low, what: str):
+    try:
+        value = convert(text)
+    except ValueError:
+        value = None
+    if value is None or value < low:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
 
 
 def positive_int(text: str) -> int:
     """An integer >= 1 (a count: requests, prompts, tokens, threads)."""
-    try:
-        return _at_least(int(text), 1, text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    return _number(text, int, 1, "an integer >= 1")
 
 
 def _checked_list(text: str, one, what: str) -> list:
@@ -45,10 +45,7 @@ def positive_int_list(text: str) -> list[int]:
 
 def non_negative_float(text: str) -> float:
     """A number >= 0 (a temperature)."""
-    try:
-        return _at_least(float(text), 0.0, text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    return _number(text, float, 0.0, "a number >= 0")
 
 
 def positive_float(text: str) -> float:
