@@ -98,13 +98,12 @@ class Sequence:
                 return
 
     def commit(self, token_ids: list[int], logprobs: list[dict[int, float]] | None, tokenizer) -> None:
-        """`append` and `detokenize` (no tokenizer: ids only). With stop strings the tokens go one at a
-        time, as plain decoding commits them: a round's tokens end at the one whose text completes a
-        stop string, so token ids, usage and logprobs do not depend on how many a round emitted."""
-        if tokenizer is None or not self.params.stop:
+        """`append` and `detokenize` a round's tokens one at a time, as plain decoding commits them (no
+        tokenizer: ids only). So nothing derived from them depends on how many a round emitted: ids,
+        usage and logprobs end at the token that completes a stop string, and a round whose last
+        token ends inside a multi-byte character still releases the characters before it."""
+        if tokenizer is None:
             self.append(token_ids, logprobs)
-            if tokenizer is not None:
-                self.detokenize(tokenizer)
             return
         for j in range(len(token_ids)):
             self.append(token_ids[j:j + 1], None if logprobs is None else logprobs[j:j + 1])

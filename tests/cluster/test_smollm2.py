@@ -78,3 +78,13 @@ def test_the_reference_is_greedy_itself(prompt_ids, hf_model, transformers_greed
         for _ in range(12):
             ids.append(int(hf_model(torch.tensor([ids])).logits[0, -1].argmax()))
     assert ids[len(prompt_ids[1]):] == transformers_greedy[1][:12]
+
+
+def test_text_cut_inside_a_character_equals_plain_decodings():
+    """Emoji take two or more tokens: n-gram rounds that end inside one, the last one too (max_tokens),
+    still give plain decoding's text (they lost whole characters before)."""
+    prompt = "🙂🙂🙂🙂 😀😀😀😀 🙂🙂🙂🙂 😀😀😀😀 🙂🙂"
+    sp = SamplingParams(temperature=0, max_tokens=26)
+    plain, spec = (LLM("smollm2-135m", speculative_config=c).generate([prompt], sp)[0].outputs[0]
+                   for c in (None, {"method": "ngram", "num_speculative_tokens": 4}))
+    assert spec.token_ids == plain.token_ids and spec.text == plain.text and "😀" in plain.text

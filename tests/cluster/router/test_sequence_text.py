@@ -79,3 +79,30 @@ def test_a_round_stops_at_the_token_that_completes_a_stop_string(stop, kept):
         assert seq.output_token_ids == plain.output_token_ids == [0, 1, 2, 3, 4][:kept]
         assert len(seq.logprobs) == kept and seq.text == plain.text
         assert (seq.finish_reason, seq.stop_reason) == (plain.finish_reason, plain.stop_reason)
+
+
+class _Bytes:
+    """A byte-level tokenizer: token i is pieces[i]; a cut multi-byte character decodes as U+FFFD."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+
+    def decode(self, ids, skip_special_tokens=True):
+        return b"".join(self.pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("rounds", [[[0, 1, 0], [1, 0]], [[0, 1, 0, 1, 0]], [[0], [1, 0, 1], [0]]])
+def test_a_round_ending_inside_a_character_keeps_the_characters_before_it(rounds):
+    """Two tokens make one emoji; rounds that end inside one (the last, at max_tokens, too) give plain
+    decoding's text: before, the whole round's text waited for a round that ended on a boundary."""
+    words = _Bytes(["\U0001F600".encode()[:2], "\U0001F600".encode()[2:]])
+
+    def run(rs):
+        seq = Sequence("s", "r", 0, [1], SamplingParams(max_tokens=5), frozenset(), 64)
+        for tokens in rs:
+            seq.commit(tokens, None, words)
+        return seq
+
+    plain = run([[t] for r in rounds for t in r])
+    assert plain.text == "\U0001F600\U0001F600" and plain.finish_reason == "length"
+    assert run(rounds).text == plain.text and run(rounds).output_token_ids == plain.output_token_ids
