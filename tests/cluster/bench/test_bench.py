@@ -158,8 +158,10 @@ def test_bench_serve_against_a_live_server(tiny_target, tmp_path):
                 assert level["completed"] == 6 and level["errors"] == 0
                 assert level["output_tokens"] == 6 * 5 and level["e2e_s"]["p50"] > 0  # ignore_eos: all run to 5
                 assert level["ttft_s"]["p50"] <= level["e2e_s"]["p99"]
-                itl = level["itl_s"]  # 1 + at most 3 tokens a round: every request streams 3+ chunks
-                assert 0 < itl["p50"] <= itl["p99"] <= itl["max"] <= level["e2e_s"]["p99"]
+                # 1 + at most 3 tokens a round: every request streams 2+ chunks; chunks that arrive in one
+                # read on a fast box have gaps that round to 0
+                itl = level["itl_s"]
+                assert 0 <= itl["p50"] <= itl["p99"] <= itl["max"] <= level["e2e_s"]["p99"] and itl["max"] > 0
                 assert abs(level["throughput_tokens_per_s"] * level["seconds"] - 30) < 0.1  # seconds: 4 decimals
                 cats = level["per_category"]
                 assert set(cats) == {"math", "qa"} and sum(c["completed"] for c in cats.values()) == 6
