@@ -111,18 +111,13 @@ def read_prompts(args) -> list[str]:
     none at all: the demo prompt. A file without prompts or with a bad row is a ValueError."""
     prompts = list(args.prompt)
     if args.file:
-        from specray.cluster.bench.prompts import read_rows
+        from specray.cluster.bench.prompts import read_lines, read_rows
 
         path = Path(args.file)
         if path.suffix == ".jsonl":
             prompts += [row["prompt"] for row in read_rows(path)]
         else:
-            if not path.exists():
-                raise ValueError(f"prompt file {path} does not exist")
-            lines = [line for line in path.read_text().splitlines() if line.strip()]
-            if not lines:
-                raise ValueError(f"prompt file {path} holds no prompts")
-            prompts += lines
+            prompts += [line for _, line in read_lines(path)]
     return prompts or [DEFAULT_PROMPT]
 
 

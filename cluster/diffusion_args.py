@@ -29,16 +29,12 @@ def _given(args) -> dict:
     return {k: getattr(args, k, None) for k in ("num_drafts", "block_length", "steps_per_block")}
 
 
-def _flags(names: list[str]) -> str:
-    return ", ".join(names)
-
-
 def _refuse_for_autoregressive(args, model: str, given: dict) -> None:
     """The diffusion flags (or --speculative-method freedave) beside an autoregressive model: an error."""
     named = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
     named += ["--fixed-drafts"] if getattr(args, "adaptive", None) is False else []
     if named or getattr(args, "speculative_method", None) == FREEDAVE:
-        raise ValueError(f"only diffusion LMs take {_flags(named) or '--speculative-method freedave'}; "
+        raise ValueError(f"only diffusion LMs take {', '.join(named) or '--speculative-method freedave'}; "
                          f"{model!r} is autoregressive")
 
 
@@ -65,7 +61,7 @@ def diffusion_configs(args) -> tuple[dict | None, dict] | None:
         return None
     wrong = [f"--{k.replace('_', '-')}" for k in AR_FLAGS if getattr(args, k, None) not in (None, False)]
     if wrong:
-        raise ValueError(f"a diffusion LM takes none of {_flags(wrong)} (FreeDave drafts from the model itself): "
+        raise ValueError(f"a diffusion LM takes none of {', '.join(wrong)} (FreeDave drafts from the model itself): "
                          "use --num-drafts")
     method = getattr(args, "speculative_method", None)
     if method not in (None, FREEDAVE, "none"):

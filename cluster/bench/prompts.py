@@ -27,15 +27,21 @@ def prompt_text(row: dict, where: str) -> str:
     return text
 
 
+def read_lines(path: Path) -> list[tuple[int, str]]:
+    """A prompt file's non-blank lines with their numbers; ValueError where there is no file or none."""
+    if not path.exists():
+        raise ValueError(f"prompt file {path} does not exist")
+    lines = [(n, line) for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+    if not lines:
+        raise ValueError(f"prompt file {path} holds no prompts")
+    return lines
+
+
 def read_rows(path: Path) -> list[dict]:
     """The rows of a JSONL prompt file (blank lines skipped), each with its "prompt" filled in from
     `prompt_text`; a bad line is a ValueError naming the file and line."""
-    if not path.exists():
-        raise ValueError(f"prompt file {path} does not exist")
     rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
+    for n, line in read_lines(path):
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
@@ -43,8 +49,6 @@ def read_rows(path: Path) -> list[dict]:
         if not isinstance(row, dict):
             raise ValueError(f"{path} line {n}: a JSON object is needed, got {type(row).__name__}")
         rows.append({**row, "prompt": prompt_text(row, f"{path} line {n}")})
-    if not rows:
-        raise ValueError(f"prompt file {path} holds no prompts")
     return rows
 
 

@@ -171,8 +171,8 @@ def cmd_bench_serve(args) -> int:
         levels.append(summarise(c, args.request_rate, samples, seconds, categories))
         print(f"concurrency {c}: {levels[-1]['throughput_tokens_per_s']} tokens/s, {levels[-1]['errors']} errors")
     report = {"schema": SCHEMA, "url": None if args.grpc else args.url, "grpc": args.grpc, "model": model,
-              "endpoint": args.endpoint, "max_tokens": args.max_tokens, "temperature": args.temperature, "ignore_eos": args.ignore_eos,
-              "dataset": args.dataset, "levels": levels}
+              "endpoint": args.endpoint, "max_tokens": args.max_tokens, "temperature": args.temperature,
+              "ignore_eos": args.ignore_eos, "dataset": args.dataset, "levels": levels}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "serve.json").write_text(json.dumps(report, indent=2))

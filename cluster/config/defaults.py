@@ -85,18 +85,11 @@ def method_recipe(model: str, method: str, default: dict[str, Any]) -> dict[str,
     return trained if trained is not None and trained["method"] == method else None
 
 
-def draft_method(folder) -> str:
-    """The method a draft folder serves: eagle (eagle.json), longspec (longspec.json), else draft_model."""
-    from specray.kernels.drafters.eagle import is_eagle_folder
-    from specray.kernels.drafters.longspec_folder import is_longspec_folder
-
-    return "eagle" if is_eagle_folder(folder) else "longspec" if is_longspec_folder(folder) else "draft_model"
-
-
 def packaged_draft(model: str, method: str) -> str | None:
     """The target's packaged draft that `method` serves (eagle: a feature-level folder, longspec: a
     LongSpec folder, draft_model: a standalone model), or None: `--speculative-method draft_model`
     alone must not pick the eagle one."""
+    from specray.kernels.drafters.loading import draft_method
     from specray.kernels.loader import resolve
 
     entry = registry.METHODS.get(method)

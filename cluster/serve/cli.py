@@ -192,7 +192,7 @@ def refuse_beside_speculative_config(args, flags: tuple[str, ...]) -> None:
 
 def _draft_method(name: str) -> str:
     """eagle or longspec for such a draft folder, else draft_model (an unknown name fails validation later)."""
-    from specray.cluster.config.defaults import draft_method
+    from specray.kernels.drafters.loading import draft_method
     from specray.kernels.loader import ModelNotFoundError, resolve
 
     try:
@@ -217,10 +217,10 @@ def check_model_and_context(cfg) -> None:
     limit = ModelConfig.from_hf(checkpoint.hf_config()).max_position_embeddings
     fit_context(r.max_model_len, limit, num_blocks(r.kv_cache_tokens, r.block_size) * r.block_size, cfg.speculative)
     spec = cfg.speculative
-    if spec is not None and spec.model is not None and spec.method in ("draft_model", "eagle", "longspec"):
-        from specray.kernels.drafters.loading import check_draft_folder
+    if spec is not None and spec.model is not None:  # only methods that run a draft model take one
+        from specray.kernels.drafters.loading import resolve_draft
 
-        check_draft_folder(spec.method, spec.model)
+        resolve_draft(spec.method, spec.model)
 
 
 def cmd_serve(args) -> int:

@@ -57,18 +57,26 @@ DRAFT_KINDS = {"eagle": "a feature-level draft (eagle.json)", "longspec": "a Lon
                "draft_model": "a standalone draft model"}
 
 
-def check_draft_folder(method: str, model: str) -> None:
-    """Refuse a draft that another method serves, naming that method: `draft_model` loading an eagle
-    folder failed deep in its weights (a KeyError), a diffusion LM with transformers' advice to upgrade."""
+def draft_method(folder: Path) -> str:
+    """The method a draft folder serves: eagle (eagle.json), longspec (longspec.json), else draft_model."""
     from specray.kernels.drafters.longspec_folder import is_longspec_folder
+
+    return "eagle" if is_eagle_folder(folder) else "longspec" if is_longspec_folder(folder) else "draft_model"
+
+
+def resolve_draft(method: str, model: str):
+    """`model`'s checkpoint, refusing a draft that another method serves, naming that method:
+    `draft_model` loading an eagle folder failed deep in its weights (a KeyError), a diffusion LM
+    with transformers' advice to upgrade."""
     from specray.kernels.loader import is_diffusion_model
 
     if is_diffusion_model(model):
         raise ValueError(f"{model!r} is a diffusion LM: it serves on its own (FreeDave) and cannot be a draft")
-    path = resolve(model).path
-    kind = "eagle" if is_eagle_folder(path) else "longspec" if is_longspec_folder(path) else "draft_model"
+    checkpoint = resolve(model)
+    kind = draft_method(checkpoint.path)
     if kind != method:
         raise ValueError(f"{model!r} is {DRAFT_KINDS[kind]}, not {DRAFT_KINDS[method]}: use method {kind!r}")
+    return checkpoint
 
 
 def build_draft_model(options: DraftOptions, workers=None) -> Drafter:
@@ -76,8 +84,7 @@ def build_draft_model(options: DraftOptions, workers=None) -> Drafter:
     of a layer-parallel draft group (kernels/layer_parallel.py), this process being one rank."""
     if options.model is None:
         raise ValueError("method 'draft_model' needs speculative_config['model']")
-    check_draft_folder("draft_model", options.model)
-    checkpoint = resolve(options.model)
+    checkpoint = resolve_draft("draft_model", options.model)
     ids = _vocab_trim_ids(options, checkpoint.path)
     draft = load_model(checkpoint, DTYPES[options.dtype], options.device, options.draft_num_layers,
                        gemv_weights=False if ids is not None else None, row_invariant=False)
@@ -101,8 +108,7 @@ def build_eagle(options: DraftOptions) -> Drafter:
     """A feature-level draft folder (eagle.json) over its target's embedding and head."""
     if options.model is None:
         raise ValueError("method 'eagle' needs speculative_config['model'] (a feature-level draft folder)")
-    check_draft_folder("eagle", options.model)
-    checkpoint = resolve(options.model)
+    checkpoint = resolve_draft("eagle", options.model)
     draft = load_eagle(checkpoint.path, resolve(eagle_target(checkpoint.path)).path, DTYPES[options.dtype],
                        options.device)
     if _cpu_fp32(options):
@@ -121,8 +127,7 @@ def build_longspec(options: DraftOptions) -> Drafter:
 
     if options.model is None:
         raise ValueError("method 'longspec' needs speculative_config['model'] (a LongSpec draft folder)")
-    check_draft_folder("longspec", options.model)
-    checkpoint = resolve(options.model)
+    checkpoint = resolve_draft("longspec", options.model)
     window = LongSpecOptions.from_dict(options.longspec).window
     layer, embed, head = load_longspec(checkpoint.path, window, DTYPES[options.dtype], options.device)
     drafter = LongSpecDrafter(layer, embed, head, _vocab_trim_ids(options, checkpoint.path))

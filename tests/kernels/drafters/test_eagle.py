@@ -129,18 +129,18 @@ def test_bad_eagle_configs_are_refused(tiny_target, tiny_draft):
 
 def test_a_draft_another_method_serves_is_refused_naming_it():
     """The packaged drafts, each given to the wrong method, and the diffusion LM as a draft."""
-    from specray.kernels.drafters.loading import check_draft_folder
+    from specray.kernels.drafters.loading import resolve_draft
 
     with pytest.raises(ValueError, match="feature-level draft .*: use method 'eagle'"):
-        check_draft_folder("draft_model", "smollm2-135m-eagle")
+        resolve_draft("draft_model", "smollm2-135m-eagle")
     with pytest.raises(ValueError, match="standalone draft model, not a feature-level draft .*'draft_model'"):
-        check_draft_folder("eagle", "smollm2-135m-draft")
+        resolve_draft("eagle", "smollm2-135m-draft")
     with pytest.raises(ValueError, match="not a LongSpec draft"):
-        check_draft_folder("longspec", "smollm2-135m-eagle")
+        resolve_draft("longspec", "smollm2-135m-eagle")
     with pytest.raises(ValueError, match="diffusion LM: .* cannot be a draft"):
-        check_draft_folder("draft_model", "smollm2-135m-dllm")
-    check_draft_folder("eagle", "smollm2-135m-eagle")
-    check_draft_folder("draft_model", "smollm2-135m-draft")
+        resolve_draft("draft_model", "smollm2-135m-dllm")
+    resolve_draft("eagle", "smollm2-135m-eagle")
+    resolve_draft("draft_model", "smollm2-135m-draft")
 
 
 @pytest.mark.parametrize("k,pipelined,vocab_trim", [(1, False, 0), (3, False, None), (3, True, 0), (4, True, None)])
