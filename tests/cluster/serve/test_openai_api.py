@@ -264,15 +264,19 @@ def test_a_body_that_is_not_an_object_and_the_model_card(served, client):
         client.models.retrieve("other")
 
 
-def test_the_prompts_of_one_streamed_request_run_together(client, offline):
+def test_the_prompts_of_one_streamed_request_run_together(client, served, monkeypatch):
     prompts = ["w20 w21 w22", "w30 w31"]
     args = dict(model="tiny", prompt=prompts, temperature=0, max_tokens=12, extra_body={"ignore_eos": True})
     whole = client.completions.create(**args).choices
+    router, batch = served[1].router, []
+    step = router.step
+    monkeypatch.setattr(router, "step", lambda: (batch.append(len(router.running)), step())[1])
     chunks = [c.choices[0] for c in client.completions.create(**args, stream=True)]
     for i in (0, 1):
         assert "".join(c.text for c in chunks if c.index == i) == whole[i].text
-    order = [c.index for c in chunks]
-    assert order.index(1) < len(order) - 1 - order[::-1].index(0)  # prompt 1 began before prompt 0 ended
+    # both prompts in one round (a fast box may coalesce each prompt's stream into one chunk, so the
+    # chunks' order cannot tell: they used to stream one after the other)
+    assert max(batch) == 2
 
 
 def test_sampled_completions_logprobs_hold_the_drawn_token_beside_the_top_n(client):

@@ -180,7 +180,8 @@ def test_killing_the_draft_worker_loses_nothing(client, served, handle, referenc
 def test_a_client_that_hangs_up_frees_its_sequence_through_the_proxy(served):
     """Ray Serve's proxy cancels the replica's handler when an HTTP client leaves, streaming or not."""
     port = served[0].http.port
-    body = {"prompt": PROMPTS[1] * 4, "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+    # eight choices of 400 tokens: seconds of rounds even on a fast box, where one choice finished in 0.5 s
+    body = {"prompt": PROMPTS[1] * 4, "max_tokens": 400, "temperature": 0, "ignore_eos": True, "n": 8}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=0.5)
     assert wait_running(port, at_least=0, exactly=True, timeout_s=10) is None
