@@ -36,8 +36,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--draft-vocab-trim", type=int, default=None,
                    help="VocabTrim size for a distilled draft (default: its recommended k; 0: off)")
     s.add_argument("--draft-num-layers", type=int, default=None, help="keep only the draft's first layers")
-    s.add_argument("--draft-quantization", default=None, choices=["q8_0", "none"],
-                   help="draft weights: q8_0 (default on CPU: faster drafting, still lossless) or none")
+    s.add_argument("--draft-quantization", default=None, choices=["q8_0", "q4_1", "none"],
+                   help="draft weights: q8_0 (default on CPU: faster drafting), q4_1 (half its bytes) or none; "
+                        "lossless whichever")
     s.add_argument("--num-speculative-tokens", type=int, default=None,
                    help="draft tokens per round, at most with --adaptive-speculation (default 4 with the default "
                         "speculation, adaptive; else 2)")

@@ -8,9 +8,10 @@ import torch
 
 from specray.kernels import cpu_ops
 from specray.kernels.fast_linear import KINDS as FAST_KINDS, FastWeight, pack_fast
-from specray.kernels.quant_linear import PackedWeight, kernel_available, pack_exact, round_to_q8_0
+from specray.kernels.quant_linear import PackedWeight, kernel_available, pack_exact, round_to_q4_1, round_to_q8_0
 
 KERNEL_MODES = ("exact", "fast")  # numeric modes of the packed projections (see fast_linear)
+ROUNDINGS = {"q8_0": round_to_q8_0, "q4_1": round_to_q4_1}  # what `round_weights` rounds a model to
 
 
 def check_kernel_mode(mode: str) -> None:
@@ -53,16 +54,18 @@ class CpuWeights:
                 self.gemv_weights.pop(id(w), None)  # the packed blocks serve one-row steps
         return len(self.packed_weights)
 
-    def round_weights_to_q8_0(self, kernels: str = "exact") -> int:
-        """Round every projection (and the embedding, if tied to the head) to Q8_0 values in place,
-        then pack them where the C kernels are on, in numeric mode `kernels`: the model *becomes* a
-        Q8_0 model, so its reference and packed paths still agree. For drafts (see `round_to_q8_0`),
-        which take the fast mode: their numbers only shape proposals. -> weights packed."""
+    def round_weights(self, kind: str = "q8_0", kernels: str = "exact") -> int:
+        """Round every projection (and the embedding, if tied to the head) to `kind` blocks (Q8_0 or
+        Q4_1 values) in place, then pack them where the C kernels are on, in numeric mode `kernels`:
+        the model *becomes* a quantised model, so its reference and packed paths still agree. For
+        drafts (see `round_to_q8_0`), which take the fast mode: their numbers only shape proposals.
+        -> weights packed."""
         check_kernel_mode(kernels)
+        rounding = ROUNDINGS[kind]
         with torch.no_grad():
             for w in self.projections():
                 if w.shape[1] % 32 == 0:
-                    w.copy_(round_to_q8_0(w))
+                    w.copy_(rounding(w))
         had_gemv, self.gemv_weights = bool(self.gemv_weights), {}  # stale copies of the old values
         packed = 0
         if self.fused_cpu_ops:

@@ -112,6 +112,18 @@ def round_to_q8_0(weight: torch.Tensor) -> torch.Tensor:
     return (d * q).reshape(weight.shape)
 
 
+def round_to_q4_1(weight: torch.Tensor) -> torch.Tensor:
+    """The values of weight [out, in] (in % 32 == 0) rounded to Q4_1 blocks (fp16 step d and minimum
+    m, 4-bit q; value d * q + m), as fp32: what `pack_exact` then packs bit for bit. Half the bytes of
+    Q8_0, for drafts (see `round_to_q8_0`)."""
+    assert weight.dim() == 2 and weight.shape[1] % QK == 0, "Q4_1 rounds rows of whole 32-blocks"
+    w = weight.detach().float().reshape(weight.shape[0], -1, QK)  # [out, nb, 32]
+    m = w.amin(-1, keepdim=True).half().float()  # [out, nb, 1]
+    d = ((w.amax(-1, keepdim=True) - m) / 15).half().float()  # [out, nb, 1]
+    q = torch.where(d > 0, (w - m) / torch.where(d > 0, d, 1), 0).round().clamp(0, 15)  # [out, nb, 32]
+    return (d * q + m).reshape(weight.shape)
+
+
 def dequantize(packed: PackedWeight) -> torch.Tensor:
     """The fp32 weight [out_features, in_features] the blocks hold (the reference)."""
     b = packed.blocks

@@ -13,6 +13,7 @@ from typing import Any
 
 from specray.kernels.drafters import registry
 from specray.kernels.drafters.aded import AdedOptions
+from specray.kernels.drafters.options import DRAFT_QUANTIZATIONS
 from specray.kernels.drafters.tree_shapes import TreeSpec
 from specray.kernels.verify.rules import KIND_OF_RULE, SAMPLED_RULES
 
@@ -21,7 +22,6 @@ INT_KEYS = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", 
             "draft_vocab_trim", "disable_by_batch_size", "verify_budget")  # layer_parallel: the registry's
 MAX_SPECULATIVE_TOKENS = 256  # a chain's length or a tree's depth: far past where drafting pays
 VERIFY_CHOICES = ("auto", *SAMPLED_RULES)
-DRAFT_QUANTIZATIONS = (None, "none", "q8_0")
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class SpeculativeConfig:
             raise ValueError(f"draft_num_layers must be >= 1, got {self.draft_num_layers}")
         if self.draft_vocab_trim is not None and self.draft_vocab_trim < 0:
             raise ValueError(f"draft_vocab_trim must be an integer >= 0, got {self.draft_vocab_trim}")
-        if self.draft_quantization not in DRAFT_QUANTIZATIONS:
+        if self.draft_quantization not in (None, *DRAFT_QUANTIZATIONS):
             raise ValueError(f"draft_quantization must be one of {DRAFT_QUANTIZATIONS}, got {self.draft_quantization!r}")
         if self.aded is not None:
             AdedOptions.from_dict(self.aded)

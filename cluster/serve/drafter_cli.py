@@ -21,8 +21,8 @@ def add_drafter_parser(sub) -> None:
     p.add_argument("--longspec", type=json_object, help="LongSpec options as in speculative_config, e.g. "
                                                         "'{\"window\": 256}' (method longspec)")
     p.add_argument("--vocab-trim", type=int, help="VocabTrim size (0 = off; default: the draft folder's)")
-    p.add_argument("--quantization", choices=["q8_0", "none"],
-                   help="draft weights (default: q8_0 on CPU in fp32; lossless either way)")
+    p.add_argument("--quantization", choices=["q8_0", "q4_1", "none"],
+                   help="draft weights: q8_0, q4_1 or none (default: q8_0 on CPU in fp32; lossless whichever)")
     p.add_argument("--num-layers", type=int, help="keep only the draft's first layers")
     p.add_argument("--layer-parallel", type=int, help="draft_model: EasySpec layer-parallel drafting, middle "
                                                       "layers in groups of this many (1: ordinary drafting)")

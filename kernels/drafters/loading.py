@@ -14,7 +14,7 @@ from specray.kernels.drafters.base import Drafter
 from specray.kernels.drafters.draft_model import DraftModelDrafter
 from specray.kernels.drafters.eagle import EagleDrafter, eagle_target, is_eagle_folder, load_eagle
 from specray.kernels.drafters.eagle_tree import EagleTreeDrafter
-from specray.kernels.drafters.options import DraftOptions
+from specray.kernels.drafters.options import DRAFT_QUANTIZATIONS, DraftOptions
 from specray.kernels.drafters.tree_draft import TreeDraftModelDrafter
 from specray.kernels.drafters.tree_shapes import TreeSpec
 from specray.kernels.drafters.vocab_trim import VOCAB_TRIM_FILE, VocabTrimDrafter, load_vocab_trim
@@ -37,15 +37,16 @@ def _cpu_fp32(options: DraftOptions) -> bool:
     return str(options.device) == "cpu" and DTYPES[options.dtype] == torch.float32
 
 
-def rounds_to_q8_0(options: DraftOptions) -> bool:
-    """`draft_quantization`: "q8_0" rounds the draft's weights to Q8_0 blocks, "none" keeps them;
-    None means q8_0 where the draft runs on CPU in fp32 (the packed C kernels' mode)."""
+def draft_rounding(options: DraftOptions) -> str | None:
+    """`draft_quantization`: "q8_0" or "q4_1" rounds the draft's weights to those blocks, "none"
+    keeps them; None means q8_0 where the draft runs on CPU in fp32 (the packed C kernels' mode).
+    -> the blocks to round to, or None."""
     mode = options.draft_quantization
     if mode is None:
         mode = "q8_0" if _cpu_fp32(options) else "none"
-    if mode not in ("q8_0", "none"):
-        raise ValueError(f"draft quantization must be 'q8_0' or 'none', got {mode!r}")
-    return mode == "q8_0"
+    if mode not in DRAFT_QUANTIZATIONS:
+        raise ValueError(f"draft quantization must be one of {DRAFT_QUANTIZATIONS}, got {mode!r}")
+    return None if mode == "none" else mode
 
 
 def _vocab_trim_ids(options: DraftOptions, folder: Path) -> torch.Tensor | None:
@@ -88,8 +89,9 @@ def build_draft_model(options: DraftOptions, workers=None) -> Drafter:
     ids = _vocab_trim_ids(options, checkpoint.path)
     draft = load_model(checkpoint, DTYPES[options.dtype], options.device, options.draft_num_layers,
                        gemv_weights=False if ids is not None else None, row_invariant=False)
-    if rounds_to_q8_0(options):  # before trimming: the kept head rows are then exact blocks
-        draft.round_weights_to_q8_0(kernels="fast")
+    rounding = draft_rounding(options)
+    if rounding is not None:  # before trimming: the kept head rows are then exact blocks
+        draft.round_weights(rounding, kernels="fast")
     blocks = (options.num_blocks, options.block_size)
     groups = None if options.layer_parallel is None else LayerGroups.uniform(len(draft.layers), options.layer_parallel)
     if options.tree is not None:
@@ -113,8 +115,9 @@ def build_eagle(options: DraftOptions) -> Drafter:
                        options.device)
     if _cpu_fp32(options):
         draft.enable_cpu_kernels()
-    if rounds_to_q8_0(options):
-        draft.round_weights_to_q8_0(kernels="fast")
+    rounding = draft_rounding(options)
+    if rounding is not None:
+        draft.round_weights(rounding, kernels="fast")
     drafter = EagleDrafter(draft, options.num_blocks, options.block_size,
                            vocab_trim_ids=_vocab_trim_ids(options, checkpoint.path))
     return drafter if options.tree is None else EagleTreeDrafter(drafter, TreeSpec.from_dict(options.tree))

@@ -6,6 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+# the blocks a draft's weights are rounded to ("none": kept as loaded); lossless whichever
+DRAFT_QUANTIZATIONS = ("q8_0", "q4_1", "none")
+
+
 @dataclass(frozen=True)
 class DraftOptions:
     method: str  # a name in registry.METHODS
@@ -21,7 +25,7 @@ class DraftOptions:
     aded: dict | None = None  # speculative_config['aded']
     longspec: dict | None = None  # speculative_config['longspec']
     draft_vocab_trim: int | None = None  # VocabTrim size: None = the draft folder's default, 0 = off
-    draft_quantization: str | None = None  # "q8_0", "none"; None = q8_0 on CPU in fp32
+    draft_quantization: str | None = None  # one of DRAFT_QUANTIZATIONS; None = q8_0 on CPU in fp32
     lookup_first: bool | dict | None = None  # speculative_config['lookup_first']
     layer_parallel: int | None = None  # speculative_config['layer_parallel']: EasySpec group size
 

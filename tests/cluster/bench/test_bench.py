@@ -103,7 +103,7 @@ def test_hot_gemv_scales_the_slices_to_the_whole_step(tiny_target):
     model = load_model(resolve(str(tiny_target)))
     assert hot_gemv_seconds(model, repeats=2, inner=3) > 0
     model.enable_cpu_kernels()
-    if model.round_weights_to_q8_0():  # a C compiler: the packed kernel's floor
+    if model.round_weights("q8_0"):  # a C compiler: the packed kernel's floor
         assert model.packed_weights and hot_gemv_seconds(model, repeats=2, inner=3) > 0
 
 

@@ -143,18 +143,22 @@ def test_a_draft_another_method_serves_is_refused_naming_it():
     resolve_draft("draft_model", "smollm2-135m-draft")
 
 
-@pytest.mark.parametrize("k,pipelined,vocab_trim", [(1, False, 0), (3, False, None), (3, True, 0), (4, True, None)])
-def test_eagle_greedy_equals_target_token_for_token(tiny_target, tiny_eagle, k, pipelined, vocab_trim):
+@pytest.mark.parametrize("k,pipelined,vocab_trim,blocks", [(1, False, 0, None), (3, False, None, None),
+                                                           (3, True, 0, None), (4, True, None, None),
+                                                           (2, False, None, "q4_1")])
+def test_eagle_greedy_equals_target_token_for_token(tiny_target, tiny_eagle, k, pipelined, vocab_trim, blocks):
     sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
     want = [o.outputs[0].token_ids for o in LLM(str(tiny_target)).generate(prompts, sp)]
     llm = LLM(str(tiny_target), pipelined=pipelined,
               speculative_config={"method": "eagle", "model": str(tiny_eagle), "num_speculative_tokens": k,
-                                  "draft_vocab_trim": vocab_trim})
+                                  "draft_vocab_trim": vocab_trim, "draft_quantization": blocks})
     outs = llm.generate(prompts, sp)
     assert [o.outputs[0].token_ids for o in outs] == want
     assert sum(o.metrics.num_draft_tokens for o in outs) > 0
     assert llm.draft.drafter.name == "eagle"
+    if blocks is not None and llm.draft.drafter.model.packed_weights:  # C kernels built
+        assert {p.kind for p in llm.draft.drafter.model.packed_weights.values()} == {blocks}
 
 
 def test_wire_and_grpc_carry_features_bit_for_bit():
