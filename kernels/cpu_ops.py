@@ -224,19 +224,21 @@ _SCRATCH = threading.local()  # per thread: an in-process draft may step beside 
 
 
 def decoder_logits(h: torch.Tensor, picked: torch.Tensor, norm: torch.Tensor, eps: float,
-                   head: PackedWeight | FastWeight) -> torch.Tensor:
+                   head: PackedWeight | FastWeight, features: bool = False):
     """After `decoder_layers`: the final norm of h's rows `picked` (int64 [n]) and the packed head,
     in one C call -> logits [n, vocab] fp32: the kernels `rms_norm` and the model's `linear` run on
-    those rows, without their indexing, allocations and calls."""
-    n, hidden = picked.shape[0], h.shape[1]
+    those rows, without their indexing, allocations and calls. With `features`, -> (logits, every
+    row's norm [rows, hidden]): the features a feature-level draft reads, from the same call."""
+    n, (rows, hidden) = picked.shape[0], h.shape
     assert picked.dtype == torch.int64 and head.in_features == hidden and norm.shape == (hidden,)
     lib = cpu_kernels.library()
     logits = torch.empty(n, head.out_features)  # [n, vocab]
+    every = torch.empty(rows, hidden) if features else None  # [rows, hidden]
     work = workspace(lib.specray_decoder_logits_workspace(n, hidden))
-    lib.specray_decoder_logits(_ptr(h), _ptr(picked), n, hidden, _ptr(norm), eps, head.blocks.data_ptr(),
-                               DecoderTable.kind(head), head.out_features, _ptr(logits), _ptr(work),
-                               torch.get_num_threads())
-    return logits
+    lib.specray_decoder_logits(_ptr(h), rows, _ptr(picked), n, hidden, _ptr(norm), eps, head.blocks.data_ptr(),
+                               DecoderTable.kind(head), head.out_features, _ptr(logits),
+                               None if every is None else _ptr(every), _ptr(work), torch.get_num_threads())
+    return (logits, every) if features else logits
 
 
 def workspace(floats: int) -> torch.Tensor:

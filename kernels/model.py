@@ -152,10 +152,10 @@ class LlamaModel(CpuWeights, nn.Module):
         if table is not None and len(self.layers) == cache.kv.shape[0]:
             cos, sin = self.rotary.cos[batch.positions], self.rotary.sin[batch.positions]  # [num_tokens, head_dim]
             cpu_ops.decoder_layers(h, table, cache.kv, cos, sin, batch.slot_mapping, batch.key_slots, rows)
-            head = None if features else self.packed_head()
-            if head is not None:  # the final norm and the head in the same C kernels, one call
-                eps = self.config.rms_norm_eps
-                return cpu_ops.decoder_logits(h, batch.logits_indices, self.norm, eps, head)
+            head = self.packed_head()
+            if head is not None:  # the final norm and the head (and the features) in the same C kernels, one call
+                return cpu_ops.decoder_logits(h, batch.logits_indices, self.norm, self.config.rms_norm_eps, head,
+                                              features)
         else:
             h = self.layer_loop(batch, cache, h, rows, reference)
         fixed = self.row_invariant and not reference  # the norm's chunks (the C norm is row-wise anyway)

@@ -192,12 +192,19 @@ int64_t specray_decoder_logits_workspace(int64_t n, int64_t hidden) {
 
 // A step's logits, after `specray_decoder_layers`: the final RMSNorm of the rows `picked` [n] of h
 // [rows, hidden], then the head (packed blocks at `head`, of `kind` as in the weight table):
-// logits [n, vocab]. The same kernels, row for row, as the model's own norm and head calls.
-void specray_decoder_logits(const float* h, const int64_t* picked, int64_t n, int64_t hidden, const float* norm,
-                            float eps, int64_t head, int32_t kind, int64_t vocab, float* logits, float* work,
-                            int threads) {
+// logits [n, vocab]. With `normed` [rows, hidden] (else NULL), every row's norm goes there too (the
+// features a feature-level draft reads) and the picked rows are copied from it. The same kernels,
+// row for row, as the model's own norm and head calls.
+void specray_decoder_logits(const float* h, int64_t rows, const int64_t* picked, int64_t n, int64_t hidden,
+                            const float* norm, float eps, int64_t head, int32_t kind, int64_t vocab, float* logits,
+                            float* normed, float* work, int threads) {
     float* x = work;  // [n, hidden]
-    for (int64_t i = 0; i < n; i++) specray_rms_norm(h + picked[i] * hidden, 1, hidden, norm, eps, x + i * hidden);
+    if (normed != NULL) {
+        specray_rms_norm(h, rows, hidden, norm, eps, normed);
+        for (int64_t i = 0; i < n; i++) memcpy(x + i * hidden, normed + picked[i] * hidden, hidden * sizeof(float));
+    } else {
+        for (int64_t i = 0; i < n; i++) specray_rms_norm(h + picked[i] * hidden, 1, hidden, norm, eps, x + i * hidden);
+    }
     uint8_t* quantised = (uint8_t*)(((uintptr_t)(x + n * hidden) + 63) & ~(uintptr_t)63);
     linear(x, n, hidden, head, kind, vocab, logits, quantised, threads);
 }

@@ -23,12 +23,13 @@ def prefilled(model):
     return cache
 
 
-def step(model, chunks, native: bool, reference: bool = False):
-    """-> (logits, the KV cache after the step) for `chunks` after the same prefill."""
+def step(model, chunks, native: bool, reference: bool = False, features: bool = False):
+    """-> (logits, or (logits, features) with `features`; the KV cache after the step) for `chunks`
+    after the same prefill."""
     cache = prefilled(model)
     model.native_layers = native
     try:
-        logits = model(RaggedBatch.build(chunks, cache), cache, reference=reference)
+        logits = model(RaggedBatch.build(chunks, cache), cache, reference=reference, features=features)
     finally:
         model.native_layers = True
     return logits, cache.kv
@@ -133,20 +134,28 @@ def test_a_decode_row_beside_a_prefill_keeps_its_bits(packed_model, fast_model, 
     assert torch.equal(alone[0], beside[0]) and torch.equal(alone[0], verify[0])
 
 
+@pytest.mark.parametrize("features", [False, True])
 @pytest.mark.parametrize("mode", ["exact", "fast"])
-def test_the_final_norm_and_head_in_one_call_give_the_same_bits(packed_model, fast_model, mode, monkeypatch):
-    """A native step's logits come from `decoder_logits` (the final norm and the packed head in one
-    C call) and equal the model's own norm and head calls bit for bit."""
+def test_the_final_norm_and_head_in_one_call_give_the_same_bits(packed_model, fast_model, mode, features,
+                                                                  monkeypatch):
+    """A native step's logits (and, for a feature-level draft, every row's final norm) come from
+    `decoder_logits` (the final norm and the packed head in one C call) and equal the model's own norm
+    and head calls bit for bit."""
     model = packed_model if mode == "exact" else fast_model
     calls = []
     fused_logits = cpu_ops.decoder_logits
     monkeypatch.setattr(cpu_ops, "decoder_logits", lambda *a: calls.append(a) or fused_logits(*a))
-    fused, _ = step(model, MIXED, native=True)
+    fused, _ = step(model, MIXED, native=True, features=features)
     assert calls and calls[-1][1].shape == (10,)  # the step's ten logits rows (the prefills' before)
     monkeypatch.setattr(model, "packed_head", lambda: None)
     before = len(calls)
-    separate, _ = step(model, MIXED, native=True)
-    assert len(calls) == before and torch.equal(fused, separate)
+    separate, _ = step(model, MIXED, native=True, features=features)
+    assert len(calls) == before
+    if features:
+        assert fused[1].shape == separate[1].shape == (10, model.config.hidden_size)
+        assert torch.equal(fused[0], separate[0]) and torch.equal(fused[1], separate[1])
+    else:
+        assert torch.equal(fused, separate)
 
 
 def test_packed_weights_take_their_kernel_at_every_step_size(packed_model, fast_model):
