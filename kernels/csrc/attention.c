@@ -117,9 +117,8 @@ static void attend(const float* q, int64_t q_stride, int rows, int num, const kv
             for (int r = first_row(len, rows, j); r < rows; r++) {  // the rows that score this block
                 int64_t k_n = SCORED(r) - j < LANES ? SCORED(r) - j : LANES;
                 for (int g = 0; g < num; g++) {
-                    float sv[LANES];
-                    vstore(sv, scale * dot16(q + r * q_stride + g * dim, keys, block, dim));
-                    memcpy(ROW_SCORES(r, g) + j, sv, k_n * sizeof(float));
+                    vec16 sv = scale * dot16(q + r * q_stride + g * dim, keys, block, dim);
+                    store_scores(ROW_SCORES(r, g) + j, sv, k_n);
                 }
             }
         }
@@ -131,9 +130,8 @@ static void attend(const float* q, int64_t q_stride, int rows, int num, const kv
             for (int r = first_row(len, rows, j); r < rows; r++) {
                 int64_t k_n = SCORED(r) - j < 8 ? SCORED(r) - j : 8;
                 for (int g = 0; g < num; g++) {
-                    float sv[8];
-                    vstore8(sv, scale * dot8(q + r * q_stride + g * dim, keys, block, dim));
-                    memcpy(ROW_SCORES(r, g) + j, sv, k_n * sizeof(float));
+                    vec8 sv = scale * dot8(q + r * q_stride + g * dim, keys, block, dim);
+                    store_scores8(ROW_SCORES(r, g) + j, sv, k_n);
                 }
             }
         }

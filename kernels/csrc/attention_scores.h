@@ -4,19 +4,36 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX512F__) || defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 #include "kv_type.h"
 #include "vec16.h"
 
+// a * b + c in one rounding where the CPU has FMA, as the compiler contracts `c += a * b` in a loop;
+// spelled out, so no unrolling can contract it the other way round (a * b rounded, added into c).
+#if defined(__AVX512F__)
+#define FMA16(a, b, c) ((vec16)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+#else
+#define FMA16(a, b, c) ((c) + (a) * (b))
+#endif
+#if defined(__FMA__)
+#define FMA8(a, b, c) ((vec8)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#else
+#define FMA8(a, b, c) ((c) + (a) * (b))
+#endif
+
 // The dot products of q [dim] with 16 keys (dim % 16 == 0) as one vector, lane k for key k. Each
 // key's 16 partial sums are folded with the other keys' (a transpose-and-add, 31 shuffles for the
 // 16 keys) instead of reduced one key at a time (about 5 shuffles and 3 scalar adds each).
-static inline vec16 dot16(const float* q, const kv_t* keys, const int64_t* slots, int64_t dim) {
+static inline __attribute__((always_inline)) vec16 dot16(const float* q, const kv_t* keys, const int64_t* slots,
+                                                        int64_t dim) {
     vec16 acc[16];
     for (int k = 0; k < 16; k++) {
         const kv_t* key = keys + slots[k] * dim;
         acc[k] = vload(q) * kvload(key);
-        for (int64_t i = LANES; i < dim; i += LANES) acc[k] += vload(q + i) * kvload(key + i);
+        for (int64_t i = LANES; i < dim; i += LANES) acc[k] = FMA16(vload(q + i), kvload(key + i), acc[k]);
     }
     vec16 l1[8], l2[4], l3[2];
     for (int i = 0; i < 8; i++)  // lanes 0-7: key 2i's 8 partials, 8-15: key 2i + 1's
@@ -36,12 +53,13 @@ static inline vec16 dot16(const float* q, const kv_t* keys, const int64_t* slots
 
 // AVX2: the same transpose-and-add over 8 keys with 8-float vectors (16 keys of 16-float vectors
 // need 32 accumulators: on AVX2's 16 registers they all spilled).
-static inline vec8 dot8(const float* q, const kv_t* keys, const int64_t* slots, int64_t dim) {
+static inline __attribute__((always_inline)) vec8 dot8(const float* q, const kv_t* keys, const int64_t* slots,
+                                                      int64_t dim) {
     vec8 acc[8];
     for (int k = 0; k < 8; k++) {
         const kv_t* key = keys + slots[k] * dim;
         acc[k] = vload8(q) * kvload8(key);
-        for (int64_t i = 8; i < dim; i += 8) acc[k] += vload8(q + i) * kvload8(key + i);
+        for (int64_t i = 8; i < dim; i += 8) acc[k] = FMA8(vload8(q + i), kvload8(key + i), acc[k]);
     }
     vec8 l1[4], l2[2];
     for (int i = 0; i < 4; i++)  // lanes 0-3: key 2i's 4 partials, 4-7: key 2i + 1's
@@ -56,10 +74,48 @@ static inline vec8 dot8(const float* q, const kv_t* keys, const int64_t* slots, 
     return __builtin_shufflevector(sums, sums, 0, 2, 1, 3, 4, 6, 5, 7);
 }
 
+// A block's scores at s: all 16 (8) lanes, or the first k_n of a last partial block (a full block's
+// variable-length memcpy was a libc call a block and head).
+static inline void store_scores(float* s, vec16 v, int64_t k_n) {
+    if (k_n == 16) {
+        vstore(s, v);
+        return;
+    }
+    float sv[16];
+    vstore(sv, v);
+    memcpy(s, sv, k_n * sizeof(float));
+}
+
+static inline void store_scores8(float* s, vec8 v, int64_t k_n) {
+    if (k_n == 8) {
+        vstore8(s, v);
+        return;
+    }
+    float sv[8];
+    vstore8(sv, v);
+    memcpy(s, sv, k_n * sizeof(float));
+}
+
+// The largest of s [n], 16 at a time (a maximum is exact in any order: the scalar loop's dependent
+// compares were a fifth of a decode row's attention; which of +0 and -0 wins changes no exp below).
+static inline float max_of(const float* s, int64_t n) {
+    int64_t j = 0;
+    float top = -INFINITY;
+    if (n >= LANES) {
+        vec16 tops = vload(s);
+        for (j = LANES; j + LANES <= n; j += LANES) {
+            vec16 v = vload(s + j);
+            tops = as_float((as_int(v) & (v > tops)) | (as_int(tops) & ~(v > tops)));
+        }
+        for (int k = 0; k < LANES; k++) top = tops[k] > top ? tops[k] : top;
+    }
+    for (; j < n; j++) top = s[j] > top ? s[j] : top;
+    return top;
+}
+
 // Softmax of s [n] in place (masked keys hold -inf and get 0).
 static void softmax(float* s, int64_t n) {
-    float top = -INFINITY;
-    for (int64_t j = 0; j < n; j++) top = s[j] > top ? s[j] : top;
+    float top = max_of(s, n);
     vec16 totals = {0};
     int64_t j = 0;
     for (; j + LANES <= n; j += LANES) {
