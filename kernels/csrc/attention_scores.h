@@ -76,25 +76,18 @@ static inline __attribute__((always_inline)) vec8 dot8(const float* q, const kv_
 
 // A block's scores at s: all 16 (8) lanes, or the first k_n of a last partial block (a full block's
 // variable-length memcpy was a libc call a block and head).
-static inline void store_scores(float* s, vec16 v, int64_t k_n) {
-    if (k_n == 16) {
-        vstore(s, v);
-        return;
+#define STORE_SCORES(NAME, VEC, STORE, WIDTH)                   \
+    static inline void NAME(float* s, VEC v, int64_t k_n) {     \
+        if (k_n == WIDTH) {                                     \
+            STORE(s, v);                                        \
+            return;                                             \
+        }                                                       \
+        float sv[WIDTH];                                        \
+        STORE(sv, v);                                           \
+        memcpy(s, sv, k_n * sizeof(float));                     \
     }
-    float sv[16];
-    vstore(sv, v);
-    memcpy(s, sv, k_n * sizeof(float));
-}
-
-static inline void store_scores8(float* s, vec8 v, int64_t k_n) {
-    if (k_n == 8) {
-        vstore8(s, v);
-        return;
-    }
-    float sv[8];
-    vstore8(sv, v);
-    memcpy(s, sv, k_n * sizeof(float));
-}
+STORE_SCORES(store_scores, vec16, vstore, 16)
+STORE_SCORES(store_scores8, vec8, vstore8, 8)
 
 // The largest of s [n], 16 at a time (a maximum is exact in any order: the scalar loop's dependent
 // compares were a fifth of a decode row's attention; which of +0 and -0 wins changes no exp below).
