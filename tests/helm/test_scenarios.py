@@ -242,6 +242,23 @@ def test_layer_parallel_draft():
     assert ServeConfig.from_dict(cfg).speculative.layer_parallel == 3
 
 
+def test_a_trained_drafts_blocks_and_vocab_trim():
+    """speculation.draftQuantization and draftVocabTrim become the speculative_config keys; unset, the
+    server's defaults stand (no key); 0 turns VocabTrim off."""
+    from helm_render import render
+
+    spec = {"method": "eagle", "draftModel": "smollm2-135m-eagle"}
+    r = render({"speculation": {**spec, "draftQuantization": "q4_1", "draftVocabTrim": 4096}}, files=("values-cpu.yaml",))
+    cfg = app_config(r.rayservice)
+    assert cfg["speculative_config"]["draft_quantization"] == "q4_1"
+    assert cfg["speculative_config"]["draft_vocab_trim"] == 4096
+    assert ServeConfig.from_dict(cfg).speculative.draft_quantization == "q4_1"
+    off = app_config(render({"speculation": {**spec, "draftVocabTrim": 0}}, files=("values-cpu.yaml",)).rayservice)
+    assert off["speculative_config"]["draft_vocab_trim"] == 0
+    unset = app_config(render({"speculation": spec}, files=("values-cpu.yaml",)).rayservice)
+    assert "draft_quantization" not in unset["speculative_config"] and "draft_vocab_trim" not in unset["speculative_config"]
+
+
 def test_trees_through_config_overrides():
     """speculation keys the values do not cover (a tree, its verify budget, lookup first) reach the
     Serve config through serve.configOverrides, merged into the rendered speculative_config."""

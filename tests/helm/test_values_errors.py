@@ -16,6 +16,8 @@ from helm_render import render
     ({"draft": {"rayStartParams": {"num-cpus": 2}}}, "at '/draft/rayStartParams/num-cpus': got number, want string"),
     ({"target": {"rayResources": {"target": 0}}}, "at '/target/rayResources/target'"),
     ({"speculation": {"layerParallel": 0}}, "at '/speculation/layerParallel': minimum: got 0, want 1"),
+    ({"speculation": {"draftQuantization": "int4"}}, "/speculation/draftQuantization"),
+    ({"speculation": {"draftVocabTrim": -1}}, "at '/speculation/draftVocabTrim': minimum: got -1, want 0"),
     ({"speculation": {"longspecWindow": 0}}, "at '/speculation/longspecWindow': minimum: got 0, want 1"),
     ({"router": {"maxPrefillTokens": 0}}, "at '/router/maxPrefillTokens': minimum: got 0, want 1"),
 ])

@@ -13,6 +13,8 @@ so the two cannot drift.
 {{- $_ := set $c "model" $s.draftModel }}
 {{- if and (eq $s.method "longspec") $s.longspecWindow }}{{ $_ := set $c "longspec" (dict "window" (int $s.longspecWindow)) }}{{ end }}
 {{- if $s.draftNumLayers }}{{ $_ := set $c "draft_num_layers" (int $s.draftNumLayers) }}{{ end }}
+{{- if $s.draftQuantization }}{{ $_ := set $c "draft_quantization" $s.draftQuantization }}{{ end }}
+{{- if not (kindIs "invalid" $s.draftVocabTrim) }}{{ $_ := set $c "draft_vocab_trim" (int $s.draftVocabTrim) }}{{ end }}
 {{- if $s.layerParallel }}{{ $_ := set $c "layer_parallel" (int $s.layerParallel) }}{{ end }}
 {{- else }}
 {{- $_ := set $c "prompt_lookup_min" (int $s.promptLookupMin) }}
