@@ -66,8 +66,10 @@ def _top_p(logits: torch.Tensor, ps: list[float]) -> torch.Tensor:
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     cum = sorted_logits.softmax(-1).cumsum(-1)
     top_p = torch.tensor(ps, device=logits.device).unsqueeze(1)
-    # Drop a token when the mass before it already reaches top_p; the first token always stays.
+    # Drop a token when the mass before it already reaches top_p; the first token always stays (a
+    # top_p below float32's smallest value rounds to 0, which the rule alone would let drop it too).
     drop_sorted = (cum - sorted_logits.softmax(-1)) >= top_p
+    drop_sorted[:, 0] = False
     drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 

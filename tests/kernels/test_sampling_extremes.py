@@ -13,7 +13,8 @@ def logits():
 
 
 @pytest.mark.parametrize("config", [SamplingConfig(1e-38), SamplingConfig(5e-324), SamplingConfig(1e-30, top_k=5),
-                                    SamplingConfig(1.0, top_p=1e-38), SamplingConfig(1e-20, top_p=0.5)])
+                                    SamplingConfig(1.0, top_p=1e-38), SamplingConfig(1.0, top_p=1e-50),
+                                    SamplingConfig(1.0, top_p=5e-324), SamplingConfig(1e-20, top_p=0.5)])
 def test_tiny_temperature_or_top_p_is_a_point_mass_at_the_argmax(logits, config):
     probs = processed_probs(logits, [config] * 4)
     assert torch.isfinite(probs).all()

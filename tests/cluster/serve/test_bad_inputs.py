@@ -140,7 +140,8 @@ def test_bad_grpc_requests_are_invalid_argument_and_fail_alone(engine, reference
     assert engine.idle()
 
 
-@pytest.mark.parametrize("extreme", [dict(temperature=1e-38), dict(temperature=5e-324), dict(top_p=1e-38)])
+@pytest.mark.parametrize("extreme", [dict(temperature=1e-38), dict(temperature=5e-324), dict(top_p=1e-38),
+                                     dict(top_p=1e-50)])
 def test_extreme_temperature_and_top_p_behave_like_greedy(engine, reference, extreme):
     body = {"prompt": GOOD, "max_tokens": 40, "ignore_eos": True, "seed": 3, **extreme}
     resp = post(engine.http.url, "/v1/completions", body)
