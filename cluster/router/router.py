@@ -73,15 +73,16 @@ class Router(RequestBook):
 
     def num_draft_tokens(self, seq: Sequence) -> int:
         """This round's speculation length (a chain's length, a tree's depth): the request's own or
-        the default, capped by load, by what the request may still emit and by the verify budget
-        (a tree of depth L holds at least L nodes)."""
+        the default, capped by load (not a seeded sampled request's: its draws would then depend on
+        what else runs), by what the request may still emit and by the verify budget (a tree of
+        depth L holds at least L nodes)."""
         if self.draft is None:
             return 0
         k = seq.params.num_speculative_tokens
         k = self.config.num_speculative_tokens if k is None else k
         budget = self.verify_budget(seq)
-        return min(k, self.config.draft_cap(len(self.running)), seq.max_draft_tokens(),
-                   k if budget is None else budget)
+        load = k if seq.reproducible else self.config.draft_cap(len(self.running))
+        return min(k, load, seq.max_draft_tokens(), k if budget is None else budget)
 
     def verify_budget(self, seq: Sequence) -> int | None:
         """The request's budget of verified draft tokens per round, within the global one."""

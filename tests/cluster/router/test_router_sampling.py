@@ -28,6 +28,25 @@ def test_seeded_requests_reproduce_alone_or_in_a_batch(tiny_target, tiny_draft):
     assert other_seed != alone
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_seeded_requests_reproduce_whatever_the_load_turns_off(tiny_target, tiny_draft, method):
+    """`disable_by_batch_size` stops drafting once two sequences run; a seeded sampled request keeps
+    drafting, so its draws (and tokens) are those it gets alone (served: a concurrent request changed
+    a seeded completion)."""
+    spec = {"method": method, "num_speculative_tokens": 3, "disable_by_batch_size": 2}
+    if method == "draft_model":
+        spec["model"] = str(tiny_draft)
+    llm = LLM(str(tiny_target), speculative_config=spec)
+    sp = SamplingParams(temperature=1.0, max_tokens=24, seed=7, ignore_eos=True)
+    alone = llm.generate(PROMPT, sp)[0]
+    assert alone.metrics.num_draft_tokens > 0
+    others = [{"prompt_token_ids": [1, 5 + i, 9]} for i in range(3)]
+    batch = llm.generate([others[0], PROMPT, *others[1:]], [SamplingParams(temperature=1.0, max_tokens=30)]
+                         + [sp] + [SamplingParams(temperature=1.0, max_tokens=30)] * 2)
+    assert batch[1].outputs[0].token_ids == alone.outputs[0].token_ids
+    assert sum(o.metrics.num_draft_tokens for o in batch[::2]) == 0  # the unseeded ones stopped drafting
+
+
 N = 12_000
 
 
