@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from specray.cluster.outputs import RequestOutput
-from specray.cluster.params import SamplingParams
+from specray.cluster.params import SamplingParamError, SamplingParams
 from specray.cluster.pools.api import TargetUnavailable
 from specray.cluster.router.failures import request_failed
 from specray.cluster.router.router import Router
@@ -111,8 +111,7 @@ class AsyncRouter:
         if self._stopped:  # no turn would run it
             raise RouterStopped("the router is shutting down; retry")
         self.router.check_prompt(prompt_token_ids, params)
-        if params.n > self.max_waiting:
-            raise ValueError(f"n={params.n} exceeds the server's queue of {self.max_waiting} sequences")
+        self.check_size(params.n)
         request_id = f"req-{next(self._ids)}"
         stream: asyncio.Queue = asyncio.Queue()
         with self._admission:
@@ -134,6 +133,12 @@ class AsyncRouter:
             self._streams.pop(request_id, None)
             if not finished:  # the client went away or the consumer was cancelled: free the sequence
                 self._submit(Abort(request_id))
+
+    def check_size(self, num_seqs: int, what: str = "n") -> None:
+        """A request of `num_seqs` sequences that the queue could never hold is the request's fault
+        (a 400, not a full queue's retryable 429)."""
+        if num_seqs > self.max_waiting:
+            raise SamplingParamError("n", f"{what}={num_seqs} sequences exceed the server's queue of {self.max_waiting}")
 
     @property
     def alive(self) -> bool:

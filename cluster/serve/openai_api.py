@@ -181,6 +181,11 @@ class OpenAIServer:
         self._check_model(body.model)
         params = body.sampling_params(self.default_max_tokens, body.logprobs)
         prompts = body.prompts()
+        if len(prompts) > 1:
+            try:
+                self.router.check_size(len(prompts) * body.n, f"{len(prompts)} prompts x n")
+            except ValueError as e:
+                raise ApiError.of(status_of(e), str(e), "n") from None
         inputs = [await self._encode(p, "prompt" if len(prompts) == 1 else f"prompt[{i}]", body.max_tokens)
                   for i, p in enumerate(prompts)]
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())

@@ -197,3 +197,19 @@ def test_calls_past_the_limit_get_503_while_idle_sockets_and_health_checks_do_no
         for s in idle:
             s.close()
     router.shutdown()
+
+
+def test_a_request_larger_than_the_queue_is_refused_as_the_clients_error(tiny_target):
+    """prompts x n over max_waiting could never be queued: a 400 naming n, not a retryable 429 that
+    claims the queue is full (it was idle); a batch that fits runs."""
+    with Engine(tiny_target, max_waiting=4) as engine:
+        body = {"prompt": [GOOD] * 3, "n": 2, "max_tokens": 2}
+        too_big = post(engine.http.url, "/v1/completions", body)
+        assert too_big.status_code == 400 and "Retry-After" not in too_big.headers
+        error = too_big.json()["error"]
+        assert error["param"] == "n" and "3 prompts x n=6" in error["message"] and "queue of 4" in error["message"]
+        alone = post(engine.http.url, "/v1/completions", {"prompt": GOOD, "n": 5, "max_tokens": 2})
+        assert alone.status_code == 400 and alone.json()["error"]["param"] == "n"
+        fits = post(engine.http.url, "/v1/completions", {**body, "prompt": [GOOD] * 2})
+        assert fits.status_code == 200 and len(fits.json()["choices"]) == 4
+        assert engine.idle()
