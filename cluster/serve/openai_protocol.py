@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from specray.cluster.params import SamplingParams
 from specray.cluster.serve.prompts import PromptError, check_text
@@ -38,10 +38,15 @@ def validation_error(exc: RequestValidationError) -> ApiError:
     first = exc.errors()[0] if exc.errors() else {}
     if first.get("type") == "json_invalid":  # loc is ("body", <character offset>): not a field
         return ApiError(400, f"request body is not valid JSON: {first.get('msg', '')}")
-    where = ".".join(str(x) for x in first.get("loc", ())[1:])
+    where = ".".join(str(x) for x in first.get("loc", ())[1:] if not _union_member(x))
     if not where:  # the body itself: not an object, or missing
         return ApiError(400, "the request body must be a JSON object (Content-Type: application/json)")
     return ApiError(400, f"{where}: {first.get('msg', 'invalid request')}", param=where)
+
+
+def _union_member(loc_part) -> bool:
+    """A location part naming which type of a union pydantic tried (`str`, `list[int]`), not a field."""
+    return isinstance(loc_part, str) and (loc_part in ("str", "int", "float", "bool") or "[" in loc_part)
 
 
 def _check_text(text: str, param: str) -> None:
@@ -91,6 +96,17 @@ class _Common(BaseModel):
     num_speculative_tokens: int | None = None  # specray extension: per-request speculation (0 = off)
     include_stop_str_in_output: bool = False  # vLLM extension
     skip_special_tokens: bool = True  # vLLM extension
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_take_defaults(cls, data: Any) -> Any:
+        """OpenAI marks its options nullable and clients send unset ones as null: null takes the
+        field's default (a required field's null is still refused)."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items()
+                if v is not None or k not in fields or fields[k].is_required() or fields[k].default is None}
 
     @property
     def include_usage(self) -> bool:

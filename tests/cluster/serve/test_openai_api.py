@@ -297,3 +297,23 @@ def test_the_routers_refusals_name_their_field(served, body, param):
     resp = httpx.post(served[0].url + "/v1/completions", json={"model": "tiny", "max_tokens": 2, **body},
                       headers={"Authorization": f"Bearer {KEY}"})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
+
+
+def test_null_options_take_their_defaults(served, offline):
+    """OpenAI's options are nullable and clients send unset ones as null: null is the default, not a
+    type error; a required field's null is still refused."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    nulls = {k: None for k in ("temperature", "top_p", "top_k", "n", "stream", "stop", "seed", "stop_token_ids",
+                               "ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "stream_options")}
+    want = offline.chat(MESSAGES, SamplingParams(temperature=0, max_tokens=6))[0].outputs[0].text
+    chat = httpx.post(served[0].url + "/v1/chat/completions", headers=headers,
+                      json={"model": "tiny", "messages": MESSAGES, "max_tokens": 6, **nulls, "temperature": 0,
+                            "logprobs": None, "top_logprobs": None, "max_completion_tokens": None})
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["choices"][0]["message"]["content"] == want and len(chat.json()["choices"]) == 1
+    sampled = httpx.post(served[0].url + "/v1/completions", headers=headers,
+                         json={"model": "tiny", "prompt": "w20 w21", "max_tokens": 4, **nulls, "logprobs": None})
+    assert sampled.status_code == 200 and sampled.json()["choices"][0]["logprobs"] is None
+    refused = httpx.post(served[0].url + "/v1/completions", headers=headers,
+                         json={"model": "tiny", "prompt": None, "max_tokens": 4})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt"
