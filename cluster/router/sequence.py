@@ -107,9 +107,16 @@ class Sequence:
             return
         for j in range(len(token_ids)):
             self.append(token_ids[j:j + 1], None if logprobs is None else logprobs[j:j + 1])
-            self.detokenize(tokenizer)
+            if not self._stop_token_left_out():
+                self.detokenize(tokenizer)
             if self.finished:
                 return
+
+    def _stop_token_left_out(self) -> bool:
+        """The token just appended ended the sequence as a stop token (EOS or a stop token id: a
+        stop string only finishes it in `detokenize`), whose text vLLM leaves out of the output
+        unless include_stop_str_in_output; its id stays in the token ids."""
+        return self.finish_reason == "stop" and not self.params.include_stop_str_in_output
 
     def detokenize(self, tokenizer) -> None:
         """Extend `text` with the newly committed tokens; apply stop strings (cut before the stop

@@ -101,6 +101,12 @@ def test_stop_token_and_stop_string(llm, tiny_target):
                        SamplingParams(max_tokens=20, stop_token_ids=[stop_tok], **GREEDY))[0].outputs[0]
     assert out.token_ids == ids[: ids.index(stop_tok) + 1] and out.finish_reason == "stop"
     assert out.stop_reason == stop_tok
+    # vLLM's text: the stop token's own left out unless include_stop_str_in_output
+    tok = llm.get_tokenizer()
+    assert out.text == tok.decode(out.token_ids[:-1]) and tok.decode(out.token_ids) != out.text
+    kept = llm.generate({"prompt_token_ids": [1, 8, 9, 10]}, SamplingParams(
+        max_tokens=20, stop_token_ids=[stop_tok], include_stop_str_in_output=True, **GREEDY))[0].outputs[0]
+    assert kept.token_ids == out.token_ids and kept.text == tok.decode(out.token_ids)
     word = text.split()[3]
     out = llm.generate({"prompt_token_ids": [1, 8, 9, 10]},
                        SamplingParams(max_tokens=20, stop=[word], **GREEDY))[0].outputs[0]
