@@ -170,7 +170,7 @@ class ChatMessage(BaseModel):
             raise ApiError(400, "only text content parts are supported", param=param)
         if not all(isinstance(p, str) for p in parts):
             raise ApiError(400, "a text content part needs a string \"text\"", param=param)
-        return "".join(parts)
+        return "\n".join(parts)  # as vLLM joins text parts
 
 
 class ChatRequest(_Common):

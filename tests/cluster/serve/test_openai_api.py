@@ -317,3 +317,13 @@ def test_null_options_take_their_defaults(served, offline):
     refused = httpx.post(served[0].url + "/v1/completions", headers=headers,
                          json={"model": "tiny", "prompt": None, "max_tokens": 4})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt"
+
+
+def test_text_content_parts_are_joined_by_newlines(served):
+    """As vLLM: a message's text parts make one text, a newline between two parts."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    parts = [{"type": "text", "text": "w10 w11"}, {"type": "text", "text": "w12"}]
+    usage = [httpx.post(served[0].url + "/v1/chat/completions", headers=headers, json={
+        "model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": content}]}).json()["usage"]
+        for content in (parts, "w10 w11\nw12", "w10 w11w12")]
+    assert usage[0]["prompt_tokens"] == usage[1]["prompt_tokens"] != usage[2]["prompt_tokens"]
