@@ -117,6 +117,12 @@ class _Common(BaseModel):
     def refuse_unsupported(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options needs stream: true", param="stream_options")
+        options = self.stream_options or {}
+        if not isinstance(options.get("include_usage", False), bool):
+            raise ApiError(400, "stream_options.include_usage must be true or false", param="stream_options")
+        if options.get("continuous_usage_stats"):  # vLLM's usage on every chunk: not implemented
+            raise ApiError(400, "stream_options.continuous_usage_stats is not supported by specray; leave it out",
+                           param="stream_options")
         for name, value in (self.model_extra or {}).items():
             no_op = self.NO_OPS.get(name, UNSUPPORTED.get(name))
             if no_op is not None and not no_op(value):

@@ -234,6 +234,8 @@ def test_each_choice_streams_its_finish_once(client):
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content"),
     ({"messages": MESSAGES, "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"messages": MESSAGES, "stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options"),
+    ({"messages": MESSAGES, "stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
     ({"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs"),
     ({"messages": MESSAGES, "include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
     ({"messages": MESSAGES, "add_generation_prompt": False}, "add_generation_prompt"),
