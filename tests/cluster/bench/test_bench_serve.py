@@ -1,6 +1,7 @@
 """`specray bench serve` against live servers (HTTP and gRPC) and its load generator's timing."""
 
 import json
+import time
 
 from specray.cluster.cli import main
 
@@ -13,6 +14,10 @@ def test_bench_serve_against_a_live_server(tiny_target, tmp_path):
 
     llm = LLM(str(tiny_target), speculative_config={"method": "ngram", "num_speculative_tokens": 2})
     router = AsyncRouter(llm.router)
+    # each round's outputs get 20 ms to reach the client before the next round's: on a loaded box a
+    # request's chunks otherwise coalesce into one (cumulative snapshots), leaving no inter-token gap
+    flush = llm.router.after_submit
+    llm.router.after_submit = lambda: (flush(), time.sleep(0.02))
     out = tmp_path / "serve"
     data = tmp_path / "words.jsonl"
     data.write_text("\n".join(json.dumps({"category": ["math", "qa"][i % 2], "prompt": f"w{i} w{i + 1} w{i + 2}"})
