@@ -44,7 +44,8 @@ def drafter_spec(args):
 
     if args.method == "aded" and not args.model:
         raise ValueError("--method aded needs --model: the target whose tokenizer the tri-gram table uses")
-    spec = SpeculativeConfig(method=args.method, model=args.model, draft_num_layers=args.num_layers,
+    draft = None if args.method == "aded" else args.model  # aded's --model is the target (its tokenizer), no draft
+    spec = SpeculativeConfig(method=args.method, model=draft, draft_num_layers=args.num_layers,
                              prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
                              tree=args.tree, aded=args.aded, longspec=args.longspec, draft_vocab_trim=args.vocab_trim,
                              draft_quantization=args.quantization, lookup_first=args.lookup_first or None,

@@ -45,6 +45,16 @@ def test_bad_drafter_options_exit_2_with_the_reason(capsys, flags, message):
     assert message in capsys.readouterr().err
 
 
+def test_an_aded_drafter_takes_the_targets_tokenizer(tiny_target):
+    """`--method aded --model TARGET`: the model is the target whose tokenizer the tri-gram table
+    uses, not a draft (the speculative config's check refused it, so no ADED drafter could start)."""
+    from specray.cluster.pools.draft_endpoint import DraftEndpoint
+
+    spec = drafter_spec(build_parser().parse_args(["drafter", "--method", "aded", "--model", str(tiny_target)]))
+    assert spec.method == "aded" and spec.model == str(tiny_target)
+    assert DraftEndpoint.from_spec(spec) is not None
+
+
 def test_tree_flag_must_be_a_json_object(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["drafter", "--tree", "[1, 2]"])
