@@ -67,6 +67,14 @@ RECIPE_KEYS = ("lookup_first", "prompt_lookup_min", "disable_by_batch_size", "ad
 LOOKUP_FLAGS = ("prompt_lookup_min", "prompt_lookup_max")
 
 
+def refuse_draft_flags(args, method: str) -> None:
+    """A draft model's flags beside a method without one (ngram) are an error naming the flag."""
+    for key in ("draft_model", "draft_num_layers", "draft_vocab_trim", "draft_quantization"):
+        if getattr(args, key, None) is not None:
+            raise ValueError(f"--{key.replace('_', '-')} needs a method with a draft model (draft_model, eagle "
+                             f"or longspec); --speculative-method {method} drafts by prompt lookup")
+
+
 def speculative_config(args) -> dict | None:
     from specray.cluster.config.defaults import default_speculative_config, method_recipe, packaged_draft
     from specray.cluster.serve.cli import refuse_beside_none, refuse_beside_speculative_config
@@ -81,7 +89,9 @@ def speculative_config(args) -> dict | None:
     method = args.speculative_method or default["method"]
     k = args.num_speculative_tokens  # 0 is a value (rejected below), not "unset"
     cfg = {"method": method, "num_speculative_tokens": 2 if k is None else k}
-    if method != "ngram":
+    if method == "ngram":  # a draft model's flags are refused, not dropped
+        refuse_draft_flags(args, method)
+    else:
         # no draft named: the target's packaged draft for this method, else (draft_model) the target,
         # truncated; eagle and longspec need a draft of their own kind (refused, as serve does, without)
         fallback = args.model if method == "draft_model" else None

@@ -20,6 +20,7 @@ from specray.kernels.verify.rules import KIND_OF_RULE, SAMPLED_RULES
 METHODS = tuple(registry.METHODS)
 INT_KEYS = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "draft_num_layers",
             "draft_vocab_trim", "disable_by_batch_size", "verify_budget")  # layer_parallel: the registry's
+DRAFT_MODEL_KEYS = ("draft_num_layers", "draft_vocab_trim", "draft_quantization")  # a draft model's only
 MAX_SPECULATIVE_TOKENS = 256  # a chain's length or a tree's depth: far past where drafting pays
 VERIFY_CHOICES = ("auto", *SAMPLED_RULES)
 
@@ -80,6 +81,10 @@ class SpeculativeConfig:
         if self.model is not None and not entry.needs_model:  # aded took it for its tokenizer, and crashed
             raise ValueError(f"method {self.method!r} drafts without a model: drop 'model' (draft models need "
                              f"method {registry.methods_where('needs_model')})")
+        draft_only = [k for k in DRAFT_MODEL_KEYS if getattr(self, k) is not None]
+        if draft_only and not entry.needs_model:  # silently dropped before
+            raise ValueError(f"{draft_only[0]!r} shapes a draft model, and method {self.method!r} has none: drop it "
+                             f"(draft models need method {registry.methods_where('needs_model')})")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
         if self.draft_num_layers is not None and self.draft_num_layers < 1:

@@ -81,7 +81,10 @@ def test_bad_input_is_a_clear_error(tiny_target, capsys):
     for argv, message in ([["--kv-cache-tokens", "0"], "kv_cache_tokens must be"],
                           [["--device", "bogus"], "unknown device 'bogus'"],
                           [["--speculative-method", "none", "--num-speculative-tokens", "3"],
-                           "none turns speculation off; drop --num-speculative-tokens"]):
+                           "none turns speculation off; drop --num-speculative-tokens"],
+                          [["--speculative-method", "ngram", "--draft-quantization", "q4_1"],
+                           "--draft-quantization needs a method with a draft model"],
+                          [["--draft-model", "smollm2-135m-eagle"], "--draft-model needs a method with a draft model"]):
         assert main(["generate", "w3", "--model", str(tiny_target), *argv]) == 2
         assert message in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:  # argparse's own check of a choice

@@ -95,3 +95,7 @@ def test_bad_draft_quantization_is_a_clear_error(tiny_draft):
         SpeculativeConfig(method="draft_model", model=str(tiny_draft), draft_quantization="int4")
     with pytest.raises(ValueError, match="quantization"):
         build_drafter(DraftOptions("draft_model", str(tiny_draft), draft_quantization="int4"))
+    for method in ("ngram", "aded"):  # no draft model to round: refused, not dropped
+        for key, value in (("draft_quantization", "q4_1"), ("draft_vocab_trim", 8), ("draft_num_layers", 1)):
+            with pytest.raises(ValueError, match=f"'{key}' shapes a draft model, and method '{method}' has none"):
+                SpeculativeConfig(method=method, **{key: value})
