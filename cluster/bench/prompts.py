@@ -31,7 +31,13 @@ def read_lines(path: Path) -> list[tuple[int, str]]:
     """A prompt file's non-blank lines with their numbers; ValueError where there is no file or none."""
     if not path.exists():
         raise ValueError(f"prompt file {path} does not exist")
-    lines = [(n, line) for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+    if not path.is_file():
+        raise ValueError(f"prompt file {path} is not a file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"prompt file {path} is not UTF-8 text (byte {e.start})") from None
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
         raise ValueError(f"prompt file {path} holds no prompts")
     return lines

@@ -3,6 +3,8 @@ transport points at it)."""
 
 from __future__ import annotations
 
+import argparse
+
 from specray.cluster.args import json_object
 from specray.kernels.drafters.registry import METHODS
 
@@ -33,8 +35,19 @@ def add_drafter_parser(sub) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--kv-cache-tokens", type=int, default=16384)
     p.add_argument("--host", default="[::]")
-    p.add_argument("--port", type=int, default=50061)
+    p.add_argument("--port", type=port_number, default=50061, help="0: any free port")
     p.set_defaults(func=cmd_drafter)
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 0-65535 (gRPC took 70000 as 4464)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in [0, 65535], got {port}")
+    return port
 
 
 def drafter_spec(args):

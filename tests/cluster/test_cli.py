@@ -106,6 +106,20 @@ def test_a_prompt_file_without_good_prompts_is_refused_naming_the_line(tmp_path,
     assert message in capsys.readouterr().err
 
 
+def test_a_prompt_path_that_is_no_text_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "bytes.txt").write_bytes(b"\xff\xfe hello\n")
+    for path, message in ((tmp_path, "is not a file"), (tmp_path / "bytes.txt", "is not UTF-8 text")):
+        assert main(["generate", "--file", str(path), "--model", "no-model-is-loaded"]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_a_drafter_port_outside_the_range_is_refused(capsys):
+    for port in ("70000", "-1", "http"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["drafter", "--method", "ngram", "--port", port])
+        assert exit_info.value.code == 2 and "--port" in capsys.readouterr().err
+
+
 def test_speculative_config_json_is_the_whole_config(tiny_target, tiny_draft, capsys):
     """--speculative-config (vLLM's flag) passes trees, budgets and lookup_first through as given; a
     tree config generates; beside another speculation flag, or not a JSON object, it is refused."""
