@@ -40,10 +40,16 @@ class RouterLimits:
         assert thresholds == sorted(set(thresholds)) and all(k >= 0 for _, k in self.speculation_schedule)
 
     def reservation(self, prompt_len: int, max_tokens: int) -> int:
-        """KV slots a request's sequence may use at worst, in whole blocks (a tree's nodes included)."""
+        """KV slots a request's sequence may use at worst, in whole blocks (a tree's nodes included),
+        at most the whole cache: near its end a sequence drafts only what its slots hold (`draft_room`)."""
         spec_tokens = max(self.num_speculative_tokens, self.max_draft_tokens)
         tokens = min(prompt_len + max_tokens, self.max_model_len) + spec_tokens + 1
-        return ceil_div(tokens, self.block_size) * self.block_size
+        return min(ceil_div(tokens, self.block_size) * self.block_size, self.kv_capacity_tokens)
+
+    def draft_room(self, prompt_len: int, max_tokens: int, num_tokens: int) -> int:
+        """Draft tokens (tree nodes) a sequence of `num_tokens` tokens may verify within its reserved
+        slots beside its bonus token."""
+        return max(0, self.reservation(prompt_len, max_tokens) - num_tokens - 1)
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams, has_tokenizer: bool = True) -> None:
         """ValueError for a request these limits could never run; nothing reaches a worker unchecked."""
@@ -83,21 +89,21 @@ class RouterLimits:
 
 def fit_context(max_model_len: int | None, limit: int, capacity: int, spec) -> int:
     """The context one sequence may fill: the model's (`limit`), cut to what a KV cache of `capacity`
-    tokens holds beside a round's draft tokens (`spec`, a SpeculativeConfig or None) where not set,
-    as `reservation` counts; a set one the cache cannot hold is refused at start-up, as vLLM does,
-    rather than every long request later."""
+    tokens holds where not set, whatever the speculation (`spec`, unused: greedy speculative output must
+    equal plain decoding's, length cut included); a set one the cache cannot hold is refused at
+    start-up, as vLLM does, rather than every long request later."""
     if max_model_len is not None and not 2 <= max_model_len <= limit:
         raise ValueError(f"max_model_len must be in [2, {limit}], got {max_model_len}")
-    spec_tokens = max(spec.num_speculative_tokens, spec.max_draft_tokens()) if spec else 0
-    room = capacity - spec_tokens - 1
+    # not less for speculation: the context (and with it where a request stops) must not depend on
+    # it; a sequence near the cache's end drafts only what its slots hold
+    room = capacity - 1
     if max_model_len is None:
         if room < 2:
             raise ValueError(f"the KV cache ({capacity} tokens) leaves no room for a sequence; raise kv_cache_tokens")
         return min(limit, room)
     if max_model_len > room:
-        raise ValueError(f"max_model_len {max_model_len} does not fit in the KV cache ({capacity} tokens, "
-                         f"{spec_tokens + 1} of them for a round's draft and bonus tokens); lower max_model_len "
-                         "or raise kv_cache_tokens")
+        raise ValueError(f"max_model_len {max_model_len} does not fit in the KV cache ({capacity} tokens); lower "
+                         "max_model_len or raise kv_cache_tokens")
     return max_model_len
 
 

@@ -192,14 +192,18 @@ def test_chat_refuses_malformed_messages(llm, messages, message):
 
 
 def test_the_context_is_cut_to_what_the_kv_cache_holds(tiny_target):
-    """As vLLM: an unset max_model_len is the model's context cut to the KV cache (beside a round's
-    draft tokens), so a request without max_tokens fits; a set one the cache cannot hold is refused
-    at start-up."""
+    """As vLLM: an unset max_model_len is the model's context cut to the KV cache, whatever the
+    speculation, so a request without max_tokens fits and stops where plain decoding's does; a set
+    one the cache cannot hold is refused at start-up."""
     small = LLM(str(tiny_target), kv_cache_tokens=32)
     assert small.router.config.max_model_len == 31
     out = small.generate({"prompt_token_ids": [1] * 20}, SamplingParams(max_tokens=50, **GREEDY))[0].outputs[0]
     assert len(out.token_ids) == 11 and out.finish_reason == "length"
+    # speculation takes no context: a request stops where plain decoding's does (it drafts less near the end)
     spec = LLM(str(tiny_target), kv_cache_tokens=32, speculative_config={"method": "ngram", "num_speculative_tokens": 3})
-    assert spec.router.config.max_model_len == 28
+    assert spec.router.config.max_model_len == 31
+    both = spec.generate({"prompt_token_ids": [1] * 20}, SamplingParams(max_tokens=50, **GREEDY))[0]
+    assert (both.outputs[0].token_ids, both.outputs[0].finish_reason) == (out.token_ids, out.finish_reason)
+    assert both.metrics.num_draft_tokens > 0  # it drafted, within the slots the cache holds
     with pytest.raises(ValueError, match="max_model_len 40 does not fit in the KV cache"):
         LLM(str(tiny_target), kv_cache_tokens=32, max_model_len=40)
