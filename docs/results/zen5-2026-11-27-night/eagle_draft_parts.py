@@ -9,7 +9,7 @@ from specray import LLM, SamplingParams
 from specray.cluster.bench.prompts import load_prompts
 from specray.kernels.chat import prompt_token_ids
 from specray.kernels.loader import resolve
-from specray.kernels.drafters import eagle as eg, vocab_trim as vt
+from specray.kernels.drafters import eagle as eg
 from specray.kernels import cpu_ops, batch as bt, model as mm
 acc = collections.defaultdict(float); cnt = collections.Counter()
 inside = [False]
