@@ -81,6 +81,11 @@ class LLM:
         fits, whole), as `specray serve` does."""
         torch_dtype = parse_dtype(dtype)
         check_engine_args(device, kv_cache_tokens, block_size)
+        if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+        if kernels == "fast" and torch.device(device).type == "cpu" and torch_dtype != torch.float32:
+            raise ValueError(f"kernels='fast' runs the C kernels on fp32 weights; dtype {dtype_name(torch_dtype)} "
+                             "would run plain torch: use dtype float32 or kernels 'exact'")
         torch.manual_seed(seed)
         checkpoint = resolve(model)
         self.model_name = model

@@ -48,6 +48,16 @@ def test_bad_speculative_config(tiny_target, config, message):
         LLM(str(tiny_target), speculative_config=config)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_num_seqs=0), "max_num_seqs must be an integer >= 1, got 0"),
+    (dict(kernels="fast", dtype="bfloat16"), "kernels='fast' runs the C kernels on fp32 weights; dtype bfloat16"),
+])
+def test_engine_arguments_that_could_not_run_are_refused(tiny_target, kwargs, message):
+    """A bare assertion deep in the router, and a fast mode silently dropped for plain torch, before."""
+    with pytest.raises(ValueError, match=message):
+        LLM(str(tiny_target), **kwargs)
+
+
 def test_unknown_model():
     with pytest.raises(ModelNotFoundError, match="unknown model"):
         LLM("no-such-model-anywhere")
