@@ -69,14 +69,18 @@ LOOKUP_FLAGS = ("prompt_lookup_min", "prompt_lookup_max")
 
 def refuse_draft_flags(args, method: str) -> None:
     """A draft model's flags beside a method without one (ngram) are an error naming the flag."""
-    for key in ("draft_model", "draft_num_layers", "draft_vocab_trim", "draft_quantization"):
+    from specray.cluster.config.speculative import DRAFT_MODEL_KEYS
+    from specray.kernels.drafters.registry import methods_where
+
+    for key in ("draft_model", *DRAFT_MODEL_KEYS):
         if getattr(args, key, None) is not None:
-            raise ValueError(f"--{key.replace('_', '-')} needs a method with a draft model (draft_model, eagle "
-                             f"or longspec); --speculative-method {method} drafts by prompt lookup")
+            raise ValueError(f"--{key.replace('_', '-')} needs a method with a draft model "
+                             f"({methods_where('needs_model')}); --speculative-method {method} drafts by prompt lookup")
 
 
 def speculative_config(args) -> dict | None:
     from specray.cluster.config.defaults import default_speculative_config, method_recipe, packaged_draft
+    from specray.cluster.config.speculative import DRAFT_MODEL_KEYS
     from specray.cluster.serve.cli import refuse_beside_none, refuse_beside_speculative_config
 
     if getattr(args, "speculative_config", None) is not None:  # callers' namespaces may predate the flag
@@ -96,7 +100,7 @@ def speculative_config(args) -> dict | None:
         # truncated; eagle and longspec need a draft of their own kind (refused, as serve does, without)
         fallback = args.model if method == "draft_model" else None
         cfg["model"] = args.draft_model or packaged_draft(args.model, method) or fallback
-        for key in ("draft_num_layers", "draft_vocab_trim", "draft_quantization"):
+        for key in DRAFT_MODEL_KEYS:
             if getattr(args, key) is not None:
                 cfg[key] = getattr(args, key)
     recipe = method_recipe(args.model, method, default)

@@ -40,9 +40,11 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def check_engine_args(device: str, kv_cache_tokens: int, block_size: int) -> None:
-    """The in-process engine's device must be here, its KV cache hold a block: ValueError saying why
-    (torch's RuntimeError, or a bare assertion, otherwise)."""
+def check_engine_args(device: str, kv_cache_tokens: int, block_size: int, max_num_seqs: int = 1,
+                      kernels: str = "exact", dtype: torch.dtype = torch.float32) -> None:
+    """The in-process engine's device must be here, its KV cache hold a block, its batch a sequence,
+    and the fast kernels get fp32 weights on a CPU: ValueError saying why (torch's RuntimeError, a
+    bare assertion, or plain torch in silence, otherwise)."""
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
@@ -55,6 +57,11 @@ def check_engine_args(device: str, kv_cache_tokens: int, block_size: int) -> Non
         raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
     if not isinstance(kv_cache_tokens, int) or kv_cache_tokens < block_size:
         raise ValueError(f"kv_cache_tokens must be an integer >= block_size ({block_size}), got {kv_cache_tokens!r}")
+    if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+    if kernels == "fast" and dev.type == "cpu" and dtype != torch.float32:
+        raise ValueError(f"kernels='fast' runs the C kernels on fp32 weights; dtype {dtype_name(dtype)} "
+                         "would run plain torch: use dtype float32 or kernels 'exact'")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -80,12 +87,7 @@ class LLM:
         chunks over several rounds ("auto": 256 on CPU, 512 on an accelerator; None: every prompt that
         fits, whole), as `specray serve` does."""
         torch_dtype = parse_dtype(dtype)
-        check_engine_args(device, kv_cache_tokens, block_size)
-        if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
-        if kernels == "fast" and torch.device(device).type == "cpu" and torch_dtype != torch.float32:
-            raise ValueError(f"kernels='fast' runs the C kernels on fp32 weights; dtype {dtype_name(torch_dtype)} "
-                             "would run plain torch: use dtype float32 or kernels 'exact'")
+        check_engine_args(device, kv_cache_tokens, block_size, max_num_seqs, kernels, torch_dtype)
         torch.manual_seed(seed)
         checkpoint = resolve(model)
         self.model_name = model

@@ -51,7 +51,7 @@ SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
     "specray_decoder_layers": [P, I64, P, F32, F32, P, P, P, I64, I32, I64, P, P, P,
                                P, P, P, P, P, P, I64, I64, P, I32],
     "specray_decoder_logits_workspace": [I64, I64],  # n, hidden -> floats
-    # h, picked, n, hidden, norm, eps, head blocks, head kind, vocab, logits, work, threads
+    # h, rows, picked, n, hidden, norm, eps, head blocks, head kind, vocab, logits, normed (or NULL), work, threads
     "specray_decoder_logits": [P, I64, P, I64, I64, P, F32, I64, I32, I64, P, P, P, I32],
     "specray_parallel_check": [I64, I64, I32, P],  # n, chunk, threads, seen (int32 [n]): the loops' test
 }

@@ -80,11 +80,18 @@ def _pack_f32(weight: torch.Tensor) -> PackedWeight:
     return PackedWeight("f32", weight.view(torch.uint8).view(out, inp // QK, BLOCK_BYTES["f32"]), out, inp)
 
 
-def _pack_q4_1(w: torch.Tensor) -> PackedWeight | None:
-    m = w.amin(-1, keepdim=True)  # [out, nb, 1]; the block minimum is q = 0
+def _q4_1_parts(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w [out, nb, 32] -> the nearest Q4_1 blocks' step d, minimum m [out, nb, 1] (fp16 values as fp32)
+    and q [out, nb, 32] in 0..15: the value of element j is d * q_j + m."""
+    m = w.amin(-1, keepdim=True).half().float()  # the block minimum is q = 0
     d = ((w.amax(-1, keepdim=True) - m) / 15).half().float()  # q = 15 at the maximum
-    q = torch.where(d > 0, (w - m) / torch.where(d > 0, d, 1), 0).round().clamp(0, 15)  # [out, nb, 32]
-    if not (torch.equal(d * q + m, w) and torch.equal(m.half().float(), m)):
+    q = torch.where(d > 0, (w - m) / torch.where(d > 0, d, 1), 0).round().clamp(0, 15)
+    return d, m, q
+
+
+def _pack_q4_1(w: torch.Tensor) -> PackedWeight | None:
+    d, m, q = _q4_1_parts(w)
+    if not torch.equal(d * q + m, w):  # not Q4_1 values (an m off fp16 included)
         return None
     q = q.to(torch.uint8)
     nibbles = q[..., :16] | (q[..., 16:] << 4)  # element j low, j + 16 high (the ggml order)
@@ -117,10 +124,7 @@ def round_to_q4_1(weight: torch.Tensor) -> torch.Tensor:
     m, 4-bit q; value d * q + m), as fp32: what `pack_exact` then packs bit for bit. Half the bytes of
     Q8_0, for drafts (see `round_to_q8_0`)."""
     assert weight.dim() == 2 and weight.shape[1] % QK == 0, "Q4_1 rounds rows of whole 32-blocks"
-    w = weight.detach().float().reshape(weight.shape[0], -1, QK)  # [out, nb, 32]
-    m = w.amin(-1, keepdim=True).half().float()  # [out, nb, 1]
-    d = ((w.amax(-1, keepdim=True) - m) / 15).half().float()  # [out, nb, 1]
-    q = torch.where(d > 0, (w - m) / torch.where(d > 0, d, 1), 0).round().clamp(0, 15)  # [out, nb, 32]
+    d, m, q = _q4_1_parts(weight.detach().float().reshape(weight.shape[0], -1, QK))
     return (d * q + m).reshape(weight.shape)
 
 

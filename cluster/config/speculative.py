@@ -78,13 +78,8 @@ class SpeculativeConfig:
                              f"got {self.num_speculative_tokens!r}")
         entry = registry.check_options(self.method, self.model, self.tree, self.lookup_first, self.layer_parallel,
                                        aded=self.aded, longspec=self.longspec)
-        if self.model is not None and not entry.needs_model:  # aded took it for its tokenizer, and crashed
-            raise ValueError(f"method {self.method!r} drafts without a model: drop 'model' (draft models need "
-                             f"method {registry.methods_where('needs_model')})")
-        draft_only = [k for k in DRAFT_MODEL_KEYS if getattr(self, k) is not None]
-        if draft_only and not entry.needs_model:  # silently dropped before
-            raise ValueError(f"{draft_only[0]!r} shapes a draft model, and method {self.method!r} has none: drop it "
-                             f"(draft models need method {registry.methods_where('needs_model')})")
+        if not entry.needs_model:  # a model (aded took it for its tokenizer, and crashed) or its options
+            self._refuse_draft_model_keys()
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
         if self.draft_num_layers is not None and self.draft_num_layers < 1:
@@ -104,6 +99,15 @@ class SpeculativeConfig:
             raise ValueError(f"disable_by_batch_size must be >= 1, got {self.disable_by_batch_size}")
         self._check_schedule()
         self._check_adaptive()
+
+    def _refuse_draft_model_keys(self) -> None:
+        needs = f"draft models need method {registry.methods_where('needs_model')}"
+        if self.model is not None:
+            raise ValueError(f"method {self.method!r} drafts without a model: drop 'model' ({needs})")
+        for key in DRAFT_MODEL_KEYS:
+            if getattr(self, key) is not None:
+                raise ValueError(f"{key!r} shapes a draft model, and method {self.method!r} has none: drop it "
+                                 f"({needs})")
 
     def sampled_kinds(self) -> set[str]:
         """The Proposal kinds this config drafts for sampled requests (greedy ones verify greedily)."""

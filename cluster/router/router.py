@@ -81,17 +81,15 @@ class Router(RequestBook):
         k = seq.params.num_speculative_tokens
         k = self.config.num_speculative_tokens if k is None else k
         budget = self.verify_budget(seq)
-        load = k if seq.reproducible else self.config.draft_cap(len(self.running))
-        return min(k, load, seq.max_draft_tokens(), self._draft_room(seq), k if budget is None else budget)
-
-    def _draft_room(self, seq: Sequence) -> int:
-        return self.config.draft_room(len(seq.prompt_token_ids), seq.params.max_tokens, seq.num_tokens)
+        cap = self.config.num_speculative_tokens if seq.reproducible else self.config.draft_cap(len(self.running))
+        return min(k, cap, seq.max_draft_tokens(), k if budget is None else budget)
 
     def verify_budget(self, seq: Sequence) -> int | None:
         """The request's budget of verified draft tokens per round, within the global one and, where a
-        tree could hold more nodes than the sequence's reserved KV slots left, within those."""
+        round could verify more than the sequence's reserved KV slots left, within those (a chain's
+        length or a tree's nodes never exceed `max_draft_tokens`, so elsewhere the slots hold them)."""
         budgets = [b for b in (seq.params.verify_budget, self.config.verify_budget) if b is not None]
-        room = self._draft_room(seq)
+        room = self.config.draft_room(len(seq.prompt_token_ids), seq.params.max_tokens, seq.num_tokens)
         if room < self.config.max_draft_tokens:
             budgets.append(room)
         return min(budgets) if budgets else None
