@@ -6,33 +6,9 @@ import httpx
 import openai
 import pytest
 
-from specray import LLM, SamplingParams
-from specray.cluster.router.async_router import AsyncRouter
-from specray.cluster.serve.http_server import BackgroundServer
-from specray.cluster.serve.openai_api import OpenAIServer
+from specray import SamplingParams
 
-KEY = "sk-test"
-MESSAGES = [{"role": "user", "content": "w10 w11 w12"}]
-
-
-@pytest.fixture(scope="module")
-def offline(tiny_target):
-    return LLM(str(tiny_target))
-
-
-@pytest.fixture(scope="module")
-def served(tiny_target, tiny_draft):
-    llm = LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 3})
-    router = AsyncRouter(llm.router)
-    server = OpenAIServer(router, llm.get_tokenizer(), "tiny", api_key=KEY)
-    with BackgroundServer(server.app) as http:
-        yield http, router
-    router.shutdown()
-
-
-@pytest.fixture()
-def client(served):
-    return openai.OpenAI(base_url=served[0].url + "/v1", api_key=KEY, max_retries=0)
+from openai_helpers import KEY, MESSAGES, client, offline, served  # noqa: F401 - fixtures
 
 
 def test_chat_matches_offline_greedy(client, offline):
@@ -157,18 +133,6 @@ def test_disconnect_frees_the_sequence(served):
     assert not router.router.has_unfinished() and router.router.reserved_tokens == 0
 
 
-@pytest.mark.parametrize("field, value", [("max_tokens", -3), ("temperature", -1), ("top_p", 2.0), ("n", 0),
-                                          ("stop", [""]), ("seed", -1)])
-def test_a_refused_sampling_parameter_is_named_in_param(field, value):
-    """OpenAI's error body names the offending field in `param`, as for the schema's own errors."""
-    from specray.cluster.serve.openai_protocol import ApiError, ChatRequest
-
-    body = ChatRequest(messages=[{"role": "user", "content": "hi"}], **{field: value})
-    with pytest.raises(ApiError) as e:
-        body.sampling_params(16, None)
-    assert e.value.status == 400 and e.value.param == field and field in str(e.value)
-
-
 def _stop_across_tokens(offline, prompt: str) -> tuple[str, str]:
     """A stop string that spans two tokens of the greedy answer to `prompt`, and the text before it."""
     out = offline.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].outputs[0]
@@ -230,25 +194,6 @@ def test_each_choice_streams_its_finish_once(client):
     assert sorted(finishes) == [(0, "length"), (1, "length")]
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}, "messages[0].content"),
-    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content"),
-    ({"messages": MESSAGES, "stream_options": {"include_usage": True}}, "stream_options"),
-    ({"messages": MESSAGES, "stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options"),
-    ({"messages": MESSAGES, "stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
-    ({"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs"),
-    ({"messages": MESSAGES, "include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
-    ({"messages": MESSAGES, "add_generation_prompt": False}, "add_generation_prompt"),
-    ({"messages": MESSAGES, "use_beam_search": True}, "use_beam_search"),
-    ({"messages": MESSAGES, "structured_outputs": {"choice": ["a"]}}, "structured_outputs"),
-    ({"messages": [{"role": "user", "content": "w5 " * 600}]}, "messages"),  # fills the context alone
-])
-def test_a_request_refused_names_its_field(served, body, param):
-    resp = httpx.post(served[0].url + "/v1/chat/completions", json={"model": "tiny", "max_tokens": 2, **body},
-                      headers={"Authorization": f"Bearer {KEY}"})
-    assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
-
-
 def test_vllm_output_options_are_applied(client, offline):
     stop, want = _stop_across_tokens(offline, "w20 w21 w22")
     args = dict(model="tiny", prompt="w20 w21 w22", temperature=0, max_tokens=12, stop=stop)
@@ -288,44 +233,3 @@ def test_sampled_completions_logprobs_hold_the_drawn_token_beside_the_top_n(clie
     sizes = [len(top) for top in lp.top_logprobs]
     assert set(sizes) <= {1, 2} and 2 in sizes  # a token drawn below the top one somewhere
     assert all(tok in top and top[tok] == v for tok, top, v in zip(lp.tokens, lp.top_logprobs, lp.token_logprobs))
-
-
-@pytest.mark.parametrize("body, param", [
-    ({"prompt": [10**6]}, "prompt"),  # token ids the vocabulary lacks: the router's own check
-    ({"prompt": "w5", "n": 10**3}, "n"),
-    ({"prompt": "w5 " * 600}, "prompt"),  # the prompt fills the context alone: not max_tokens' fault
-])
-def test_the_routers_refusals_name_their_field(served, body, param):
-    resp = httpx.post(served[0].url + "/v1/completions", json={"model": "tiny", "max_tokens": 2, **body},
-                      headers={"Authorization": f"Bearer {KEY}"})
-    assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
-
-
-def test_null_options_take_their_defaults(served, offline):
-    """OpenAI's options are nullable and clients send unset ones as null: null is the default, not a
-    type error; a required field's null is still refused."""
-    headers = {"Authorization": f"Bearer {KEY}"}
-    nulls = {k: None for k in ("temperature", "top_p", "top_k", "n", "stream", "stop", "seed", "stop_token_ids",
-                               "ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "stream_options")}
-    want = offline.chat(MESSAGES, SamplingParams(temperature=0, max_tokens=6))[0].outputs[0].text
-    chat = httpx.post(served[0].url + "/v1/chat/completions", headers=headers,
-                      json={"model": "tiny", "messages": MESSAGES, "max_tokens": 6, **nulls, "temperature": 0,
-                            "logprobs": None, "top_logprobs": None, "max_completion_tokens": None})
-    assert chat.status_code == 200, chat.text
-    assert chat.json()["choices"][0]["message"]["content"] == want and len(chat.json()["choices"]) == 1
-    sampled = httpx.post(served[0].url + "/v1/completions", headers=headers,
-                         json={"model": "tiny", "prompt": "w20 w21", "max_tokens": 4, **nulls, "logprobs": None})
-    assert sampled.status_code == 200 and sampled.json()["choices"][0]["logprobs"] is None
-    refused = httpx.post(served[0].url + "/v1/completions", headers=headers,
-                         json={"model": "tiny", "prompt": None, "max_tokens": 4})
-    assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt"
-
-
-def test_text_content_parts_are_joined_by_newlines(served):
-    """As vLLM: a message's text parts make one text, a newline between two parts."""
-    headers = {"Authorization": f"Bearer {KEY}"}
-    parts = [{"type": "text", "text": "w10 w11"}, {"type": "text", "text": "w12"}]
-    usage = [httpx.post(served[0].url + "/v1/chat/completions", headers=headers, json={
-        "model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": content}]}).json()["usage"]
-        for content in (parts, "w10 w11\nw12", "w10 w11w12")]
-    assert usage[0]["prompt_tokens"] == usage[1]["prompt_tokens"] != usage[2]["prompt_tokens"]

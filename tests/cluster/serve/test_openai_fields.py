@@ -1,0 +1,80 @@
+"""The OpenAI-compatible HTTP API's request fields: a refused one named in the error's `param`, null
+options taking their defaults, chat content parts."""
+
+import httpx
+import pytest
+
+from specray import SamplingParams
+
+from openai_helpers import KEY, MESSAGES, offline, served  # noqa: F401 - fixtures
+
+@pytest.mark.parametrize("field, value", [("max_tokens", -3), ("temperature", -1), ("top_p", 2.0), ("n", 0),
+                                          ("stop", [""]), ("seed", -1)])
+def test_a_refused_sampling_parameter_is_named_in_param(field, value):
+    """OpenAI's error body names the offending field in `param`, as for the schema's own errors."""
+    from specray.cluster.serve.openai_protocol import ApiError, ChatRequest
+
+    body = ChatRequest(messages=[{"role": "user", "content": "hi"}], **{field: value})
+    with pytest.raises(ApiError) as e:
+        body.sampling_params(16, None)
+    assert e.value.status == 400 and e.value.param == field and field in str(e.value)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content"),
+    ({"messages": MESSAGES, "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"messages": MESSAGES, "stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options"),
+    ({"messages": MESSAGES, "stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
+    ({"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": MESSAGES, "include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
+    ({"messages": MESSAGES, "add_generation_prompt": False}, "add_generation_prompt"),
+    ({"messages": MESSAGES, "use_beam_search": True}, "use_beam_search"),
+    ({"messages": MESSAGES, "structured_outputs": {"choice": ["a"]}}, "structured_outputs"),
+    ({"messages": [{"role": "user", "content": "w5 " * 600}]}, "messages"),  # fills the context alone
+])
+def test_a_request_refused_names_its_field(served, body, param):
+    resp = httpx.post(served[0].url + "/v1/chat/completions", json={"model": "tiny", "max_tokens": 2, **body},
+                      headers={"Authorization": f"Bearer {KEY}"})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": [10**6]}, "prompt"),  # token ids the vocabulary lacks: the router's own check
+    ({"prompt": "w5", "n": 10**3}, "n"),
+    ({"prompt": "w5 " * 600}, "prompt"),  # the prompt fills the context alone: not max_tokens' fault
+])
+def test_the_routers_refusals_name_their_field(served, body, param):
+    resp = httpx.post(served[0].url + "/v1/completions", json={"model": "tiny", "max_tokens": 2, **body},
+                      headers={"Authorization": f"Bearer {KEY}"})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
+
+
+def test_null_options_take_their_defaults(served, offline):
+    """OpenAI's options are nullable and clients send unset ones as null: null is the default, not a
+    type error; a required field's null is still refused."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    nulls = {k: None for k in ("temperature", "top_p", "top_k", "n", "stream", "stop", "seed", "stop_token_ids",
+                               "ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "stream_options")}
+    want = offline.chat(MESSAGES, SamplingParams(temperature=0, max_tokens=6))[0].outputs[0].text
+    chat = httpx.post(served[0].url + "/v1/chat/completions", headers=headers,
+                      json={"model": "tiny", "messages": MESSAGES, "max_tokens": 6, **nulls, "temperature": 0,
+                            "logprobs": None, "top_logprobs": None, "max_completion_tokens": None})
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["choices"][0]["message"]["content"] == want and len(chat.json()["choices"]) == 1
+    sampled = httpx.post(served[0].url + "/v1/completions", headers=headers,
+                         json={"model": "tiny", "prompt": "w20 w21", "max_tokens": 4, **nulls, "logprobs": None})
+    assert sampled.status_code == 200 and sampled.json()["choices"][0]["logprobs"] is None
+    refused = httpx.post(served[0].url + "/v1/completions", headers=headers,
+                         json={"model": "tiny", "prompt": None, "max_tokens": 4})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt"
+
+
+def test_text_content_parts_are_joined_by_newlines(served):
+    """As vLLM: a message's text parts make one text, a newline between two parts."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    parts = [{"type": "text", "text": "w10 w11"}, {"type": "text", "text": "w12"}]
+    usage = [httpx.post(served[0].url + "/v1/chat/completions", headers=headers, json={
+        "model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": content}]}).json()["usage"]
+        for content in (parts, "w10 w11\nw12", "w10 w11w12")]
+    assert usage[0]["prompt_tokens"] == usage[1]["prompt_tokens"] != usage[2]["prompt_tokens"]
