@@ -78,7 +78,8 @@ class Checkpoint:
             from transformers import PretrainedConfig
 
             return AutoTokenizer.from_pretrained(self.path, config=PretrainedConfig())
-        return AutoTokenizer.from_pretrained(self.path)
+        known = {"config": self.hf_config()} if (self.path / "config.json").exists() else {}
+        return AutoTokenizer.from_pretrained(self.path, **known)
 
 
 def is_diffusion_model(name: str) -> bool:
@@ -98,14 +99,25 @@ def hf_config(folder: str | Path):
     a config is built with a divisible stand-in, then given its real hidden size."""
     import json
 
-    from transformers import AutoConfig, LlamaConfig
+    from transformers import AutoConfig
 
     raw = json.loads((Path(folder) / "config.json").read_text())
     if raw.get("model_type") == "llama" and raw.get("head_dim") and raw["hidden_size"] % raw["num_attention_heads"]:
-        config = LlamaConfig(**{**raw, "hidden_size": raw["num_attention_heads"] * raw["head_dim"]})
-        config.hidden_size = raw["hidden_size"]
-        return config
+        return llama_config(**raw)
     return AutoConfig.from_pretrained(folder)
+
+
+def llama_config(**kw):
+    """`LlamaConfig(**kw)`, also where the hidden size is no multiple of the head count and `head_dim`
+    is given (see hf_config): built with a divisible stand-in, then given its real hidden size."""
+    from transformers import LlamaConfig
+
+    hidden, heads, head_dim = kw["hidden_size"], kw["num_attention_heads"], kw.get("head_dim")
+    if not head_dim or hidden % heads == 0:
+        return LlamaConfig(**kw)
+    config = LlamaConfig(**{**kw, "hidden_size": heads * head_dim})
+    config.hidden_size = hidden
+    return config
 
 
 def hf_llama(folder: str | Path, dtype: torch.dtype = torch.float32):

@@ -11,7 +11,9 @@ import torch
 def load_hf(path: Path):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    from specray.kernels.loader import hf_config
+
+    return AutoModelForCausalLM.from_pretrained(path, config=hf_config(path), dtype=torch.float32).eval()
 
 
 def truncated_assistant(target, num_layers: int | None):

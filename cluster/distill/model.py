@@ -48,12 +48,14 @@ def draft_config(tc, hidden_size: int, num_layers: int, intermediate_size: int):
 
     from transformers import LlamaConfig
 
+    from specray.kernels.loader import llama_config
+
     if rope_params(tc)[1] is not None:
         raise ValueError("init from targets with RoPE scaling is not supported yet")
     theta = rope_theta(tc)
     rope = ({"rope_parameters": {"rope_type": "default", "rope_theta": theta}}
             if "rope_parameters" in inspect.signature(LlamaConfig.__init__).parameters else {"rope_theta": theta})
-    config = LlamaConfig(
+    config = llama_config(
         vocab_size=tc.vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_layers, num_attention_heads=tc.num_attention_heads,
         num_key_value_heads=tc.num_key_value_heads,

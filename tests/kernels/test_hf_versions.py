@@ -41,3 +41,30 @@ def test_chat_token_ids_from_either_return_type(as_dict):
     tok = _Tokenizer(as_dict)
     assert chat_token_ids(tok, [{"role": "user", "content": "abc"}]) == [1, 3, 2]
     assert prompt_token_ids(tok, "hello") == [1, 5, 2]
+
+
+def test_a_hidden_size_no_multiple_of_the_heads_builds_loads_and_tokenizes(tiny_target, tmp_path):
+    """transformers 5 refuses hidden 32 over 3 heads even with head_dim given; the packaged
+    standalone draft has that shape (256 over 9 heads of 64): its config, the draft distill builds, a
+    folder saved with it, its tokenizer and the benchmark's transformers loader all work."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaForCausalLM
+
+    from specray.cluster.bench.hf_baselines import load_hf
+    from specray.cluster.distill.model import draft_config, write_draft_folder
+    from specray.kernels.loader import Checkpoint, hf_config, llama_config
+
+    config = llama_config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=3, num_key_value_heads=1, head_dim=16)
+    assert (config.hidden_size, config.head_dim) == (32, 16)
+    target = SimpleNamespace(**{k: getattr(config, k) for k in (
+        "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+        "rms_norm_eps", "bos_token_id", "eos_token_id", "pad_token_id")}, rope_theta=10000.0, rope_scaling=None,
+        hidden_size=48, intermediate_size=64)
+    assert draft_config(target, 32, 1, 64).hidden_size == 32
+    model = LlamaForCausalLM(config)
+    write_draft_folder(tmp_path, model.state_dict(), {**config.to_dict(), "model_type": "llama"}, tiny_target)
+    assert hf_config(tmp_path).hidden_size == 32
+    assert load_hf(tmp_path).model.layers[0].self_attn.q_proj.weight.shape == (48, 32)
+    assert Checkpoint(tmp_path, "draft").tokenizer()("a b").input_ids
