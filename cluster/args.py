@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 
 def int_list(text: str) -> list[int]:
@@ -16,12 +17,17 @@ def float_list(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x]
 
 
+def non_negative_int_list(text: str) -> list[int]:
+    """ "0,2,3" -> [0, 2, 3], each >= 0, at least one """
+    return _checked_list(text, non_negative_int, "integers >= 0")
+
+
 def _number(text: str, convert, low, what: str):
     try:
         value = convert(text)
     except ValueError:
         value = None
-    if value is None or value < low:
+    if value is None or value < low or not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
 
@@ -29,6 +35,11 @@ def _number(text: str, convert, low, what: str):
 def positive_int(text: str) -> int:
     """An integer >= 1 (a count: requests, prompts, tokens, threads)."""
     return _number(text, int, 1, "an integer >= 1")
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (a count where 0 turns the thing off)."""
+    return _number(text, int, 0, "an integer >= 0")
 
 
 def _checked_list(text: str, one, what: str) -> list:
@@ -50,7 +61,7 @@ def non_negative_float(text: str) -> float:
 
 def positive_float(text: str) -> float:
     """A number > 0 (a request rate)."""
-    value = non_negative_float(text)
+    value = _number(text, float, 0.0, "a number > 0")
     if value == 0:
         raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
     return value

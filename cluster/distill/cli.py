@@ -20,7 +20,13 @@ import time
 
 import torch
 
-from specray.cluster.args import int_list
+from specray.cluster.args import (
+    non_negative_float,
+    non_negative_int,
+    non_negative_int_list,
+    positive_float,
+    positive_int,
+)
 from specray.cluster.distill.data import load_samples
 from specray.cluster.distill.phases import (
     acceptance_eval,
@@ -84,20 +90,20 @@ def add_distill_parser(sub) -> None:
     d = p.add_argument_group("data")
     d.add_argument("--prompts", default=None, help="seed file: JSON {topics, templates} or JSONL {'prompt'} "
                    "(default: the packaged distill_prompts.json)")
-    d.add_argument("--self-prompts", type=int, default=None, metavar="N",
+    d.add_argument("--self-prompts", type=positive_int, default=None, metavar="N",
                    help="the target writes N prompts itself, sampled from its chat template's user turn "
                         "(OUT/self_prompts.jsonl); with --prompts, both sets are used")
-    d.add_argument("--self-prompt-max-tokens", type=int, default=64,
+    d.add_argument("--self-prompt-max-tokens", type=positive_int, default=64,
                    help="longest self-written prompt; a user turn not closed by then is dropped")
     d.add_argument("--data", default=None, help="shard folder (default OUT/data); reused and extended")
-    d.add_argument("--num-prompts", type=int, default=None, help="use the first N shuffled prompts")
+    d.add_argument("--num-prompts", type=positive_int, default=None, help="use the first N shuffled prompts")
     d.add_argument("--extra-data", action="append", default=[], metavar="DIR",
                    help="also train on this shard folder (e.g. an earlier run's OUT/data); repeatable")
-    d.add_argument("--max-tokens", type=int, default=160, help="response tokens per prompt")
-    d.add_argument("--teacher-top-k", type=int, default=20,
+    d.add_argument("--max-tokens", type=positive_int, default=160, help="response tokens per prompt")
+    d.add_argument("--teacher-top-k", type=positive_int, default=20,
                    help="target log-probs kept per token (at most 20, the engine's logprobs limit)")
-    d.add_argument("--temperature", type=float, default=0.0, help="target sampling temperature for responses")
-    d.add_argument("--gen-batch-size", type=int, default=64, help="prompts per shard and engine batch")
+    d.add_argument("--temperature", type=non_negative_float, default=0.0, help="target sampling temperature for responses")
+    d.add_argument("--gen-batch-size", type=positive_int, default=64, help="prompts per shard and engine batch")
     d.add_argument("--data-backend", default="specray", choices=["specray", "hf"],
                    help="who generates: the specray engine, or transformers generate (fast on a GPU)")
     d.add_argument("--data-only", action="store_true",
@@ -109,35 +115,35 @@ def add_distill_parser(sub) -> None:
                         "window cross-attending the target's last-layer KV (method 'longspec'); diffusion: a "
                         "diffusion LM that serves on its own (Dream layout, from --init-from, default the "
                         "packaged smollm2-135m-draft; trained to unmask the target's responses)")
-    m.add_argument("--window", type=int, default=512,
+    m.add_argument("--window", type=positive_int, default=512,
                    help="longspec: the draft's self-attention window (its constant-size ring buffer)")
-    m.add_argument("--hidden-size", type=int, default=256)
-    m.add_argument("--num-layers", type=int, default=3)
-    m.add_argument("--intermediate-size", type=int, default=None, help="default: the target's")
+    m.add_argument("--hidden-size", type=positive_int, default=256)
+    m.add_argument("--num-layers", type=positive_int, default=3)
+    m.add_argument("--intermediate-size", type=positive_int, default=None, help="default: the target's")
     m.add_argument("--source-layers", default=None, help="target layers to start from, e.g. 0,15,29 "
                    "(default: evenly spaced)")
     m.add_argument("--init-from", default=None,
                    help="start from an earlier draft (alias or HF folder) instead of the target's layers")
-    m.add_argument("--vocab-trim-k", type=int, default=8192, help="recommended VocabTrim size (0: none)")
-    m.add_argument("--train-vocab-k", type=int, default=0,
+    m.add_argument("--vocab-trim-k", type=non_negative_int, default=8192, help="recommended VocabTrim size (0: none)")
+    m.add_argument("--train-vocab-k", type=non_negative_int, default=0,
                    help="train the head on the k most frequent tokens only (VocabTrim-aware; cheap on CPU); "
                         "0: the full vocabulary")
     m.add_argument("--save-dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     t = p.add_argument_group("training")
-    t.add_argument("--epochs", type=float, default=2.0)
-    t.add_argument("--batch-size", type=int, default=16)
-    t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--max-len", type=int, default=512)
-    t.add_argument("--checkpoint-every", type=int, default=100)
-    t.add_argument("--max-train-seconds", type=float, default=None, help="stop training early after this long")
+    t.add_argument("--epochs", type=positive_float, default=2.0)
+    t.add_argument("--batch-size", type=positive_int, default=16)
+    t.add_argument("--lr", type=positive_float, default=1e-3)
+    t.add_argument("--max-len", type=positive_int, default=512)
+    t.add_argument("--checkpoint-every", type=positive_int, default=100)
+    t.add_argument("--max-train-seconds", type=positive_float, default=None, help="stop training early after this long")
     t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    t.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    t.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     t.add_argument("--autocast", default="auto", choices=["auto", "bf16", "none"])
     t.add_argument("--seed", type=int, default=0)
     e = p.add_argument_group("evaluation")
-    e.add_argument("--eval-prompts", type=int, default=16, help="held-out seed prompts (never trained on)")
-    e.add_argument("--eval-max-tokens", type=int, default=64)
-    e.add_argument("--eval-k", type=int_list, default=[2, 3, 4],
+    e.add_argument("--eval-prompts", type=non_negative_int, default=16, help="held-out seed prompts (never trained on)")
+    e.add_argument("--eval-max-tokens", type=positive_int, default=64)
+    e.add_argument("--eval-k", type=non_negative_int_list, default=[2, 3, 4],
                    help="num_speculative_tokens to evaluate (0: skip the speculation evaluation)")
     p.set_defaults(func=cmd_distill)
 

@@ -160,8 +160,30 @@ def test_distill_defaults_fit_the_engines_logprobs_limit(tiny_target, tmp_path, 
 
 def test_distill_longspec_refuses_a_bad_window(tiny_target, tmp_path, capsys):
     assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path), "--kind", "longspec",
-                 "--window", "0"]) != 0
+                 "--window", "513"]) != 0
     assert "--window must be in [1, 512]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value, want", [
+    ("--epochs", "0", "--epochs: expected a number > 0"), ("--num-layers", "0", "--num-layers: expected an integer >= 1"),
+    ("--vocab-trim-k", "-5", "--vocab-trim-k: expected an integer >= 0"), ("--lr", "-1", "--lr: expected a number > 0"),
+    ("--lr", "nan", "--lr: expected a number > 0"), ("--batch-size", "0", "--batch-size: expected an integer >= 1"),
+    ("--max-len", "0", "--max-len: expected an integer >= 1"), ("--eval-k", "-1", "--eval-k: expected an integer >= 0"),
+    ("--checkpoint-every", "0", "--checkpoint-every: expected an integer >= 1"),
+    ("--temperature", "inf", "--temperature: expected a number >= 0"),
+])
+def test_distill_refuses_bad_numbers_before_any_work(tiny_target, tmp_path, capsys, flag, value, want):
+    """Before the slow data phase, not when training or saving reads them."""
+    with pytest.raises(SystemExit) as e:
+        main(["distill", "--model", str(tiny_target), "--out", str(tmp_path), flag, value])
+    assert e.value.code == 2 and want in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_distill_refuses_a_file_as_its_run_folder(tiny_target, tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path / "f")]) != 0
+    assert "is a file; the run needs a folder" in capsys.readouterr().err
 
 
 def test_init_from_another_vocabulary_is_a_clear_error(tiny_target, tmp_path):
