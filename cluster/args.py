@@ -12,6 +12,11 @@ def int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+def positive_ints_or_none(text: str) -> list[int]:
+    """ "2,4" -> [2, 4], each >= 1; "" -> [] (an optional extra: none) """
+    return [positive_int(x) for x in text.split(",") if x.strip()]
+
+
 def float_list(text: str) -> list[float]:
     """ "0,1.0" -> [0.0, 1.0] """
     return [float(x) for x in text.split(",") if x]
@@ -70,6 +75,24 @@ def positive_float(text: str) -> float:
 def non_negative_float_list(text: str) -> list[float]:
     """ "0,1.0" -> [0.0, 1.0], each >= 0, at least one (temperatures) """
     return _checked_list(text, non_negative_float, "numbers >= 0")
+
+
+def out_folder(text: str) -> str:
+    """A folder for a command's outputs: absent (it is made) or a folder, refused before any work."""
+    from pathlib import Path
+
+    if not text or (Path(text).exists() and not Path(text).is_dir()):
+        raise argparse.ArgumentTypeError(f"expected a folder for the outputs, got {text!r}"
+                                         + (" (a file)" if text else ""))
+    return text
+
+
+def name_list(text: str) -> str:
+    """ "a,b" -> "a,b" with at least one name (methods, paths): an empty list is a mistake, not "all" """
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return ",".join(names)
 
 
 def json_object(text: str) -> dict:

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from specray.cluster.args import positive_int, positive_int_list
+from specray.cluster.args import out_folder, positive_int, positive_int_list
 from specray.cluster.bench.cluster_report import markdown, median_rows
 from specray.cluster.bench.prompts import load_prompts
 from specray.cluster.bench.load import run_level, run_level_grpc
@@ -277,5 +277,5 @@ def add_cluster_bench_parser(kinds) -> None:
                    help=f"which paths to run beside the in-process engine, comma-separated: {','.join(PATHS)} "
                    "(default: all; served_pools etc. also measure gRPC where the table has a _grpc row)")
     p.add_argument("--skip-transports", action="store_true", help="leave out the draft transports' table")
-    p.add_argument("--out", default="bench_out", help="folder for cluster.{json,md}")
+    p.add_argument("--out", type=out_folder, default="bench_out", help="folder for cluster.{json,md}")
     p.set_defaults(func=cmd_bench_cluster)

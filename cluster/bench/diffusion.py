@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from specray.cluster.args import int_list, positive_int, positive_int_list
+from specray.cluster.args import non_negative_int, out_folder, positive_int, positive_int_list, positive_ints_or_none
 from specray.kernels.diffusion.decoding import DecodeOptions
 from specray.kernels.diffusion.engine import decode_greedy
 
@@ -160,13 +160,13 @@ def add_diffusion_bench_parser(kinds) -> None:
     p.add_argument("--max-tokens", type=positive_int, default=64, help="new tokens a prompt (the canvas: whole blocks)")
     p.add_argument("--batch-sizes", type=positive_int_list, default=[1, 8], help="comma-separated, e.g. 1,8")
     p.add_argument("--num-drafts", type=positive_int_list, default=[1, 2, 4, 8], help="FreeDave's K values; 1 = static")
-    p.add_argument("--adaptive", type=int_list, default=[4], help="FreeDave with adaptive drafts up to these K "
+    p.add_argument("--adaptive", type=positive_ints_or_none, default=[4], help="FreeDave with adaptive drafts up to these K "
                    "(comma-separated; empty: none)")
     p.add_argument("--block-length", type=positive_int, default=32, help="semi-autoregressive block")
-    p.add_argument("--random-llada", type=int, default=0, metavar="LAYERS",
+    p.add_argument("--random-llada", type=non_negative_int, default=0, metavar="LAYERS",
                    help="also a random LLaDA-8B-shaped model (width / 4) of this many layers (0: not)")
-    p.add_argument("--random-prompts", type=int, default=8, help="random-model prompts (16-47 random tokens)")
-    p.add_argument("--random-max-tokens", type=int, default=32, help="random-model new tokens a prompt")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument("--out", default="bench_out", help="folder for diffusion.{json,md}")
+    p.add_argument("--random-prompts", type=positive_int, default=8, help="random-model prompts (16-47 random tokens)")
+    p.add_argument("--random-max-tokens", type=positive_int, default=32, help="random-model new tokens a prompt")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--out", type=out_folder, default="bench_out", help="folder for diffusion.{json,md}")
     p.set_defaults(func=cmd_bench_diffusion)

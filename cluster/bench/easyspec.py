@@ -10,7 +10,7 @@ import json
 import time
 from pathlib import Path
 
-from specray.cluster.args import int_list
+from specray.cluster.args import out_folder, positive_int, positive_int_list, positive_ints_or_none
 from specray.cluster.bench.prompts import SHARED_PROMPTS, load_prompts
 from specray.kernels.chat import prompt_token_ids
 
@@ -21,15 +21,15 @@ def add_easyspec_parser(kinds) -> None:
     p.add_argument("--drafts", default="smollm2-135m-draft,smollm2-135m@8,smollm2-135m@12",
                    help="comma-separated draft checkpoints; NAME@L keeps NAME's first L layers (the target "
                         "truncated: the paper's same-family draft without training)")
-    p.add_argument("--sizes", type=int_list, default=[1, 2, 3, 4], help="group sizes N (1: ordinary drafting)")
+    p.add_argument("--sizes", type=positive_int_list, default=[1, 2, 3, 4], help="group sizes N (1: ordinary drafting)")
     p.add_argument("--dataset", default=str(SHARED_PROMPTS) if SHARED_PROMPTS.exists() else None,
                    help="JSONL of prompts (default: Spec-Bench if present, else the packaged subset)")
-    p.add_argument("--num-prompts", type=int, default=8, help="prompts a draft")
-    p.add_argument("--max-tokens", type=int, default=64, help="new tokens a prompt (greedy)")
-    p.add_argument("--num-speculative-tokens", type=int, default=3, help="draft tokens a round")
-    p.add_argument("--group-workers", type=int_list, default=[],
+    p.add_argument("--num-prompts", type=positive_int, default=8, help="prompts a draft")
+    p.add_argument("--max-tokens", type=positive_int, default=64, help="new tokens a prompt (greedy)")
+    p.add_argument("--num-speculative-tokens", type=positive_int, default=3, help="draft tokens a round")
+    p.add_argument("--group-workers", type=positive_ints_or_none, default=[],
                    help="also draft with a Ray draft group of W workers (gloo) at N = W, for each W given")
-    p.add_argument("--out", default="bench_out", help="folder for the report")
+    p.add_argument("--out", type=out_folder, default="bench_out", help="folder for the report")
     p.set_defaults(func=cmd_bench_easyspec)
 
 

@@ -30,7 +30,7 @@ import json
 import sys
 from pathlib import Path
 
-from specray.cluster.args import non_negative_float, positive_float, positive_int, positive_int_list
+from specray.cluster.args import non_negative_float, out_folder, positive_float, positive_int, positive_int_list
 from specray.cluster.bench.listing import first_grpc_model, first_model
 from specray.cluster.bench.load import Sample, run_level, run_level_grpc
 from specray.cluster.bench.prompts import dataset_name, load_prompts
@@ -221,5 +221,5 @@ def add_serve_bench_parser(kinds) -> None:
                      help="llama-server's context, shared by its slots (-c; default 2048 a slot)")
     srv.add_argument("--threads", type=positive_int, default=None, help="llama-server's threads (default: this node's cores)")
     srv.add_argument("--specray-args", default="", help="extra `specray serve` flags, e.g. \"--colocate off\"")
-    srv.add_argument("--out", default="bench_out", help="folder for the report (JSON, Markdown, plot)")
+    srv.add_argument("--out", type=out_folder, default="bench_out", help="folder for the report (JSON, Markdown, plot)")
     srv.set_defaults(func=cmd_bench_serve)

@@ -24,6 +24,7 @@ from specray.cluster.args import (
     non_negative_float,
     non_negative_int,
     non_negative_int_list,
+    out_folder,
     positive_float,
     positive_int,
 )
@@ -86,7 +87,7 @@ def cmd_distill(args) -> int:
 def add_distill_parser(sub) -> None:
     p = sub.add_parser("distill", help="train a small draft model for a target (KL to its own responses)")
     p.add_argument("--model", default="smollm2-135m", help="target: alias, HF folder or .gguf file")
-    p.add_argument("--out", required=True, help="run folder: data, checkpoint.pt and the draft (OUT/draft)")
+    p.add_argument("--out", type=out_folder, required=True, help="run folder: data, checkpoint.pt and the draft (OUT/draft)")
     d = p.add_argument_group("data")
     d.add_argument("--prompts", default=None, help="seed file: JSON {topics, templates} or JSONL {'prompt'} "
                    "(default: the packaged distill_prompts.json)")

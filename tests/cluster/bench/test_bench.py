@@ -228,14 +228,21 @@ def test_bench_easyspec_end_to_end(tmp_path, tiny_target):
 @pytest.mark.parametrize("argv, words", [
     (["serve", "--concurrency", "0"], "expected an integer >= 1, got '0'"),
     (["serve", "--concurrency", "-2"], "expected an integer >= 1"),
-    (["serve", "--num-requests", "0"], "--num-requests"), (["serve", "--request-rate", "-1"], "a number >= 0"),
+    (["serve", "--num-requests", "0"], "--num-requests"), (["serve", "--request-rate", "-1"], "a number > 0"),
+    (["serve", "--request-rate", "nan"], "a number > 0"), (["serve", "--temperature", "inf"], "a number >= 0"),
     (["serve", "--max-tokens", "-5"], "--max-tokens"), (["serve", "--temperature", "-1"], "--temperature"),
     (["offline", "--num-prompts", "0"], "--num-prompts"), (["offline", "--max-tokens", "0"], "--max-tokens"),
     (["offline", "--temperatures", "-1"], "--temperatures"), (["offline", "--batch-sizes", "0"], "--batch-sizes"),
     (["diffusion", "--num-prompts", "0"], "--num-prompts"), (["diffusion", "--batch-sizes", "0"], "--batch-sizes"),
     (["cluster", "--concurrency", "0"], "--concurrency"),
+    (["offline", "--methods", ""], "--methods: expected comma-separated names"),  # not "all methods"
+    (["offline", "--methods", ","], "--methods: expected comma-separated names"),  # not "llama.cpp alone"
+    (["offline", "--eagle-k", "0"], "--eagle-k"), (["offline", "--draft-num-layers", "0"], "--draft-num-layers"),
+    (["easyspec", "--group-workers", "-1"], "--group-workers"), (["diffusion", "--adaptive", "0"], "--adaptive"),
+    *[([kind, "--out", __file__], "expected a folder for the outputs") for kind in
+      ("offline", "serve", "cluster", "easyspec", "diffusion")],  # refused before the run, not after it
 ])
-def test_bench_refuses_counts_below_one_before_anything_runs(argv, words, capsys):
+def test_bench_refuses_bad_arguments_before_anything_runs(argv, words, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", *argv])
     assert exit_info.value.code == 2 and words in capsys.readouterr().err
