@@ -131,7 +131,11 @@ def serve_drafter(endpoint: DraftEndpoint, address: str = "[::]:0") -> tuple[grp
                          options=[("grpc.max_receive_message_length", 256 << 20),
                                   ("grpc.max_send_message_length", 256 << 20)])
     pb_grpc.add_DrafterServicer_to_server(DrafterServicer(endpoint), server)
-    port = server.add_insecure_port(address)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:  # gRPC's own text points at GRPC_VERBOSITY; the address is what is wrong
+        raise ValueError(f"cannot listen on {address}: not an address of this machine, or the port is "
+                         "taken") from None
     server.start()
     return server, port
 

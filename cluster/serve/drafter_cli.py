@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from specray.cluster.args import json_object
+from specray.cluster.args import json_object, non_negative_int, positive_int
 from specray.kernels.drafters.registry import METHODS
 
 DRAFTER_BLOCK_SIZE = 16  # the router's default block size; the drafter's KV is its own
@@ -22,18 +22,18 @@ def add_drafter_parser(sub) -> None:
     p.add_argument("--aded", type=json_object, help="ADED options as in speculative_config (method aded)")
     p.add_argument("--longspec", type=json_object, help="LongSpec options as in speculative_config, e.g. "
                                                         "'{\"window\": 256}' (method longspec)")
-    p.add_argument("--vocab-trim", type=int, help="VocabTrim size (0 = off; default: the draft folder's)")
+    p.add_argument("--vocab-trim", type=non_negative_int, help="VocabTrim size (0 = off; default: the draft folder's)")
     p.add_argument("--quantization", choices=["q8_0", "q4_1", "none"],
                    help="draft weights: q8_0, q4_1 or none (default: q8_0 on CPU in fp32; lossless whichever)")
-    p.add_argument("--num-layers", type=int, help="keep only the draft's first layers")
-    p.add_argument("--layer-parallel", type=int, help="draft_model: EasySpec layer-parallel drafting, middle "
+    p.add_argument("--num-layers", type=positive_int, help="keep only the draft's first layers")
+    p.add_argument("--layer-parallel", type=positive_int, help="draft_model: EasySpec layer-parallel drafting, middle "
                                                       "layers in groups of this many (1: ordinary drafting)")
     p.add_argument("--prompt-lookup-min", type=int, default=1)
     p.add_argument("--prompt-lookup-max", type=int, default=4)
     p.add_argument("--lookup-first", action="store_true", help="draft_model / eagle: prompt lookup first: a draft model proposes only where the last tokens never occurred before")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--kv-cache-tokens", type=int, default=16384)
+    p.add_argument("--dtype", default="float32", help="draft weights' dtype: float32 | bfloat16 | float16")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--kv-cache-tokens", type=positive_int, default=16384, help="the draft's KV cache, in tokens")
     p.add_argument("--host", default="[::]")
     p.add_argument("--port", type=port_number, default=50061, help="0: any free port")
     p.set_defaults(func=cmd_drafter)
@@ -55,6 +55,9 @@ def drafter_spec(args):
     from specray.cluster.config.speculative import SpeculativeConfig
     from specray.cluster.config.worker_specs import draft_spec
 
+    from specray.cluster.llm import check_engine_args, parse_dtype
+
+    check_engine_args(args.device, args.kv_cache_tokens, DRAFTER_BLOCK_SIZE, dtype=parse_dtype(args.dtype))
     if args.method == "aded" and not args.model:
         raise ValueError("--method aded needs --model: the target whose tokenizer the tri-gram table uses")
     draft = None if args.method == "aded" else args.model  # aded's --model is the target (its tokenizer), no draft

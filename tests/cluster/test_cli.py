@@ -120,6 +120,17 @@ def test_a_drafter_port_outside_the_range_is_refused(capsys):
         assert exit_info.value.code == 2 and "--port" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--dtype", "int8"], "unknown dtype 'int8'"), (["--device", "banana"], "unknown device 'banana'"),
+    (["--kv-cache-tokens", "8"], "kv_cache_tokens must be an integer >= block_size"),
+    (["--host", "nonsense.invalid"], "cannot listen on nonsense.invalid:0"),
+])
+def test_a_drafter_with_bad_settings_is_one_line_before_it_serves(capsys, flags, message):
+    """Each once served (dtype, device), hit a bare assertion or gRPC's bind error."""
+    assert main(["drafter", "--method", "ngram", "--port", "0", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_speculative_config_json_is_the_whole_config(tiny_target, tiny_draft, capsys):
     """--speculative-config (vLLM's flag) passes trees, budgets and lookup_first through as given; a
     tree config generates; beside another speculation flag, or not a JSON object, it is refused."""
