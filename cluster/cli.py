@@ -125,11 +125,16 @@ def read_prompts(args) -> list[str]:
     """The command line's prompts, then the file's (JSONL rows, or one prompt a non-blank line);
     none at all: the demo prompt. A file without prompts or with a bad row is a ValueError."""
     prompts = list(args.prompt)
+    for i, prompt in enumerate(prompts):  # argv bytes that are not UTF-8 arrive as lone surrogates
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"prompt {i + 1} of the command line is not UTF-8 text") from None
     if args.file:
         from specray.cluster.bench.prompts import read_lines, read_rows
 
         path = Path(args.file)
-        if path.suffix == ".jsonl":
+        if path.suffix.lower() == ".jsonl":
             prompts += [row["prompt"] for row in read_rows(path)]
         else:
             prompts += [line for _, line in read_lines(path)]

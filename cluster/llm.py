@@ -20,7 +20,9 @@ from specray.cluster.pools.in_process import InProcessDiffusionPool, InProcessDr
 from specray.cluster.router.diffusion_router import DiffusionRouter, diffusion_limits
 from specray.cluster.router.limits import router_limits
 from specray.cluster.router.router import Router
+from specray.cluster.serve.prompts import check_text
 from specray.kernels.chat import chat_token_ids
+from specray.kernels.drafters.loading import refuse_partial_draft
 from specray.kernels.drafters.registry import build_drafter
 from specray.kernels.diffusion.config import is_diffusion_folder
 from specray.kernels.diffusion.weights import load_diffusion_model
@@ -90,6 +92,7 @@ class LLM:
         check_engine_args(device, kv_cache_tokens, block_size, max_num_seqs, kernels, torch_dtype)
         torch.manual_seed(seed)
         checkpoint = resolve(model)
+        refuse_partial_draft(checkpoint.path, model)
         self.model_name = model
         self.tokenizer = None if skip_tokenizer_init else resolve(tokenizer).tokenizer() if tokenizer \
             else checkpoint.tokenizer()
@@ -124,6 +127,7 @@ class LLM:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this LLM has no tokenizer (skip_tokenizer_init=True): give token ids")
+            check_text(prompt, "text")
             return prompt, self.tokenizer(prompt).input_ids
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             return prompt.get("prompt"), list(prompt["prompt_token_ids"])
@@ -141,17 +145,13 @@ class LLM:
         Every prompt is validated before any runs: a bad one raises ValueError naming its index.
         """
         prompts = _as_list(prompts)
-        params = sampling_params or SamplingParams()
-        params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        if len(params_list) != len(prompts):
-            raise ValueError("sampling_params must be one SamplingParams or one per prompt")
-        ids = self._add_all(prompts, params_list)
+        ids = self._add_all(prompts, _params_list(sampling_params, len(prompts)))
         return self._run(ids, use_tqdm)
 
     def stream(self, prompts: PromptLike | Seq[PromptLike], sampling_params: SamplingParams | None = None):
         """Yield every `RequestOutput` as its request advances (one per request per round)."""
         prompts = _as_list(prompts)
-        ids = self._add_all(prompts, [sampling_params or SamplingParams()] * len(prompts))
+        ids = self._add_all(prompts, _params_list(sampling_params, len(prompts)))
         while self.router.has_unfinished():
             yield from self.router.step()
             self._raise_failures(ids)
@@ -167,10 +167,11 @@ class LLM:
             raise failure.__cause__ or failure
 
     def _add_all(self, prompts: Seq[PromptLike], params_list: list[SamplingParams]) -> list[str]:
-        encoded = [self.encode(p) for p in prompts]
-        for i, (_, ids) in enumerate(encoded):
+        encoded = []
+        for i, prompt in enumerate(prompts):
             try:
-                self.router.check_prompt(ids, params_list[i])
+                encoded.append(self.encode(prompt))
+                self.router.check_prompt(encoded[-1][1], params_list[i])
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from None
         return [self.router.add_request(tok, sp, text) for (text, tok), sp in zip(encoded, params_list)]
@@ -187,6 +188,7 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        _check_conversation(messages, 0)
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"model {self.model_name!r} has no chat template")
         return chat_token_ids(self.tokenizer, messages)
@@ -220,7 +222,23 @@ def _as_list(prompts) -> list:
     """One prompt (a string, a dict or a list of token ids) as a list of one; a list of prompts as is."""
     if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
         return [prompts]
+    if not isinstance(prompts, (list, tuple)):
+        raise ValueError("prompts must be a string, a list of token ids, a dict or a list of those, got "
+                         f"{type(prompts).__name__}")
     return list(prompts)
+
+
+def _params_list(sampling_params, n: int) -> list[SamplingParams]:
+    """One SamplingParams for every prompt, or one per prompt; None: the defaults."""
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        return [sampling_params or SamplingParams()] * n
+    if not (isinstance(sampling_params, (list, tuple)) and all(isinstance(p, SamplingParams) for p in sampling_params)):
+        raise ValueError("sampling_params must be a SamplingParams or a list of them (one per prompt), got "
+                         f"{type(sampling_params).__name__}")
+    if len(sampling_params) != n:
+        raise ValueError(f"sampling_params must be one SamplingParams or one per prompt: {len(sampling_params)} "
+                         f"for {n} prompts")
+    return list(sampling_params)
 
 
 def _check_conversation(messages, index: int) -> None:
@@ -230,3 +248,4 @@ def _check_conversation(messages, index: int) -> None:
     for j, m in enumerate(messages):
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
             raise ValueError(f"conversation {index}, message {j}: needs a string 'role' and 'content', got {m!r}")
+        check_text(m["content"], f"conversation {index}, message {j}, content")

@@ -210,7 +210,10 @@ def check_model_and_context(cfg) -> None:
     from specray.kernels.config import ModelConfig
     from specray.kernels.loader import is_diffusion_model, resolve
 
+    from specray.kernels.drafters.loading import refuse_partial_draft
+
     checkpoint = resolve(cfg.model)
+    refuse_partial_draft(checkpoint.path, cfg.model)
     if is_diffusion_model(cfg.model):  # its router checks its own context (cluster/router/diffusion_router.py)
         return
     r = cfg.router

@@ -80,6 +80,16 @@ def resolve_draft(method: str, model: str):
     return checkpoint
 
 
+def refuse_partial_draft(folder: Path, name: str) -> None:
+    """A feature-level or LongSpec draft has no model of its own (it reads the target's features,
+    or its KV): asked for as the model to run, it failed deep in its weights (a KeyError)."""
+    kind = draft_method(Path(folder))
+    if kind != "draft_model":
+        raise ValueError(f"{name!r} is {DRAFT_KINDS[kind]}, not a model that runs alone: serve its target and "
+                         f"speculate with it (speculative_config={{'method': {kind!r}, 'model': {name!r}}}, or "
+                         f"--speculative-method {kind} --draft-model {name})")
+
+
 def build_draft_model(options: DraftOptions, workers=None) -> Drafter:
     """A standalone draft checkpoint: a chain, a VocabTrim chain, or a tree. `workers`: the TPGroup
     of a layer-parallel draft group (kernels/layer_parallel.py), this process being one rank."""

@@ -81,6 +81,24 @@ def test_bad_prompts_raise_before_anything_runs(llm):
     assert not llm.router.has_unfinished()
 
 
+@pytest.mark.parametrize("prompts, params, message", [
+    (["w3"], {"max_tokens": 3}, "sampling_params must be a SamplingParams or a list of them .* got dict"),
+    (["w3", "w4"], [SamplingParams()], "one per prompt: 1 for 2 prompts"),
+    (None, None, "prompts must be .* got NoneType"), (5, None, "got int"),
+    (["w3", "w4 \udcff"], None, "prompt 1: text: not valid Unicode text"),  # the tokenizer raised TypeError
+])
+def test_bad_arguments_are_one_value_error(llm, prompts, params, message):
+    with pytest.raises(ValueError, match=message):
+        llm.generate(prompts, params)
+    assert not llm.router.has_unfinished()
+
+
+def test_a_feature_level_draft_is_refused_as_the_model():
+    """It has no layers of its own: loading it failed on a missing embedding (KeyError)."""
+    with pytest.raises(ValueError, match="is a feature-level draft .* --speculative-method eagle"):
+        LLM("smollm2-135m-eagle")
+
+
 def test_bad_request_does_not_disturb_running_ones(llm):
     sp = SamplingParams(max_tokens=20, **GREEDY)
     want = llm.generate({"prompt_token_ids": [1, 8, 9, 10]}, sp)[0].outputs[0].token_ids
@@ -195,6 +213,7 @@ def test_stream_takes_one_prompt_as_generate_does(llm):
 @pytest.mark.parametrize("messages, message", [
     ([], "messages is empty"), ([{"role": "user"}], "message 0: needs a string 'role' and 'content'"),
     ([[{"role": "user", "content": "hi"}], "hi"], "conversation 1"),
+    ([{"role": "user", "content": "\udcff"}], "message 0, content: not valid Unicode text"),
 ])
 def test_chat_refuses_malformed_messages(llm, messages, message):
     with pytest.raises(ValueError, match=message):

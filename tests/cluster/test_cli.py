@@ -106,6 +106,19 @@ def test_a_prompt_file_without_good_prompts_is_refused_naming_the_line(tmp_path,
     assert message in capsys.readouterr().err
 
 
+def test_a_prompt_not_utf8_on_the_command_line_is_one_line(capsys):
+    """Python hands such argv bytes over as lone surrogates; the tokenizer raised TypeError on them."""
+    assert main(["generate", "w3 \udcff", "--model", "no-model-is-loaded"]) == 2
+    assert "prompt 1 of the command line is not UTF-8 text" in capsys.readouterr().err
+
+
+def test_an_upper_case_jsonl_suffix_is_read_as_jsonl(tmp_path):
+    from specray.cluster.cli import build_parser, read_prompts
+
+    (tmp_path / "p.JSONL").write_text('{"prompt": "w3 w4"}\n')
+    assert read_prompts(build_parser().parse_args(["generate", "--file", str(tmp_path / "p.JSONL")])) == ["w3 w4"]
+
+
 def test_a_prompt_path_that_is_no_text_file_is_one_line(tmp_path, capsys):
     (tmp_path / "bytes.txt").write_bytes(b"\xff\xfe hello\n")
     for path, message in ((tmp_path, "is not a file"), (tmp_path / "bytes.txt", "is not UTF-8 text")):
