@@ -32,9 +32,16 @@ def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, floa
     for i, lp in enumerate(logprobs, start):
         top = most_likely(lp, n)
         texts = pieces(tokenizer, token_ids, i, [token_ids[i]] + [t for t, _ in top], skip)
-        content.append({"token": texts[0], "logprob": lp[token_ids[i]],
-                        "top_logprobs": [{"token": x, "logprob": v} for x, (_, v) in zip(texts[1:], top)]})
+        content.append({"token": texts[0], "logprob": lp[token_ids[i]], "bytes": utf8(texts[0]),
+                        "top_logprobs": [{"token": x, "logprob": v, "bytes": utf8(x)}
+                                         for x, (_, v) in zip(texts[1:], top)]})
     return {"content": content}
+
+
+def utf8(text: str) -> list[int]:
+    """OpenAI's `bytes` of a token: its text's UTF-8 (a token that ends inside a character reads as
+    U+FFFD in the text, so its bytes are those of the replacement, as vLLM gives them)."""
+    return list(text.encode("utf-8", errors="replace"))
 
 
 def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, float]] | None,

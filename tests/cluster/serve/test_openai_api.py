@@ -172,9 +172,10 @@ def test_logprobs_list_the_n_most_likely_tokens_streamed_or_not(client):
         tops = [t.logprob for t in pos.top_logprobs]
         assert len(tops) == 3 and tops == sorted(tops, reverse=True)
         assert pos.token == pos.top_logprobs[0].token and pos.logprob == tops[0]  # greedy: the drawn one leads
+        assert pos.bytes == list(pos.token.encode()) and all(t.bytes == list(t.token.encode()) for t in pos.top_logprobs)
     streamed = [p for c in client.chat.completions.create(**args, stream=True)
                 if c.choices and c.choices[0].logprobs for p in c.choices[0].logprobs.content]
-    assert [(p.token, p.logprob) for p in streamed] == [(p.token, p.logprob) for p in whole]
+    assert [(p.token, p.logprob, p.bytes) for p in streamed] == [(p.token, p.logprob, p.bytes) for p in whole]
     legacy = dict(model="tiny", prompt="w20 w21", temperature=0, max_tokens=4, logprobs=2)
     lp = client.completions.create(**legacy).choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 4
