@@ -76,9 +76,13 @@ class Sequence:
         return self.params.seed is not None and self.params.temperature > 0
 
     def max_draft_tokens(self) -> int:
-        """Draft no more than the round could emit: budget and context length both bound it."""
-        remaining = self.params.max_tokens - len(self.output_token_ids)
-        return max(0, min(remaining - 1, self.max_model_len - self.num_tokens - 1))
+        """Draft no more than the round could emit: budget and context length both bound it. A seeded
+        sampled request's drafts are bound by the context alone: its last round then draws as a
+        longer request's would, so its output is a prefix of that request's, whatever max_tokens."""
+        context = self.max_model_len - self.num_tokens - 1
+        if self.reproducible:
+            return max(0, context)
+        return max(0, min(self.params.max_tokens - len(self.output_token_ids) - 1, context))
 
     def append(self, token_ids: list[int], logprobs: list[dict[int, float]] | None) -> None:
         """Commit emitted tokens one by one, stopping at EOS, stop tokens or the length limits."""

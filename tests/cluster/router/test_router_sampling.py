@@ -47,6 +47,18 @@ def test_seeded_requests_reproduce_whatever_the_load_turns_off(tiny_target, tiny
     assert sum(o.metrics.num_draft_tokens for o in batch[::2]) == 0  # the unseeded ones stopped drafting
 
 
+def test_a_seeded_output_is_a_prefix_of_the_same_request_with_more_tokens(tiny_target, tiny_draft):
+    """Its last round drafts as a longer request's would (max_tokens bounded the drafts, so the last
+    round's draws, and tokens, depended on it), as plain decoding's outputs are prefixes."""
+    llm = make_llm(tiny_target, tiny_draft, k=3)
+    prompt = {"prompt_token_ids": [1, 5, 9, 5, 9, 5, 9, 5]}
+    runs = {n: llm.generate(prompt, SamplingParams(temperature=1.0, max_tokens=n, seed=8, ignore_eos=True))[0]
+            for n in range(8, 15)}
+    longest = runs[14].outputs[0].token_ids
+    assert all(r.outputs[0].token_ids == longest[:n] for n, r in runs.items())
+    assert sum(r.metrics.num_draft_tokens for r in runs.values()) > 0
+
+
 N = 12_000
 
 
