@@ -152,17 +152,23 @@ class LLM:
         """Yield every `RequestOutput` as its request advances (one per request per round)."""
         prompts = _as_list(prompts)
         ids = self._add_all(prompts, _params_list(sampling_params, len(prompts)))
-        while self.router.has_unfinished():
-            yield from self.router.step()
-            self._raise_failures(ids)
+        try:
+            while self.router.has_unfinished():
+                yield from self.router.step()
+                self._raise_failures(ids)
+        finally:  # a loop left early (break, an exception) ends its requests: none runs on unread
+            self._abort(ids)
+
+    def _abort(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self.router.abort(request_id)
 
     def _raise_failures(self, request_ids: list[str]) -> None:
         """A request that failed inside a worker ends the call with the worker's own error (this
         process is the operator's), after aborting the call's other requests."""
         failures = self.router.take_failures()
         if failures:
-            for request_id in request_ids:
-                self.router.abort(request_id)
+            self._abort(request_ids)
             request_id, failure = failures[0]
             raise failure.__cause__ or failure
 
@@ -198,13 +204,16 @@ class LLM:
 
         done: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(request_ids), desc="generate", disable=not use_tqdm)
-        while self.router.has_unfinished():
-            for out in self.router.step():
-                if out.finished:
-                    done[out.request_id] = out
-                    bar.update(1)
-            self._raise_failures(request_ids)
-        bar.close()
+        try:  # until its own requests end (a stream still held elsewhere keeps its own running)
+            while len(done) < len(request_ids) and self.router.has_unfinished():
+                for out in self.router.step():
+                    if out.finished and out.request_id in request_ids:
+                        done[out.request_id] = out
+                        bar.update(1)
+                self._raise_failures(request_ids)
+        finally:  # interrupted (Ctrl-C): its requests end with it
+            self._abort(request_ids)
+            bar.close()
         return [done[i] for i in request_ids if i in done]
 
 

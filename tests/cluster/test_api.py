@@ -210,6 +210,20 @@ def test_stream_takes_one_prompt_as_generate_does(llm):
     assert {o.request_id for o in outs} == {outs[-1].request_id} and outs[-1].outputs[0].text == want.outputs[0].text
 
 
+def test_a_stream_left_early_ends_its_requests(llm):
+    """Its requests kept running, and the next generate decoded them all before its own."""
+    for i, _ in enumerate(llm.stream(["w5 w6", "w7"], SamplingParams(max_tokens=40, **GREEDY))):
+        if i == 1:
+            break
+    assert not llm.router.has_unfinished()
+    held = llm.stream("w5 w6", SamplingParams(max_tokens=40, **GREEDY))
+    next(held)  # a stream still held runs on; generate returns once its own requests end
+    out = llm.generate("w8", SamplingParams(max_tokens=2, **GREEDY))
+    assert len(out[0].outputs[0].token_ids) == 2 and llm.router.has_unfinished()
+    held.close()
+    assert not llm.router.has_unfinished()
+
+
 @pytest.mark.parametrize("messages, message", [
     ([], "messages is empty"), ([{"role": "user"}], "message 0: needs a string 'role' and 'content'"),
     ([[{"role": "user", "content": "hi"}], "hi"], "conversation 1"),
