@@ -3,7 +3,8 @@
 Every step is one model call over every running sequence (FreeDave's drafts included). A sequence
 emits tokens a block at a time, when the block is finalized; EOS, stop tokens, stop strings and
 max_tokens apply to those tokens as they do to an autoregressive model's. The canvas holds
-max_tokens rounded up to whole blocks, so a request needs prompt + that within the model's length.
+max_tokens rounded up to whole blocks, cut (as an autoregressive sequence stops at the context) to
+the whole blocks the model's length leaves beside the prompt; a prompt that leaves none is refused.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 from specray.actors.diffusion_worker import DiffusionItem
 from specray.cluster.outputs import RequestOutput
-from specray.cluster.params import SamplingParams
+from specray.cluster.params import SamplingParamError, SamplingParams
 from specray.cluster.pools.api import DiffusionPool, TargetUnavailable
 from specray.cluster.router.limits import RouterStats
 from specray.cluster.router.requests import RequestBook
@@ -34,31 +35,37 @@ class DiffusionLimits:
     def canvas_tokens(self, max_tokens: int) -> int:
         return ceil_div(max_tokens, self.block_length) * self.block_length
 
+    def room(self, prompt_len: int) -> int:
+        """Tokens a canvas may hold beside a prompt: the whole blocks that fit the model's length."""
+        return max(0, self.max_model_len - prompt_len) // self.block_length * self.block_length
+
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams, has_tokenizer: bool = True) -> None:
-        """ValueError for a request a diffusion LM cannot run, naming what does not apply."""
+        """ValueError for a request a diffusion LM cannot run, naming what does not apply (and the
+        request field: an OpenAI error body's `param`)."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"expected SamplingParams, got {type(params).__name__}")
-        if not prompt_token_ids:
-            raise ValueError("prompt is empty: it must contain at least one token")
-        if any(type(t) is not int or not 0 <= t < self.vocab_size for t in prompt_token_ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
-        canvas = self.canvas_tokens(params.max_tokens)
-        if len(prompt_token_ids) + canvas > self.max_model_len:
-            raise ValueError(f"prompt ({len(prompt_token_ids)} tokens) + max_tokens {params.max_tokens} (a canvas of "
-                             f"{canvas}: whole blocks of {self.block_length}) exceeds the model's length "
-                             f"{self.max_model_len}")
-        if params.logprobs is not None:
-            raise ValueError("logprobs are not defined for a diffusion LM in specray (tokens are not "
-                             "generated left to right from one distribution each)")
-        if params.num_speculative_tokens is not None or params.verify_budget is not None:
-            raise ValueError("num_speculative_tokens and verify_budget do not apply to a diffusion LM: "
-                             "FreeDave's drafts are set by speculative_config['num_drafts']")
-        if not has_tokenizer and params.stop:
-            raise ValueError("stop strings need a tokenizer, and this engine has none; use stop_token_ids")
-        if params.n > self.max_num_seqs:
-            raise ValueError(f"n={params.n} exceeds max_num_seqs {self.max_num_seqs}")
-        if any(t >= self.vocab_size for t in params.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be in [0, {self.vocab_size})")
+        _check(bool(prompt_token_ids), "prompt", "prompt is empty: it must contain at least one token")
+        _check(all(type(t) is int and 0 <= t < self.vocab_size for t in prompt_token_ids), "prompt",
+               f"prompt token ids must be integers in [0, {self.vocab_size})")
+        _check(self.room(len(prompt_token_ids)) > 0, "prompt",
+               f"prompt has {len(prompt_token_ids)} tokens; the model's length {self.max_model_len} leaves no "
+               f"room for a block of {self.block_length} to generate")
+        _check(params.logprobs is None, "logprobs", "logprobs are not defined for a diffusion LM in specray "
+               "(tokens are not generated left to right from one distribution each)")
+        _check(params.num_speculative_tokens is None and params.verify_budget is None,
+               "num_speculative_tokens" if params.num_speculative_tokens is not None else "verify_budget",
+               "num_speculative_tokens and verify_budget do not apply to a diffusion LM: FreeDave's drafts "
+               "are set by speculative_config['num_drafts']")
+        _check(has_tokenizer or not params.stop, "stop",
+               "stop strings need a tokenizer, and this engine has none; use stop_token_ids")
+        _check(params.n <= self.max_num_seqs, "n", f"n={params.n} exceeds max_num_seqs {self.max_num_seqs}")
+        _check(all(t < self.vocab_size for t in params.stop_token_ids), "stop_token_ids",
+               f"stop_token_ids must be in [0, {self.vocab_size})")
+
+
+def _check(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise SamplingParamError(param, message)
 
 
 @dataclass
@@ -88,7 +95,8 @@ class DiffusionRouter(RequestBook):
         p = seq.params
         seed = None if p.seed is None else p.seed + seq.index
         stops = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos_token_ids)
-        return DiffusionItem(seq.seq_id, seq.prompt_token_ids, p.max_tokens, p.sampling_config(), seed, stops)
+        canvas = min(p.max_tokens, self.config.room(len(seq.prompt_token_ids)))  # finishes "length" there
+        return DiffusionItem(seq.seq_id, seq.prompt_token_ids, canvas, p.sampling_config(), seed, stops)
 
     def step(self) -> list[RequestOutput]:
         """One model call for every running sequence (newly admitted ones start with it)."""

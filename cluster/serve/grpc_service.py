@@ -27,7 +27,7 @@ from specray.cluster.serve.auth import authorized
 from specray.cluster.serve.errors import REQUEST_ERRORS, http_status_label, status_of
 from specray.cluster.serve.grpc_convert import GrpcAbort
 from specray.cluster.serve.metrics import ServingMetrics
-from specray.cluster.serve.prompts import PromptEncoder, PromptError, check_room
+from specray.cluster.serve.prompts import PromptEncoder, PromptError
 from specray.protos.specray.v1 import generate_pb2 as pb
 from specray.protos.specray.v1 import generate_pb2_grpc
 
@@ -65,7 +65,8 @@ class GenerationService:
     def attach(self, router: AsyncRouter, tokenizer, metrics: ServingMetrics | None = None) -> None:
         """Start serving with `router` (pass the HTTP app's ServingMetrics to share one registry)."""
         self.tokenizer, self.metrics = tokenizer, metrics or self.metrics or ServingMetrics(router)
-        self.prompts = PromptEncoder(tokenizer, router.router.config.max_model_len)
+        self.prompts = PromptEncoder(tokenizer, router.router.config.max_model_len,
+                                     block=getattr(router.router.config, "block_length", 1))
         self.router = router
         for callback in self._on_ready:
             callback()
@@ -158,7 +159,7 @@ class GenerationService:
             params = conv.sampling_params(request.sampling, self.default_max_tokens)
             prompt, ids = await conv.prompt_input(self.prompts, request)
             if request.sampling.HasField("max_tokens"):
-                check_room(len(ids), params.max_tokens, self.prompts.max_model_len)
+                self.prompts.check_room(len(ids), params.max_tokens)
         except GrpcAbort as e:
             raise self._fail(e.code, e.details) from None
         except PromptError as e:

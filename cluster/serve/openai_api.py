@@ -32,7 +32,7 @@ from specray.cluster.serve.metrics import ServingMetrics
 from specray.cluster.serve.openai_chunks import chat_chunks, completion_chunks, usage_body
 from specray.cluster.serve.openai_logprobs import chat_logprobs, completion_logprobs
 from specray.cluster.serve.openai_protocol import ApiError, ChatRequest, CompletionRequest, validation_error
-from specray.cluster.serve.prompts import PromptEncoder, PromptError, check_room
+from specray.cluster.serve.prompts import PromptEncoder, PromptError
 
 OPEN_PATHS = ("/health", "/metrics")  # everything else needs the key when one is set (/docs too)
 DISCONNECT_POLL_S = 0.5
@@ -46,7 +46,8 @@ class OpenAIServer:
         self.router, self.tokenizer, self.model_name = router, tokenizer, model_name
         self.api_key, self.default_max_tokens = api_key, default_max_tokens
         self.metrics = ServingMetrics(router)
-        self.prompts = PromptEncoder(tokenizer, router.router.config.max_model_len)
+        self.prompts = PromptEncoder(tokenizer, router.router.config.max_model_len,
+                                     block=getattr(router.router.config, "block_length", 1))
         self.created = int(time.time())  # the model card's: when this server started
         self.app = self._build(max_request_bytes, max_calls)
 
@@ -109,7 +110,7 @@ class OpenAIServer:
         try:
             ids = prompt if not isinstance(prompt, str) else await self.prompts.text(prompt, param)
             if max_tokens is not None:
-                check_room(len(ids), max_tokens, self.prompts.max_model_len)
+                self.prompts.check_room(len(ids), max_tokens)
         except PromptError as e:
             raise ApiError(400, str(e), param=e.param) from None
         return (prompt if isinstance(prompt, str) else None), ids
@@ -212,8 +213,8 @@ class OpenAIServer:
             ids = await self.prompts.chat([{"role": m.role, "content": m.text(f"messages[{i}].content")}
                                            for i, m in enumerate(body.messages)])
             if body.max_tokens is not None:
-                check_room(len(ids), body.max_tokens, self.prompts.max_model_len,
-                           "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens")
+                self.prompts.check_room(len(ids), body.max_tokens,
+                                        "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens")
         except PromptError as e:
             raise ApiError(400, str(e), param=e.param) from None
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())

@@ -34,22 +34,29 @@ def check_text(text: str, param: str, max_chars: int | None = None) -> None:
         raise PromptError(f"{len(text)} characters cannot fit the model's context; at most {max_chars}", param)
 
 
-def check_room(prompt_tokens: int, max_tokens: int, max_model_len: int, param: str = "max_tokens") -> None:
+def check_room(prompt_tokens: int, max_tokens: int, max_model_len: int, param: str = "max_tokens",
+               block: int = 1) -> None:
     """A max_tokens the client asked for must fit beside the prompt (as OpenAI and vLLM answer);
     the server's default is cut to the room left instead. A prompt that fills the context alone is
-    the prompt's fault whatever max_tokens says: the router's own check refuses it, naming it."""
-    if prompt_tokens < max_model_len and prompt_tokens + max_tokens > max_model_len:
-        raise PromptError(f"the model's context is {max_model_len} tokens; this request asks for "
-                          f"{prompt_tokens + max_tokens} ({prompt_tokens} in the prompt, {max_tokens} to "
-                          f"generate): lower {param} or shorten the prompt", param)
+    the prompt's fault whatever max_tokens says: the router's own check refuses it, naming it. A
+    diffusion LM's canvas is whole blocks of `block` tokens: max_tokens counts rounded up to them."""
+    canvas = -(-max_tokens // block) * block
+    if prompt_tokens < max_model_len and prompt_tokens + canvas > max_model_len:
+        asked = f"{prompt_tokens + canvas} ({prompt_tokens} in the prompt, {max_tokens} to generate"
+        asked += f", a canvas of {canvas}: whole blocks of {block})" if block > 1 else ")"
+        raise PromptError(f"the model's context is {max_model_len} tokens; this request asks for {asked}: "
+                          f"lower {param} or shorten the prompt", param)
 
 
 class PromptEncoder:
-    def __init__(self, tokenizer, max_model_len: int, threads: int = 2):
-        self.tokenizer, self.max_model_len = tokenizer, max_model_len
+    def __init__(self, tokenizer, max_model_len: int, threads: int = 2, block: int = 1):
+        self.tokenizer, self.max_model_len, self.block = tokenizer, max_model_len, block
         longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
         self.max_chars = max_model_len * longest * NORMALIZER_SLACK
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="specray-tokenize")
+
+    def check_room(self, prompt_tokens: int, max_tokens: int, param: str = "max_tokens") -> None:
+        check_room(prompt_tokens, max_tokens, self.max_model_len, param, self.block)
 
     async def text(self, text: str, param: str = "prompt") -> list[int]:
         check_text(text, param, self.max_chars)

@@ -6,6 +6,7 @@ import torch
 from diffusion_helpers import MASK, save_tiny_dllm
 
 from specray import LLM, SamplingParams
+from specray.cluster.params import SamplingParamError
 from specray.cluster.cli import main as cli_main
 from specray.kernels.diffusion.decoding import CanvasPlan, DecodeOptions, StepSampler, static_decode
 from specray.kernels.sampling import SamplingConfig
@@ -97,17 +98,31 @@ def test_bad_diffusion_configs_are_clear_errors(folder, kwargs, message):
 
 def test_bad_requests_are_clear_errors_and_harm_nothing(folder):
     llm = LLM(str(folder), diffusion_config={"block_length": 8})
-    for params, message in [(SamplingParams(max_tokens=600), "exceeds the model's length"),
-                            (SamplingParams(logprobs=2), "logprobs"),
+    for params, message in [(SamplingParams(logprobs=2), "logprobs"),
                             (SamplingParams(num_speculative_tokens=2), "do not apply"),
                             (SamplingParams(stop_token_ids=[500]), "stop_token_ids")]:
         with pytest.raises(ValueError, match=message):
             llm.generate([{"prompt_token_ids": PROMPTS[0]}, {"prompt_token_ids": PROMPTS[1]}], params)
     with pytest.raises(ValueError, match="empty"):
         llm.generate([{"prompt_token_ids": []}], SamplingParams())
+    with pytest.raises(ValueError, match="leaves no room for a block of 8"):
+        llm.generate([{"prompt_token_ids": [5] * 505}], SamplingParams())  # 7 slots left: no whole block
+    with pytest.raises(SamplingParamError) as refused:  # the field an OpenAI error body names
+        llm.router.config.check_request([5] * 505, SamplingParams())
+    assert refused.value.param == "prompt"
     assert not llm.router.has_unfinished()
     ok = llm.generate([{"prompt_token_ids": PROMPTS[0]}], SamplingParams(temperature=0, max_tokens=8))
     assert ok[0].outputs[0].token_ids == _reference(llm, PROMPTS[0], 8, 8)
+
+
+def test_a_canvas_past_the_context_is_cut_to_whole_blocks_as_a_sequence_stops_there(folder):
+    """As an autoregressive sequence stops at the context: max_tokens 600 beside 490 prompt tokens of
+    a 512-token model leaves two blocks of 8; it was refused (the served default of 256 with it)."""
+    llm = LLM(str(folder), diffusion_config={"block_length": 8})
+    prompt = [5, 6, 7] * 163 + [9]  # 490 tokens
+    out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=600,
+                                                                     ignore_eos=True))[0].outputs[0]
+    assert out.finish_reason == "length" and out.token_ids == _reference(llm, prompt, 16, 8, ignore_eos=True)
 
 
 def test_autoregressive_model_refuses_diffusion_options(tiny_target):

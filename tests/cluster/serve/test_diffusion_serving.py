@@ -99,6 +99,12 @@ def test_bad_requests_get_clear_errors_over_http_and_grpc(served):
         for body, words in [({"logprobs": 2}, "logprobs"), ({"max_tokens": 600}, "context is")]:
             r = c.post(url + "/v1/completions", json={"model": "tiny", "prompt": "w5", **body})
             assert r.status_code == 400 and words in r.json()["error"]["message"]
+            assert r.json()["error"]["param"] == next(iter(body))  # it was null: plain ValueErrors
+        long = {"model": "tiny", "prompt": [5] * 490, "ignore_eos": True}  # 22 slots left: 5 blocks of 4
+        cut = c.post(url + "/v1/completions", json=long).json()  # the default 256, cut (it was refused)
+        assert cut["usage"]["completion_tokens"] == 20 and cut["choices"][0]["finish_reason"] == "length"
+        r = c.post(url + "/v1/completions", json={**long, "max_tokens": 21})  # fits, but not its canvas
+        assert r.status_code == 400 and "a canvas of 24: whole blocks of 4" in r.json()["error"]["message"]
         ok = c.post(url + "/v1/completions", json={"model": "tiny", "prompt": "w5", "max_tokens": 4})
         assert ok.status_code == 200
         metrics = c.get(url + "/metrics").text
