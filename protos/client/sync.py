@@ -12,7 +12,7 @@ import grpc
 from specray.client import _health
 from specray.client._common import (DEFAULT_TARGET, Deadline, RetryPolicy, call_metadata, channel_options,
                                     credentials, should_retry)
-from specray.client.errors import from_rpc_error
+from specray.client.errors import NotFoundError, from_rpc_error
 from specray.client.types import (Completion, Delta, Message, Model, Prompt, Sampling, StreamSummary, assemble,
                                   build_request, completion_from_proto, delta_from_proto, model_from_proto,
                                   summary_from_proto)
@@ -118,7 +118,10 @@ class Client:
 
     def health(self, service: str = "", timeout: float | None = None) -> str:
         """The standard health check: "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN" or "UNKNOWN"."""
-        reply = self._unary(self._check, _health.HealthCheckRequest(service=service), timeout)
+        try:
+            reply = self._unary(self._check, _health.HealthCheckRequest(service=service), timeout)
+        except NotFoundError:  # grpc.health.v1: Check answers NOT_FOUND for a service it does not know
+            return "SERVICE_UNKNOWN"
         return _health.status_name(reply)
 
     def close(self) -> None:

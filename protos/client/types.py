@@ -72,12 +72,17 @@ def build_request(prompt: Prompt | None = None, messages: Sequence[Message] | No
     if kwargs:
         sampling = Sampling(**{**(sampling.__dict__ if sampling else {}), **kwargs})
     req = pb.GenerateRequest(model=model, sampling=(sampling or Sampling()).to_proto())
-    if messages is not None:
-        req.chat.messages.extend(_chat_message(i, m) for i, m in enumerate(messages))
-    elif isinstance(prompt, str):
-        req.text = prompt
-    else:
-        req.token_ids.ids.extend(prompt)
+    field = "messages" if messages is not None else "prompt"
+    try:
+        if messages is not None:
+            req.chat.messages.extend(_chat_message(i, m) for i, m in enumerate(messages))
+        elif isinstance(prompt, str):
+            req.text = prompt
+        else:
+            req.token_ids.ids.extend(prompt)
+    except UnicodeEncodeError as e:  # a lone surrogate: protobuf strings are UTF-8
+        raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: not valid Unicode text "
+                                   f"(unpaired surrogate at character {e.start})") from None
     return req
 
 

@@ -96,6 +96,20 @@ def test_bad_input_is_invalid_argument(client, kwargs, words):
     assert client.generate(PROMPT, max_tokens=2).usage.completion_tokens == 2
 
 
+@pytest.mark.parametrize("kwargs, field", [(dict(prompt="w5 \ud800"), "prompt"),
+                                           (dict(messages=[{"role": "user", "content": "\ud800"}]), "messages")])
+def test_text_that_is_not_unicode_is_invalid_argument_in_the_sdk(client, kwargs, field):
+    """Protobuf strings are UTF-8: the SDK raised the codec's UnicodeEncodeError."""
+    call = client.chat if field == "messages" else client.generate
+    with pytest.raises(InvalidArgumentError, match=f"{field}: not valid Unicode text"):
+        call(*kwargs.values(), max_tokens=2)
+
+
+def test_health_of_a_service_it_does_not_know(client):
+    """The standard Check answers NOT_FOUND there; the SDK raised NotFoundError (and its docs)."""
+    assert client.health("nope") == "SERVICE_UNKNOWN" and client.health() == "SERVING"
+
+
 def test_missing_prompt_and_unknown_model(client):
     with pytest.raises(InvalidArgumentError, match="no prompt"):
         client._unary(client._stub.Complete, pb.GenerateRequest(), 10)
