@@ -20,7 +20,7 @@ from specray.cluster.pools.in_process import InProcessDiffusionPool, InProcessDr
 from specray.cluster.router.diffusion_router import DiffusionRouter, diffusion_limits
 from specray.cluster.router.limits import router_limits
 from specray.cluster.router.router import Router
-from specray.cluster.serve.prompts import check_text
+from specray.cluster.serve.prompts import CHAT_ROLES, check_text
 from specray.kernels.chat import chat_token_ids
 from specray.kernels.drafters.loading import refuse_partial_draft
 from specray.kernels.drafters.registry import build_drafter
@@ -195,6 +195,9 @@ class LLM:
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
         _check_conversation(messages, 0)
+        if self.tokenizer is None:
+            raise ValueError("this LLM has no tokenizer (skip_tokenizer_init=True): a chat template needs one; "
+                             "give token ids to generate")
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"model {self.model_name!r} has no chat template")
         return chat_token_ids(self.tokenizer, messages)
@@ -257,4 +260,7 @@ def _check_conversation(messages, index: int) -> None:
     for j, m in enumerate(messages):
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
             raise ValueError(f"conversation {index}, message {j}: needs a string 'role' and 'content', got {m!r}")
+        if m["role"] not in CHAT_ROLES:  # as the HTTP and gRPC APIs answer
+            raise ValueError(f"conversation {index}, message {j}: role must be one of {list(CHAT_ROLES)}, "
+                             f"got {m['role']!r}")
         check_text(m["content"], f"conversation {index}, message {j}, content")

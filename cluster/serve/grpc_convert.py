@@ -3,7 +3,6 @@ RequestOutput). Bad input raises GrpcAbort(INVALID_ARGUMENT) with the same rules
 
 from __future__ import annotations
 
-import typing
 
 import grpc
 
@@ -11,11 +10,9 @@ from specray.cluster.outputs import CompletionOutput, RequestOutput, SpecMetrics
 from specray.cluster.params import SamplingParams
 from specray.cluster.serve.deltas import ChoiceDeltas
 from specray.cluster.serve.openai_logprobs import pieces
-from specray.cluster.serve.openai_protocol import ChatMessage
-from specray.cluster.serve.prompts import PromptEncoder
+from specray.cluster.serve.prompts import CHAT_ROLES, PromptEncoder
 from specray.protos.specray.v1 import generate_pb2 as pb
 
-CHAT_ROLES = typing.get_args(ChatMessage.model_fields["role"].annotation)
 FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORT}
 
 

@@ -7,6 +7,7 @@ that specray does not implement is refused, naming the field, unless it holds it
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
@@ -14,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from specray.cluster.params import SamplingParams
-from specray.cluster.serve.prompts import PromptError, check_text
+from specray.cluster.serve.prompts import CHAT_ROLES, PromptError, check_text
 
 
 class ApiError(Exception):
@@ -164,7 +165,7 @@ class CompletionRequest(_Common):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    role: Literal["system", "user", "assistant", "tool", "developer"]
+    role: Literal["system", "user", "assistant", "tool", "developer"]  # CHAT_ROLES
     content: str | list[dict[str, Any]] | None = None
 
     def text(self, param: str = "messages") -> str:
@@ -190,3 +191,6 @@ class ChatRequest(_Common):
         if self.top_logprobs is not None and not self.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         return (self.top_logprobs or 0) if self.logprobs else None
+
+
+assert typing.get_args(ChatMessage.model_fields["role"].annotation) == CHAT_ROLES

@@ -16,6 +16,9 @@ from specray.kernels.chat import chat_token_ids
 NORMALIZER_SLACK = 2  # a normalizer may shorten text (composed characters) before the tokens are cut
 
 
+CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")  # what every entry point takes
+
+
 class PromptError(ValueError):
     """A prompt refused before it reached the router; `param` names the request field."""
 

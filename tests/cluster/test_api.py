@@ -93,6 +93,12 @@ def test_bad_arguments_are_one_value_error(llm, prompts, params, message):
     assert not llm.router.has_unfinished()
 
 
+def test_chat_without_a_tokenizer_says_so(tiny_target):
+    """It said the model had no chat template."""
+    with pytest.raises(ValueError, match="no tokenizer"):
+        LLM(str(tiny_target), skip_tokenizer_init=True).chat([{"role": "user", "content": "hi"}])
+
+
 def test_a_feature_level_draft_is_refused_as_the_model():
     """It has no layers of its own: loading it failed on a missing embedding (KeyError)."""
     with pytest.raises(ValueError, match="is a feature-level draft .* --speculative-method eagle"):
@@ -228,6 +234,7 @@ def test_a_stream_left_early_ends_its_requests(llm):
     ([], "messages is empty"), ([{"role": "user"}], "message 0: needs a string 'role' and 'content'"),
     ([[{"role": "user", "content": "hi"}], "hi"], "conversation 1"),
     ([{"role": "user", "content": "\udcff"}], "message 0, content: not valid Unicode text"),
+    ([{"role": "wizard", "content": "hi"}], "role must be one of"),  # as HTTP and gRPC refuse it
 ])
 def test_chat_refuses_malformed_messages(llm, messages, message):
     with pytest.raises(ValueError, match=message):
