@@ -273,7 +273,8 @@ def endpoint_banner(cfg, handle) -> str:
     auth = ' -H "Authorization: Bearer $SPECRAY_API_KEY"' if handle.get("api_key") else ""
     lines = [
         f"specray is serving {cfg.model_name!r} "
-        f"(speculation: {cfg.speculative_method or 'off'}, transport: {cfg.draft_transport}, "
+        f"(speculation: {cfg.speculative_method or 'off'}, "
+        + ("" if cfg.diffusion else f"transport: {cfg.draft_transport}, ") +  # no draft pool to reach
         f"workers: {'in the replica' if handle.get('colocated') else 'Ray actor pools'})",
         f"  HTTP (OpenAI-compatible): {url}/v1   health: {url}/health   metrics: {url}/metrics",
     ]
