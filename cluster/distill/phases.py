@@ -155,11 +155,6 @@ def check_args(args) -> list[Path]:
     """Mistakes that would otherwise surface after the slow data phase; returns the --extra-data shards."""
     from specray.kernels.loader import resolve
 
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ValueError(f"--out {args.out} is a file; the run needs a folder")
-    if args.self_prompts is not None and min(args.self_prompts, args.self_prompt_max_tokens) <= 0:
-        raise ValueError(f"--self-prompts must be positive, got {args.self_prompts} prompts of at most "
-                         f"{args.self_prompt_max_tokens} tokens")
     from specray.cluster.params import MAX_LOGPROBS
 
     if not 1 <= args.teacher_top_k <= MAX_LOGPROBS:

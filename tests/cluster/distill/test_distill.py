@@ -182,8 +182,9 @@ def test_distill_refuses_bad_numbers_before_any_work(tiny_target, tmp_path, caps
 
 def test_distill_refuses_a_file_as_its_run_folder(tiny_target, tmp_path, capsys):
     (tmp_path / "f").write_text("x")
-    assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path / "f")]) != 0
-    assert "is a file; the run needs a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["distill", "--model", str(tiny_target), "--out", str(tmp_path / "f")])
+    assert e.value.code == 2 and "expected a folder for the outputs" in capsys.readouterr().err
 
 
 def test_init_from_another_vocabulary_is_a_clear_error(tiny_target, tmp_path):

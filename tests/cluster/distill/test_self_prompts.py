@@ -54,8 +54,9 @@ def test_self_prompts_bad_input(tiny_target, tmp_path, capsys):
     with pytest.raises(ValueError, match="chat template"):
         pre_query_ids(tok)
     for flags in (["--self-prompts", "-3"], ["--self-prompts", "4", "--self-prompt-max-tokens", "0"]):
-        assert main(["distill", "--model", str(tiny_target), "--out", str(tmp_path / "run"), *ARGS, *flags]) == 2
-        assert "--self-prompts must be positive" in capsys.readouterr().err
+        with pytest.raises(SystemExit) as e:  # refused when parsed, before the target loads
+            main(["distill", "--model", str(tiny_target), "--out", str(tmp_path / "run"), *ARGS, *flags])
+        assert e.value.code == 2 and f"argument {flags[-2]}: expected an integer >= 1" in capsys.readouterr().err
     assert not (tmp_path / "run" / "data").exists()
 
 
