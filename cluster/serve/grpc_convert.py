@@ -125,9 +125,10 @@ def complete_response(tokenizer, request_id: str, model: str, out: RequestOutput
                                speculative=speculative(out.metrics))
 
 
-def summary(request_id: str, out: RequestOutput) -> pb.GenerateResponse:
+def summary(request_id: str, model: str, out: RequestOutput) -> pb.GenerateResponse:
     return pb.GenerateResponse(request_id=request_id, summary=pb.GenerateSummary(
-        choices=[choice_finish(c) for c in out.outputs], usage=usage(out), speculative=speculative(out.metrics)))
+        choices=[choice_finish(c) for c in out.outputs], usage=usage(out), speculative=speculative(out.metrics),
+        model=model))
 
 
 class DeltaTracker:

@@ -92,7 +92,7 @@ class GenerationService:
             self._left(start, call)
             raise
         self.metrics.succeeded(last.outputs[0].finish_reason)
-        yield conv.summary(request_id, last)
+        yield conv.summary(request_id, self.model_name, last)
 
     async def complete(self, request: pb.GenerateRequest, call: CallInfo) -> pb.CompleteResponse:
         """Complete: the full result."""

@@ -164,6 +164,7 @@ class StreamSummary:
     stop_reasons: list[int | str | None]
     usage: Usage
     speculative: SpeculativeMetrics
+    model: str = ""  # the served model's name (empty from servers before it was sent)
 
 
 @dataclass
@@ -209,7 +210,7 @@ def delta_from_proto(d: pb.ChoiceDelta) -> Delta:
 def summary_from_proto(request_id: str, s: pb.GenerateSummary) -> StreamSummary:
     ordered = sorted(s.choices, key=lambda c: c.index)
     return StreamSummary(request_id, [_FINISH.get(c.finish_reason) for c in ordered],
-                         [_stop_reason(c) for c in ordered], _usage(s.usage), _speculative(s.speculative))
+                         [_stop_reason(c) for c in ordered], _usage(s.usage), _speculative(s.speculative), s.model)
 
 
 def model_from_proto(m: pb.Model) -> Model:
@@ -230,4 +231,4 @@ def assemble(deltas: Sequence[Delta], summary: StreamSummary | None, model: str 
         return Completion("", model, choices, Usage(), SpeculativeMetrics())
     for c, reason, stop in zip(choices, summary.finish_reasons, summary.stop_reasons):
         c.finish_reason, c.stop_reason = reason, stop
-    return Completion(summary.request_id, model, choices, summary.usage, summary.speculative)
+    return Completion(summary.request_id, summary.model or model, choices, summary.usage, summary.speculative)

@@ -153,14 +153,16 @@ class ChoiceFinish(_message.Message):
     def __init__(self, index: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_token_id: _Optional[int] = ..., stop_string: _Optional[str] = ...) -> None: ...
 
 class GenerateSummary(_message.Message):
-    __slots__ = ("choices", "usage", "speculative")
+    __slots__ = ("choices", "usage", "speculative", "model")
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     choices: _containers.RepeatedCompositeFieldContainer[ChoiceFinish]
     usage: Usage
     speculative: SpeculativeMetrics
-    def __init__(self, choices: _Optional[_Iterable[_Union[ChoiceFinish, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., speculative: _Optional[_Union[SpeculativeMetrics, _Mapping]] = ...) -> None: ...
+    model: str
+    def __init__(self, choices: _Optional[_Iterable[_Union[ChoiceFinish, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., speculative: _Optional[_Union[SpeculativeMetrics, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "delta", "summary")

@@ -103,6 +103,7 @@ def test_n_seed_stop_and_logprobs(client):
     assert len(lp) == len(first.choices[0].token_ids) and lp[0].logprob <= 0 and len(lp[0].top) == 2
     streamed = client.stream(PROMPT, **kw).collect()
     assert [c.token_ids for c in streamed.choices] == [c.token_ids for c in first.choices]
+    assert streamed.model == first.model != ""  # the summary names the served model (it was "")
     assert [x.token_id for x in streamed.choices[1].logprobs] == streamed.choices[1].token_ids
     tok = first.choices[0].token_ids[1]
     stopped = client.generate(PROMPT, n=2, seed=5, max_tokens=6, stop_token_ids=[tok]).choices[0]
