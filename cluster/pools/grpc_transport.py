@@ -129,7 +129,8 @@ class DrafterServicer(pb_grpc.DrafterServicer):
 def serve_drafter(endpoint: DraftEndpoint, address: str = "[::]:0") -> tuple[grpc.Server, int]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
                          options=[("grpc.max_receive_message_length", 256 << 20),
-                                  ("grpc.max_send_message_length", 256 << 20)])
+                                  ("grpc.max_send_message_length", 256 << 20),
+                                  ("grpc.so_reuseport", 0)])  # a taken port is an error, not shared
     pb_grpc.add_DrafterServicer_to_server(DrafterServicer(endpoint), server)
     try:
         port = server.add_insecure_port(address)

@@ -240,7 +240,10 @@ def cmd_serve(args) -> int:
         print("specray serve: --api-key is visible in the process list; prefer --api-key-file or SPECRAY_API_KEY",
               file=sys.stderr)
     cfg.http.resolved_api_key()  # an unreadable key file fails here, before anything starts
-    if cfg.ray_address is None:  # a local cluster's workers see this machine's files
+    if cfg.ray_address is None:  # a local cluster's workers see this machine's files, and listen here
+        from specray.cluster.serve.ports import check_listening
+
+        check_listening(cfg)
         check_model_and_context(cfg)
     from specray.cluster.serve.local_ray import start_ray
     from specray.cluster.serve.run import run_serve

@@ -50,8 +50,9 @@ async def serve_grpc(service: GenerationService, port: int, host: str = "127.0.0
     """Start serving `service` on host:port (TLS with `credentials`); returns the started server.
     Call it inside the event loop that runs the server; `await server.stop(grace)` ends it. More than
     `max_concurrent_rpcs` calls at once get RESOURCE_EXHAUSTED."""
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes)],
-                             maximum_concurrent_rpcs=max_concurrent_rpcs)
+    # gRPC sets SO_REUSEPORT by default on Linux: a second server on a taken port would share it
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes),
+                                      ("grpc.so_reuseport", 0)], maximum_concurrent_rpcs=max_concurrent_rpcs)
     server.add_generic_rpc_handlers((_generation_handlers(GenerationServicer(service)),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

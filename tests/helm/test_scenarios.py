@@ -163,9 +163,10 @@ def test_serve_ports_and_services(rendered):
     r = rendered["default"]
     deploy = serve_deploy_config(r.rayservice)
     assert deploy["http_options"]["port"] == 8000
-    assert deploy["grpc_options"] == {
-        "port": 9000,
-        "grpc_servicer_functions": ["specray.protos.specray.v1.generate_pb2_grpc.add_GenerationServicer_to_server"]}
+    from specray.cluster.serve.run import GRPC_SERVICERS
+
+    # the same services `specray serve` registers on Serve's proxy (health was missing: UNIMPLEMENTED)
+    assert deploy["grpc_options"] == {"port": 9000, "grpc_servicer_functions": GRPC_SERVICERS}
     (app,) = deploy["applications"]
     assert app["import_path"] == "specray.cluster.serve.app:build_app"
     ports = {s["spec"]["ports"][0]["name"]: s for s in r.of_kind("Service")}

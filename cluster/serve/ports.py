@@ -1,0 +1,41 @@
+"""The addresses `specray serve` will listen on, tried before Ray starts: a taken port or a host
+this machine cannot bind failed inside the replica, after three deployment attempts and pages of
+tracebacks."""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+
+def listen_addresses(cfg) -> list[tuple[str, str, int]]:
+    """(what, host, port) of each listener this node opens: HTTP, and gRPC where enabled (Serve's
+    gRPC proxy listens on every interface)."""
+    out = [("HTTP", cfg.http.host, cfg.http.port)]
+    if cfg.grpc.enabled:
+        host = (cfg.grpc.host or cfg.http.host) if cfg.grpc.server == "replica" else "0.0.0.0"
+        out.append(("gRPC", host, cfg.grpc.port))
+    return out
+
+
+def check_bindable(what: str, host: str, port: int) -> None:
+    """ValueError saying why `host:port` cannot be listened on here; nothing stays bound."""
+    where = f"{what} on {host}:{port}"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError):
+        raise ValueError(f"{where}: {host!r} is not a host name or address this machine can resolve") from None
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers set it: TIME_WAIT is no clash
+        try:
+            s.bind(address)
+        except OSError as e:
+            why = {errno.EADDRINUSE: "the port is in use (another server?)",
+                   errno.EADDRNOTAVAIL: "not an address of this machine",
+                   errno.EACCES: "permission denied (ports below 1024 need privileges)"}.get(e.errno, e.strerror)
+            raise ValueError(f"{where}: cannot listen: {why}") from None
+
+
+def check_listening(cfg) -> None:
+    for what, host, port in listen_addresses(cfg):
+        check_bindable(what, host, port)
