@@ -18,7 +18,8 @@ class HttpConfig(Strict):
     # within header_timeout_s and stay under 64 KiB); proxy: Ray Serve's HTTP proxy, which runs on every
     # node but bounds neither (the Helm chart's choice: put a reverse proxy with those limits in front)
     server: Literal["replica", "proxy"] = "replica"
-    host: str = Field("127.0.0.1", description="interface to listen on; 0.0.0.0 exposes the server to the network")
+    host: str = Field("127.0.0.1", min_length=1,
+                      description="interface to listen on; 0.0.0.0 exposes the server to the network")
     port: int = Field(8000, ge=1, le=65535)
     api_key: str | None = Field(None, description="require 'Authorization: Bearer <key>' on every route but "
                                 "/health and /metrics; prefer api_key_file or the variable (argv is public)")
@@ -42,7 +43,8 @@ class HttpConfig(Strict):
             if not key:
                 raise ValueError(f"http.api_key_file: {self.api_key_file} is empty")
             return key
-        return (os.environ.get(self.api_key_env) if self.api_key_env else None) or None
+        # stripped as the file's is: a Kubernetes Secret made --from-file ends in a newline
+        return (os.environ.get(self.api_key_env, "").strip() if self.api_key_env else None) or None
 
 
 class GrpcConfig(Strict):
@@ -52,7 +54,7 @@ class GrpcConfig(Strict):
     # malformed messages are INVALID_ARGUMENT); proxy: Ray Serve's gRPC proxy, which runs on every
     # node but binds all interfaces, has no TLS and takes messages up to 2 GiB (the Helm chart's choice)
     server: Literal["replica", "proxy"] = "replica"
-    host: str | None = Field(None, description="interface to listen on (replica server); unset: http.host")
+    host: str | None = Field(None, min_length=1, description="interface to listen on (replica server); unset: http.host")
     max_message_bytes: int = Field(DEFAULT_MAX_REQUEST_BYTES, ge=1024,
                                    description="larger request messages get RESOURCE_EXHAUSTED (replica server)")
     tls_cert_file: str | None = Field(None, description="PEM certificate chain: serve gRPC over TLS")

@@ -58,7 +58,8 @@ class TransportConfig(Strict):
 
 class ServeConfig(Strict):
     model: str = Field("smollm2-135m", description="target: alias, HF folder or .gguf file")
-    served_model_name: str | None = None
+    served_model_name: str | None = Field(None, min_length=1, description="the name the APIs answer to; "
+                                          "unset: model")
     speculative_config: dict[str, Any] | None = Field(
         default_factory=lambda: {"method": "ngram", "num_speculative_tokens": 2},
         description="vLLM-style keys; null serves without speculation")
@@ -125,6 +126,8 @@ class ServeConfig(Strict):
     def _transport(self) -> "ServeConfig":
         if self.transport.kind == "grpc" and self.speculative_config and not self.transport.drafter_address:
             raise ValueError("transport.kind 'grpc' needs transport.drafter_address (host:port)")
+        if self.transport.drafter_address and self.transport.kind != "grpc":  # it was ignored
+            raise ValueError(f"transport.drafter_address is for transport.kind 'grpc', not {self.transport.kind!r}")
         self._draft_group()
         if self.grpc.enabled and self.grpc.port == self.http.port:
             raise ValueError(f"http.port and grpc.port are both {self.http.port}: the two servers need a port each")

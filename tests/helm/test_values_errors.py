@@ -19,7 +19,10 @@ from helm_render import render
     ({"speculation": {"draftQuantization": "int4"}}, "/speculation/draftQuantization"),
     ({"speculation": {"draftVocabTrim": -1}}, "at '/speculation/draftVocabTrim': minimum: got -1, want 0"),
     ({"speculation": {"longspecWindow": 0}}, "at '/speculation/longspecWindow': minimum: got 0, want 1"),
-    ({"router": {"maxPrefillTokens": 0}}, "at '/router/maxPrefillTokens': minimum: got 0, want 1"),
+    ({"router": {"maxPrefillTokens": 0}}, "at '/router/maxPrefillTokens'"),
+    # each rendered and was refused by the server at deploy time, the RayService retrying
+    ({"speculation": {"numSpeculativeTokens": 1000}}, "at '/speculation/numSpeculativeTokens': maximum: got 1,000, want 256"),
+    ({"serve": {"proxyLocation": "Disabled"}}, "at '/serve/proxyLocation'"),  # no proxy: nothing served
 ])
 def test_schema_rejects(values, message):
     with pytest.raises(helm_python.HelmValuesError) as e:
@@ -48,6 +51,8 @@ def test_schema_rejects(values, message):
     ({"apiKey": {"enabled": True}}, "apiKey.enabled needs apiKey.value or apiKey.existingSecret"),
     ({"speculation": {"method": "aded", "adaptive": True}}, "speculation.adaptive applies to chains"),
     ({"http": {"port": 9000}}, "http.port and grpc.port are both 9000"),
+    ({"speculation": {"promptLookupMin": 5, "promptLookupMax": 2}},
+     "speculation.promptLookupMin (5) must be at most speculation.promptLookupMax (2)"),
     ({"modelStorage": {"type": "pvc"}}, "modelStorage.type pvc needs modelStorage.pvc.claimName"),
     ({"modelStorage": {"type": "initContainer"}}, "modelStorage.type initContainer needs modelStorage.initContainer.command"),
 ])

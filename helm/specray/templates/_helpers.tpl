@@ -104,3 +104,11 @@ so the JSON goes in as a double-quoted string with escaped quotes: "{\"draft\":1
 {{- define "specray.device" -}}
 {{- if .device }}{{ .device }}{{ else if gt (int .gpus) 0 }}cuda{{ else }}cpu{{ end }}
 {{- end }}
+
+{{/*
+A route of the application under serve.routePrefix: (list . "/health") -> "/api/health" for "/api".
+*/}}
+{{- define "specray.route" -}}
+{{- $root := index . 0 }}{{- $path := index . 1 }}
+{{- printf "%s%s" (trimSuffix "/" $root.Values.serve.routePrefix) $path }}
+{{- end }}

@@ -66,6 +66,9 @@ def test_pipeline_auto_pipelines_only_model_drafts(flags, pipelined):
     ("grpc: {enabled: 'yes'}\n", "grpc.enabled: Input should be a valid boolean"),  # types as the HTTP API's
     ("router: {max_num_seqs: '32'}\n", "router.max_num_seqs: Input should be a valid integer"),
     ("router: {max_num_seqs: true}\n", "router.max_num_seqs: Input should be a valid integer"),
+    ("transport: {drafter_address: 'h:1'}\n", "drafter_address is for transport.kind 'grpc'"),  # was ignored
+    ("served_model_name: ''\n", "served_model_name: String should have at least 1 character"),
+    ("http: {host: ''}\n", "http.host: String should have at least 1 character"),
 ])
 def test_bad_config_exits_2_with_the_reason(tmp_path, capsys, text, message):
     path = tmp_path / "bad.yaml"

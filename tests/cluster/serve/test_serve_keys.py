@@ -25,6 +25,8 @@ def test_api_key_sources(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECRAY_API_KEY", "sk-env")
     assert HttpConfig(api_key_file=str(key)).resolved_api_key() == "sk-a"
     assert HttpConfig().resolved_api_key() == "sk-env"
+    monkeypatch.setenv("SPECRAY_API_KEY", "sk-env\n")  # a Secret made --from-file: stripped as a file's is
+    assert HttpConfig().resolved_api_key() == "sk-env"
     with pytest.raises(ValueError, match="cannot read"):
         HttpConfig(api_key_file=str(tmp_path / "missing")).resolved_api_key()
 
