@@ -9,6 +9,7 @@ inside the engine answers 500 with a reference into the server log, never the en
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 import uuid
@@ -73,9 +74,21 @@ class OpenAIServer:
         app.get("/metrics")(lambda: Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4"))
         app.get("/v1/models")(self.models)
         app.get("/v1/models/{model:path}")(self.model)
-        app.post("/v1/completions")(self.completions)
-        app.post("/v1/chat/completions")(self.chat)
+        app.post("/v1/completions")(self._counted(self.completions))
+        app.post("/v1/chat/completions")(self._counted(self.chat))
         return app
+
+    def _counted(self, handler):
+        """`handler`, counting a call cancelled before its response (Ray Serve's proxy cancels the
+        handler of a client that hung up; the replica's own server polls and answers 499)."""
+        @functools.wraps(handler)
+        async def counted(*args, **kwargs):
+            try:
+                return await handler(*args, **kwargs)
+            except asyncio.CancelledError:
+                self.metrics.failed(errors.CANCELLED.http)
+                raise
+        return counted
 
     def _allowed(self, path: str, authorization: bytes | None) -> bool:
         return not self.api_key or path in OPEN_PATHS or authorized(authorization, self.api_key)

@@ -213,3 +213,27 @@ def test_a_request_larger_than_the_queue_is_refused_as_the_clients_error(tiny_ta
         fits = post(engine.http.url, "/v1/completions", {**body, "prompt": [GOOD] * 2})
         assert fits.status_code == 200 and len(fits.json()["choices"]) == 4
         assert engine.idle()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_handler_cancelled_before_its_response_is_counted(engine, stream):
+    """Ray Serve's proxy cancels the handler of a client that hung up (the replica's own server polls
+    instead); a call cancelled before its first chunk, or unstreamed, was counted nowhere."""
+    failures = engine.http_server.metrics.failures.labels("499")
+    before = failures._value.get()
+    engine.delay = 0.03
+    body = {"prompt": GOOD, "max_tokens": 400, "ignore_eos": True, "temperature": 0, "stream": stream}
+
+    async def cancel_mid_call():
+        transport = httpx.ASGITransport(app=engine.http_server.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://replica") as c:
+            call = asyncio.ensure_future(c.post("/v1/completions", json=body))
+            await asyncio.sleep(0.3)  # admitted, not answered
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+    try:
+        asyncio.run(cancel_mid_call())
+        assert engine.idle() and failures._value.get() == before + 1
+    finally:
+        engine.delay = 0.003
