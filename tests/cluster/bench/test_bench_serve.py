@@ -100,3 +100,13 @@ def test_open_loop_latency_counts_the_wait_for_a_slot():
     closed, _ = asyncio.run(drive(send, [{}] * 3, 1, None, seed=0))
     starts = sorted(s.start for s in closed)  # each clock starts as its request is sent, after the last ends
     assert all(b - a >= 0.045 for a, b in zip(starts, starts[1:]))
+
+
+def test_a_run_with_failed_requests_fails_the_command(capsys):
+    """48 of 60 failed (a replica killed mid-run) and it exited 0, its tokens/s over the survivors."""
+    from specray.cluster.bench.serve import failed
+
+    level = {"requests": 60, "completed": 12, "errors": 48, "error_examples": ["HTTP 503: restarting"]}
+    assert failed([level]) == 1 and "48 of 60 requests failed, e.g. ['HTTP 503: restarting']" in capsys.readouterr().err
+    assert failed([{**level, "completed": 0, "errors": 60}]) == 1 and "every request failed" in capsys.readouterr().err
+    assert failed([{**level, "completed": 60, "errors": 0, "error_examples": []}]) == 0
