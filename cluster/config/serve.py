@@ -37,6 +37,9 @@ class RouterConfig(Strict):
     max_model_len: int | None = Field(None, ge=2, description="a sequence's context at most; unset: the model's, "
                                       "cut to what kv_cache_tokens holds (a set one it cannot hold is refused)")
     draft_timeout_s: float = Field(60.0, gt=0, description="a slower draft pool counts as lost")
+    target_timeout_s: float = Field(120.0, gt=0, description="a target step slower than this counts as a lost "
+                                    "worker (hung, or its node gone): its requests fail (503) and the pool "
+                                    "restarts; Ray actor pools only")
 
     @field_validator("max_prefill_tokens", mode="before")
     @classmethod

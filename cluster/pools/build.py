@@ -23,7 +23,7 @@ def build_target_pool(cfg: ServeConfig, colocated: bool = False):
 
         return InProcessTargetPool(OnComputeThread(TargetWorker.from_spec, serve_target_spec(cfg)))
     return RayTargetPool(serve_target_spec(cfg), placement(cfg.pools.target), cfg.pools.target.num_workers,
-                         channel=cfg.pools.channel == "auto")
+                         channel=cfg.pools.channel == "auto", timeout_s=cfg.router.target_timeout_s)
 
 
 def build_draft_pool(cfg: ServeConfig, colocated: bool = False):

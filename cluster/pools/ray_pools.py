@@ -90,8 +90,9 @@ class RayTargetPool:
     """The target: one worker, or `spec.tp_size` tensor-parallel ranks that all run every step."""
 
     def __init__(self, spec: TargetSpec, placement: Placement = Placement({"target": 1}), tp_size: int = 1,
-                 channel: bool = True):
+                 channel: bool = True, timeout_s: float | None = None):
         self.spec, self.placement, self.tp_size = spec, placement, tp_size
+        self.timeout_s = timeout_s  # a step past it: the worker counts as lost (hung, or its node gone)
         self.name = f"specray-target-{uuid.uuid4().hex[:8]}"
         self.group = reserve([placement.bundle()] * tp_size)
         self.starts = 0
@@ -109,12 +110,13 @@ class RayTargetPool:
                              name=f"{self.name}-s{self.starts}-r{r}") for r, s in enumerate(specs)]
 
     def submit_step(self, items) -> _RayPending | ChannelPending:
-        pending = self.calls.submit(self.actors[0], "step", items, on_failure=self._failed)
+        pending = self.calls.submit(self.actors[0], "step", items, on_failure=self._failed,
+                                    timeout_s=self.timeout_s)
         if pending is not None:
             return pending
         payload = dumps((items,))  # the results' tensors as raw bytes, as over a channel
         ref = ray.put(payload) if self.tp_size > 1 else payload
-        return _RayPending([a.call_packed.remote("step", ref) for a in self.actors], self._failed,
+        return _RayPending([a.call_packed.remote("step", ref) for a in self.actors], self._failed, self.timeout_s,
                            on_result=pickle.loads)
 
     def _failed(self, error: Exception) -> TargetUnavailable:

@@ -147,6 +147,34 @@ def test_target_failure_is_retryable_and_the_pool_recovers(ray_cluster, tiny_tar
         pool.close()
 
 
+def test_a_hung_target_worker_counts_as_lost_after_its_timeout(ray_cluster, tiny_target, tiny_draft, reference):
+    """A stopped (hung) worker held every request forever, its step never answering."""
+    import os
+    import signal
+
+    from specray.cluster.pools.ray_pools import RayTargetPool
+
+    cfg = config(tiny_target, tiny_draft)
+    pool = RayTargetPool(serve_target_spec(cfg), placement(cfg.pools.target), timeout_s=2.0)
+    try:
+        router = make_engine(pool, None, tiny_target)
+        for p in PROMPTS:
+            router.add_request(p, GREEDY)
+        router.step()
+        pid = ray.get(pool.actors[0].__ray_call__.remote(lambda worker: os.getpid()))
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(TargetUnavailable, match="retry"):
+                for _ in range(50):
+                    router.step()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert sorted(router.fail_all(), key=int) == [str(i) for i in range(len(PROMPTS))]
+        assert [o.outputs[0].token_ids for o in run(router, PROMPTS)] == reference[0]  # fresh workers
+    finally:
+        pool.close()
+
+
 def test_tensor_parallel_target_pool_equals_single_worker(ray_cluster, tiny_target, tiny_draft, draft_pool,
                                                           reference):
     """Two target ranks on the target node, joined by torch.distributed (gloo): same tokens."""
