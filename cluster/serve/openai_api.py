@@ -70,13 +70,19 @@ class OpenAIServer:
         app.exception_handler(RequestValidationError)(lambda _, exc: self._error(validation_error(exc)))
         app.exception_handler(HTTPException)(lambda _, exc: self._error(self._http_error(exc)))
         app.exception_handler(Exception)(lambda _, exc: self._error(self._internal(exc)))
-        app.get("/health")(lambda: {"status": "ok"})
+        app.get("/health")(self.health)
         app.get("/metrics")(lambda: Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4"))
         app.get("/v1/models")(self.models)
         app.get("/v1/models/{model:path}")(self.model)
         app.post("/v1/completions")(self._counted(self.completions))
         app.post("/v1/chat/completions")(self._counted(self.chat))
         return app
+
+    def health(self):
+        """200 while the router takes turns; 503 once it stopped (it said ok whatever the engine)."""
+        if self.router.alive:
+            return {"status": "ok"}
+        return JSONResponse({"status": "unavailable", "reason": "the engine stopped"}, status_code=503)
 
     def _counted(self, handler):
         """`handler`, counting a call cancelled before its response (Ray Serve's proxy cancels the

@@ -237,3 +237,15 @@ def test_a_handler_cancelled_before_its_response_is_counted(engine, stream):
         assert engine.idle() and failures._value.get() == before + 1
     finally:
         engine.delay = 0.003
+
+
+def test_health_says_unavailable_once_the_engine_stopped(tiny_target):
+    """It answered ok whatever the engine (a load balancer kept sending requests to a dead one)."""
+    llm = LLM(str(tiny_target))
+    router = AsyncRouter(llm.router)
+    server = OpenAIServer(router, llm.get_tokenizer(), "tiny")
+    with BackgroundServer(server.app) as http:
+        assert httpx.get(http.url + "/health").json() == {"status": "ok"}
+        router.shutdown()
+        gone = httpx.get(http.url + "/health")
+        assert gone.status_code == 503 and gone.json()["status"] == "unavailable"
