@@ -44,11 +44,8 @@ class EagleModel(LlamaModel):
 
     def inputs(self, features: torch.Tensor, token_ids: list[int]) -> torch.Tensor:
         """features [rows, H] (true f or predicted g) and the next tokens -> the layer's input [rows, H]."""
-        x = torch.empty(len(token_ids), 2 * self.config.hidden_size, dtype=self.dtype, device=self.embed_tokens.device)
-        x[:, :self.config.hidden_size] = features  # [rows, 2H]: [f; E x], filled in place (no concatenation)
-        ids = torch.tensor(token_ids, dtype=torch.long, device=self.embed_tokens.device)
-        torch.index_select(self.embed_tokens.detach(), 0, ids, out=x[:, self.config.hidden_size:])
-        return self.linear(x, self.fc)
+        emb = self.embed_tokens[torch.tensor(token_ids, dtype=torch.long, device=self.embed_tokens.device)]
+        return self.linear(torch.cat([features.to(self.dtype), emb], dim=-1).contiguous(), self.fc)
 
 
 def is_eagle_folder(folder: Path) -> bool:
@@ -129,8 +126,7 @@ class EagleDrafter:
         h = self.model.config.hidden_size
         # Fewer rows only after the draft side lost its state: the oldest positions read zeros
         # (weaker drafts for this sequence, outputs unchanged).
-        parts = ([torch.zeros(need - have, h)] if need > have else []) + [f.float().cpu() for f in state.unfed]
-        feats = parts[0] if len(parts) == 1 else torch.cat(parts)  # [need, H]
+        feats = torch.cat([torch.zeros(need - have, h), *[f.float().cpu() for f in state.unfed]])  # [need, H]
         state.unfed = []
         tokens = r.token_ids[state.fed + 1:]  # x_{i+1} for each fed position i
         chunk = SeqChunk(r.seq_id, tokens, state.fed, num_logits=1 if r.num_draft_tokens else 0)
