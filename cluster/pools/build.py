@@ -43,7 +43,7 @@ def build_draft_pool(cfg: ServeConfig, colocated: bool = False):
     if kind == "grpc":
         from specray.cluster.pools.grpc_transport import GrpcDraftPool
 
-        return GrpcDraftPool(cfg.transport.drafter_address, timeout)
+        return GrpcDraftPool(cfg.transport.drafter_address, timeout, cfg.speculative.method)
     if kind == "torch_distributed":
         from specray.cluster.pools.dist_transport import DistDraftPool
 

@@ -156,16 +156,28 @@ class _GrpcPending:
 
 
 class GrpcDraftPool:
-    def __init__(self, address: str, timeout_s: float = 60.0):
-        self.address, self.timeout_s = address, timeout_s
+    def __init__(self, address: str, timeout_s: float = 60.0, method: str | None = None):
+        self.address, self.timeout_s, self.method = address, timeout_s, method
+        # a restarted drafter is found within seconds (gRPC's default backoff grows to two minutes)
         self.channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 256 << 20),
-                                                               ("grpc.max_send_message_length", 256 << 20)])
+                                                               ("grpc.max_send_message_length", 256 << 20),
+                                                               ("grpc.initial_reconnect_backoff_ms", 500),
+                                                               ("grpc.max_reconnect_backoff_ms", 2000)])
         self.stub = pb_grpc.DrafterStub(self.channel)
         self.stats = TransportStats()
         self._released: list[str] = []
 
-    def ready(self, timeout_s: float = 300.0) -> None:
-        self.stub.Ping(pb.PingRequest(), timeout=timeout_s, wait_for_ready=True)
+    def ready(self, timeout_s: float = 60.0) -> None:
+        """The drafter answers, serving `method`: ValueError saying which is not so (a wrong address
+        held start-up five minutes; a drafter of another method drafted unnoticed)."""
+        try:
+            served = self.stub.Ping(pb.PingRequest(), timeout=timeout_s, wait_for_ready=True).method
+        except grpc.RpcError as e:
+            raise ValueError(f"no specray drafter answers at {self.address} ({e.code().name} within {timeout_s:g} "
+                             "s): start `specray drafter` there, or fix transport.drafter_address") from None
+        if self.method is not None and served != self.method:
+            raise ValueError(f"the drafter at {self.address} serves method {served!r}; speculative_config asks for "
+                             f"{self.method!r}: start it with --method {self.method}")
 
     def submit_propose(self, items) -> _GrpcPending:
         try:

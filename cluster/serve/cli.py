@@ -241,10 +241,11 @@ def cmd_serve(args) -> int:
               file=sys.stderr)
     cfg.http.resolved_api_key()  # an unreadable key file fails here, before anything starts
     if cfg.ray_address is None:  # a local cluster's workers see this machine's files, and listen here
-        from specray.cluster.serve.ports import check_listening
+        from specray.cluster.serve.ports import check_drafter, check_listening
 
         check_listening(cfg)
         check_model_and_context(cfg)
+        check_drafter(cfg)
     from specray.cluster.serve.local_ray import start_ray
     from specray.cluster.serve.run import run_serve
 

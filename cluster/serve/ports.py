@@ -1,11 +1,14 @@
-"""The addresses `specray serve` will listen on, tried before Ray starts: a taken port or a host
-this machine cannot bind failed inside the replica, after three deployment attempts and pages of
-tracebacks."""
+"""The addresses `specray serve` will listen on and the drafter it will talk to, tried before Ray
+starts: a taken port or a host this machine cannot bind failed inside the replica, after three
+deployment attempts and pages of tracebacks; a drafter at a wrong address held the replica minutes
+and was retried forever."""
 
 from __future__ import annotations
 
 import errno
 import socket
+
+DRAFTER_WAIT_S = 10.0  # a running drafter answers a ping at once
 
 
 def listen_addresses(cfg) -> list[tuple[str, str, int]]:
@@ -39,3 +42,17 @@ def check_bindable(what: str, host: str, port: int) -> None:
 def check_listening(cfg) -> None:
     for what, host, port in listen_addresses(cfg):
         check_bindable(what, host, port)
+
+
+def check_drafter(cfg) -> None:
+    """An external drafter (transport grpc) must answer, serving the method asked for: one line
+    before Ray starts, not a replica waiting minutes and retried forever."""
+    if cfg.draft_transport != "grpc" or cfg.speculative is None:
+        return
+    from specray.cluster.pools.grpc_transport import GrpcDraftPool
+
+    pool = GrpcDraftPool(cfg.transport.drafter_address, method=cfg.speculative.method)
+    try:
+        pool.ready(timeout_s=DRAFTER_WAIT_S)
+    finally:
+        pool.close()

@@ -91,3 +91,27 @@ def test_drafter_serves_a_longspec_draft_over_grpc(tiny_longspec):
     finally:
         pool.close()
         server.stop(grace=0)
+
+
+def test_serve_refuses_a_drafter_that_is_not_there_or_serves_another_method(tiny_target, capsys, monkeypatch):
+    """A wrong address held the replica five minutes, then Serve retried it forever; a drafter of
+    another method drafted unnoticed (its ping named its method, unread)."""
+    import specray.cluster.serve.local_ray as local_ray
+    import specray.cluster.serve.ports as ports
+    from specray.actors.specs import DraftSpec
+    from specray.cluster.pools.draft_endpoint import DraftEndpoint
+    from specray.cluster.pools.grpc_transport import serve_drafter
+    from specray.cluster.serve.http_server import free_port
+
+    monkeypatch.setattr(local_ray, "start_ray", lambda cfg: pytest.fail("Ray must not start"))
+    monkeypatch.setattr(ports, "DRAFTER_WAIT_S", 1.0)
+    server, port = serve_drafter(DraftEndpoint.from_spec(DraftSpec("ngram", None, threads=1)), "127.0.0.1:0")
+    serve = ["serve", "--model", str(tiny_target), "--port", str(free_port()), "--grpc-port", str(free_port()),
+             "--transport", "grpc"]
+    try:
+        assert main([*serve, "--drafter-address", f"127.0.0.1:{free_port()}", "--speculative-method", "ngram"]) == 2
+        assert "no specray drafter answers at 127.0.0.1:" in capsys.readouterr().err
+        assert main([*serve, "--drafter-address", f"127.0.0.1:{port}", "--speculative-method", "aded"]) == 2
+        assert "serves method 'ngram'; speculative_config asks for 'aded'" in capsys.readouterr().err
+    finally:
+        server.stop(grace=0)
