@@ -221,9 +221,10 @@ def check_model_and_context(cfg) -> None:
     fit_context(r.max_model_len, limit, num_blocks(r.kv_cache_tokens, r.block_size) * r.block_size, cfg.speculative)
     spec = cfg.speculative
     if spec is not None and spec.model is not None:  # only methods that run a draft model take one
-        from specray.kernels.drafters.loading import resolve_draft
+        from specray.kernels.drafters.loading import check_draft_vocabulary, resolve_draft
 
         resolve_draft(spec.method, spec.model)
+        check_draft_vocabulary(checkpoint.path, spec.method, spec.model)
 
 
 def cmd_serve(args) -> int:

@@ -80,6 +80,19 @@ def resolve_draft(method: str, model: str):
     return checkpoint
 
 
+def check_draft_vocabulary(target: Path, method: str, model: str | None) -> None:
+    """A standalone draft proposes over its own vocabulary: one unlike the target's failed every
+    sampled request in verification (a tensor size mismatch) and accepted nothing greedy."""
+    if method != "draft_model" or model is None:
+        return
+    from specray.kernels.loader import hf_config
+
+    want, got = hf_config(target).vocab_size, hf_config(resolve(model).path).vocab_size
+    if want != got:
+        raise ValueError(f"the draft {model!r} has a vocabulary of {got} tokens, the target's {want}: a draft "
+                         "must share the target's tokenizer")
+
+
 def refuse_partial_draft(folder: Path, name: str) -> None:
     """A feature-level or LongSpec draft has no model of its own (it reads the target's features,
     or its KV): asked for as the model to run, it failed deep in its weights (a KeyError)."""

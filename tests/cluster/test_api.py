@@ -99,6 +99,15 @@ def test_chat_without_a_tokenizer_says_so(tiny_target):
         LLM(str(tiny_target), skip_tokenizer_init=True).chat([{"role": "user", "content": "hi"}])
 
 
+def test_a_draft_with_another_vocabulary_is_refused(tiny_target, tmp_path):
+    """It loaded, accepted nothing greedy and failed every sampled request in verification."""
+    from helpers import save_tiny_llama
+
+    other = save_tiny_llama(tmp_path / "other", seed=2, vocab_size=113)
+    with pytest.raises(ValueError, match="vocabulary of 113 tokens, the target's 97"):
+        LLM(str(tiny_target), speculative_config={"method": "draft_model", "model": str(other)})
+
+
 def test_a_feature_level_draft_is_refused_as_the_model():
     """It has no layers of its own: loading it failed on a missing embedding (KeyError)."""
     with pytest.raises(ValueError, match="is a feature-level draft .* --speculative-method eagle"):
