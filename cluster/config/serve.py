@@ -131,6 +131,9 @@ class ServeConfig(Strict):
             raise ValueError("transport.kind 'grpc' needs transport.drafter_address (host:port)")
         if self.transport.drafter_address and self.transport.kind != "grpc":  # it was ignored
             raise ValueError(f"transport.drafter_address is for transport.kind 'grpc', not {self.transport.kind!r}")
+        if self.transport.master_port and self.transport.kind != "torch_distributed":
+            raise ValueError("transport.master_port is for transport.kind 'torch_distributed', not "
+                             f"{self.transport.kind!r}")
         self._draft_group()
         if self.grpc.enabled and self.grpc.port == self.http.port:
             raise ValueError(f"http.port and grpc.port are both {self.http.port}: the two servers need a port each")

@@ -47,6 +47,6 @@ def build_draft_pool(cfg: ServeConfig, colocated: bool = False):
     if kind == "torch_distributed":
         from specray.cluster.pools.dist_transport import DistDraftPool
 
-        return DistDraftPool(spec, placement(cfg.pools.draft), timeout)
+        return DistDraftPool(spec, placement(cfg.pools.draft), timeout, cfg.transport.master_port)
     return RayDraftPool(spec, placement(cfg.pools.draft), timeout, cfg.pools.draft.num_workers,
                         channel=cfg.pools.channel == "auto")

@@ -82,10 +82,13 @@ class DistDraftEndpoint(DraftEndpoint):
                          daemon=True).start()
 
 
-def _router_address() -> str:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return f"{ray.util.get_node_ip_address()}:{s.getsockname()[1]}"
+def _router_address(port: int | None = None) -> str:
+    """This node's address and the rendezvous port: `port` (transport.master_port), else a free one."""
+    if port is None:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+    return f"{ray.util.get_node_ip_address()}:{port}"
 
 
 class _DistPending:
@@ -106,8 +109,8 @@ class _DistPending:
 class DistDraftPool:
     """A Ray-placed draft actor reached over torch.distributed point to point."""
 
-    def __init__(self, spec, placement, timeout_s: float = 60.0):
-        self.timeout_s = timeout_s
+    def __init__(self, spec, placement, timeout_s: float = 60.0, master_port: int | None = None):
+        self.timeout_s, self.master_port = timeout_s, master_port
         self.backend = "nccl" if spec.device.startswith("cuda") and torch.cuda.is_available() else "gloo"
         self.group = reserve([placement.bundle()])
         self.name = f"specray-draft-{uuid.uuid4().hex[:8]}"
@@ -119,7 +122,8 @@ class DistDraftPool:
         self._connect()
 
     def _connect(self) -> None:
-        address = _router_address()
+        self.address = _router_address(self.master_port)
+        address = self.address
         joined = self.actor.call.remote("connect", address, self.backend, self.timeout_s)
         self.channel = DistChannel(address, rank=0, backend=self.backend, timeout_s=self.timeout_s)
         ray.get(joined, timeout=self.timeout_s)

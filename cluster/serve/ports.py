@@ -12,9 +12,11 @@ DRAFTER_WAIT_S = 10.0  # a running drafter answers a ping at once
 
 
 def listen_addresses(cfg) -> list[tuple[str, str, int]]:
-    """(what, host, port) of each listener this node opens: HTTP, and gRPC where enabled (Serve's
-    gRPC proxy listens on every interface)."""
+    """(what, host, port) of each listener this node opens: HTTP, the draft link's rendezvous where
+    its port is set, and gRPC where enabled (Serve's gRPC proxy listens on every interface)."""
     out = [("HTTP", cfg.http.host, cfg.http.port)]
+    if cfg.transport.master_port and cfg.draft_transport == "torch_distributed":  # the router hosts it
+        out.append(("torch_distributed rendezvous", "0.0.0.0", cfg.transport.master_port))
     if cfg.grpc.enabled:
         host = (cfg.grpc.host or cfg.http.host) if cfg.grpc.server == "replica" else "0.0.0.0"
         out.append(("gRPC", host, cfg.grpc.port))

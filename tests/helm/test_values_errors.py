@@ -51,6 +51,7 @@ def test_schema_rejects(values, message):
     ({"apiKey": {"enabled": True}}, "apiKey.enabled needs apiKey.value or apiKey.existingSecret"),
     ({"speculation": {"method": "aded", "adaptive": True}}, "speculation.adaptive applies to chains"),
     ({"http": {"port": 9000}}, "http.port and grpc.port are both 9000"),
+    ({"transport": {"masterPort": 29500}}, "transport.masterPort is the torch_distributed rendezvous port"),
     ({"speculation": {"promptLookupMin": 5, "promptLookupMax": 2}},
      "speculation.promptLookupMin (5) must be at most speculation.promptLookupMax (2)"),
     ({"modelStorage": {"type": "pvc"}}, "modelStorage.type pvc needs modelStorage.pvc.claimName"),

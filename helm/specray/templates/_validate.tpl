@@ -45,6 +45,9 @@ Cross-field checks that values.schema.json cannot express; each fails the render
 {{- if and $v.speculation.adaptive (eq $v.speculation.method "aded") }}
 {{- fail "speculation.adaptive applies to chains (ngram, draft_model, eagle, longspec); aded drafts trees of a fixed shape" }}
 {{- end }}
+{{- if and $v.transport.masterPort (ne $v.transport.kind "torch_distributed") }}
+{{- fail (printf "transport.masterPort is the torch_distributed rendezvous port; transport.kind is %s" $v.transport.kind) }}
+{{- end }}
 {{- if gt (int $v.speculation.promptLookupMin) (int $v.speculation.promptLookupMax) }}
 {{- fail (printf "speculation.promptLookupMin (%d) must be at most speculation.promptLookupMax (%d)" (int $v.speculation.promptLookupMin) (int $v.speculation.promptLookupMax)) }}
 {{- end }}

@@ -113,7 +113,13 @@ def test_every_transport_gives_identical_outputs(target_pool, tiny_target, tiny_
     cfg = config(tiny_target, tiny_draft, transport)
     if transport == "grpc":
         cfg = cfg.with_overrides(**{"transport.drafter_address": request.getfixturevalue("grpc_drafter")})
+    if transport == "torch_distributed":  # the rendezvous on the port set (it took a random one)
+        from specray.cluster.serve.http_server import free_port
+
+        cfg = cfg.with_overrides(**{"transport.master_port": free_port()})
     pool = build_draft_pool(cfg)
+    if transport == "torch_distributed":
+        assert pool.address.endswith(f":{cfg.transport.master_port}")
     try:
         router = make_engine(target_pool, pool, tiny_target, pipelined=True)
         assert [o.outputs[0].token_ids for o in run(router, PROMPTS)] == reference[0]
