@@ -94,10 +94,12 @@ class Pipeline:
 
     @staticmethod
     def _rebalance(drafting: list[Sequence], verifying: list[Sequence]) -> list[Sequence]:
-        """Move sequences from a much larger drafting group into this slot's verify (target-only)."""
+        """Move sequences from a much larger drafting group into this slot's verify (target-only),
+        never a seeded sampled one: a round without its drafts would draw differently, so its tokens
+        would depend on what else runs (others finishing unbalance the groups)."""
         surplus = (len(drafting) - len(verifying)) // 2
         if surplus < 1 or len(drafting) - len(verifying) < 2:
             return []
-        moved = drafting[-surplus:]
+        moved = [s for s in drafting if not s.reproducible][-surplus:]
         verifying.extend(moved)
         return moved

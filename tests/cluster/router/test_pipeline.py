@@ -115,3 +115,17 @@ def test_pool_resources_default_per_pool():
 
     cfg = ServeConfig.from_dict({"pools": {"draft": {"threads": 1}, "target": {"num_cpus": 2}}})
     assert cfg.pools.draft.resources == {"draft": 1} and cfg.pools.target.resources == {"target": 1}
+
+
+def test_rebalancing_never_takes_a_seeded_sampled_sequences_drafts():
+    """A sequence moved to the verifying group runs a round without drafts: a seeded sampled one
+    would then draw differently, its tokens depending on which others finished."""
+    from types import SimpleNamespace
+
+    from specray.cluster.router.pipeline import Pipeline
+
+    drafting = [SimpleNamespace(name=i, reproducible=i >= 3) for i in range(6)]  # 3, 4, 5 are seeded
+    verifying = []
+    moved = Pipeline._rebalance(drafting, verifying)
+    assert [s.name for s in moved] == [0, 1, 2] and verifying == moved
+    assert Pipeline._rebalance([SimpleNamespace(reproducible=True)] * 4, []) == []
