@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 
 def int_list(text: str) -> list[int]:
@@ -79,8 +80,6 @@ def non_negative_float_list(text: str) -> list[float]:
 
 def out_folder(text: str) -> str:
     """A folder for a command's outputs: absent (it is made) or a folder, refused before any work."""
-    from pathlib import Path
-
     if not text or (Path(text).exists() and not Path(text).is_dir()):
         raise argparse.ArgumentTypeError(f"expected a folder for the outputs, got {text!r}"
                                          + (" (a file)" if text else ""))

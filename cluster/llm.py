@@ -207,11 +207,12 @@ class LLM:
         from tqdm import tqdm
 
         done: dict[str, RequestOutput] = {}
+        wanted = set(request_ids)
         bar = tqdm(total=len(request_ids), desc="generate", disable=not use_tqdm)
         try:  # until its own requests end (a stream still held elsewhere keeps its own running)
             while len(done) < len(request_ids) and self.router.has_unfinished():
                 for out in self.router.step():
-                    if out.finished and out.request_id in request_ids:
+                    if out.finished and out.request_id in wanted:
                         done[out.request_id] = out
                         bar.update(1)
                 self._raise_failures(request_ids)

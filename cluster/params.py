@@ -35,36 +35,40 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        _check(isinstance(self.stop, (list, tuple, type(None))), "stop",
-               f"stop must be a string or a list of strings, got {self.stop!r}")
-        _check(isinstance(self.stop_token_ids, (list, tuple)), "stop_token_ids",
-               f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}")
+        check_param(isinstance(self.stop, (list, tuple, type(None))), "stop",
+                    f"stop must be a string or a list of strings, got {self.stop!r}")
+        check_param(isinstance(self.stop_token_ids, (list, tuple)), "stop_token_ids",
+                    f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}")
         self.stop = list(self.stop or [])
         if self.top_k == -1:
             self.top_k = 0
-        _check(_is_int(self.n) and self.n >= 1, "n", f"n must be an integer >= 1, got {self.n!r}")
-        _check(_is_number(self.temperature) and 0.0 <= self.temperature < math.inf, "temperature",
-               f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        _check(_is_number(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p",
-               f"top_p must be in (0, 1], got {self.top_p!r}")
-        _check(_is_int(self.top_k) and 0 <= self.top_k <= MAX_TOP_K, "top_k",
-               f"top_k must be an integer in [0, {MAX_TOP_K}] or -1, got {self.top_k!r}")
-        _check(self.seed is None or (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED - (self.n - 1)), "seed",
-               f"seed must be an integer in [0, {MAX_SEED} - (n - 1)], got {self.seed!r}")
-        _check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens",
-               f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS), "logprobs",
-               f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
-        _check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings")
-        _check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
-               "stop_token_ids must be integers >= 0")
-        _check(len(self.stop) <= MAX_STOPS and len(self.stop_token_ids) <= MAX_STOPS, None,
-               f"at most {MAX_STOPS} stop strings and {MAX_STOPS} stop_token_ids")
-        _check(self.num_speculative_tokens is None or (_is_int(self.num_speculative_tokens)
-                                                       and self.num_speculative_tokens >= 0), "num_speculative_tokens",
-               f"num_speculative_tokens must be an integer >= 0, got {self.num_speculative_tokens!r}")
-        _check(self.verify_budget is None or (_is_int(self.verify_budget) and self.verify_budget >= 1), "verify_budget",
-               f"verify_budget must be an integer >= 1, got {self.verify_budget!r}")
+        check_param(_is_int(self.n) and self.n >= 1, "n", f"n must be an integer >= 1, got {self.n!r}")
+        check_param(_is_number(self.temperature) and 0.0 <= self.temperature < math.inf, "temperature",
+                    f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        check_param(_is_number(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p",
+                    f"top_p must be in (0, 1], got {self.top_p!r}")
+        check_param(_is_int(self.top_k) and 0 <= self.top_k <= MAX_TOP_K, "top_k",
+                    f"top_k must be an integer in [0, {MAX_TOP_K}] or -1, got {self.top_k!r}")
+        check_param(self.seed is None or (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED - (self.n - 1)),
+                    "seed",
+                    f"seed must be an integer in [0, {MAX_SEED} - (n - 1)], got {self.seed!r}")
+        check_param(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens",
+                    f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        check_param(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
+                    "logprobs",
+                    f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        check_param(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings")
+        check_param(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+                    "stop_token_ids must be integers >= 0")
+        check_param(len(self.stop) <= MAX_STOPS and len(self.stop_token_ids) <= MAX_STOPS, None,
+                    f"at most {MAX_STOPS} stop strings and {MAX_STOPS} stop_token_ids")
+        check_param(self.num_speculative_tokens is None or (_is_int(self.num_speculative_tokens)
+                                                            and self.num_speculative_tokens >= 0),
+                    "num_speculative_tokens",
+                    f"num_speculative_tokens must be an integer >= 0, got {self.num_speculative_tokens!r}")
+        check_param(self.verify_budget is None or (_is_int(self.verify_budget) and self.verify_budget >= 1),
+                    "verify_budget",
+                    f"verify_budget must be an integer >= 1, got {self.verify_budget!r}")
 
     def sampling_config(self) -> SamplingConfig:
         return SamplingConfig(self.temperature, self.top_k, self.top_p)
@@ -86,6 +90,7 @@ class SamplingParamError(ValueError):
         self.param = param
 
 
-def _check(ok: bool, param: str | None, message: str) -> None:
+def check_param(ok: bool, param: str | None, message: str) -> None:
+    """SamplingParamError(param, message) unless `ok` (the router's request checks share it)."""
     if not ok:
         raise SamplingParamError(param, message)

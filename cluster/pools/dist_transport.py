@@ -123,9 +123,8 @@ class DistDraftPool:
 
     def _connect(self) -> None:
         self.address = _router_address(self.master_port)
-        address = self.address
-        joined = self.actor.call.remote("connect", address, self.backend, self.timeout_s)
-        self.channel = DistChannel(address, rank=0, backend=self.backend, timeout_s=self.timeout_s)
+        joined = self.actor.call.remote("connect", self.address, self.backend, self.timeout_s)
+        self.channel = DistChannel(self.address, rank=0, backend=self.backend, timeout_s=self.timeout_s)
         ray.get(joined, timeout=self.timeout_s)
 
     def lost(self, error: Exception) -> DraftUnavailable:

@@ -13,13 +13,12 @@ from dataclasses import dataclass
 
 from specray.actors.diffusion_worker import DiffusionItem
 from specray.cluster.outputs import RequestOutput
-from specray.cluster.params import SamplingParamError, SamplingParams
+from specray.cluster.params import SamplingParams, check_param
 from specray.cluster.pools.api import DiffusionPool, TargetUnavailable
 from specray.cluster.router.limits import RouterStats
 from specray.cluster.router.requests import RequestBook
 from specray.cluster.router.sequence import Sequence
 from specray.kernels.diffusion.engine import DiffusionUpdate
-from specray.kernels.ints import ceil_div
 
 
 @dataclass(frozen=True)
@@ -32,9 +31,6 @@ class DiffusionLimits:
     def __post_init__(self) -> None:
         assert self.max_model_len >= 2 and self.block_length >= 1 and self.max_num_seqs >= 1
 
-    def canvas_tokens(self, max_tokens: int) -> int:
-        return ceil_div(max_tokens, self.block_length) * self.block_length
-
     def room(self, prompt_len: int) -> int:
         """Tokens a canvas may hold beside a prompt: the whole blocks that fit the model's length."""
         return max(0, self.max_model_len - prompt_len) // self.block_length * self.block_length
@@ -44,28 +40,23 @@ class DiffusionLimits:
         request field: an OpenAI error body's `param`)."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"expected SamplingParams, got {type(params).__name__}")
-        _check(bool(prompt_token_ids), "prompt", "prompt is empty: it must contain at least one token")
-        _check(all(type(t) is int and 0 <= t < self.vocab_size for t in prompt_token_ids), "prompt",
-               f"prompt token ids must be integers in [0, {self.vocab_size})")
-        _check(self.room(len(prompt_token_ids)) > 0, "prompt",
-               f"prompt has {len(prompt_token_ids)} tokens; the model's length {self.max_model_len} leaves no "
-               f"room for a block of {self.block_length} to generate")
-        _check(params.logprobs is None, "logprobs", "logprobs are not defined for a diffusion LM in specray "
-               "(tokens are not generated left to right from one distribution each)")
-        _check(params.num_speculative_tokens is None and params.verify_budget is None,
-               "num_speculative_tokens" if params.num_speculative_tokens is not None else "verify_budget",
-               "num_speculative_tokens and verify_budget do not apply to a diffusion LM: FreeDave's drafts "
-               "are set by speculative_config['num_drafts']")
-        _check(has_tokenizer or not params.stop, "stop",
-               "stop strings need a tokenizer, and this engine has none; use stop_token_ids")
-        _check(params.n <= self.max_num_seqs, "n", f"n={params.n} exceeds max_num_seqs {self.max_num_seqs}")
-        _check(all(t < self.vocab_size for t in params.stop_token_ids), "stop_token_ids",
-               f"stop_token_ids must be in [0, {self.vocab_size})")
-
-
-def _check(ok: bool, param: str, message: str) -> None:
-    if not ok:
-        raise SamplingParamError(param, message)
+        check_param(bool(prompt_token_ids), "prompt", "prompt is empty: it must contain at least one token")
+        check_param(all(type(t) is int and 0 <= t < self.vocab_size for t in prompt_token_ids), "prompt",
+                    f"prompt token ids must be integers in [0, {self.vocab_size})")
+        check_param(self.room(len(prompt_token_ids)) > 0, "prompt",
+                    f"prompt has {len(prompt_token_ids)} tokens; the model's length {self.max_model_len} leaves no "
+                    f"room for a block of {self.block_length} to generate")
+        check_param(params.logprobs is None, "logprobs", "logprobs are not defined for a diffusion LM in specray "
+                    "(tokens are not generated left to right from one distribution each)")
+        check_param(params.num_speculative_tokens is None and params.verify_budget is None,
+                    "num_speculative_tokens" if params.num_speculative_tokens is not None else "verify_budget",
+                    "num_speculative_tokens and verify_budget do not apply to a diffusion LM: FreeDave's drafts "
+                    "are set by speculative_config['num_drafts']")
+        check_param(has_tokenizer or not params.stop, "stop",
+                    "stop strings need a tokenizer, and this engine has none; use stop_token_ids")
+        check_param(params.n <= self.max_num_seqs, "n", f"n={params.n} exceeds max_num_seqs {self.max_num_seqs}")
+        check_param(all(t < self.vocab_size for t in params.stop_token_ids), "stop_token_ids",
+                    f"stop_token_ids must be in [0, {self.vocab_size})")
 
 
 @dataclass
@@ -133,9 +124,7 @@ class DiffusionRouter(RequestBook):
         m.num_diffusion_steps += update.steps
         self.stats.diffusion_steps += update.steps
         if update.token_ids:
-            before = len(seq.output_token_ids)
-            seq.commit(update.token_ids, None, self.tokenizer)
-            self.stats.tokens += len(seq.output_token_ids) - before
+            self.stats.tokens += seq.commit(update.token_ids, None, self.tokenizer)
         if update.done and not seq.finished:  # the canvas is complete: max_tokens reached
             seq.finish_reason = "length"
         if seq.finished:

@@ -276,21 +276,20 @@ class Router(RequestBook):
         self.lengths.observe(num_seqs + sum(lengths), time.perf_counter() - start, drafted, lengths)
 
     def _commit(self, seq: Sequence, res: VerifyResult) -> None:
-        decoding = not seq.prefilling
-        if not decoding:  # the round's prompt chunk is cached (the prefill's first token is no round)
-            seq.prefilled, seq.chunk = seq.prefilled + seq.chunk, 0
-        else:
+        decoding = not seq.prefilling  # a prompt chunk's step is no round (nor the prefill's first token)
+        if decoding:
             self.stats.record_round(res)
             if self.lengths is not None and res.num_draft_tokens:
                 self.lengths.record(seq.acceptance, res.num_draft_tokens, res.num_accepted)
+        else:  # the round's prompt chunk is cached
+            seq.prefilled, seq.chunk = seq.prefilled + seq.chunk, 0
         if res.features is not None:
             seq.draft_features.append(res.features)
         if res.next_token_id is None:  # a prompt chunk before the last: nothing drawn
             return
-        before = len(seq.output_token_ids)
-        seq.commit(res.emitted_token_ids, res.logprobs, self.tokenizer)  # no tokenizer (skip_tokenizer_init): ids
-        if decoding:  # emitted: what the output kept (a stop or max_tokens may end it inside the round)
-            seq.metrics.add_round(res.num_draft_tokens, res.num_accepted, len(seq.output_token_ids) - before)
+        kept = seq.commit(res.emitted_token_ids, res.logprobs, self.tokenizer)  # no tokenizer: ids only
+        if decoding:
+            seq.metrics.add_round(res.num_draft_tokens, res.num_accepted, kept)
         if seq.finished:
             self._retire(seq)
 

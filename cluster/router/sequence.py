@@ -101,20 +101,23 @@ class Sequence:
             if self.finished:
                 return
 
-    def commit(self, token_ids: list[int], logprobs: list[dict[int, float]] | None, tokenizer) -> None:
+    def commit(self, token_ids: list[int], logprobs: list[dict[int, float]] | None, tokenizer) -> int:
         """`append` and `detokenize` a round's tokens one at a time, as plain decoding commits them (no
         tokenizer: ids only). So nothing derived from them depends on how many a round emitted: ids,
         usage and logprobs end at the token that completes a stop string, and a round whose last
-        token ends inside a multi-byte character still releases the characters before it."""
+        token ends inside a multi-byte character still releases the characters before it.
+        -> the tokens the output kept (a stop or max_tokens may end it inside the round)."""
+        before = len(self.output_token_ids)
         if tokenizer is None:
             self.append(token_ids, logprobs)
-            return
+            return len(self.output_token_ids) - before
         for j in range(len(token_ids)):
             self.append(token_ids[j:j + 1], None if logprobs is None else logprobs[j:j + 1])
             if not self._stop_token_left_out():
                 self.detokenize(tokenizer)
             if self.finished:
-                return
+                break
+        return len(self.output_token_ids) - before
 
     def _stop_token_left_out(self) -> bool:
         """The token just appended ended the sequence as a stop token (EOS or a stop token id: a

@@ -208,9 +208,8 @@ def check_model_and_context(cfg) -> None:
     from specray.cluster.config.worker_specs import num_blocks
     from specray.cluster.router.limits import fit_context
     from specray.kernels.config import ModelConfig
+    from specray.kernels.drafters.loading import check_draft_vocabulary, refuse_partial_draft, resolve_draft
     from specray.kernels.loader import is_diffusion_model, resolve
-
-    from specray.kernels.drafters.loading import refuse_partial_draft
 
     checkpoint = resolve(cfg.model)
     refuse_partial_draft(checkpoint.path, cfg.model)
@@ -221,8 +220,6 @@ def check_model_and_context(cfg) -> None:
     fit_context(r.max_model_len, limit, num_blocks(r.kv_cache_tokens, r.block_size) * r.block_size, cfg.speculative)
     spec = cfg.speculative
     if spec is not None and spec.model is not None:  # only methods that run a draft model take one
-        from specray.kernels.drafters.loading import check_draft_vocabulary, resolve_draft
-
         resolve_draft(spec.method, spec.model)
         check_draft_vocabulary(checkpoint.path, spec.method, spec.model)
 

@@ -3,7 +3,6 @@ RequestOutput). Bad input raises GrpcAbort(INVALID_ARGUMENT) with the same rules
 
 from __future__ import annotations
 
-
 import grpc
 
 from specray.cluster.outputs import CompletionOutput, RequestOutput, SpecMetrics, most_likely

@@ -65,8 +65,7 @@ class GenerationService:
     def attach(self, router: AsyncRouter, tokenizer, metrics: ServingMetrics | None = None) -> None:
         """Start serving with `router` (pass the HTTP app's ServingMetrics to share one registry)."""
         self.tokenizer, self.metrics = tokenizer, metrics or self.metrics or ServingMetrics(router)
-        self.prompts = PromptEncoder(tokenizer, router.router.config.max_model_len,
-                                     block=getattr(router.router.config, "block_length", 1))
+        self.prompts = PromptEncoder.for_limits(tokenizer, router.router.config)
         self.router = router
         for callback in self._on_ready:
             callback()

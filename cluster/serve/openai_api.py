@@ -47,8 +47,7 @@ class OpenAIServer:
         self.router, self.tokenizer, self.model_name = router, tokenizer, model_name
         self.api_key, self.default_max_tokens = api_key, default_max_tokens
         self.metrics = ServingMetrics(router)
-        self.prompts = PromptEncoder(tokenizer, router.router.config.max_model_len,
-                                     block=getattr(router.router.config, "block_length", 1))
+        self.prompts = PromptEncoder.for_limits(tokenizer, router.router.config)
         self.created = int(time.time())  # the model card's: when this server started
         self.app = self._build(max_request_bytes, max_calls)
 

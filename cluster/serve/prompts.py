@@ -12,6 +12,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 from specray.kernels.chat import chat_token_ids
+from specray.kernels.ints import ceil_div
 
 NORMALIZER_SLACK = 2  # a normalizer may shorten text (composed characters) before the tokens are cut
 
@@ -43,7 +44,7 @@ def check_room(prompt_tokens: int, max_tokens: int, max_model_len: int, param: s
     the server's default is cut to the room left instead. A prompt that fills the context alone is
     the prompt's fault whatever max_tokens says: the router's own check refuses it, naming it. A
     diffusion LM's canvas is whole blocks of `block` tokens: max_tokens counts rounded up to them."""
-    canvas = -(-max_tokens // block) * block
+    canvas = ceil_div(max_tokens, block) * block
     if prompt_tokens < max_model_len and prompt_tokens + canvas > max_model_len:
         asked = f"{prompt_tokens + canvas} ({prompt_tokens} in the prompt, {max_tokens} to generate"
         asked += f", a canvas of {canvas}: whole blocks of {block})" if block > 1 else ")"
@@ -57,6 +58,11 @@ class PromptEncoder:
         longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
         self.max_chars = max_model_len * longest * NORMALIZER_SLACK
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="specray-tokenize")
+
+    @classmethod
+    def for_limits(cls, tokenizer, limits) -> "PromptEncoder":
+        """For a router's limits: its context, and a diffusion LM's canvas blocks (RouterLimits has none)."""
+        return cls(tokenizer, limits.max_model_len, block=getattr(limits, "block_length", 1))
 
     def check_room(self, prompt_tokens: int, max_tokens: int, param: str = "max_tokens") -> None:
         check_room(prompt_tokens, max_tokens, self.max_model_len, param, self.block)
