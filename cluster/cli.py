@@ -51,7 +51,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "step costs (default: on with the default speculation, else off)")
     s.add_argument("--lookup-first", action="store_true", help="draft_model / eagle: prompt lookup first: a draft model proposes only where the last tokens never occurred before")
     s.add_argument("--prompt-lookup-min", type=int, default=None,
-                   help="ngram: the shortest trailing match that drafts (default 2 with the CPU default, else 1)")
+                   help="ngram: the shortest trailing match that drafts (default 2 with the default speculation, else 1)")
     s.add_argument("--prompt-lookup-max", type=int, default=None, help="ngram: the longest trailing match tried (default 4)")
     from specray.cluster.diffusion_args import add_diffusion_args
 

@@ -3,6 +3,7 @@ and prints its endpoints."""
 
 from __future__ import annotations
 
+import shlex
 import signal
 import sys
 import time
@@ -26,7 +27,7 @@ FLAG_KEYS = {
 def add_serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP and gRPC APIs on Ray",
                        description="With no flags: a local Ray cluster, SmolLM2-135M as the target on CPU, "
-                                   "adaptive prompt lookup (on a GPU its packaged eagle draft behind it). Flags "
+                                   "adaptive prompt lookup (a diffusion LM: FreeDave). Flags "
                                    "override the --config file, which overrides defaults.")
     add_serve_flags(p)
     p.add_argument("--dry-run", action="store_true", help="print the resolved config as YAML and exit")
@@ -268,11 +269,20 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def key_hint(http) -> str:
+    """The key as the banner's example spells it: where it came from, never its value."""
+    if http.api_key:
+        return "<the --api-key value>"
+    if http.api_key_file:
+        return f"$(cat {shlex.quote(http.api_key_file)})"
+    return f"${http.api_key_env}"
+
+
 def endpoint_banner(cfg, handle) -> str:
     everywhere = cfg.http.host in ("0.0.0.0", "::", "[::]")
     host = "127.0.0.1" if everywhere else cfg.http.host
     url = f"http://{host}:{cfg.http.port}"
-    auth = ' -H "Authorization: Bearer $SPECRAY_API_KEY"' if handle.get("api_key") else ""
+    auth = f' -H "Authorization: Bearer {key_hint(cfg.http)}"' if handle.get("api_key") else ""
     lines = [
         f"specray is serving {cfg.model_name!r} "
         f"(speculation: {cfg.speculative_method or 'off'}, "

@@ -34,7 +34,10 @@ def add_drafter_parser(sub) -> None:
     p.add_argument("--dtype", default="float32", help="draft weights' dtype: float32 | bfloat16 | float16")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--kv-cache-tokens", type=positive_int, default=16384, help="the draft's KV cache, in tokens")
-    p.add_argument("--host", default="[::]")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="interface to listen on (default 127.0.0.1, as specray serve's; 0.0.0.0 or [::]: every "
+                        "interface, for a router on another machine: the drafter has no authentication, so a "
+                        "trusted network only)")
     p.add_argument("--port", type=port_number, default=50061, help="0: any free port")
     p.set_defaults(func=cmd_drafter)
 

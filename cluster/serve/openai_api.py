@@ -205,14 +205,14 @@ class OpenAIServer:
                 self.router.check_size(len(prompts) * body.n, f"{len(prompts)} prompts x n")
             except ValueError as e:
                 raise ApiError.of(status_of(e), str(e), "n") from None
-        inputs = [await self._encode(p, "prompt" if len(prompts) == 1 else f"prompt[{i}]", body.max_tokens)
-                  for i, p in enumerate(prompts)]
+        names = ["prompt"] if len(prompts) == 1 else [f"prompt[{i}]" for i in range(len(prompts))]
+        inputs = [(*await self._encode(p, name, body.max_tokens), name) for p, name in zip(prompts, names)]
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
             chunks = completion_chunks(self._run, self.tokenizer, self.model_name, rid, created, inputs, params, body.n,
                                        body.include_usage)
             return await self._sse(request, chunks)
-        outs = await self._all(self._final(request, ids, params, text) for text, ids in inputs)
+        outs = await self._all(self._final(request, ids, params, text, name) for text, ids, name in inputs)
         choices = [{"index": i * body.n + c.index, "text": c.text, "finish_reason": c.finish_reason,
                     "stop_reason": c.stop_reason,
                     "logprobs": completion_logprobs(self.tokenizer, c.token_ids, c.logprobs,
@@ -228,8 +228,7 @@ class OpenAIServer:
             body.max_tokens = body.max_completion_tokens
         params = body.sampling_params(self.default_max_tokens, body.top_n())
         try:
-            ids = await self.prompts.chat([{"role": m.role, "content": m.text(f"messages[{i}].content")}
-                                           for i, m in enumerate(body.messages)])
+            ids = await self.prompts.chat([m.template_fields(i) for i, m in enumerate(body.messages)])
             if body.max_tokens is not None:
                 self.prompts.check_room(len(ids), body.max_tokens,
                                         "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens")

@@ -25,13 +25,13 @@ def usage_body(outs: list[RequestOutput]) -> dict:
 
 async def completion_chunks(run, tokenizer, model_name: str, rid: str, created: int, inputs, params, n: int,
                             include_usage: bool) -> AsyncIterator[dict]:
-    """A completions stream's chunks: `inputs` [(prompt text, ids)] run side by side through `run`
-    (OpenAIServer._run); choice i * n + j is prompt i's j-th."""
+    """A completions stream's chunks: `inputs` [(prompt text, ids, the field errors name)] run side
+    by side through `run` (OpenAIServer._run); choice i * n + j is prompt i's j-th."""
     head = {"id": rid, "object": "text_completion", "created": created, "model": model_name}
     usage = {"usage": None} if include_usage else {}  # OpenAI's: null on every chunk before the usage one
     finals, deltas = [], [CompletionDeltas() for _ in inputs]
     # the prompts of one request run together, as unstreamed ones do
-    async for i, out in side_by_side([run(ids, params, text) for text, ids in inputs]):
+    async for i, out in side_by_side([run(ids, params, text, name) for text, ids, name in inputs]):
         if out.finished:
             finals.append(out)
         for c in out.outputs:

@@ -75,7 +75,10 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "length_penalty": _off(1, 1.0), "logits_processors": _off([]), "spaces_between_special_tokens": _off(True),
     "return_tokens_as_token_ids": _off(False), "add_generation_prompt": _off(True),
     "continue_final_message": _off(False), "chat_template": _off(), "chat_template_kwargs": _off({}),
-    "reasoning_effort": _off(),
+    "reasoning_effort": _off(), "detokenize": _off(True),
+    # OpenAI's newer options
+    "modalities": _off(["text"]), "audio": _off(), "web_search_options": _off(), "verbosity": _off(),
+    "prediction": _off(),
 }
 
 
@@ -167,6 +170,18 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "user", "assistant", "tool", "developer"]  # CHAT_ROLES
     content: str | list[dict[str, Any]] | None = None
+    name: str | None = None  # a participant's name: the chat template gets it, as vLLM's does
+    tool_calls: list[Any] | None = None  # refused unless empty: specray has no tools
+
+    def template_fields(self, i: int) -> dict[str, str]:
+        """The message as the chat template takes it; `i` names it in errors (messages[i])."""
+        if self.tool_calls:
+            raise ApiError(400, "tool calls are not supported by specray", param=f"messages[{i}].tool_calls")
+        fields = {"role": self.role, "content": self.text(f"messages[{i}].content")}
+        if self.name is None:
+            return fields
+        _check_text(self.name, f"messages[{i}].name")
+        return {**fields, "name": self.name}
 
     def text(self, param: str = "messages") -> str:
         """The message's text; `param` names it in errors (messages[i].content)."""
@@ -188,7 +203,7 @@ class ChatRequest(_Common):
     top_logprobs: int | None = None
 
     def top_n(self) -> int | None:
-        if self.top_logprobs is not None and not self.logprobs:
+        if self.top_logprobs and not self.logprobs:  # 0 asks for nothing: clients send it by default
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         return (self.top_logprobs or 0) if self.logprobs else None
 

@@ -164,3 +164,10 @@ def test_speculative_config_json_is_the_whole_config(tiny_target, tiny_draft, ca
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", "w3", "--speculative-config", "[1, 2]"])
     assert exit_info.value.code == 2 and "expected a JSON object" in capsys.readouterr().err
+
+
+def test_the_drafter_listens_on_loopback_unless_told():
+    """It has no authentication: every interface only when asked for, as specray serve's HTTP."""
+    from specray.cluster.cli import build_parser
+
+    assert build_parser().parse_args(["drafter", "--method", "ngram"]).host == "127.0.0.1"

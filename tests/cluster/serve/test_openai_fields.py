@@ -32,6 +32,10 @@ def test_a_refused_sampling_parameter_is_named_in_param(field, value):
     ({"messages": MESSAGES, "use_beam_search": True}, "use_beam_search"),
     ({"messages": MESSAGES, "structured_outputs": {"choice": ["a"]}}, "structured_outputs"),
     ({"messages": [{"role": "user", "content": "w5 " * 600}]}, "messages"),  # fills the context alone
+    ({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "c"}]}]}, "messages[0].tool_calls"),
+    ({"messages": MESSAGES, "detokenize": False}, "detokenize"),
+    ({"messages": MESSAGES, "verbosity": "low"}, "verbosity"),
+    ({"messages": MESSAGES, "modalities": ["text", "audio"]}, "modalities"),
 ])
 def test_a_request_refused_names_its_field(served, body, param):
     resp = httpx.post(served[0].url + "/v1/chat/completions", json={"model": "tiny", "max_tokens": 2, **body},
@@ -43,6 +47,8 @@ def test_a_request_refused_names_its_field(served, body, param):
     ({"prompt": [10**6]}, "prompt"),  # token ids the vocabulary lacks: the router's own check
     ({"prompt": "w5", "n": 10**3}, "n"),
     ({"prompt": "w5 " * 600}, "prompt"),  # the prompt fills the context alone: not max_tokens' fault
+    ({"prompt": [[5], [10**6]]}, "prompt[1]"),  # one of several prompts: which one
+    ({"prompt": [[5], [10**6]], "stream": True}, "prompt[1]"),
 ])
 def test_the_routers_refusals_name_their_field(served, body, param):
     resp = httpx.post(served[0].url + "/v1/completions", json={"model": "tiny", "max_tokens": 2, **body},
@@ -78,3 +84,25 @@ def test_text_content_parts_are_joined_by_newlines(served):
         "model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": content}]}).json()["usage"]
         for content in (parts, "w10 w11\nw12", "w10 w11w12")]
     assert usage[0]["prompt_tokens"] == usage[1]["prompt_tokens"] != usage[2]["prompt_tokens"]
+
+
+def test_no_op_values_of_vllms_and_openais_options_are_taken(served):
+    """top_logprobs 0 without logprobs asks for nothing (clients send it by default), modalities
+    ["text"] is the only output there is, and a participant's name goes to the chat template."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    for extra in ({"top_logprobs": 0}, {"modalities": ["text"]}, {"detokenize": True},
+                  {"messages": [{"role": "user", "content": "w5", "name": "ann"}]}):
+        resp = httpx.post(served[0].url + "/v1/chat/completions", headers=headers,
+                          json={"model": "tiny", "messages": MESSAGES, "max_tokens": 2, **extra})
+        assert resp.status_code == 200 and resp.json()["choices"][0]["logprobs"] is None, (extra, resp.text)
+
+
+def test_a_messages_name_reaches_the_template():
+    from specray.cluster.serve.openai_protocol import ApiError, ChatMessage
+
+    assert ChatMessage(role="user", content="hi", name="ann").template_fields(0) == {
+        "role": "user", "content": "hi", "name": "ann"}
+    assert ChatMessage(role="user", content="hi", tool_calls=[]).template_fields(0) == {"role": "user", "content": "hi"}
+    with pytest.raises(ApiError) as e:  # a lone surrogate cannot reach the tokenizer
+        ChatMessage(role="user", content="hi", name="\ud800").template_fields(2)
+    assert e.value.param == "messages[2].name"

@@ -47,3 +47,20 @@ def test_the_replicas_get_the_key_resolved_where_serve_runs(tmp_path, monkeypatc
     key.unlink()
     assert shipped.http.api_key_file is None and shipped.http.resolved_api_key() == "sk-file"
     assert for_replicas(ServeConfig()).http.api_key is None  # no key anywhere: none required
+
+
+def test_the_banner_example_says_where_the_key_comes_from(tmp_path):
+    """The printed curl works when pasted: the variable only where the key is the variable's, the
+    file's contents for a key file, and never the key itself."""
+    from specray.cluster.config.serve import ServeConfig
+    from specray.cluster.serve.cli import endpoint_banner
+
+    def auth_line(http: dict) -> str:
+        banner = endpoint_banner(ServeConfig.from_dict({"http": http}), {"api_key": True})
+        return next(line for line in banner.splitlines() if "Authorization" in line)
+
+    assert "Bearer $SPECRAY_API_KEY" in auth_line({})
+    assert "Bearer $MY_KEY" in auth_line({"api_key_env": "MY_KEY"})
+    assert f"Bearer $(cat {tmp_path / 'k'})" in auth_line({"api_key_file": str(tmp_path / "k")})
+    line = auth_line({"api_key": "sk-secret"})
+    assert "sk-secret" not in line and "$SPECRAY_API_KEY" not in line and "--api-key" in line
