@@ -9,7 +9,7 @@ from specray.kernels.loader import is_diffusion_model
 
 # speculation flags that belong to autoregressive models: an error beside a diffusion LM
 AR_FLAGS = ("draft_model", "num_speculative_tokens", "draft_vocab_trim", "draft_num_layers", "draft_quantization",
-            "lookup_first", "disable_by_batch_size", "adaptive_speculation")
+            "lookup_first", "disable_by_batch_size", "adaptive_speculation", "prompt_lookup_min", "prompt_lookup_max")
 
 
 def add_diffusion_args(p: argparse.ArgumentParser) -> None:

@@ -27,7 +27,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None  # top-n logprobs per output token (0: the chosen token's only)
-    num_speculative_tokens: int | None = None  # per-request override; 0 turns speculation off
+    num_speculative_tokens: int | None = None  # per request, at most the config's; 0 turns speculation off
     # Draft tokens (tree nodes) verified per round for this request, at most; the smaller of this and
     # speculative_config['verify_budget'] applies. num_speculative_tokens is a chain's length or a tree's depth.
     verify_budget: int | None = None

@@ -23,6 +23,15 @@ INT_KEYS = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", 
 DRAFT_MODEL_KEYS = ("draft_num_layers", "draft_vocab_trim", "draft_quantization")  # a draft model's only
 MAX_SPECULATIVE_TOKENS = 256  # a chain's length or a tree's depth: far past where drafting pays
 VERIFY_CHOICES = ("auto", *SAMPLED_RULES)
+# the other keys' types (INT_KEYS are checked as integers)
+SHAPES = {"method": (str,), "model": (str,), "draft_quantization": (str,), "batch_size_schedule": (list,),
+          "tree": (dict,), "aded": (dict,), "longspec": (dict,), "verify": (str,), "lookup_first": (bool, dict),
+          "adaptive": (bool,)}
+SHAPE_NAMES = {"method": "a string", "model": "a string (an alias or a path)", "draft_quantization": "a string",
+               "batch_size_schedule": "a list of [min_running_seqs, num_draft_tokens] pairs",
+               "tree": "a mapping such as {'kind': 'rsd_c', 'branching': [2, 2, 1]}",
+               "aded": "a mapping of ADED options", "longspec": "a mapping such as {'window': 512}",
+               "verify": "a string", "lookup_first": "true, false or a mapping", "adaptive": "true or false"}
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,10 @@ class SpeculativeConfig:
     adaptive: bool = False
 
     def __post_init__(self) -> None:
+        for key, kinds in SHAPES.items():  # a wrong type would fail later, far from its key, as a TypeError
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool))):
+                raise ValueError(f"{key} must be {SHAPE_NAMES[key]}, got {value!r}")
         for key in INT_KEYS:  # a string or a bool would fail later, far from its key
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):

@@ -209,7 +209,8 @@ def check_model_and_context(cfg) -> None:
     from specray.cluster.config.worker_specs import num_blocks
     from specray.cluster.router.limits import fit_context
     from specray.kernels.config import ModelConfig
-    from specray.kernels.drafters.loading import check_draft_vocabulary, refuse_partial_draft, resolve_draft
+    from specray.kernels.drafters.loading import (check_draft_shape, check_draft_vocabulary, refuse_partial_draft,
+                                                  resolve_draft)
     from specray.kernels.loader import is_diffusion_model, resolve
 
     checkpoint = resolve(cfg.model)
@@ -223,6 +224,7 @@ def check_model_and_context(cfg) -> None:
     if spec is not None and spec.model is not None:  # only methods that run a draft model take one
         resolve_draft(spec.method, spec.model)
         check_draft_vocabulary(checkpoint.path, spec.method, spec.model)
+        check_draft_shape(checkpoint.path, spec)
 
 
 def cmd_serve(args) -> int:

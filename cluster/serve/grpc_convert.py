@@ -51,7 +51,7 @@ def sampling_params(sp: pb.SamplingParams, default_max_tokens: int) -> SamplingP
             n=opt("n", 1), temperature=opt("temperature", 1.0), top_p=opt("top_p", 1.0), top_k=sp.top_k,
             seed=opt("seed", None), max_tokens=opt("max_tokens", default_max_tokens), stop=list(sp.stop),
             stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos, logprobs=opt("logprobs", None),
-            num_speculative_tokens=opt("num_speculative_tokens", None))
+            num_speculative_tokens=opt("num_speculative_tokens", None), verify_budget=opt("verify_budget", None))
     except ValueError as e:
         raise invalid(str(e)) from None
 

@@ -81,6 +81,11 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "prediction": _off(),
 }
 
+# the server's settings a request may try to send -> where they are set
+SERVER_SETTINGS = {"speculative_config": "specray serve --speculative-config",
+                   "num_drafts": "specray serve --num-drafts", "block_length": "specray serve --block-length",
+                   "steps_per_block": "specray serve --steps-per-block"}
+
 
 class _Common(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
@@ -98,6 +103,7 @@ class _Common(BaseModel):
     stop_token_ids: list[int] = []  # vLLM extension
     ignore_eos: bool = False  # vLLM extension
     num_speculative_tokens: int | None = None  # specray extension: per-request speculation (0 = off)
+    verify_budget: int | None = None  # specray extension: draft tokens verified a round, within the server's
     include_stop_str_in_output: bool = False  # vLLM extension
     skip_special_tokens: bool = True  # vLLM extension
 
@@ -128,6 +134,9 @@ class _Common(BaseModel):
             raise ApiError(400, "stream_options.continuous_usage_stats is not supported by specray; leave it out",
                            param="stream_options")
         for name, value in (self.model_extra or {}).items():
+            if name in SERVER_SETTINGS and value is not None:  # a request that sends them expects them applied
+                raise ApiError(400, f"{name} is a setting of the server ({SERVER_SETTINGS[name]}), not of a "
+                               "request; leave it out", param=name)
             no_op = self.NO_OPS.get(name, UNSUPPORTED.get(name))
             if no_op is not None and not no_op(value):
                 raise ApiError(400, f"{name} is not supported by specray (it would change the output); "
@@ -143,6 +152,7 @@ class _Common(BaseModel):
                                   max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens,
                                   ignore_eos=self.ignore_eos, logprobs=logprobs,
                                   num_speculative_tokens=self.num_speculative_tokens,
+                                  verify_budget=self.verify_budget,
                                   include_stop_str_in_output=self.include_stop_str_in_output,
                                   skip_special_tokens=self.skip_special_tokens)
         except ValueError as e:  # SamplingParamError names the parameter

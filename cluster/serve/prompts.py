@@ -42,10 +42,11 @@ def check_room(prompt_tokens: int, max_tokens: int, max_model_len: int, param: s
                block: int = 1) -> None:
     """A max_tokens the client asked for must fit beside the prompt (as OpenAI and vLLM answer);
     the server's default is cut to the room left instead. A prompt that fills the context alone is
-    the prompt's fault whatever max_tokens says: the router's own check refuses it, naming it. A
-    diffusion LM's canvas is whole blocks of `block` tokens: max_tokens counts rounded up to them."""
+    the prompt's fault whatever max_tokens says (for a diffusion LM, one that leaves no whole block):
+    the router's own check refuses it, naming it. A diffusion LM's canvas is whole blocks of `block`
+    tokens: max_tokens counts rounded up to them."""
     canvas = ceil_div(max_tokens, block) * block
-    if prompt_tokens < max_model_len and prompt_tokens + canvas > max_model_len:
+    if prompt_tokens + block <= max_model_len and prompt_tokens + canvas > max_model_len:
         asked = f"{prompt_tokens + canvas} ({prompt_tokens} in the prompt, {max_tokens} to generate"
         asked += f", a canvas of {canvas}: whole blocks of {block})" if block > 1 else ")"
         raise PromptError(f"the model's context is {max_model_len} tokens; this request asks for {asked}: "

@@ -37,13 +37,21 @@ class AdedOptions:
 
     def __post_init__(self) -> None:
         for name in ("simulations", "branching", "max_nodes"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"aded {name} must be an integer >= 1, got {getattr(self, name)!r}")
-        if self.exploration < 0 or self.local_weight < 0:
-            raise ValueError("aded exploration and local_weight must be >= 0")
+        for name in ("exploration", "local_weight"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"aded {name} must be a finite number >= 0, got {v!r}")
+        for name in ("corpus", "tokenizer"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ValueError(f"aded {name} must be a string (or null), got {getattr(self, name)!r}")
 
     @classmethod
     def from_dict(cls, raw: dict) -> "AdedOptions":
+        if not isinstance(raw, dict):
+            raise ValueError(f"aded options must be a mapping such as {{'simulations': 48}}, got {raw!r}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:

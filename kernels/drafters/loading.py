@@ -93,6 +93,24 @@ def check_draft_vocabulary(target: Path, method: str, model: str | None) -> None
                          "must share the target's tokenizer")
 
 
+def check_draft_shape(target: Path, spec) -> None:
+    """What the draft's worker would refuse only once deployed (`specray serve` failed after three
+    attempts and hundreds of lines): EasySpec groups past the draft's middle layers, a LongSpec
+    window past the target's context. `spec`: a SpeculativeConfig."""
+    from specray.kernels.loader import hf_config
+
+    if spec.layer_parallel is not None and spec.model is not None:
+        from specray.kernels.layer_parallel import LayerGroups
+
+        layers = hf_config(resolve(spec.model).path).num_hidden_layers
+        LayerGroups.uniform(min(layers, spec.draft_num_layers or layers), spec.layer_parallel)
+    window = (spec.longspec or {}).get("window")
+    if spec.method == "longspec" and window is not None:
+        context = hf_config(target).max_position_embeddings
+        if window > context:
+            raise ValueError(f"the LongSpec window {window} exceeds the target's context {context}")
+
+
 def refuse_partial_draft(folder: Path, name: str) -> None:
     """A feature-level or LongSpec draft has no model of its own (it reads the target's features,
     or its KV): asked for as the model to run, it failed deep in its weights (a KeyError)."""

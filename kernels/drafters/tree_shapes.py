@@ -28,6 +28,11 @@ from specray.kernels.proposal import Proposal
 TREE_KINDS = ("rsd_c", "rsd_s", "spectr", "topk")
 
 
+def _count(v) -> bool:
+    """An integer >= 1 (a bool is no count)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
 @dataclass(frozen=True)
 class TreeSpec:
     """speculative_config['tree']. The depth of a tree is the round's num_draft_tokens (capped by
@@ -41,14 +46,13 @@ class TreeSpec:
     def __post_init__(self) -> None:
         if self.kind not in TREE_KINDS:
             raise ValueError(f"unknown tree kind {self.kind!r}; choose one of {TREE_KINDS}")
-        if self.kind == "rsd_c" and (not self.branching or any(not isinstance(b, int) or b < 1
-                                                                for b in self.branching)):
+        if self.kind == "rsd_c" and (not self.branching or any(not _count(b) for b in self.branching)):
             raise ValueError(f"rsd_c needs branching: a list of integers >= 1, got {list(self.branching)}")
         if self.kind != "rsd_c" and self.branching:
             raise ValueError("branching belongs to rsd_c trees")
         for name in ("width", "k"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
+            if not _count(v):
                 raise ValueError(f"tree {name} must be an integer >= 1, got {v!r}")
 
     @property
@@ -59,7 +63,7 @@ class TreeSpec:
 
     @classmethod
     def from_dict(cls, raw: dict) -> "TreeSpec":
-        if not isinstance(raw, dict) or "kind" not in raw:
+        if not isinstance(raw, dict) or not isinstance(raw.get("kind"), str):
             raise ValueError(f"tree must be a mapping with a 'kind' ({TREE_KINDS}), got {raw!r}")
         allowed = {"rsd_c": {"kind", "branching"}, "rsd_s": {"kind", "width"}, "spectr": {"kind", "k"},
                    "topk": {"kind", "k", "width"}}.get(raw["kind"], {"kind"})
@@ -68,6 +72,8 @@ class TreeSpec:
             raise ValueError(f"unknown keys {unknown} for tree kind {raw['kind']!r}; known: {sorted(allowed)}")
         raw = dict(raw)
         if "branching" in raw:
+            if not isinstance(raw["branching"], (list, tuple)):
+                raise ValueError(f"rsd_c needs branching: a list of integers >= 1, got {raw['branching']!r}")
             raw["branching"] = tuple(raw["branching"])
         return cls(**raw)
 

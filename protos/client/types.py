@@ -28,6 +28,7 @@ class Sampling:
     logprobs: int | None = None  # top alternatives per token; 0 = the emitted token's only
     ignore_eos: bool = False
     num_speculative_tokens: int | None = None  # 0 turns speculation off for this request
+    verify_budget: int | None = None  # draft tokens verified a round for this request, within the server's
 
     def to_proto(self) -> pb.SamplingParams:
         """The message; a value the message cannot hold (a seed past 2^64, a string for a number)
@@ -35,7 +36,8 @@ class Sampling:
         msg = pb.SamplingParams()
         values = {"top_k": self.top_k, "ignore_eos": self.ignore_eos, "stop_token_ids": list(self.stop_token_ids),
                   "stop": [self.stop] if isinstance(self.stop, str) else list(self.stop or [])}
-        for name in ("max_tokens", "temperature", "top_p", "n", "seed", "logprobs", "num_speculative_tokens"):
+        for name in ("max_tokens", "temperature", "top_p", "n", "seed", "logprobs", "num_speculative_tokens",
+                     "verify_budget"):
             values[name] = getattr(self, name)  # unset optionals (None) keep the server's default
         for name, value in values.items():
             if value is None:

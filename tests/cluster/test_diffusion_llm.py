@@ -136,8 +136,9 @@ def test_cli_generate_streams_a_diffusion_model(folder, capsys):
                      "--block-length", "8", "--num-drafts", "3", "w5 w6"]) == 0
     captured = capsys.readouterr()
     assert "model calls a token" in captured.err and captured.out.strip()
-    assert cli_main(["generate", "--model", str(folder), "--draft-model", "x", "w5"]) == 2
-    assert "a diffusion LM takes none of" in capsys.readouterr().err
+    for flags in (["--draft-model", "x"], ["--prompt-lookup-min", "3"], ["--prompt-lookup-max", "7"]):
+        assert cli_main(["generate", "--model", str(folder), *flags, "w5"]) == 2  # the lookup ones were ignored
+        assert f"a diffusion LM takes none of {flags[0]}" in capsys.readouterr().err
     # FreeDave's whole config, as `specray serve` takes it; checked where the model loads
     spec = '{"method": "freedave", "num_drafts": 2}'
     assert cli_main(["generate", "--model", str(folder), "--max-tokens", "8", "--speculative-config", spec, "w5"]) == 0

@@ -16,3 +16,18 @@ def test_set_values_go_through_and_unset_ones_stay_unset():
     msg = Sampling(seed=3, stop="x", stop_token_ids=[7]).to_proto()
     assert msg.seed == 3 and list(msg.stop) == ["x"] and list(msg.stop_token_ids) == [7]
     assert not msg.HasField("max_tokens") and not msg.HasField("temperature")
+
+
+def test_every_sampling_field_of_the_wire_is_the_sdks_and_the_servers():
+    """A field the message has but the SDK or the server leaves out is silently dropped (a request's
+    verify_budget was); each one set here must come out in the server's SamplingParams."""
+    from specray.cluster.serve.grpc_convert import sampling_params
+    from specray.protos.specray.v1 import generate_pb2 as pb
+
+    values = {"max_tokens": 5, "temperature": 0.5, "top_p": 0.9, "top_k": 3, "n": 2, "stop": ["x"],
+              "stop_token_ids": [7], "seed": 11, "logprobs": 1, "ignore_eos": True, "num_speculative_tokens": 2,
+              "verify_budget": 4}
+    assert set(values) == set(pb.SamplingParams.DESCRIPTOR.fields_by_name)
+    params = sampling_params(Sampling(**values).to_proto(), default_max_tokens=16)
+    for name, value in values.items():
+        assert getattr(params, name) == value, name

@@ -96,7 +96,8 @@ def test_http_and_grpc_equal_in_process(served, want, concurrency, stream):
 def test_bad_requests_get_clear_errors_over_http_and_grpc(served):
     url, target = served
     with httpx.Client(timeout=30) as c:
-        for body, words in [({"logprobs": 2}, "logprobs"), ({"max_tokens": 600}, "context is")]:
+        for body, words in [({"logprobs": 2}, "logprobs"), ({"max_tokens": 600}, "context is"),
+                            ({"verify_budget": 2}, "do not apply to a diffusion LM")]:  # was dropped
             r = c.post(url + "/v1/completions", json={"model": "tiny", "prompt": "w5", **body})
             assert r.status_code == 400 and words in r.json()["error"]["message"]
             assert r.json()["error"]["param"] == next(iter(body))  # it was null: plain ValueErrors
@@ -105,6 +106,9 @@ def test_bad_requests_get_clear_errors_over_http_and_grpc(served):
         assert cut["usage"]["completion_tokens"] == 20 and cut["choices"][0]["finish_reason"] == "length"
         r = c.post(url + "/v1/completions", json={**long, "max_tokens": 21})  # fits, but not its canvas
         assert r.status_code == 400 and "a canvas of 24: whole blocks of 4" in r.json()["error"]["message"]
+        full = {**long, "prompt": [5] * 509, "max_tokens": 2}  # 3 slots: no whole block, whatever max_tokens
+        r = c.post(url + "/v1/completions", json=full)  # it named max_tokens
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
         ok = c.post(url + "/v1/completions", json={"model": "tiny", "prompt": "w5", "max_tokens": 4})
         assert ok.status_code == 200
         metrics = c.get(url + "/metrics").text
@@ -121,6 +125,9 @@ def test_bad_requests_get_clear_errors_over_http_and_grpc(served):
             with pytest.raises(Exception) as err:
                 await client.generate("w5", max_tokens=600)
             assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and "context is" in str(err.value)
+            with pytest.raises(Exception) as err:  # the wire had no field for it
+                await client.generate("w5", max_tokens=4, verify_budget=2)
+            assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and "verify_budget" in str(err.value)
     asyncio.run(grpc_bad())
 
 
@@ -134,7 +141,8 @@ def test_serve_config_and_flags(dllm, tiny_target):
     for bad, words in [({"speculative_config": {"method": "ngram"}}, "freedave"),
                        ({"speculative_config": {"method": "freedave", "model": "x"}}, "no draft model"),
                        ({"diffusion_config": {"block_length": 0}}, "block_length"),
-                       ({"pools": {"target": {"num_workers": 2}}}, "one worker")]:
+                       ({"pools": {"target": {"num_workers": 2}}}, "one worker"),
+                       ({"pools": {"target": {"kernels": "fast"}}}, "is a diffusion LM")]:  # was served exact
         with pytest.raises(ValueError, match=words):
             ServeConfig.from_dict({"model": str(dllm), **bad})
     with pytest.raises(ValueError, match="autoregressive"):

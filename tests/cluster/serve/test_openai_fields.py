@@ -36,6 +36,8 @@ def test_a_refused_sampling_parameter_is_named_in_param(field, value):
     ({"messages": MESSAGES, "detokenize": False}, "detokenize"),
     ({"messages": MESSAGES, "verbosity": "low"}, "verbosity"),
     ({"messages": MESSAGES, "modalities": ["text", "audio"]}, "modalities"),
+    ({"messages": MESSAGES, "num_drafts": 4}, "num_drafts"),  # the server's settings were ignored
+    ({"messages": MESSAGES, "speculative_config": {"method": "ngram"}}, "speculative_config"),
 ])
 def test_a_request_refused_names_its_field(served, body, param):
     resp = httpx.post(served[0].url + "/v1/chat/completions", json={"model": "tiny", "max_tokens": 2, **body},
@@ -106,3 +108,16 @@ def test_a_messages_name_reaches_the_template():
     with pytest.raises(ApiError) as e:  # a lone surrogate cannot reach the tokenizer
         ChatMessage(role="user", content="hi", name="\ud800").template_fields(2)
     assert e.value.param == "messages[2].name"
+
+
+def test_a_requests_verify_budget_reaches_the_router(served):
+    """It was dropped: a request's budget of 1 verified draft token a round against the server's 3."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    usage = [httpx.post(served[0].url + "/v1/completions", headers=headers, json={
+        "model": "tiny", "prompt": "w5 w6 w7", "max_tokens": 24, "temperature": 0, "ignore_eos": True, **extra,
+    }).json()["usage"] for extra in ({}, {"verify_budget": 1})]
+    assert usage[0]["speculative"]["num_draft_tokens"] > usage[0]["completion_tokens"]  # 3 a round
+    assert 0 < usage[1]["speculative"]["num_draft_tokens"] <= usage[1]["completion_tokens"]  # 1 a round
+    bad = httpx.post(served[0].url + "/v1/completions", headers=headers,
+                     json={"model": "tiny", "prompt": "w5", "max_tokens": 2, "verify_budget": 0})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "verify_budget"

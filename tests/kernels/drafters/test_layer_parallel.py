@@ -269,3 +269,24 @@ def test_a_draft_group_proposes_what_one_process_does(deep, workers, n, extra):
         for rank in every:  # every rank agrees with one process, proposal by proposal
             assert all(same(a, b) for a, b in zip(one[0], rank, strict=True))
     assert sum(len(p.draft_token_ids) for r in group_rounds for p in r[0]) > 0
+
+
+def test_serve_refuses_groups_past_the_draft_before_ray_starts(deep, tiny_target):
+    """The draft's worker refused it only once deployed: three attempts and ~400 lines of Ray's;
+    a LongSpec window past the target's context the same."""
+    from specray.cluster.config.serve import ServeConfig
+    from specray.cluster.serve.cli import check_model_and_context
+
+    with pytest.raises(ValueError, match="layer_parallel 5 exceeds the draft's 4 middle layers"):
+        check_model_and_context(ServeConfig.from_dict({"model": str(deep[0]), "speculative_config": spec(deep[1], 5)}))
+    with pytest.raises(ValueError, match="layer_parallel 3 exceeds the draft's 2 middle layers"):
+        check_model_and_context(ServeConfig.from_dict({"model": str(deep[0]),
+                                                       "speculative_config": spec(deep[1], 3, draft_num_layers=4)}))
+    check_model_and_context(ServeConfig.from_dict({"model": str(deep[0]), "speculative_config": spec(deep[1], 4)}))
+    from specray.cluster.config.speculative import SpeculativeConfig
+    from specray.kernels.drafters.loading import check_draft_shape
+    from specray.kernels.loader import resolve
+
+    long = SpeculativeConfig.from_dict({"method": "longspec", "model": "d", "longspec": {"window": 100000}})
+    with pytest.raises(ValueError, match="the LongSpec window 100000 exceeds the target's context 512"):
+        check_draft_shape(resolve(str(tiny_target)).path, long)

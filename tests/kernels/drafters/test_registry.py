@@ -61,3 +61,24 @@ def test_one_entry_adds_a_method(monkeypatch):
     SpeculativeConfig.from_dict({"method": "echo_ngram", "num_speculative_tokens": 2})
     drafter = registry.build_drafter(DraftOptions("echo_ngram", prompt_lookup_max=3))
     assert isinstance(drafter, NgramDrafter)
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"method": ["x"]}, "method must be a string"),
+    ({"method": "draft_model", "model": 5}, "model must be a string"),
+    ({"method": "aded", "aded": 5}, "aded must be a mapping"),
+    ({"method": "aded", "aded": {"exploration": float("nan")}}, "aded exploration must be a finite number"),
+    ({"method": "aded", "aded": {"exploration": "1"}}, "aded exploration must be a finite number"),
+    ({"method": "aded", "aded": {"corpus": 5}}, "aded corpus must be a string"),
+    ({"method": "longspec", "model": "d", "longspec": 5}, "longspec must be a mapping"),
+    ({"method": "longspec", "model": "d", "longspec": "ab"}, "longspec must be a mapping"),
+    ({"method": "draft_model", "model": "d", "tree": {"kind": "rsd_c", "branching": 5}}, "rsd_c needs branching"),
+    ({"method": "draft_model", "model": "d", "tree": {"kind": ["x"]}}, "tree must be a mapping with a 'kind'"),
+    ({"method": "draft_model", "model": "d", "tree": {"kind": "rsd_s", "width": True}}, "tree width must be"),
+    ({"method": "draft_model", "model": "d", "batch_size_schedule": 5}, "batch_size_schedule must be a list"),
+    ({"method": "draft_model", "model": "d", "lookup_first": "yes"}, "lookup_first must be"),
+])
+def test_a_nested_option_of_the_wrong_type_is_a_value_error(raw, message):
+    """Each raised a bare TypeError (unhashable list, int not iterable) through every entry point."""
+    with pytest.raises(ValueError, match=message):
+        SpeculativeConfig.from_dict(raw)
