@@ -90,6 +90,9 @@ class LLM:
         fits, whole), as `specray serve` does."""
         torch_dtype = parse_dtype(dtype)
         check_engine_args(device, kv_cache_tokens, block_size, max_num_seqs, kernels, torch_dtype)
+        # open streams' requests, and the latest output of each that another call's rounds produced
+        self._streamed: set[str] = set()
+        self._held: dict[str, RequestOutput] = {}
         torch.manual_seed(seed)
         checkpoint = resolve(model)
         refuse_partial_draft(checkpoint.path, model)
@@ -114,7 +117,8 @@ class LLM:
         blocks = num_blocks(kv_cache_tokens, block_size)
         self.target = TargetWorker(target_model, blocks, block_size,
                                    cost_key=(str(checkpoint.path), kernels, dtype_name(torch_dtype), device, 1))
-        draft = draft_spec(spec, model, dtype_name(torch_dtype), device, kv_cache_tokens, block_size)
+        draft = draft_spec(spec, model, dtype_name(torch_dtype), device, kv_cache_tokens, block_size,
+                           max_num_seqs=max_num_seqs)
         self.draft = None if draft is None else DraftWorker(build_drafter(draft))
         config, eos = router_limits(target_model.config, self.tokenizer, spec, max_model_len, max_num_seqs,
                                     blocks, block_size, pipelined, resolve_prefill_tokens(max_prefill_tokens, device))
@@ -153,12 +157,30 @@ class LLM:
         """Yield every `RequestOutput` as its request advances (one per request per round)."""
         prompts = _as_list(prompts)
         ids = self._add_all(prompts, _params_list(sampling_params, len(prompts)))
+        own, finished = set(ids), set()
+        self._streamed |= own
         try:
-            while self.router.has_unfinished():
-                yield from self.router.step()
+            while len(finished) < len(own):
+                held = [self._held.pop(i) for i in ids if i in self._held]  # another call's rounds ran them
+                if not held and not self.router.has_unfinished():
+                    break
+                for out in held or self._own_outputs(self.router.step(), own):
+                    finished |= {out.request_id} if out.finished else set()
+                    yield out
                 self._raise_failures(ids)
         finally:  # a loop left early (break, an exception) ends its requests: none runs on unread
+            self._streamed -= own
+            for i in ids:
+                self._held.pop(i, None)
             self._abort(ids)
+
+    def _own_outputs(self, outs: list[RequestOutput], own: set[str]) -> list[RequestOutput]:
+        """A round's outputs of `own` requests; another open stream's are held for it (the newest:
+        outputs are cumulative), none is lost."""
+        for out in outs:
+            if out.request_id not in own and out.request_id in self._streamed:
+                self._held[out.request_id] = out
+        return [out for out in outs if out.request_id in own]
 
     def _abort(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
@@ -211,8 +233,8 @@ class LLM:
         bar = tqdm(total=len(request_ids), desc="generate", disable=not use_tqdm)
         try:  # until its own requests end (a stream still held elsewhere keeps its own running)
             while len(done) < len(request_ids) and self.router.has_unfinished():
-                for out in self.router.step():
-                    if out.finished and out.request_id in wanted:
+                for out in self._own_outputs(self.router.step(), wanted):
+                    if out.finished:
                         done[out.request_id] = out
                         bar.update(1)
                 self._raise_failures(request_ids)

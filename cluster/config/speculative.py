@@ -23,15 +23,14 @@ INT_KEYS = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", 
 DRAFT_MODEL_KEYS = ("draft_num_layers", "draft_vocab_trim", "draft_quantization")  # a draft model's only
 MAX_SPECULATIVE_TOKENS = 256  # a chain's length or a tree's depth: far past where drafting pays
 VERIFY_CHOICES = ("auto", *SAMPLED_RULES)
-# the other keys' types (INT_KEYS are checked as integers)
+# the other keys' types (INT_KEYS are checked as integers, lookup_first by the registry)
 SHAPES = {"method": (str,), "model": (str,), "draft_quantization": (str,), "batch_size_schedule": (list,),
-          "tree": (dict,), "aded": (dict,), "longspec": (dict,), "verify": (str,), "lookup_first": (bool, dict),
-          "adaptive": (bool,)}
+          "tree": (dict,), "aded": (dict,), "longspec": (dict,), "verify": (str,), "adaptive": (bool,)}
 SHAPE_NAMES = {"method": "a string", "model": "a string (an alias or a path)", "draft_quantization": "a string",
                "batch_size_schedule": "a list of [min_running_seqs, num_draft_tokens] pairs",
                "tree": "a mapping such as {'kind': 'rsd_c', 'branching': [2, 2, 1]}",
                "aded": "a mapping of ADED options", "longspec": "a mapping such as {'window': 512}",
-               "verify": "a string", "lookup_first": "true, false or a mapping", "adaptive": "true or false"}
+               "verify": "a string", "adaptive": "true or false"}
 
 
 @dataclass(frozen=True)
@@ -163,6 +162,16 @@ class SpeculativeConfig:
         else:
             n = self.num_speculative_tokens
         return n if self.verify_budget is None else min(n, self.verify_budget)
+
+    def draft_scratch_tokens(self) -> int:
+        """The most tokens a draft writes past a sequence's committed ones in one round: a chain's
+        length, or a tree's nodes as grown (top-k and RSD-C trees grow whole and are cut to the
+        budget after, so the budget does not bound their scratch)."""
+        if self.tree is None:
+            return self.num_speculative_tokens
+        tree = TreeSpec.from_dict(self.tree)
+        depth = tree.depth(self.num_speculative_tokens)
+        return tree.max_nodes(depth, self.verify_budget if tree.kind in ("rsd_s", "spectr") else None)
 
     def _check_schedule(self) -> None:
         rows = self.batch_size_schedule or []

@@ -239,6 +239,20 @@ def test_a_stream_left_early_ends_its_requests(llm):
     assert not llm.router.has_unfinished()
 
 
+def test_a_held_stream_gets_its_outputs_after_another_call_ran_its_rounds(llm):
+    """generate (or a second stream) stepped the shared router and dropped the held stream's outputs:
+    it then ended without its requests' final outputs; a second stream yielded the first's."""
+    params = SamplingParams(max_tokens=12, **GREEDY)
+    want = [o.outputs[0].token_ids for o in llm.generate(["w5 w6", "w7"], params)]
+    held = llm.stream(["w5 w6", "w7"], params)
+    first = next(held)
+    llm.generate("w8", SamplingParams(max_tokens=30, **GREEDY))  # runs the held stream's requests to the end
+    other = list(llm.stream("w9", SamplingParams(max_tokens=3, **GREEDY)))
+    assert {o.request_id for o in other} == {other[-1].request_id} != {first.request_id}
+    finals = {o.request_id: o.outputs[0].token_ids for o in [first, *held] if o.finished}
+    assert sorted(finals.values()) == sorted(want) and not llm.router.has_unfinished()
+
+
 @pytest.mark.parametrize("messages, message", [
     ([], "messages is empty"), ([{"role": "user"}], "message 0: needs a string 'role' and 'content'"),
     ([[{"role": "user", "content": "hi"}], "hi"], "conversation 1"),

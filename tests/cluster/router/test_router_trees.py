@@ -134,3 +134,19 @@ def test_configured_rule_mismatch_is_refused_at_start(tiny_target, tiny_draft):
                .outputs[0].token_ids) == 8
     with pytest.raises(ValueError, match="unknown verify rule"):
         LLM(str(tiny_target), speculative_config={**cfg, "verify": "longest"})
+
+
+@pytest.mark.parametrize("tree", ["topk", "rsd_c"])
+def test_a_tree_grown_whole_fits_the_draft_cache_at_the_end_of_a_full_one(tiny_target, tiny_draft, tree):
+    """Top-k and RSD-C trees grow whole, then are cut to the budget: near the end of a cache the
+    target's reservation holds, the draft's scratch outgrew the same blocks and every round fell
+    back to target-only, logging a traceback."""
+    spec = {"model": str(tiny_draft), "num_speculative_tokens": 4, "tree": {**TREES[tree], "k": 4, "width": 4}
+            if tree == "topk" else {"kind": "rsd_c", "branching": [4, 3, 2, 1]}, "verify_budget": 8}
+    llm = LLM(str(tiny_target), speculative_config=spec, kv_cache_tokens=64, max_model_len=63)
+    plain = LLM(str(tiny_target), kv_cache_tokens=64, max_model_len=63)
+    prompt = prompts(1)[0]["prompt_token_ids"] * 4  # 32 tokens: the sequence fills the cache
+    params = SamplingParams(temperature=0.0, max_tokens=31, ignore_eos=True)
+    out = llm.generate({"prompt_token_ids": prompt}, params)[0]
+    assert out.outputs[0].token_ids == plain.generate({"prompt_token_ids": prompt}, params)[0].outputs[0].token_ids
+    assert llm.router.stats.draft_fallbacks == 0 and out.metrics.num_draft_tokens > 0

@@ -76,7 +76,7 @@ def test_one_entry_adds_a_method(monkeypatch):
     ({"method": "draft_model", "model": "d", "tree": {"kind": ["x"]}}, "tree must be a mapping with a 'kind'"),
     ({"method": "draft_model", "model": "d", "tree": {"kind": "rsd_s", "width": True}}, "tree width must be"),
     ({"method": "draft_model", "model": "d", "batch_size_schedule": 5}, "batch_size_schedule must be a list"),
-    ({"method": "draft_model", "model": "d", "lookup_first": "yes"}, "lookup_first must be"),
+    ({"method": "draft_model", "model": "d", "lookup_first": "yes"}, "must be true or a dict"),
 ])
 def test_a_nested_option_of_the_wrong_type_is_a_value_error(raw, message):
     """Each raised a bare TypeError (unhashable list, int not iterable) through every entry point."""
