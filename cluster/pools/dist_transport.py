@@ -65,7 +65,10 @@ def serve_channel(endpoint: DraftEndpoint, channel: DistChannel) -> None:
             return
         kind, payload = message[:1], message[1:]
         if kind == PROPOSE:
-            channel.send(endpoint.propose_bytes(payload))
+            try:
+                channel.send(endpoint.propose_bytes(payload))
+            except RuntimeError:  # the router gave up on this link (a stopped worker resumed): as above
+                return
         elif kind == RELEASE:
             endpoint.release_many(wire.decode_release(payload))
 
@@ -119,6 +122,7 @@ class DistDraftPool:
         self.stats = TransportStats()
         self.channel: DistChannel | None = None
         self._released: list = []  # flushed before the next propose: both ends never send at once
+        self._probe = None  # after a loss, the pending ping of the restarting actor
         self._connect()
 
     def _connect(self) -> None:
@@ -148,10 +152,14 @@ class DistDraftPool:
         return _DistPending(self, len(payload))
 
     def _reconnect(self) -> None:
-        """After a loss: once Ray has restarted the actor (ping answers), rebuild the group."""
-        done, _ = ray.wait([self.actor.call.remote("ping")], timeout=0.5)
+        """After a loss: once Ray has restarted the actor (one ping pending at a time, never waited
+        on: waiting held every round half a second), rebuild the group."""
+        if self._probe is None:
+            self._probe = self.actor.call.remote("ping")
+        done, _ = ray.wait([self._probe], timeout=0)
         if not done:
             raise DraftUnavailable("draft worker is restarting")
+        self._probe = None
         try:
             ray.get(done[0])
             self._connect()

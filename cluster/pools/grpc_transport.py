@@ -142,6 +142,7 @@ def serve_drafter(endpoint: DraftEndpoint, address: str = "[::]:0") -> tuple[grp
 
 
 # -- router-side pool -------------------------------------------------------------------------
+PROBE_TIMEOUT_S = 2.0  # a down drafter's Ping: a round never waits on it
 class _GrpcPending:
     def __init__(self, pool: "GrpcDraftPool", future, sent: int):
         self.pool, self.future, self.sent, self.start = pool, future, sent, time.perf_counter()
@@ -150,6 +151,7 @@ class _GrpcPending:
         try:
             resp = self.future.result()
         except grpc.RpcError as e:
+            self.pool.down = True  # until a ping answers: a hung drafter cost every round its timeout
             raise DraftUnavailable(f"drafter at {self.pool.address}: {e.code().name} {e.details()}") from None
         self.pool.stats.record(self.sent, resp.ByteSize(), time.perf_counter() - self.start)
         return proposals_from_proto(resp)
@@ -166,6 +168,8 @@ class GrpcDraftPool:
         self.stub = pb_grpc.DrafterStub(self.channel)
         self.stats = TransportStats()
         self._released: list[str] = []
+        self.down = False  # a call failed: rounds are target-only until `_probe` answers
+        self._probe = None  # the pending Ping of a drafter that is down
 
     def ready(self, timeout_s: float = 60.0) -> None:
         """The drafter answers, serving `method`: ValueError saying which is not so (a wrong address
@@ -179,7 +183,26 @@ class GrpcDraftPool:
             raise ValueError(f"the drafter at {self.address} serves method {served!r}; speculative_config asks for "
                              f"{self.method!r}: start it with --method {self.method}")
 
+    def _check_back(self) -> None:
+        """While down, one Ping at a time, never waited on: DraftUnavailable until it answers with
+        the configured method (a drafter restarted with another is not used)."""
+        if self._probe is None:
+            self._probe = self.stub.Ping.future(pb.PingRequest(), timeout=PROBE_TIMEOUT_S)
+        if not self._probe.done():
+            raise DraftUnavailable(f"drafter at {self.address} does not answer")
+        probe, self._probe = self._probe, None
+        try:
+            served = probe.result().method
+        except grpc.RpcError as e:
+            raise DraftUnavailable(f"drafter at {self.address}: {e.code().name}") from None
+        if self.method is not None and served != self.method:
+            raise DraftUnavailable(f"the drafter at {self.address} now serves method {served!r}, not "
+                                   f"{self.method!r}: not used")
+        self.down = False
+
     def submit_propose(self, items) -> _GrpcPending:
+        if self.down:
+            self._check_back()
         try:
             if self._released:
                 self.stub.Release(pb.ReleaseRequest(seq_ids=self._released), timeout=self.timeout_s)
@@ -187,6 +210,7 @@ class GrpcDraftPool:
             request = items_to_proto(items)
             return _GrpcPending(self, self.stub.Propose.future(request, timeout=self.timeout_s), request.ByteSize())
         except grpc.RpcError as e:
+            self.down = True
             raise DraftUnavailable(f"drafter at {self.address}: {e.code().name}") from None
 
     def release(self, seq_id) -> None:

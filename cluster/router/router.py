@@ -49,6 +49,7 @@ class Router(RequestBook):
         self.pipeline = Pipeline(self) if config.pipelined and draft is not None else None
         self.lengths = length_policy(target, draft, config)  # adaptive draft lengths, or None
         self._draft_caught_up = False  # this round's draft call fed more than a round's tokens
+        self._draft_down = False  # the last draft call failed (an outage is logged once)
         # called once a round's target step is sent: a server hands out the last round's outputs
         # then, while the target computes, instead of before this round's calls
         self.after_submit: Callable[[], None] | None = None
@@ -149,6 +150,7 @@ class Router(RequestBook):
         finally:
             self.stats.draft_seconds += time.perf_counter() - start
         proposals.update((seq_id, p) for seq_id, p in drafted.items() if seq_id in proposals)
+        self._draft_down = False
         return proposals
 
     def _lose_draft_state(self, error: Exception) -> None:
@@ -157,6 +159,9 @@ class Router(RequestBook):
         expected (a worker restarts); anything else is a draft bug, logged."""
         if not isinstance(error, DraftUnavailable):
             log.error("the draft pool failed; this round decodes target-only", exc_info=error)
+        elif not self._draft_down:  # once an outage, on every transport
+            log.warning("the draft pool is unavailable (%s); decoding target-only until it answers", error)
+        self._draft_down = True
         self.stats.draft_fallbacks += 1
         for seq in self.running:
             seq.draft_sent = 0

@@ -25,6 +25,8 @@ class _RouterCollector:
             ("specray_spec_decode_num_drafts", "Rounds with draft tokens to verify", stats.num_drafts),
             ("specray_spec_decode_num_draft_tokens", "Draft tokens verified", stats.num_draft_tokens),
             ("specray_spec_decode_num_accepted_tokens", "Draft tokens accepted", stats.num_accepted_tokens),
+            ("specray_draft_fallbacks", "Rounds decoded target-only because the draft pool failed or was "
+             "unavailable", getattr(stats, "draft_fallbacks", 0)),
         ):
             yield CounterMetricFamily(name, doc, value=value)
         if hasattr(stats, "model_calls"):  # a diffusion LM: model calls per token, static steps per call

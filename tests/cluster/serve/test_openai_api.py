@@ -117,6 +117,7 @@ def test_metrics_move(client, served):
         before.get('specray_request_success_total{finish_reason="length"}', 0)
     assert after["specray_time_to_first_token_seconds_count"] > before.get("specray_time_to_first_token_seconds_count", 0)
     assert "specray_num_requests_waiting" in after
+    assert after["specray_draft_fallbacks_total"] == served[1].router.stats.draft_fallbacks == 0  # a lost draft shows here
 
 
 def test_disconnect_frees_the_sequence(served):

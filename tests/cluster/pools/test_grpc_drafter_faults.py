@@ -1,0 +1,72 @@
+"""A hung gRPC drafter costs one timeout, then target-only rounds until it answers again (every
+round waited its whole timeout: a token a minute); a drafter back with another method is not used."""
+
+import threading
+import time
+
+import pytest
+
+from specray.actors.messages import DraftItem, SeqSpec
+from specray.cluster.cli import build_parser
+from specray.cluster.pools.api import DraftUnavailable
+from specray.cluster.serve.drafter_cli import drafter_spec
+from specray.kernels.sampling import SamplingConfig
+
+
+@pytest.fixture()
+def drafter():
+    from specray.cluster.pools.draft_endpoint import DraftEndpoint
+    from specray.cluster.pools.grpc_transport import GrpcDraftPool, serve_drafter
+
+    endpoint = DraftEndpoint.from_spec(drafter_spec(build_parser().parse_args(["drafter", "--method", "ngram"])))
+    gate = threading.Event()
+    gate.set()
+    propose = endpoint.worker.propose
+    endpoint.worker.propose = lambda items: (gate.wait(), propose(items))[1]  # cleared: a hung drafter
+    server, port = serve_drafter(endpoint, "127.0.0.1:0")
+    pool = GrpcDraftPool(f"127.0.0.1:{port}", timeout_s=0.5, method="ngram")
+    pool.ready(timeout_s=30)
+    yield pool, gate, endpoint
+    gate.set()
+    pool.close()
+    server.stop(grace=0)
+
+
+def _item(seq_id: str) -> DraftItem:
+    return DraftItem(seq_id, [1, 5, 9, 1, 5, 9, 1, 5], 2, SeqSpec(SamplingConfig(temperature=0.0)))
+
+
+def test_a_hung_drafter_costs_one_timeout_then_rounds_skip_it(drafter):
+    pool, gate, _ = drafter
+    assert pool.submit_propose([_item("a")]).result()[0].draft_token_ids == [9, 1]
+    gate.clear()
+    start = time.perf_counter()
+    with pytest.raises(DraftUnavailable):
+        pool.submit_propose([_item("b")]).result()  # the one timeout
+    for i in range(5):  # each of these waited the timeout too
+        with pytest.raises(DraftUnavailable):
+            pool.submit_propose([_item(f"c{i}")]).result()
+    assert time.perf_counter() - start < 0.5 + 5 * 0.2
+    gate.set()
+    deadline = time.monotonic() + 10
+    while True:  # the pending ping answers once the drafter does
+        try:
+            assert pool.submit_propose([_item("d")]).result()[0].draft_token_ids == [9, 1]
+            break
+        except DraftUnavailable:
+            assert time.monotonic() < deadline, "the drafter was not used again"
+            time.sleep(0.05)
+
+
+def test_a_drafter_back_with_another_method_is_not_used(drafter):
+    pool, _, endpoint = drafter
+    pool.down = True  # as after a lost call; the drafter now says it serves another method
+    endpoint.method = "eagle"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        with pytest.raises(DraftUnavailable) as e:
+            pool.submit_propose([_item("a")])
+        if "now serves method 'eagle'" in str(e.value):
+            return
+        time.sleep(0.05)
+    raise AssertionError("the other method was not named")
