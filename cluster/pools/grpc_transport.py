@@ -143,6 +143,8 @@ def serve_drafter(endpoint: DraftEndpoint, address: str = "[::]:0") -> tuple[grp
 
 # -- router-side pool -------------------------------------------------------------------------
 PROBE_TIMEOUT_S = 2.0  # a down drafter's Ping: a round never waits on it
+
+
 class _GrpcPending:
     def __init__(self, pool: "GrpcDraftPool", future, sent: int):
         self.pool, self.future, self.sent, self.start = pool, future, sent, time.perf_counter()
