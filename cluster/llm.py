@@ -165,7 +165,8 @@ class LLM:
                 if not held and not self.router.has_unfinished():
                     break
                 for out in held or self._own_outputs(self.router.step(), own):
-                    finished |= {out.request_id} if out.finished else set()
+                    if out.finished:
+                        finished.add(out.request_id)
                     yield out
                 self._raise_failures(ids)
         finally:  # a loop left early (break, an exception) ends its requests: none runs on unread

@@ -23,14 +23,10 @@ INT_KEYS = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", 
 DRAFT_MODEL_KEYS = ("draft_num_layers", "draft_vocab_trim", "draft_quantization")  # a draft model's only
 MAX_SPECULATIVE_TOKENS = 256  # a chain's length or a tree's depth: far past where drafting pays
 VERIFY_CHOICES = ("auto", *SAMPLED_RULES)
-# the other keys' types (INT_KEYS are checked as integers, lookup_first by the registry)
-SHAPES = {"method": (str,), "model": (str,), "draft_quantization": (str,), "batch_size_schedule": (list,),
-          "tree": (dict,), "aded": (dict,), "longspec": (dict,), "verify": (str,), "adaptive": (bool,)}
-SHAPE_NAMES = {"method": "a string", "model": "a string (an alias or a path)", "draft_quantization": "a string",
-               "batch_size_schedule": "a list of [min_running_seqs, num_draft_tokens] pairs",
-               "tree": "a mapping such as {'kind': 'rsd_c', 'branching': [2, 2, 1]}",
-               "aded": "a mapping of ADED options", "longspec": "a mapping such as {'window': 512}",
-               "verify": "a string", "adaptive": "true or false"}
+# keys no option class checks -> (their type, how an error names it); a wrong type failed later, far
+# from its key, as a TypeError (INT_KEYS are checked as integers; tree, aded, longspec by their classes)
+TYPES = {"method": (str, "a string"), "model": (str, "a string (an alias or a path)"),
+         "batch_size_schedule": (list, "a list of [min_running_seqs, num_draft_tokens] pairs")}
 
 
 @dataclass(frozen=True)
@@ -77,10 +73,9 @@ class SpeculativeConfig:
     adaptive: bool = False
 
     def __post_init__(self) -> None:
-        for key, kinds in SHAPES.items():  # a wrong type would fail later, far from its key, as a TypeError
-            value = getattr(self, key)
-            if value is not None and (not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool))):
-                raise ValueError(f"{key} must be {SHAPE_NAMES[key]}, got {value!r}")
+        for key, (kind, what) in TYPES.items():
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), kind):
+                raise ValueError(f"{key} must be {what}, got {getattr(self, key)!r}")
         for key in INT_KEYS:  # a string or a bool would fail later, far from its key
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
@@ -170,8 +165,8 @@ class SpeculativeConfig:
         if self.tree is None:
             return self.num_speculative_tokens
         tree = TreeSpec.from_dict(self.tree)
-        depth = tree.depth(self.num_speculative_tokens)
-        return tree.max_nodes(depth, self.verify_budget if tree.kind in ("rsd_s", "spectr") else None)
+        return tree.max_nodes(self.num_speculative_tokens, self.verify_budget if tree.kind in ("rsd_s", "spectr")
+                              else None)
 
     def _check_schedule(self) -> None:
         rows = self.batch_size_schedule or []

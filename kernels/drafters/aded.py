@@ -39,19 +39,20 @@ class AdedOptions:
         for name in ("simulations", "branching", "max_nodes"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"aded {name} must be an integer >= 1, got {getattr(self, name)!r}")
+                raise ValueError(f"aded {name} must be an integer >= 1, got {v!r}")
         for name in ("exploration", "local_weight"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"aded {name} must be a finite number >= 0, got {v!r}")
         for name in ("corpus", "tokenizer"):
-            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
-                raise ValueError(f"aded {name} must be a string (or null), got {getattr(self, name)!r}")
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, str):
+                raise ValueError(f"aded {name} must be a string (or null), got {v!r}")
 
     @classmethod
     def from_dict(cls, raw: dict) -> "AdedOptions":
         if not isinstance(raw, dict):
-            raise ValueError(f"aded options must be a mapping such as {{'simulations': 48}}, got {raw!r}")
+            raise ValueError(f"aded must be a mapping of ADED options such as {{'simulations': 48}}, got {raw!r}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:

@@ -29,7 +29,7 @@ class LongSpecOptions:
     @classmethod
     def from_dict(cls, raw: dict | None) -> "LongSpecOptions":
         if raw is not None and not isinstance(raw, dict):
-            raise ValueError(f"longspec options must be a mapping such as {{'window': 512}}, got {raw!r}")
+            raise ValueError(f"longspec must be a mapping such as {{'window': 512}}, got {raw!r}")
         raw = dict(raw or {})
         unknown = sorted(set(raw) - {"window"})
         if unknown:

@@ -53,7 +53,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
 
 
 def method(name: str) -> Method:
-    if not isinstance(name, str) or name not in METHODS:
+    if name not in METHODS:
         raise ValueError(f"unknown speculative method {name!r}; choose one of {tuple(METHODS)}")
     return METHODS[name]
 

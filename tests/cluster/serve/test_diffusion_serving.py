@@ -147,7 +147,8 @@ def test_serve_config_and_flags(dllm, tiny_target):
             ServeConfig.from_dict({"model": str(dllm), **bad})
     with pytest.raises(ValueError, match="autoregressive"):
         ServeConfig.from_dict({"model": str(tiny_target), "diffusion_config": {"block_length": 8}})
-    from specray.cluster.serve.cli import add_serve_flags, endpoint_banner, resolve_config
+    from specray.cluster.serve.banner import endpoint_banner
+    from specray.cluster.serve.cli import add_serve_flags, resolve_config
 
     assert "transport" not in endpoint_banner(cfg, {})  # a diffusion LM has no draft pool to reach
     assert "transport: " in endpoint_banner(ServeConfig.from_dict({"model": str(tiny_target)}), {})

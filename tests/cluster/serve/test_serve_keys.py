@@ -53,7 +53,7 @@ def test_the_banner_example_says_where_the_key_comes_from(tmp_path):
     """The printed curl works when pasted: the variable only where the key is the variable's, the
     file's contents for a key file, and never the key itself."""
     from specray.cluster.config.serve import ServeConfig
-    from specray.cluster.serve.cli import endpoint_banner
+    from specray.cluster.serve.banner import endpoint_banner
 
     def auth_line(http: dict) -> str:
         banner = endpoint_banner(ServeConfig.from_dict({"http": http}), {"api_key": True})
