@@ -158,24 +158,35 @@ def visible_new(parents: list[int] | None, n: int, width: int) -> torch.Tensor:
 
 
 def attention(qkv: torch.Tensor, num_heads: int, layer_kv: torch.Tensor, key_slots: torch.Tensor,
-              rows: AttentionRows, scale: float) -> torch.Tensor:
+              rows: AttentionRows, scale: float, split: bool = True) -> torch.Tensor:
     """qkv [num_tokens, heads + 2 * kv_heads, dim] (the q heads are read); layer_kv [2 * kv_heads,
-    num_slots, dim] (fp32 or fp16); key_slots [num_keys] int64 -> [num_tokens, heads * dim]."""
+    num_slots, dim] (fp32 or fp16); key_slots [num_keys] int64 -> [num_tokens, heads * dim].
+    `split`: the hybrid split where HYBRID says; off, every row goes the per-row way (`split_rule`)."""
     num_tokens, width, dim = qkv.shape
     num_kv_heads = layer_kv.shape[0] // 2
     assert width == num_heads + 2 * num_kv_heads and key_slots.dtype == torch.int64
     out = torch.empty(num_tokens, num_heads * dim)
     lib = cpu_kernels.library()
-    split = lib.specray_attention_split_scratch(num_tokens, num_heads, num_kv_heads, dim, rows.new_mask.shape[1])
+    split_floats = lib.specray_attention_split_scratch(num_tokens, num_heads, num_kv_heads, dim, rows.new_mask.shape[1])
     scores = lib.specray_attention_score_floats(num_heads // num_kv_heads, rows.max_keys)  # per thread
-    scratch = torch.empty(scores + split)  # scores, then the split tasks'
-    lib.specray_set_attention_split(HYBRID.c_min_context, HYBRID.c_min_rows, HYBRID.c_max_rows)
+    scratch = torch.empty(scores + split_floats)  # scores, then the split tasks'
+    split_rule(split)
     (lib.specray_attention_f16 if _kv_half(layer_kv) else lib.specray_attention)(
         _ptr(qkv), width * dim, num_tokens, num_heads, num_kv_heads, dim, _ptr(layer_kv), layer_kv.shape[1],
         _ptr(key_slots), _ptr(rows.key_start), _ptr(rows.num_ctx), _ptr(rows.num_new), _ptr(rows.num_pad),
         _ptr(rows.new_mask), rows.new_mask.shape[1],
         scale, _ptr(out), _ptr(scratch), rows.max_keys, torch.get_num_threads())
     return out
+
+
+def split_rule(split: bool) -> None:
+    """Set where the C attention splits a sequence's rows (the hybrid path): where HYBRID says, or
+    nowhere. A split row's bits differ from the per-row way's (the context and the round's keys are
+    summed apart, then merged), and whether a row splits follows its sequence's rows in the step: a
+    target whose rows must not depend on their step (`LlamaModel.row_invariant`) never splits."""
+    lib = cpu_kernels.library()
+    lib.specray_set_attention_split(HYBRID.c_min_context if split else NEVER_SPLIT["c_min_context"],
+                                    HYBRID.c_min_rows, HYBRID.c_max_rows)
 
 
 # -- every decoder layer in one call ----------------------------------------------------------------
@@ -251,7 +262,8 @@ def workspace(floats: int) -> torch.Tensor:
 
 
 def decoder_layers(h: torch.Tensor, table: DecoderTable, kv: torch.Tensor, cos: torch.Tensor,
-                   sin: torch.Tensor, slots: torch.Tensor, key_slots: torch.Tensor, rows: AttentionRows) -> None:
+                   sin: torch.Tensor, slots: torch.Tensor, key_slots: torch.Tensor, rows: AttentionRows,
+                   split: bool = True) -> None:
     """Every layer of a few-row step in one C call (`csrc/decoder.c`): h [num_tokens, hidden] holds the
     embedded tokens and becomes the residual stream after the last layer (before the final norm);
     the new tokens' KV goes into kv [layers, 2 * kv_heads, num_slots, head_dim]. Computes what the
@@ -262,8 +274,7 @@ def decoder_layers(h: torch.Tensor, table: DecoderTable, kv: torch.Tensor, cos: 
     assert slots.shape == (num_tokens,) and slots.dtype == key_slots.dtype == torch.int64
     lib = cpu_kernels.library()
     work = workspace(lib.specray_decoder_workspace(num_tokens, _ptr(table.dims), rows.max_keys))
-    lib.specray_set_attention_split(HYBRID.c_min_context if table.split else NEVER_SPLIT["c_min_context"],
-                                    HYBRID.c_min_rows, HYBRID.c_max_rows)
+    split_rule(split and table.split)
     lib.specray_decoder_layers(
         _ptr(h), num_tokens, _ptr(table.dims), table.eps, table.scale, _ptr(table.weights), _ptr(table.kinds),
         _ptr(kv), kv.stride(0), _kv_half(kv), kv.shape[2], _ptr(cos), _ptr(sin), _ptr(slots), _ptr(key_slots),

@@ -151,7 +151,8 @@ class LlamaModel(CpuWeights, nn.Module):
         table = self.decoder_table() if rows is not None else None
         if table is not None and len(self.layers) == cache.kv.shape[0]:
             cos, sin = self.rotary.cos[batch.positions], self.rotary.sin[batch.positions]  # [num_tokens, head_dim]
-            cpu_ops.decoder_layers(h, table, cache.kv, cos, sin, batch.slot_mapping, batch.key_slots, rows)
+            cpu_ops.decoder_layers(h, table, cache.kv, cos, sin, batch.slot_mapping, batch.key_slots, rows,
+                                   split=not self.row_invariant)
             head = self.packed_head()
             if head is not None:  # the final norm and the head (and the features) in the same C kernels, one call
                 return cpu_ops.decoder_logits(h, batch.logits_indices, self.norm, self.config.rms_norm_eps, head,
@@ -199,7 +200,8 @@ class LlamaModel(CpuWeights, nn.Module):
                 layer_kv.index_copy_(1, batch.slot_mapping, new_kv.transpose(0, 1).to(layer_kv.dtype))
                 q = qk[:, : c.num_heads]
             if rows is not None:
-                attn = cpu_ops.attention(qkv, c.num_heads, layer_kv, batch.key_slots, rows, self.scale)
+                attn = cpu_ops.attention(qkv, c.num_heads, layer_kv, batch.key_slots, rows, self.scale,
+                                         split=not self.row_invariant)
             elif plan is not None:
                 attn = batch_attention(q, layer_kv, plan, self.scale)
             else:

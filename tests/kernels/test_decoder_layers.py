@@ -119,7 +119,7 @@ def test_prefill_chunks_run_the_one_call_decoder_too(packed_model, monkeypatch):
     """A prefill chunk runs the same C kernels as a decode step: a decode row beside another
     sequence's prefill gets the bits it gets alone."""
     calls = []
-    monkeypatch.setattr(cpu_ops, "decoder_layers", lambda *a: calls.append(a))
+    monkeypatch.setattr(cpu_ops, "decoder_layers", lambda *a, **kw: calls.append(a))
     cache = packed_model.make_cache(32, block_size=4)
     packed_model(RaggedBatch.build([SeqChunk("p", list(range(3, 23)), 0)], cache), cache)  # 20 new tokens
     assert len(calls) == 1

@@ -202,3 +202,22 @@ def test_the_padded_baseline_keeps_the_real_rows_bits_on_the_fixed_path(tiny_tar
         outs.append(model(RaggedBatch.build(laid_out, cache), cache))
     assert (pad_uniform(chunks)[1].num_pad, pad_uniform(chunks)[1].key_pad) == (2, 2)
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("path", ["every layer in one call", "layer by layer"])
+def test_a_target_never_takes_the_hybrid_split(tiny_gguf_target, path):
+    """The C attention's hybrid split (a sequence of 3+ rows after a long context) sums the context
+    and the round's own keys apart: its rows' bits differ from a one-row step's, and whether a row
+    splits follows how many rows its sequence brings. A target (row-invariant) never splits; a draft
+    still does, which is also the control that the split applies at these settings."""
+    from specray.kernels.hybrid_attention import hybrid_settings
+
+    model = load_model(Checkpoint(tiny_gguf_target, "t"))
+    if path == "layer by layer":  # the C attention op per layer (no packed blocks: no decoder table)
+        model.packed_weights = {}
+    assert model.row_invariant and model.fused_cpu_ops
+    assert (model.decoder_table() is not None) == (path == "every layer in one call")
+    with hybrid_settings(c_min_context=1):  # the default applies after 2048 keys
+        assert all(same_rows(model))
+        model.row_invariant = False
+        assert not all(same_rows(model))
