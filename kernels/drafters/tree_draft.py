@@ -20,6 +20,7 @@ from specray.kernels.drafters.draft_model import DraftModelDrafter
 from specray.kernels.drafters.tree_shapes import (
     TreeBuild,
     TreeSpec,
+    grow_beam,
     grow_rsd_c,
     grow_rsd_s,
     grow_spectr,
@@ -101,7 +102,7 @@ class TreeDraftModelDrafter:
             elif tree.kind == "topk":
                 grow_topk(build, logp, tree.k, tree.width)
             else:  # rsd_s / spectr shapes for greedy requests: a deterministic beam
-                grow_topk(build, logp, plan.width, plan.width)
+                grow_beam(build, logp, plan.width)
             return
         p = processed_probs(logits, [r.sampling] * logits.shape[0])  # [len(frontier), vocab_size]
         if tree.kind == "rsd_c":

@@ -220,6 +220,20 @@ def grow_topk(build: TreeBuild, rows: torch.Tensor, k: int, width: int | None) -
     build.frontier = sorted(ranked if width is None else ranked[:width])
 
 
+def grow_beam(build: TreeBuild, rows: torch.Tensor, width: int) -> None:
+    """rows [len(frontier), vocab_size] of log-probabilities; deterministic: the `width` children
+    of the whole frontier with the highest path log-probability, and nothing else (a beam of
+    `width` a level: RSD-S's and SpecTr's `width` x depth nodes for a greedy request, which
+    `TreeSpec.max_nodes` counts; `grow_topk` would add width children to every frontier node)."""
+    candidates = []
+    for node, logp in zip(build.frontier, rows, strict=True):
+        top = logp.topk(min(width, logp.shape[0]))
+        candidates += [(build.score_of(node) + float(s), node, int(x)) for s, x in zip(top.values, top.indices)
+                       if s > -math.inf]
+    best = sorted(candidates, key=lambda c: -c[0])[:width]  # stable: ties keep frontier, then rank, order
+    build.frontier = sorted(build.add(x, node, None, score=s) for s, node, x in sorted(best, key=lambda c: c[1]))
+
+
 def keep_most_likely(build: TreeBuild, budget: int) -> TreeBuild:
     """EAGLE-2 reranking: the `budget` nodes with the highest path log-prob (ancestors never score
     lower than their descendants, so the kept set is a tree), renumbered in level order."""

@@ -150,3 +150,21 @@ def test_a_tree_grown_whole_fits_the_draft_cache_at_the_end_of_a_full_one(tiny_t
     out = llm.generate({"prompt_token_ids": prompt}, params)[0]
     assert out.outputs[0].token_ids == plain.generate({"prompt_token_ids": prompt}, params)[0].outputs[0].token_ids
     assert llm.router.stats.draft_fallbacks == 0 and out.metrics.num_draft_tokens > 0
+
+
+@pytest.mark.parametrize("tree", ["rsd_s", "spectr"])
+def test_a_greedy_beam_tree_fits_what_the_router_reserved(tiny_target, tiny_draft, tree):
+    """A greedy request's RSD-S or SpecTr tree is a beam of `width` nodes a level, the width x depth
+    nodes `TreeSpec.max_nodes` reserves: it grew width children under every beam node (4 + 3 x 16
+    nodes for 4 x 4), so at the end of a full cache the target step ran out of blocks and the
+    request failed."""
+    shape = {"kind": "rsd_s", "width": 4} if tree == "rsd_s" else {"kind": "spectr", "k": 4}
+    spec = {"model": str(tiny_draft), "num_speculative_tokens": 4, "tree": shape}
+    llm = LLM(str(tiny_target), speculative_config=spec, kv_cache_tokens=64, max_model_len=63)
+    plain = LLM(str(tiny_target), kv_cache_tokens=64, max_model_len=63)
+    prompt = prompts(1)[0]["prompt_token_ids"] * 4  # 32 tokens: the sequence fills the cache
+    params = SamplingParams(temperature=0.0, max_tokens=31, ignore_eos=True)
+    out = llm.generate({"prompt_token_ids": prompt}, params)[0]
+    assert out.outputs[0].token_ids == plain.generate({"prompt_token_ids": prompt}, params)[0].outputs[0].token_ids
+    assert llm.router.stats.draft_fallbacks == 0 and out.metrics.num_draft_tokens > 0
+    assert out.metrics.num_draft_tokens <= 16 * out.metrics.num_rounds

@@ -63,6 +63,21 @@ def test_topk_reranking_keeps_a_tree_within_budget():
     assert kept.proposal().kind == "deterministic_tree"
 
 
+def test_a_greedy_beam_keeps_width_nodes_a_level():
+    """grow_beam: the `width` best paths over the whole frontier, ties in frontier order; the
+    width x depth nodes `max_nodes` counts for RSD-S and SpecTr."""
+    build = ts.TreeBuild("deterministic_tree")
+    logp = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
+    ts.grow_beam(build, logp.unsqueeze(0), 3)
+    assert build.tokens == [0, 1, 2] and build.frontier == [0, 1, 2]
+    ts.grow_beam(build, torch.stack([logp, logp.flip(0), logp]), 3)
+    # paths: 0.5 x 0.5 = .25 (0 -> 0), 0.3 x 0.5 (1 -> 3), 0.5 x 0.3 (0 -> 1): 0.15 tie, frontier order
+    assert list(zip(build.parents[3:], build.tokens[3:])) == [(0, 0), (0, 1), (1, 3)]
+    ts.grow_beam(build, logp.repeat(3, 1), 3)
+    assert len(build.tokens) == 9 == ts.TreeSpec("rsd_s", width=3).max_nodes(3)
+    assert all(-1 <= p < i for i, p in enumerate(build.parents))
+
+
 def test_shapes_fit_the_budget():
     spec = ts.TreeSpec("rsd_s", width=4)
     assert spec.shape(3, 6) == (2, 3) and spec.shape(3, None) == (4, 3) and spec.shape(5, 2) == (1, 2)
