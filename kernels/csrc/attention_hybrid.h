@@ -7,11 +7,13 @@
 #define SPLIT_TILE 8   // query vectors sharing one pass over the context
 #define SPLIT_BLOCK 256 // context keys scored per block (their keys and values stay in L2)
 
-// Which sequences split (HybridSplit sets them); one pair for attention.c and attention_f16.c.
-extern int64_t specray_split_min_ctx, specray_split_min_rows, specray_split_max_rows;
+// Which sequences split (HybridSplit sets them); one set for attention.c and attention_f16.c.
+// Per thread: the caller sets them right before its call, and a target (never split: a split row's
+// bits differ from a one-row step's) and a draft (split) may step on two threads of one process.
+extern _Thread_local int64_t specray_split_min_ctx, specray_split_min_rows, specray_split_max_rows;
 
 #if !defined(KV_HALF)  // once in the library: attention_f16.c includes attention.c again
-int64_t specray_split_min_ctx = 2048, specray_split_min_rows = 3, specray_split_max_rows = 16;
+_Thread_local int64_t specray_split_min_ctx = 2048, specray_split_min_rows = 3, specray_split_max_rows = 16;
 
 void specray_set_attention_split(int64_t min_ctx, int64_t min_rows, int64_t max_rows) {
     specray_split_min_ctx = min_ctx;

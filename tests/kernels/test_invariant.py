@@ -221,3 +221,25 @@ def test_a_target_never_takes_the_hybrid_split(tiny_gguf_target, path):
         assert all(same_rows(model))
         model.row_invariant = False
         assert not all(same_rows(model))
+
+
+def test_the_split_rule_is_per_thread(tiny_gguf_target, monkeypatch):
+    """The C attention's split rule is set right before each call; a draft stepping on another
+    thread of the process (its rule: split) must not change a target's call between the two."""
+    import threading
+
+    from specray.kernels import cpu_ops
+    from specray.kernels.hybrid_attention import hybrid_settings
+
+    set_rule = cpu_ops.split_rule
+
+    def rule_then_another_thread_flips_it(split: bool) -> None:
+        set_rule(split)
+        other = threading.Thread(target=set_rule, args=(not split,))
+        other.start()
+        other.join()
+
+    model = load_model(Checkpoint(tiny_gguf_target, "t"))
+    monkeypatch.setattr(cpu_ops, "split_rule", rule_then_another_thread_flips_it)
+    with hybrid_settings(c_min_context=1):
+        assert all(same_rows(model))
