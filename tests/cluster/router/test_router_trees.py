@@ -143,13 +143,7 @@ def test_a_tree_grown_whole_fits_the_draft_cache_at_the_end_of_a_full_one(tiny_t
     back to target-only, logging a traceback."""
     spec = {"model": str(tiny_draft), "num_speculative_tokens": 4, "tree": {**TREES[tree], "k": 4, "width": 4}
             if tree == "topk" else {"kind": "rsd_c", "branching": [4, 3, 2, 1]}, "verify_budget": 8}
-    llm = LLM(str(tiny_target), speculative_config=spec, kv_cache_tokens=64, max_model_len=63)
-    plain = LLM(str(tiny_target), kv_cache_tokens=64, max_model_len=63)
-    prompt = prompts(1)[0]["prompt_token_ids"] * 4  # 32 tokens: the sequence fills the cache
-    params = SamplingParams(temperature=0.0, max_tokens=31, ignore_eos=True)
-    out = llm.generate({"prompt_token_ids": prompt}, params)[0]
-    assert out.outputs[0].token_ids == plain.generate({"prompt_token_ids": prompt}, params)[0].outputs[0].token_ids
-    assert llm.router.stats.draft_fallbacks == 0 and out.metrics.num_draft_tokens > 0
+    fill_the_cache_like_plain(tiny_target, spec)
 
 
 @pytest.mark.parametrize("tree", ["rsd_s", "spectr"])
@@ -160,6 +154,13 @@ def test_a_greedy_beam_tree_fits_what_the_router_reserved(tiny_target, tiny_draf
     request failed."""
     shape = {"kind": "rsd_s", "width": 4} if tree == "rsd_s" else {"kind": "spectr", "k": 4}
     spec = {"model": str(tiny_draft), "num_speculative_tokens": 4, "tree": shape}
+    out = fill_the_cache_like_plain(tiny_target, spec)
+    assert out.metrics.num_draft_tokens <= 16 * out.metrics.num_rounds
+
+
+def fill_the_cache_like_plain(tiny_target, spec: dict):
+    """One greedy request that fills a 64-token cache: the same tokens as plain decoding, every round
+    drafted (no fallback to target-only); -> its output."""
     llm = LLM(str(tiny_target), speculative_config=spec, kv_cache_tokens=64, max_model_len=63)
     plain = LLM(str(tiny_target), kv_cache_tokens=64, max_model_len=63)
     prompt = prompts(1)[0]["prompt_token_ids"] * 4  # 32 tokens: the sequence fills the cache
@@ -167,4 +168,4 @@ def test_a_greedy_beam_tree_fits_what_the_router_reserved(tiny_target, tiny_draf
     out = llm.generate({"prompt_token_ids": prompt}, params)[0]
     assert out.outputs[0].token_ids == plain.generate({"prompt_token_ids": prompt}, params)[0].outputs[0].token_ids
     assert llm.router.stats.draft_fallbacks == 0 and out.metrics.num_draft_tokens > 0
-    assert out.metrics.num_draft_tokens <= 16 * out.metrics.num_rounds
+    return out
