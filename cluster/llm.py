@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -66,6 +67,26 @@ def check_engine_args(device: str, kv_cache_tokens: int, block_size: int, max_nu
                          "would run plain torch: use dtype float32 or kernels 'exact'")
 
 
+def check_int_arg(name: str, value, least: int, optional: bool = False) -> None:
+    """An integer argument >= least (None where optional): ValueError naming it otherwise."""
+    if value is None and optional:
+        return
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{name} must be an integer >= {least}{' or None' if optional else ''}, got {value!r}")
+
+
+def is_token_id(t) -> bool:
+    """An integer (Python's, NumPy's or a 0-d tensor's), not a bool."""
+    return isinstance(t, numbers.Integral) and not isinstance(t, bool) or (
+        isinstance(t, torch.Tensor) and t.dim() == 0 and not t.is_floating_point() and t.dtype != torch.bool)
+
+
+def token_ids(ids) -> list:
+    """Token ids as Python ints (NumPy's and tensors' too); anything else is left for the
+    router's check to name."""
+    return [int(t) if is_token_id(t) else t for t in ids]
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return next(name for name, d in DTYPES.items() if d == dtype)
 
@@ -75,7 +96,7 @@ class LLM:
 
     def __init__(self, model: str = "smollm2-135m", speculative_config: dict[str, Any] | None = None,
                  dtype: str | torch.dtype = "float32", device: str = "cpu", max_model_len: int | None = None,
-                 max_num_seqs: int = 32, kv_cache_tokens: int = 16384, block_size: int = 16, seed: int = 0,
+                 max_num_seqs: int = 32, kv_cache_tokens: int = 16384, block_size: int = 16, seed: int | None = 0,
                  pipelined: bool = False, tokenizer: str | None = None, skip_tokenizer_init: bool = False,
                  diffusion_config: dict[str, Any] | None = None, kernels: str = "exact",
                  max_prefill_tokens: int | str | None = "auto"):
@@ -90,10 +111,13 @@ class LLM:
         fits, whole), as `specray serve` does."""
         torch_dtype = parse_dtype(dtype)
         check_engine_args(device, kv_cache_tokens, block_size, max_num_seqs, kernels, torch_dtype)
+        check_int_arg("seed", seed, 0, optional=True)
+        check_int_arg("max_model_len", max_model_len, 1, optional=True)
         # open streams' requests, and the latest output of each that another call's rounds produced
         self._streamed: set[str] = set()
         self._held: dict[str, RequestOutput] = {}
-        torch.manual_seed(seed)
+        if seed is not None:  # None: unseeded requests draw differently every run
+            torch.manual_seed(seed)
         checkpoint = resolve(model)
         refuse_partial_draft(checkpoint.path, model)
         self.model_name = model
@@ -135,11 +159,11 @@ class LLM:
             check_text(prompt, "text")
             return prompt, self.tokenizer(prompt).input_ids
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            return prompt.get("prompt"), token_ids(prompt["prompt_token_ids"])
         if isinstance(prompt, dict) and "prompt" in prompt:
             return self.encode(prompt["prompt"])
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return None, list(prompt)
+        if isinstance(prompt, list) and all(is_token_id(t) for t in prompt):
+            return None, token_ids(prompt)
         raise ValueError(f"a prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
 
     def generate(self, prompts: PromptLike | Seq[PromptLike],
@@ -257,7 +281,7 @@ def diffusion_router(checkpoint, tokenizer, speculative_config, diffusion_config
 
 def _as_list(prompts) -> list:
     """One prompt (a string, a dict or a list of token ids) as a list of one; a list of prompts as is."""
-    if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+    if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and is_token_id(prompts[0])):
         return [prompts]
     if not isinstance(prompts, (list, tuple)):
         raise ValueError("prompts must be a string, a list of token ids, a dict or a list of those, got "

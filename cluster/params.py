@@ -33,6 +33,12 @@ class SamplingParams:
     verify_budget: int | None = None
 
     def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Validate (and normalise: a stop string becomes a list of one, top_k -1 becomes 0); the
+        router runs it again when a request is added, so fields changed after construction are
+        held to the same rules."""
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         check_param(isinstance(self.stop, (list, tuple, type(None))), "stop",

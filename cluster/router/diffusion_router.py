@@ -40,6 +40,7 @@ class DiffusionLimits:
         request field: an OpenAI error body's `param`)."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"expected SamplingParams, got {type(params).__name__}")
+        params.check()  # again: a field may have changed since it was built
         check_param(bool(prompt_token_ids), "prompt", "prompt is empty: it must contain at least one token")
         check_param(all(type(t) is int and 0 <= t < self.vocab_size for t in prompt_token_ids), "prompt",
                     f"prompt token ids must be integers in [0, {self.vocab_size})")

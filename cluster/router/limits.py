@@ -55,6 +55,7 @@ class RouterLimits:
         """ValueError for a request these limits could never run; nothing reaches a worker unchecked."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"expected SamplingParams, got {type(params).__name__}")
+        params.check()  # again: a field may have changed since it was built
         if not prompt_token_ids:
             raise SamplingParamError("prompt", "prompt is empty: it must contain at least one token")
         if len(prompt_token_ids) >= self.max_model_len:

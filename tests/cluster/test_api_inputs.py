@@ -1,0 +1,59 @@
+"""The Python API's inputs as vLLM users pass them: SamplingParams changed after construction are held
+to the same rules, engine arguments of the wrong type are refused by name, NumPy token ids work."""
+
+import numpy as np
+import pytest
+
+from specray import LLM, SamplingParams
+
+GREEDY = dict(temperature=0.0, max_tokens=6, ignore_eos=True)
+PROMPT = [1, 5, 9, 5, 9, 12]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_target):
+    return LLM(str(tiny_target), kv_cache_tokens=1024)
+
+
+@pytest.mark.parametrize("field, value", [("temperature", -1.0), ("max_tokens", 0), ("top_p", 1.5), ("n", 0)])
+def test_a_field_changed_after_construction_is_checked_again(llm, field, value):
+    params = SamplingParams(**GREEDY)
+    setattr(params, field, value)
+    with pytest.raises(ValueError, match=f"prompt 0: {field} must"):  # before anything runs, named
+        llm.generate({"prompt_token_ids": PROMPT}, params)
+    assert llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(**GREEDY))[0].outputs[0].token_ids  # still serves
+
+
+def test_a_stop_string_set_after_construction_is_one_string(llm, tiny_target):
+    """A bare string assigned to `stop` is one stop string, as in the constructor (it was taken as a
+    list of its characters)."""
+    text = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(**{**GREEDY, "max_tokens": 16}))[0].outputs[0].text
+    stop = text[len(text) // 2:][:3]
+    assert len(stop) >= 2
+    want = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(**{**GREEDY, "max_tokens": 16}, stop=stop))[0]
+    params = SamplingParams(**{**GREEDY, "max_tokens": 16})
+    params.stop = stop
+    got = llm.generate({"prompt_token_ids": PROMPT}, params)[0]
+    assert (got.outputs[0].text, got.outputs[0].stop_reason) == (want.outputs[0].text, want.outputs[0].stop_reason)
+
+
+@pytest.mark.parametrize("kwargs, name", [({"seed": "abc"}, "seed"), ({"seed": -1}, "seed"),
+                                          ({"max_model_len": "128"}, "max_model_len"),
+                                          ({"max_model_len": 0}, "max_model_len")])
+def test_engine_arguments_of_the_wrong_type_are_refused_by_name(tiny_target, kwargs, name):
+    with pytest.raises(ValueError, match=f"^{name} must be an integer"):
+        LLM(str(tiny_target), **kwargs)
+
+
+def test_seed_none_is_an_unseeded_engine(tiny_target):
+    out = LLM(str(tiny_target), seed=None).generate({"prompt_token_ids": PROMPT}, SamplingParams(**GREEDY))[0]
+    assert len(out.outputs[0].token_ids) == GREEDY["max_tokens"]
+
+
+def test_numpy_token_ids_are_token_ids(llm):
+    want = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(**GREEDY))[0].outputs[0].token_ids
+    ids = np.array(PROMPT)
+    for prompt in ({"prompt_token_ids": ids}, list(ids)):
+        out = llm.generate(prompt, SamplingParams(**GREEDY))[0]
+        assert out.outputs[0].token_ids == want and out.prompt_token_ids == PROMPT
+        assert all(type(t) is int for t in out.prompt_token_ids)
