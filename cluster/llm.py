@@ -238,7 +238,9 @@ class LLM:
         conversations = [messages] if isinstance(messages[0], dict) else messages
         for i, conversation in enumerate(conversations):
             _check_conversation(conversation, i)
-        prompts = [{"prompt_token_ids": self.apply_chat_template(c)} for c in conversations]
+        ids = [self.apply_chat_template(c) for c in conversations]
+        # the rendered conversation as the output's prompt, as vLLM reports it
+        prompts = [{"prompt_token_ids": t, "prompt": self.tokenizer.decode(t)} for t in ids]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:

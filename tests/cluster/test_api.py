@@ -202,6 +202,7 @@ def test_chat_template(llm):
     assert llm.get_tokenizer().decode(ids) == "w3 w10 w11 w4 w5"
     out = llm.chat([{"role": "user", "content": "w10 w11"}], SamplingParams(max_tokens=5, **GREEDY))[0]
     assert out.prompt_token_ids == ids and len(out.outputs[0].token_ids) == 5
+    assert out.prompt == "w3 w10 w11 w4 w5"  # the rendered conversation, as vLLM reports a chat's prompt
 
 
 def test_abort_frees_the_sequence(llm):
