@@ -22,7 +22,7 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 16
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] = field(default_factory=list)
+    stop_token_ids: list[int] | None = field(default_factory=list)  # None (vLLM's default): none
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
@@ -41,6 +41,8 @@ class SamplingParams:
         held to the same rules."""
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if self.stop_token_ids is None:  # vLLM's default
+            self.stop_token_ids = []
         check_param(isinstance(self.stop, (list, tuple, type(None))), "stop",
                     f"stop must be a string or a list of strings, got {self.stop!r}")
         check_param(isinstance(self.stop_token_ids, (list, tuple)), "stop_token_ids",

@@ -57,3 +57,10 @@ def test_numpy_token_ids_are_token_ids(llm):
         out = llm.generate(prompt, SamplingParams(**GREEDY))[0]
         assert out.outputs[0].token_ids == want and out.prompt_token_ids == PROMPT
         assert all(type(t) is int for t in out.prompt_token_ids)
+
+
+def test_stop_token_ids_none_is_none(llm):
+    """vLLM's default for stop_token_ids is None."""
+    params = SamplingParams(**GREEDY, stop_token_ids=None)
+    assert params.stop_token_ids == []
+    assert llm.generate({"prompt_token_ids": PROMPT}, params)[0].outputs[0].token_ids
