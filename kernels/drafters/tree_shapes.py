@@ -208,14 +208,20 @@ def grow_spectr(build: TreeBuild, rows: torch.Tensor, generator) -> None:
     build.frontier, build.frontier_counts = frontier, counts
 
 
-def grow_topk(build: TreeBuild, rows: torch.Tensor, k: int, width: int | None) -> None:
-    """rows [len(frontier), vocab_size] of log-probabilities; deterministic."""
-    candidates = []
+def _children(build: TreeBuild, rows: torch.Tensor, k: int) -> list[tuple[float, int, int]]:
+    """Each frontier node's k most likely children as (path log-prob, parent node, token), frontier
+    order, then rank; rows [len(frontier), vocab_size] of log-probabilities."""
+    children = []
     for node, logp in zip(build.frontier, rows, strict=True):
         top = logp.topk(min(k, logp.shape[0]))
-        candidates += [(build.score_of(node) + float(s), node, int(x)) for s, x in zip(top.values, top.indices)
-                       if s > -math.inf]
-    new = [build.add(x, node, None, score=s) for s, node, x in candidates]
+        children += [(build.score_of(node) + float(s), node, int(x)) for s, x in zip(top.values, top.indices)
+                     if s > -math.inf]
+    return children
+
+
+def grow_topk(build: TreeBuild, rows: torch.Tensor, k: int, width: int | None) -> None:
+    """rows [len(frontier), vocab_size] of log-probabilities; deterministic."""
+    new = [build.add(x, node, None, score=s) for s, node, x in _children(build, rows, k)]
     ranked = sorted(new, key=lambda i: -build.scores[i])
     build.frontier = sorted(ranked if width is None else ranked[:width])
 
@@ -225,12 +231,7 @@ def grow_beam(build: TreeBuild, rows: torch.Tensor, width: int) -> None:
     of the whole frontier with the highest path log-probability, and nothing else (a beam of
     `width` a level: RSD-S's and SpecTr's `width` x depth nodes for a greedy request, which
     `TreeSpec.max_nodes` counts; `grow_topk` would add width children to every frontier node)."""
-    candidates = []
-    for node, logp in zip(build.frontier, rows, strict=True):
-        top = logp.topk(min(width, logp.shape[0]))
-        candidates += [(build.score_of(node) + float(s), node, int(x)) for s, x in zip(top.values, top.indices)
-                       if s > -math.inf]
-    best = sorted(candidates, key=lambda c: -c[0])[:width]  # stable: ties keep frontier, then rank, order
+    best = sorted(_children(build, rows, width), key=lambda c: -c[0])[:width]  # stable: ties in frontier order
     build.frontier = sorted(build.add(x, node, None, score=s) for s, node, x in sorted(best, key=lambda c: c[1]))
 
 
