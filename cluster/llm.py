@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -15,80 +14,33 @@ from specray.cluster.config.defaults import resolve_prefill_tokens
 from specray.cluster.config.diffusion import decode_options
 from specray.cluster.config.speculative import SpeculativeConfig
 from specray.cluster.config.worker_specs import draft_spec, num_blocks
+from specray.cluster.llm_inputs import (
+    PromptLike,
+    as_list,
+    check_conversation,
+    check_engine_args,
+    check_int_arg,
+    dtype_name,
+    is_token_id,
+    params_list,
+    parse_dtype,
+    token_ids,
+)
 from specray.cluster.outputs import CompletionOutput, RequestOutput
 from specray.cluster.params import SamplingParams
 from specray.cluster.pools.in_process import InProcessDiffusionPool, InProcessDraftPool, InProcessTargetPool
 from specray.cluster.router.diffusion_router import DiffusionRouter, diffusion_limits
 from specray.cluster.router.limits import router_limits
 from specray.cluster.router.router import Router
-from specray.cluster.serve.prompts import CHAT_ROLES, check_text
+from specray.cluster.serve.prompts import check_text
 from specray.kernels.chat import chat_token_ids
 from specray.kernels.drafters.loading import check_draft_vocabulary, refuse_partial_draft
 from specray.kernels.drafters.registry import build_drafter
 from specray.kernels.diffusion.config import is_diffusion_folder
 from specray.kernels.diffusion.weights import load_diffusion_model
-from specray.kernels.loader import DTYPES, load_model, resolve
+from specray.kernels.loader import load_model, resolve
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
-
-
-PromptLike = str | dict[str, Any] | list[int]
-
-
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
-    return DTYPES[dtype]
-
-
-def check_engine_args(device: str, kv_cache_tokens: int, block_size: int, max_num_seqs: int = 1,
-                      kernels: str = "exact", dtype: torch.dtype = torch.float32) -> None:
-    """The in-process engine's device must be here, its KV cache hold a block, its batch a sequence,
-    and the fast kernels get fp32 weights on a CPU: ValueError saying why (torch's RuntimeError, a
-    bare assertion, or plain torch in silence, otherwise)."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: this machine or torch build has no CUDA device")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device {device!r}: specray runs on cpu or cuda")
-    if not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
-    if not isinstance(kv_cache_tokens, int) or kv_cache_tokens < block_size:
-        raise ValueError(f"kv_cache_tokens must be an integer >= block_size ({block_size}), got {kv_cache_tokens!r}")
-    if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
-        raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
-    if kernels == "fast" and dev.type == "cpu" and dtype != torch.float32:
-        raise ValueError(f"kernels='fast' runs the C kernels on fp32 weights; dtype {dtype_name(dtype)} "
-                         "would run plain torch: use dtype float32 or kernels 'exact'")
-
-
-def check_int_arg(name: str, value, least: int, optional: bool = False) -> None:
-    """An integer argument >= least (None where optional): ValueError naming it otherwise."""
-    if value is None and optional:
-        return
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
-        raise ValueError(f"{name} must be an integer >= {least}{' or None' if optional else ''}, got {value!r}")
-
-
-def is_token_id(t) -> bool:
-    """An integer (Python's, NumPy's or a 0-d tensor's), not a bool."""
-    return isinstance(t, numbers.Integral) and not isinstance(t, bool) or (
-        isinstance(t, torch.Tensor) and t.dim() == 0 and not t.is_floating_point() and t.dtype != torch.bool)
-
-
-def token_ids(ids) -> list:
-    """Token ids as Python ints (NumPy's and tensors' too); anything else is left for the
-    router's check to name."""
-    return [int(t) if is_token_id(t) else t for t in ids]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return next(name for name, d in DTYPES.items() if d == dtype)
 
 
 class LLM:
@@ -173,14 +125,14 @@ class LLM:
 
         Every prompt is validated before any runs: a bad one raises ValueError naming its index.
         """
-        prompts = _as_list(prompts)
-        ids = self._add_all(prompts, _params_list(sampling_params, len(prompts)))
+        prompts = as_list(prompts)
+        ids = self._add_all(prompts, params_list(sampling_params, len(prompts)))
         return self._run(ids, use_tqdm)
 
     def stream(self, prompts: PromptLike | Seq[PromptLike], sampling_params: SamplingParams | None = None):
         """Yield every `RequestOutput` as its request advances (one per request per round)."""
-        prompts = _as_list(prompts)
-        ids = self._add_all(prompts, _params_list(sampling_params, len(prompts)))
+        prompts = as_list(prompts)
+        ids = self._add_all(prompts, params_list(sampling_params, len(prompts)))
         own, finished = set(ids), set()
         self._streamed |= own
         try:
@@ -220,15 +172,15 @@ class LLM:
             request_id, failure = failures[0]
             raise failure.__cause__ or failure
 
-    def _add_all(self, prompts: Seq[PromptLike], params_list: list[SamplingParams]) -> list[str]:
+    def _add_all(self, prompts: Seq[PromptLike], params: list[SamplingParams]) -> list[str]:
         encoded = []
         for i, prompt in enumerate(prompts):
             try:
                 encoded.append(self.encode(prompt))
-                self.router.check_prompt(encoded[-1][1], params_list[i])
+                self.router.check_prompt(encoded[-1][1], params[i])
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from None
-        return [self.router.add_request(tok, sp, text) for (text, tok), sp in zip(encoded, params_list)]
+        return [self.router.add_request(tok, sp, text) for (text, tok), sp in zip(encoded, params)]
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
              sampling_params: SamplingParams | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
@@ -237,14 +189,14 @@ class LLM:
             raise ValueError("messages is empty: a conversation needs at least one message")
         conversations = [messages] if isinstance(messages[0], dict) else messages
         for i, conversation in enumerate(conversations):
-            _check_conversation(conversation, i)
+            check_conversation(conversation, i)
         ids = [self.apply_chat_template(c) for c in conversations]
         # the rendered conversation as the output's prompt, as vLLM reports it
         prompts = [{"prompt_token_ids": t, "prompt": self.tokenizer.decode(t)} for t in ids]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
-        _check_conversation(messages, 0)
+        check_conversation(messages, 0)
         if self.tokenizer is None:
             raise ValueError("this LLM has no tokenizer (skip_tokenizer_init=True): a chat template needs one; "
                              "give token ids to generate")
@@ -279,39 +231,3 @@ def diffusion_router(checkpoint, tokenizer, speculative_config, diffusion_config
     limits = diffusion_limits(model.config, options.block_length, max_model_len, max_num_seqs)
     eos = set(model.config.model.eos_token_ids) or ({tokenizer.eos_token_id} if tokenizer is not None else set())
     return DiffusionRouter(InProcessDiffusionPool(DiffusionWorker(model, options)), tokenizer, eos, limits)
-
-
-def _as_list(prompts) -> list:
-    """One prompt (a string, a dict or a list of token ids) as a list of one; a list of prompts as is."""
-    if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and is_token_id(prompts[0])):
-        return [prompts]
-    if not isinstance(prompts, (list, tuple)):
-        raise ValueError("prompts must be a string, a list of token ids, a dict or a list of those, got "
-                         f"{type(prompts).__name__}")
-    return list(prompts)
-
-
-def _params_list(sampling_params, n: int) -> list[SamplingParams]:
-    """One SamplingParams for every prompt, or one per prompt; None: the defaults."""
-    if sampling_params is None or isinstance(sampling_params, SamplingParams):
-        return [sampling_params or SamplingParams()] * n
-    if not (isinstance(sampling_params, (list, tuple)) and all(isinstance(p, SamplingParams) for p in sampling_params)):
-        raise ValueError("sampling_params must be a SamplingParams or a list of them (one per prompt), got "
-                         f"{type(sampling_params).__name__}")
-    if len(sampling_params) != n:
-        raise ValueError(f"sampling_params must be one SamplingParams or one per prompt: {len(sampling_params)} "
-                         f"for {n} prompts")
-    return list(sampling_params)
-
-
-def _check_conversation(messages, index: int) -> None:
-    """Each message a {"role": str, "content": str} (the template would fail deep inside otherwise)."""
-    if not isinstance(messages, list) or not messages:
-        raise ValueError(f"conversation {index}: a non-empty list of messages, got {messages!r}")
-    for j, m in enumerate(messages):
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise ValueError(f"conversation {index}, message {j}: needs a string 'role' and 'content', got {m!r}")
-        if m["role"] not in CHAT_ROLES:  # as the HTTP and gRPC APIs answer
-            raise ValueError(f"conversation {index}, message {j}: role must be one of {list(CHAT_ROLES)}, "
-                             f"got {m['role']!r}")
-        check_text(m["content"], f"conversation {index}, message {j}, content")

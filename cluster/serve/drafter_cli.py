@@ -58,7 +58,7 @@ def drafter_spec(args):
     from specray.cluster.config.speculative import SpeculativeConfig
     from specray.cluster.config.worker_specs import draft_spec
 
-    from specray.cluster.llm import check_engine_args, parse_dtype
+    from specray.cluster.llm_inputs import check_engine_args, parse_dtype
 
     check_engine_args(args.device, args.kv_cache_tokens, DRAFTER_BLOCK_SIZE, dtype=parse_dtype(args.dtype))
     if args.method == "aded" and not args.model:
