@@ -1,7 +1,7 @@
 """specray's cluster side: the public offline API at this root (`LLM`, `SamplingParams`, outputs, the
 `specray` CLI in cli.py), and one subpackage per job: router/, pools/, serve/, config/, bench/, distill/."""
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
 
 
 def __getattr__(name: str):

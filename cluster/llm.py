@@ -26,7 +26,7 @@ from specray.cluster.llm_inputs import (
     parse_dtype,
     token_ids,
 )
-from specray.cluster.outputs import CompletionOutput, RequestOutput
+from specray.cluster.outputs import CompletionOutput, Logprob, PublicLogprobs, RequestOutput
 from specray.cluster.params import SamplingParams
 from specray.cluster.pools.in_process import InProcessDiffusionPool, InProcessDraftPool, InProcessTargetPool
 from specray.cluster.router.diffusion_router import DiffusionRouter, diffusion_limits
@@ -40,7 +40,7 @@ from specray.kernels.diffusion.config import is_diffusion_folder
 from specray.kernels.diffusion.weights import load_diffusion_model
 from specray.kernels.loader import load_model, resolve
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
 
 
 class LLM:
@@ -75,6 +75,7 @@ class LLM:
         self.model_name = model
         self.tokenizer = None if skip_tokenizer_init else resolve(tokenizer).tokenizer() if tokenizer \
             else checkpoint.tokenizer()
+        self._logprobs = PublicLogprobs(self.tokenizer)
         if is_diffusion_folder(checkpoint.path):
             if kernels != "exact":
                 raise ValueError(f"kernels={kernels!r} applies to autoregressive GGUF models; {model!r} is a "
@@ -143,12 +144,13 @@ class LLM:
                 for out in held or self._own_outputs(self.router.step(), own):
                     if out.finished:
                         finished.add(out.request_id)
-                    yield out
+                    yield self._logprobs(out)
                 self._raise_failures(ids)
         finally:  # a loop left early (break, an exception) ends its requests: none runs on unread
             self._streamed -= own
             for i in ids:
                 self._held.pop(i, None)
+                self._logprobs.forget(i)
             self._abort(ids)
 
     def _own_outputs(self, outs: list[RequestOutput], own: set[str]) -> list[RequestOutput]:
@@ -180,7 +182,10 @@ class LLM:
                 self.router.check_prompt(encoded[-1][1], params[i])
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from None
-        return [self.router.add_request(tok, sp, text) for (text, tok), sp in zip(encoded, params)]
+        ids = [self.router.add_request(tok, sp, text) for (text, tok), sp in zip(encoded, params)]
+        for request_id, sp in zip(ids, params):
+            self._logprobs.track(request_id, sp.logprobs)
+        return ids
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
              sampling_params: SamplingParams | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
@@ -214,10 +219,12 @@ class LLM:
             while len(done) < len(request_ids) and self.router.has_unfinished():
                 for out in self._own_outputs(self.router.step(), wanted):
                     if out.finished:
-                        done[out.request_id] = out
+                        done[out.request_id] = self._logprobs(out)
                         bar.update(1)
                 self._raise_failures(request_ids)
         finally:  # interrupted (Ctrl-C): its requests end with it
+            for request_id in request_ids:
+                self._logprobs.forget(request_id)
             self._abort(request_ids)
             bar.close()
         return [done[i] for i in request_ids if i in done]

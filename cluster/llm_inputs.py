@@ -17,10 +17,14 @@ PromptLike = str | dict[str, Any] | list[int]
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A dtype's name or itself; "auto" (vLLM's default) is specray's own default, float32: the CPU
+    kernels read fp32 weights (and round them to their block formats)."""
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype == "auto":
+        return torch.float32
     if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)} or 'auto'")
     return DTYPES[dtype]
 
 

@@ -46,6 +46,38 @@ def most_likely(logprobs: dict[int, float], n: int) -> list[tuple[int, float]]:
     return sorted(logprobs.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
 
 
+class Logprob(float):
+    """One token's log-probability in the Python API's outputs, shaped like vLLM's `Logprob`
+    (`.logprob`, `.rank`: 1 for the most likely, None for a drawn token outside the requested top n,
+    whose rank the workers do not compute; `.decoded_token`); still a float for code written against
+    specray's plain `dict[int, float]`."""
+
+    rank: int | None
+    decoded_token: str | None
+
+    def __new__(cls, logprob: float, rank: int | None = None, decoded_token: str | None = None) -> "Logprob":
+        obj = super().__new__(cls, logprob)
+        obj.rank, obj.decoded_token = rank, decoded_token
+        return obj
+
+    @property
+    def logprob(self) -> float:
+        return float(self)
+
+    def __repr__(self) -> str:
+        return f"Logprob(logprob={float(self)!r}, rank={self.rank!r}, decoded_token={self.decoded_token!r})"
+
+    def __reduce__(self):
+        return Logprob, (float(self), self.rank, self.decoded_token)
+
+
+def ranked(logprobs: dict[int, float], n: int, decode) -> dict[int, Logprob]:
+    """One position's logprobs (the top n and the drawn token) as `Logprob`s, most likely first;
+    `decode(token_id)` gives each one's text (None: no tokenizer)."""
+    order = most_likely(logprobs, len(logprobs))
+    return {t: Logprob(lp, i + 1 if i < n else None, decode(t)) for i, (t, lp) in enumerate(order)}
+
+
 @dataclass
 class CompletionOutput:
     index: int
@@ -53,8 +85,12 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" | None while running
     stop_reason: int | str | None = None
+    # one dict a generated token; the Python API gives `Logprob`s (vLLM's shape), the servers floats
     logprobs: list[dict[int, float]] | None = None
     cumulative_logprob: float | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 
 @dataclass
@@ -65,3 +101,42 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: SpecMetrics = field(default_factory=SpecMetrics)
+
+
+class PublicLogprobs:
+    """The Python API's outputs carry `Logprob`s: each request's are converted once a token (its
+    outputs are cumulative, one a round), and forgotten when it ends."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.top_n: dict[str, int] = {}  # request id -> its logprobs' n
+        self.converted: dict[tuple[str, int], list[dict[int, Logprob]]] = {}  # (request id, choice) -> so far
+        self.texts: dict[int, str] = {}
+
+    def track(self, request_id: str, n: int | None) -> None:
+        if n is not None:
+            self.top_n[request_id] = n
+
+    def forget(self, request_id: str) -> None:
+        if self.top_n.pop(request_id, None) is not None:
+            for key in [k for k in self.converted if k[0] == request_id]:
+                del self.converted[key]
+
+    def __call__(self, out: RequestOutput) -> RequestOutput:
+        n = self.top_n.get(out.request_id)
+        for c in out.outputs if n is not None else ():
+            if c.logprobs is not None:
+                done = self.converted.setdefault((out.request_id, c.index), [])
+                del done[len(c.logprobs):]
+                done.extend(ranked(lp, n, self._decode) for lp in c.logprobs[len(done):])
+                c.logprobs = list(done)
+        if out.finished:
+            self.forget(out.request_id)
+        return out
+
+    def _decode(self, token_id: int) -> str | None:
+        if self.tokenizer is None:
+            return None
+        if token_id not in self.texts:
+            self.texts[token_id] = self.tokenizer.decode([token_id])
+        return self.texts[token_id]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from specray.kernels.sampling import SamplingConfig
 
@@ -11,6 +11,16 @@ MAX_LOGPROBS = 20  # top logprobs per token at most, as OpenAI's top_logprobs an
 MAX_SEED = 2**63 - 1  # seeds travel as int64 between the pools (choice i draws with seed + i)
 MAX_TOP_K = 2**31 - 1  # top_k travels as int32
 MAX_STOPS = 64  # stop strings and stop token ids each: every round scans them for every sequence
+
+# vLLM SamplingParams fields specray does not implement -> the values that leave the output unchanged
+# (the first is the default); the HTTP API's table of refused fields starts from it
+NO_OP_FIELDS: dict[str, tuple] = {
+    "presence_penalty": (0.0,), "frequency_penalty": (0.0,), "repetition_penalty": (1.0,), "min_p": (0.0,),
+    "min_tokens": (0,), "best_of": (None, 1), "logit_bias": (None, {}), "bad_words": (None, []),
+    "allowed_token_ids": (None,), "prompt_logprobs": (None,), "truncate_prompt_tokens": (None,),
+    "logits_processors": (None, []), "detokenize": (True,), "spaces_between_special_tokens": (True,),
+    "structured_outputs": (None,), "guided_decoding": (None,),
+}
 
 
 @dataclass
@@ -31,6 +41,24 @@ class SamplingParams:
     # Draft tokens (tree nodes) verified per round for this request, at most; the smaller of this and
     # speculative_config['verify_budget'] applies. num_speculative_tokens is a chain's length or a tree's depth.
     verify_budget: int | None = None
+    # vLLM's fields that specray does not implement: each takes only its no-op value (NO_OP_FIELDS), so
+    # ported code that spells out vLLM's defaults runs, and any other value is refused by name
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    best_of: int | None = None
+    logit_bias: dict[int, float] | None = None
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = None
+    truncate_prompt_tokens: int | None = None
+    logits_processors: list | None = None
+    detokenize: bool = True
+    spaces_between_special_tokens: bool = True
+    structured_outputs: object | None = None
+    guided_decoding: object | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -60,8 +88,8 @@ class SamplingParams:
         check_param(self.seed is None or (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED - (self.n - 1)),
                     "seed",
                     f"seed must be an integer in [0, {MAX_SEED} - (n - 1)], got {self.seed!r}")
-        check_param(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens",
-                    f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        check_param(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1), "max_tokens",
+                    f"max_tokens must be an integer >= 1 or None (up to the model's length), got {self.max_tokens!r}")
         check_param(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
                     "logprobs",
                     f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
@@ -77,9 +105,31 @@ class SamplingParams:
         check_param(self.verify_budget is None or (_is_int(self.verify_budget) and self.verify_budget >= 1),
                     "verify_budget",
                     f"verify_budget must be an integer >= 1, got {self.verify_budget!r}")
+        for name, no_ops in NO_OP_FIELDS.items():
+            value = getattr(self, name)
+            check_param(is_no_op(value, no_ops), name,
+                        f"{name}={value!r} is not supported by specray (only its no-op value "
+                        f"{no_ops[0]!r}); leave it out")
+
+    def for_prompt(self, prompt_len: int, max_model_len: int) -> "SamplingParams":
+        """A copy for one request: later changes to this object do not reach a running request, and
+        max_tokens None becomes the room the model's length leaves beside the prompt (vLLM's rule)."""
+        room = max(1, max_model_len - prompt_len)
+        return replace(self, max_tokens=room if self.max_tokens is None else self.max_tokens)
 
     def sampling_config(self) -> SamplingConfig:
         return SamplingConfig(self.temperature, self.top_k, self.top_p)
+
+
+def is_no_op(value, no_ops: tuple) -> bool:
+    """`value` is one of `no_ops` (a bool only as itself: False is not a penalty of 0)."""
+    for v in no_ops:
+        try:
+            if value is v or (type(value) is not bool and type(v) is not bool and bool(value == v)):
+                return True
+        except (TypeError, ValueError, RuntimeError):  # an array compared elementwise
+            pass
+    return False
 
 
 def _is_int(x) -> bool:

@@ -56,6 +56,7 @@ class RouterLimits:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"expected SamplingParams, got {type(params).__name__}")
         params.check()  # again: a field may have changed since it was built
+        params = params.for_prompt(len(prompt_token_ids), self.max_model_len)
         if not prompt_token_ids:
             raise SamplingParamError("prompt", "prompt is empty: it must contain at least one token")
         if len(prompt_token_ids) >= self.max_model_len:

@@ -41,6 +41,7 @@ class RequestBook:
                     request_id: str | None = None) -> str:
         """Validate and queue a request; a bad one raises ValueError and touches nothing else."""
         self.check_prompt(prompt_token_ids, params)
+        params = params.for_prompt(len(prompt_token_ids), self.config.max_model_len)
         request_id = request_id or str(next(self._ids))
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running")

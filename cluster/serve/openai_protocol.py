@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from specray.cluster.params import SamplingParams
+from specray.cluster.params import NO_OP_FIELDS, SamplingParams, is_no_op
 from specray.cluster.serve.prompts import CHAT_ROLES, PromptError, check_text
 
 
@@ -58,24 +58,21 @@ def _check_text(text: str, param: str) -> None:
 
 
 def _off(*no_ops):
-    return lambda v: v in (None, *no_ops)
+    return lambda v: is_no_op(v, (None, *no_ops))
 
 
 # field -> whether its value leaves the output unchanged (anything else is refused)
 UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "echo": _off(False), "best_of": _off(1), "suffix": _off(""), "logit_bias": _off({}),
+    **{name: _off(*no_ops) for name, no_ops in NO_OP_FIELDS.items()},  # SamplingParams' vLLM fields
+    "echo": _off(False), "suffix": _off(""),
     "response_format": _off({"type": "text"}), "tools": _off([]), "functions": _off([]),
-    "tool_choice": _off("none", "auto"), "function_call": _off("none", "auto"), "min_tokens": _off(0),
-    "repetition_penalty": _off(1, 1.0), "min_p": _off(0, 0.0), "prompt_logprobs": _off(),
+    "tool_choice": _off("none", "auto"), "function_call": _off("none", "auto"),
     "guided_json": _off(), "guided_regex": _off(), "guided_choice": _off(), "guided_grammar": _off(),
-    "presence_penalty": _off(0, 0.0), "frequency_penalty": _off(0, 0.0),
     # vLLM's extensions
-    "structured_outputs": _off(), "guided_decoding_backend": _off(), "bad_words": _off([]),
-    "allowed_token_ids": _off(), "truncate_prompt_tokens": _off(), "use_beam_search": _off(False),
-    "length_penalty": _off(1, 1.0), "logits_processors": _off([]), "spaces_between_special_tokens": _off(True),
+    "guided_decoding_backend": _off(), "use_beam_search": _off(False), "length_penalty": _off(1, 1.0),
     "return_tokens_as_token_ids": _off(False), "add_generation_prompt": _off(True),
     "continue_final_message": _off(False), "chat_template": _off(), "chat_template_kwargs": _off({}),
-    "reasoning_effort": _off(), "detokenize": _off(True),
+    "reasoning_effort": _off(),
     # OpenAI's newer options
     "modalities": _off(["text"]), "audio": _off(), "web_search_options": _off(), "verbosity": _off(),
     "prediction": _off(),

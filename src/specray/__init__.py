@@ -4,7 +4,7 @@ The offline API is shaped like vLLM's: ``LLM``, ``SamplingParams``, ``RequestOut
 """
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
 
 
 def __getattr__(name: str):

@@ -1,0 +1,87 @@
+"""vLLM code ported as it is: SamplingParams takes vLLM's fields at their no-op values (and refuses any
+other by name), max_tokens None runs to the model's length, a request keeps the parameters it was added
+with, logprobs are vLLM-shaped `Logprob`s, dtype "auto" loads."""
+
+import pickle
+
+import pytest
+
+from specray import LLM, Logprob, SamplingParams
+from specray.cluster.params import NO_OP_FIELDS
+
+PROMPT = [1, 5, 9, 5, 9, 12]
+VLLM_DEFAULTS = dict(presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, min_p=0.0, min_tokens=0,
+                     best_of=None, logit_bias=None, bad_words=None, allowed_token_ids=None, prompt_logprobs=None,
+                     truncate_prompt_tokens=None, logits_processors=None, detokenize=True,
+                     spaces_between_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_target):
+    return LLM(str(tiny_target), kv_cache_tokens=1024, max_model_len=32, dtype="auto")
+
+
+def test_vllm_defaults_spelled_out_change_nothing(llm):
+    greedy = dict(temperature=0.0, max_tokens=6, ignore_eos=True)
+    want = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(**greedy))[0].outputs[0].token_ids
+    got = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(**greedy, **VLLM_DEFAULTS))[0]
+    assert got.outputs[0].token_ids == want and len(want) == 6
+
+
+@pytest.mark.parametrize("field, value", [("presence_penalty", 0.5), ("repetition_penalty", 1.2), ("best_of", 2),
+                                          ("min_tokens", 3), ("logit_bias", {5: 1.0}), ("detokenize", False),
+                                          ("presence_penalty", False), ("prompt_logprobs", 1)])
+def test_a_vllm_field_that_would_change_the_output_is_refused_by_name(field, value):
+    with pytest.raises(ValueError, match=f"^{field}=.* is not supported by specray") as e:
+        SamplingParams(**{field: value})
+    assert e.value.param == field
+
+
+def test_every_no_op_field_is_a_sampling_params_field():
+    params = SamplingParams()
+    assert all(getattr(params, name) == no_ops[0] for name, no_ops in NO_OP_FIELDS.items())
+
+
+def test_max_tokens_none_runs_to_the_model_length(llm):
+    out = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(temperature=0.0, max_tokens=None,
+                                                                    ignore_eos=True))[0].outputs[0]
+    assert len(out.token_ids) == 32 - len(PROMPT) and out.finish_reason == "length" and out.finished()
+
+
+def test_a_running_request_keeps_the_parameters_it_was_added_with(llm):
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outs = []
+    for out in llm.stream({"prompt_token_ids": PROMPT}, params):
+        params.max_tokens = 2  # the next request's, not this one's
+        outs.append(out)
+    assert len(outs[-1].outputs[0].token_ids) == 8 and not outs[0].outputs[0].finished()
+
+
+def test_logprobs_are_vllm_logprobs(llm):
+    tok = llm.get_tokenizer()
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=12, ignore_eos=True, logprobs=1)
+    out = llm.generate({"prompt_token_ids": PROMPT}, params)[0].outputs[0]
+    assert len(out.logprobs) == 12
+    outside = 0
+    for token, position in zip(out.token_ids, out.logprobs):
+        assert all(isinstance(lp, Logprob) and lp.logprob == float(lp) for lp in position.values())
+        assert all(lp.decoded_token == tok.decode([t]) for t, lp in position.items())
+        ranked = sorted(position.values(), key=lambda lp: -lp.logprob)
+        assert ranked[0].rank == 1 and max(lp.logprob for lp in position.values()) == ranked[0].logprob
+        if len(position) == 2:  # the drawn token ranked below the top 1: its rank is not known
+            outside += 1
+            assert position[token].rank is None and ranked[0] is not position[token]
+    assert outside  # a sampled run of 12 draws some token outside the top 1 (seeded)
+    assert out.cumulative_logprob == pytest.approx(sum(p[t].logprob for p, t in zip(out.logprobs, out.token_ids)))
+    again = pickle.loads(pickle.dumps(out.logprobs[0]))
+    assert again == out.logprobs[0] and [lp.rank for lp in again.values()] == [lp.rank for lp in out.logprobs[0].values()]
+
+
+def test_streamed_logprobs_are_converted_once_and_forgotten(llm):
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=2)
+    first = None
+    for out in llm.stream({"prompt_token_ids": PROMPT}, params):
+        first = first or out.outputs[0].logprobs[0]
+        assert all(isinstance(lp, Logprob) for p in out.outputs[0].logprobs for lp in p.values())
+    assert out.outputs[0].logprobs[0] is first and len(out.outputs[0].logprobs) == 5
+    assert not llm._logprobs.top_n and not llm._logprobs.converted
