@@ -18,6 +18,7 @@ class SeqSpec:
     sampling: SamplingConfig
     seed: int | None = None
     logprobs: int | None = None  # top-n logprobs to return per emitted token; None for none
+    prompt_logprobs: int | None = None  # top-n logprobs to return per prompt token; None for none
     # what the target returns for the draft (Method.target_features): "hidden", its final hidden
     # states (eagle); "last_kv", its last layer's keys and values (longspec); None: nothing
     features: str | None = None
@@ -41,9 +42,13 @@ class TargetItem:
     # False for a prompt chunk before the prompt's last (chunked prefill): its KV is cached and no
     # token is drawn, so a seeded sequence's generator is untouched until its prompt is whole
     emits: bool = True
+    # prompt logprobs wanted: the prompt tokens this chunk's first rows predict, one a row (the next
+    # chunk's first token for a chunk's last row; none for the prompt's last row, which draws)
+    prompt_targets: list[int] | None = None
 
     def __post_init__(self) -> None:
         assert len(self.new_token_ids) >= 1
+        assert self.prompt_targets is None or len(self.prompt_targets) == len(self.new_token_ids) - self.emits
         assert self.emits or self.proposal.num_draft_tokens == 0, "a prompt chunk carries no proposal"
 
 

@@ -129,12 +129,13 @@ class TargetWorker:
         hidden = "hidden" in wants
         out = self.model(batch, self.cache, features=hidden)
         logits = out[0] if hidden else out
-        results = self._verify(items, rules, logits)  # logits [sum(n + 1), vocab_size]
+        results = self._verify(items, rules, _verification_rows(items, logits))  # [sum(n + 1), vocab_size]
         if any(wants):
             features = {"hidden": out[1] if hidden else None,
                         "last_kv": self._last_kv(batch) if "last_kv" in wants else None}
             _attach_features(items, results, wants, features)
         self._attach_logprobs(items, logits, results)
+        _attach_prompt_logprobs(items, logits, results, [self.seqs[i.seq_id].spec.prompt_logprobs for i in items])
         return results
 
     def _last_kv(self, batch: RaggedBatch) -> torch.Tensor:
@@ -186,15 +187,8 @@ class TargetWorker:
             n = self.seqs[item.seq_id].spec.logprobs
             if n is not None and item.emits:
                 emitted = res.emitted_token_ids
-                rows = torch.tensor([0] + [1 + node for node in res.path_nodes()]) + row0  # [emitted]
-                logp = logits[rows].log_softmax(-1)  # [emitted, vocab_size]
-                top = logp.topk(n, dim=-1) if n > 0 else None
-                res.logprobs = []
-                for j, tok in enumerate(emitted):
-                    entry = {tok: float(logp[j, tok])}
-                    if top is not None:
-                        entry.update(zip(top.indices[j].tolist(), top.values[j].tolist()))
-                    res.logprobs.append(entry)
+                rows = torch.tensor([0] + [1 + node for node in res.path_nodes()]) + row0 + _num_prompt_rows(item)
+                res.logprobs = _logprob_entries(logits[rows], emitted, n)  # rows [emitted]
             row0 += _num_logits(item)
 
     def release(self, seq_id: object) -> None:
@@ -203,9 +197,52 @@ class TargetWorker:
 
 
 def _num_logits(item: TargetItem) -> int:
-    """Rows of logits an item gets: the pending token's and each draft token's; none for a prompt
-    chunk before the prompt's last."""
-    return item.proposal.num_draft_tokens + 1 if item.emits else 0
+    """Rows of logits an item gets: its prompt rows (prompt logprobs), then the pending token's and
+    each draft token's; only the prompt rows for a prompt chunk before the prompt's last."""
+    return _num_prompt_rows(item) + (item.proposal.num_draft_tokens + 1 if item.emits else 0)
+
+
+def _num_prompt_rows(item: TargetItem) -> int:
+    return len(item.prompt_targets or ())
+
+
+def _verification_rows(items: list[TargetItem], logits: torch.Tensor) -> torch.Tensor:
+    """logits [sum of _num_logits, vocab_size] -> the emitting items' verification rows [sum(n + 1), vocab_size]
+    (the same tensor where no item asked for prompt logprobs)."""
+    if not any(item.prompt_targets for item in items):
+        return logits
+    rows, row0 = [], 0
+    for item in items:
+        row0 += _num_prompt_rows(item)
+        end = row0 + _num_logits(item) - _num_prompt_rows(item)
+        rows.extend(range(row0, end))
+        row0 = end
+    return logits[torch.tensor(rows, dtype=torch.long)]
+
+
+def _logprob_entries(logits: torch.Tensor, token_ids: list[int], n: int) -> list[dict[int, float]]:
+    """logits [rows, vocab_size], a token each -> {token: its logprob, and the top n's} a row."""
+    logp = logits.log_softmax(-1)  # [rows, vocab_size]
+    top = logp.topk(n, dim=-1) if n > 0 else None
+    entries = []
+    for j, tok in enumerate(token_ids):
+        entry = {tok: float(logp[j, tok])}
+        if top is not None:
+            entry.update(zip(top.indices[j].tolist(), top.values[j].tolist()))
+        entries.append(entry)
+    return entries
+
+
+def _attach_prompt_logprobs(items: list[TargetItem], logits: torch.Tensor, results: list[VerifyResult],
+                            top_n: list[int | None]) -> None:
+    """Each prompt row's logprobs of the prompt token after it (the item's first rows of logits)."""
+    row0 = 0
+    for item, res, n in zip(items, results, top_n, strict=True):
+        if item.prompt_targets is not None:
+            assert n is not None, "prompt targets for a sequence that asked no prompt logprobs"
+            rows = logits[row0:row0 + len(item.prompt_targets)]  # [prompt rows, vocab_size]
+            res.prompt_logprobs = _logprob_entries(rows, item.prompt_targets, n)
+        row0 += _num_logits(item)
 
 
 def _attach_features(items: list[TargetItem], results: list[VerifyResult], wants: list[str | None],

@@ -184,7 +184,7 @@ class LLM:
                 raise ValueError(f"prompt {i}: {e}") from None
         ids = [self.router.add_request(tok, sp, text) for (text, tok), sp in zip(encoded, params)]
         for request_id, sp in zip(ids, params):
-            self._logprobs.track(request_id, sp.logprobs)
+            self._logprobs.track(request_id, sp.logprobs, sp.prompt_logprobs)
         return ids
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],

@@ -101,6 +101,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: SpecMetrics = field(default_factory=SpecMetrics)
+    # with SamplingParams.prompt_logprobs: None for the first prompt token, then a dict for each
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 class PublicLogprobs:
@@ -109,13 +111,13 @@ class PublicLogprobs:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        self.top_n: dict[str, int] = {}  # request id -> its logprobs' n
-        self.converted: dict[tuple[str, int], list[dict[int, Logprob]]] = {}  # (request id, choice) -> so far
+        self.top_n: dict[str, tuple[int | None, int | None]] = {}  # request id -> (logprobs, prompt_logprobs)
+        self.converted: dict[tuple[str, int], list] = {}  # (request id, choice; -1: the prompt) -> so far
         self.texts: dict[int, str] = {}
 
-    def track(self, request_id: str, n: int | None) -> None:
-        if n is not None:
-            self.top_n[request_id] = n
+    def track(self, request_id: str, n: int | None, prompt_n: int | None = None) -> None:
+        if n is not None or prompt_n is not None:
+            self.top_n[request_id] = (n, prompt_n)
 
     def forget(self, request_id: str) -> None:
         if self.top_n.pop(request_id, None) is not None:
@@ -123,16 +125,21 @@ class PublicLogprobs:
                 del self.converted[key]
 
     def __call__(self, out: RequestOutput) -> RequestOutput:
-        n = self.top_n.get(out.request_id)
+        n, prompt_n = self.top_n.get(out.request_id, (None, None))
         for c in out.outputs if n is not None else ():
             if c.logprobs is not None:
-                done = self.converted.setdefault((out.request_id, c.index), [])
-                del done[len(c.logprobs):]
-                done.extend(ranked(lp, n, self._decode) for lp in c.logprobs[len(done):])
-                c.logprobs = list(done)
+                c.logprobs = self._convert((out.request_id, c.index), c.logprobs, n)
+        if prompt_n is not None and out.prompt_logprobs is not None:
+            out.prompt_logprobs = [None] + self._convert((out.request_id, -1), out.prompt_logprobs[1:], prompt_n)
         if out.finished:
             self.forget(out.request_id)
         return out
+
+    def _convert(self, key: tuple[str, int], logprobs: list[dict[int, float]], n: int) -> list[dict[int, Logprob]]:
+        done = self.converted.setdefault(key, [])
+        del done[len(logprobs):]
+        done.extend(ranked(lp, n, self._decode) for lp in logprobs[len(done):])
+        return list(done)
 
     def _decode(self, token_id: int) -> str | None:
         if self.tokenizer is None:

@@ -17,7 +17,7 @@ MAX_STOPS = 64  # stop strings and stop token ids each: every round scans them f
 NO_OP_FIELDS: dict[str, tuple] = {
     "presence_penalty": (0.0,), "frequency_penalty": (0.0,), "repetition_penalty": (1.0,), "min_p": (0.0,),
     "min_tokens": (0,), "best_of": (None, 1), "logit_bias": (None, {}), "bad_words": (None, []),
-    "allowed_token_ids": (None,), "prompt_logprobs": (None,), "truncate_prompt_tokens": (None,),
+    "allowed_token_ids": (None,), "truncate_prompt_tokens": (None,),
     "logits_processors": (None, []), "detokenize": (True,), "spaces_between_special_tokens": (True,),
     "structured_outputs": (None,), "guided_decoding": (None,),
 }
@@ -37,6 +37,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None  # top-n logprobs per output token (0: the chosen token's only)
+    prompt_logprobs: int | None = None  # top-n logprobs per prompt token (0: the prompt token's only)
     num_speculative_tokens: int | None = None  # per request, at most the config's; 0 turns speculation off
     # Draft tokens (tree nodes) verified per round for this request, at most; the smaller of this and
     # speculative_config['verify_budget'] applies. num_speculative_tokens is a chain's length or a tree's depth.
@@ -52,7 +53,6 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     bad_words: list[str] | None = None
     allowed_token_ids: list[int] | None = None
-    prompt_logprobs: int | None = None
     truncate_prompt_tokens: int | None = None
     logits_processors: list | None = None
     detokenize: bool = True
@@ -93,6 +93,10 @@ class SamplingParams:
         check_param(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
                     "logprobs",
                     f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        check_param(self.prompt_logprobs is None or (_is_int(self.prompt_logprobs)
+                                                     and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
+                    "prompt_logprobs",
+                    f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs!r}")
         check_param(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings")
         check_param(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
                     "stop_token_ids must be integers >= 0")

@@ -86,6 +86,7 @@ class VerifyResult:
     is_bonus: bool
     num_draft_tokens: int
     logprobs: list[dict[int, float]] | None = field(default=None)  # per emitted token
+    prompt_logprobs: list[dict[int, float]] | None = None  # per TargetItem.prompt_targets token
     accepted_nodes: list[int] | None = None  # [num_accepted] trees only
     # The target's final hidden state at every position it kept this step (the new committed tokens,
     # then the accepted path) [rows, hidden_size]; only for sequences whose draft reads features.

@@ -83,8 +83,10 @@ class Router(DraftSide, RequestBook):
         start, end = seq.prefilled, seq.prefilled + seq.chunk
         assert seq.chunk >= 1, "a prefilling sequence in a step has its chunk planned"
         spec = dataclasses.replace(seq.spec(), features=self.config.draft_features) if start == 0 else None
-        return TargetItem(seq.seq_id, seq.prompt_token_ids[start:end], Proposal([]), spec,
-                          emits=end == len(seq.prompt_token_ids))
+        prompt = seq.prompt_token_ids
+        targets = None if seq.params.prompt_logprobs is None else prompt[start + 1:end + 1]  # each row's next token
+        return TargetItem(seq.seq_id, prompt[start:end], Proposal([]), spec, emits=end == len(prompt),
+                          prompt_targets=targets)
 
     def _rule(self, seq: Sequence, proposal: Proposal) -> str:
         """The rule for this round (kernels/verify/rules.py); the target worker checks it again."""
@@ -183,6 +185,8 @@ class Router(DraftSide, RequestBook):
                 self.lengths.record(seq.acceptance, res.num_draft_tokens, res.num_accepted)
         else:  # the round's prompt chunk is cached
             seq.prefilled, seq.chunk = seq.prefilled + seq.chunk, 0
+            if res.prompt_logprobs is not None:
+                seq.prompt_logprobs = (seq.prompt_logprobs or []) + res.prompt_logprobs
         if res.features is not None:
             seq.draft_features.append(res.features)
         if res.next_token_id is None:  # a prompt chunk before the last: nothing drawn

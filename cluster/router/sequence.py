@@ -33,6 +33,7 @@ class Sequence:
     prefix_offset: int = 0  # incremental detokenisation window over output_token_ids
     read_offset: int = 0
     logprobs: list[dict[int, float]] | None = None
+    prompt_logprobs: list[dict[int, float]] | None = None  # the prompt's second token's on, as prefill gives them
     metrics: SpecMetrics = field(default_factory=SpecMetrics)
     acceptance: Acceptance = field(default_factory=Acceptance)  # adaptive lengths (router/adaptive.py)
     arrival_time: float = field(default_factory=time.monotonic)
@@ -68,7 +69,7 @@ class Sequence:
 
     def spec(self) -> SeqSpec:
         seed = None if self.params.seed is None else self.params.seed + self.index
-        return SeqSpec(self.params.sampling_config(), seed, self.params.logprobs)
+        return SeqSpec(self.params.sampling_config(), seed, self.params.logprobs, self.params.prompt_logprobs)
 
     @property
     def reproducible(self) -> bool:
@@ -158,6 +159,11 @@ class Sequence:
         if self.finished or self.stop_tails is None:
             return self.text
         return self.text[: len(self.text) - self.stop_tails.held()]
+
+    def prompt_logprobs_output(self) -> list[dict[int, float] | None] | None:
+        """vLLM's prompt_logprobs: None for the first prompt token (nothing predicts it), then one
+        dict a prompt token; None where the request asked none."""
+        return None if self.prompt_logprobs is None else [None, *self.prompt_logprobs]
 
     def completion(self) -> CompletionOutput:
         cum = None

@@ -51,7 +51,8 @@ def sampling_params(sp: pb.SamplingParams, default_max_tokens: int) -> SamplingP
             n=opt("n", 1), temperature=opt("temperature", 1.0), top_p=opt("top_p", 1.0), top_k=sp.top_k,
             seed=opt("seed", None), max_tokens=opt("max_tokens", default_max_tokens), stop=list(sp.stop),
             stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos, logprobs=opt("logprobs", None),
-            num_speculative_tokens=opt("num_speculative_tokens", None), verify_budget=opt("verify_budget", None))
+            num_speculative_tokens=opt("num_speculative_tokens", None), verify_budget=opt("verify_budget", None),
+            prompt_logprobs=opt("prompt_logprobs", None))
     except ValueError as e:
         raise invalid(str(e)) from None
 
@@ -116,18 +117,27 @@ def speculative(m: SpecMetrics) -> pb.SpeculativeMetrics:
                                  acceptance_length=m.acceptance_length, acceptance_rate=m.acceptance_rate)
 
 
+def prompt_logprobs(tokenizer, out: RequestOutput, params: SamplingParams) -> list[pb.TokenLogprob]:
+    """The prompt's tokens from the second, each one's logprob and the prompt_logprobs most likely there."""
+    if out.prompt_logprobs is None:
+        return []
+    return token_logprobs(tokenizer, out.prompt_token_ids, out.prompt_logprobs[1:], params.prompt_logprobs, start=1)
+
+
 def complete_response(tokenizer, request_id: str, model: str, out: RequestOutput,
-                      top_n: int | None) -> pb.CompleteResponse:
+                      params: SamplingParams) -> pb.CompleteResponse:
     choices = [pb.Choice(index=c.index, text=c.text, token_ids=c.token_ids, finish=choice_finish(c),
-                         logprobs=token_logprobs(tokenizer, c.token_ids, c.logprobs, top_n)) for c in out.outputs]
+                         logprobs=token_logprobs(tokenizer, c.token_ids, c.logprobs, params.logprobs))
+               for c in out.outputs]
     return pb.CompleteResponse(request_id=request_id, model=model, choices=choices, usage=usage(out),
-                               speculative=speculative(out.metrics))
+                               speculative=speculative(out.metrics),
+                               prompt_logprobs=prompt_logprobs(tokenizer, out, params))
 
 
-def summary(request_id: str, model: str, out: RequestOutput) -> pb.GenerateResponse:
+def summary(tokenizer, request_id: str, model: str, out: RequestOutput, params: SamplingParams) -> pb.GenerateResponse:
     return pb.GenerateResponse(request_id=request_id, summary=pb.GenerateSummary(
         choices=[choice_finish(c) for c in out.outputs], usage=usage(out), speculative=speculative(out.metrics),
-        model=model))
+        model=model, prompt_logprobs=prompt_logprobs(tokenizer, out, params)))
 
 
 class DeltaTracker:

@@ -91,7 +91,7 @@ class GenerationService:
             self._left(start, call)
             raise
         self.metrics.succeeded(last.outputs[0].finish_reason)
-        yield conv.summary(request_id, self.model_name, last)
+        yield conv.summary(self.tokenizer, request_id, self.model_name, last, params)
 
     async def complete(self, request: pb.GenerateRequest, call: CallInfo) -> pb.CompleteResponse:
         """Complete: the full result."""
@@ -105,7 +105,7 @@ class GenerationService:
             self._left(start, call)
             raise
         self.metrics.succeeded(last.outputs[0].finish_reason)
-        return conv.complete_response(self.tokenizer, request_id, self.model_name, last, params.logprobs)
+        return conv.complete_response(self.tokenizer, request_id, self.model_name, last, params)
 
     async def list_models(self, request: pb.ListModelsRequest, call: CallInfo) -> pb.ListModelsResponse:
         self._authorize(call)

@@ -31,7 +31,8 @@ from specray.cluster.serve.errors import REQUEST_ERRORS, status_of
 from specray.cluster.serve.http_server import MAX_HEADER_BYTES
 from specray.cluster.serve.metrics import ServingMetrics
 from specray.cluster.serve.openai_chunks import chat_chunks, completion_chunks, usage_body
-from specray.cluster.serve.openai_logprobs import chat_logprobs, completion_logprobs
+from specray.cluster.serve.openai_completions import Echo, completion_choice
+from specray.cluster.serve.openai_logprobs import chat_logprobs, vllm_prompt_logprobs
 from specray.cluster.serve.openai_protocol import ApiError, ChatRequest, CompletionRequest, validation_error
 from specray.cluster.serve.prompts import PromptEncoder, PromptError
 
@@ -210,13 +211,10 @@ class OpenAIServer:
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
             chunks = completion_chunks(self._run, self.tokenizer, self.model_name, rid, created, inputs, params, body.n,
-                                       body.include_usage)
+                                       body.include_usage, Echo.of(body, self.tokenizer, params.skip_special_tokens))
             return await self._sse(request, chunks)
         outs = await self._all(self._final(request, ids, params, text, name) for text, ids, name in inputs)
-        choices = [{"index": i * body.n + c.index, "text": c.text, "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason,
-                    "logprobs": completion_logprobs(self.tokenizer, c.token_ids, c.logprobs,
-                                                    skip=params.skip_special_tokens)[0]}
+        choices = [completion_choice(self.tokenizer, body, params, i * body.n, o, c)
                    for i, o in enumerate(outs) for c in o.outputs]
         self.metrics.succeeded(outs[0].outputs[0].finish_reason)
         return {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
@@ -245,8 +243,11 @@ class OpenAIServer:
                                               skip=params.skip_special_tokens)}
                    for c in out.outputs]
         self.metrics.succeeded(out.outputs[0].finish_reason)
+        prompt_logprobs = {} if body.prompt_logprobs is None else {
+            "prompt_logprobs": vllm_prompt_logprobs(self.tokenizer, out.prompt_token_ids, out.prompt_logprobs,
+                                                    body.prompt_logprobs)}  # vLLM's, beside the choices
         return {"id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
-                "choices": choices, "usage": usage_body([out])}
+                "choices": choices, "usage": usage_body([out]), **prompt_logprobs}
 
     # -- streaming --------------------------------------------------------------------------
     async def _sse(self, request: Request, chunks: AsyncIterator[dict]) -> StreamingResponse:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from specray.cluster.outputs import RequestOutput
 from specray.cluster.serve.deltas import ChoiceDeltas
 from specray.cluster.serve.merge import side_by_side
+from specray.cluster.serve.openai_completions import Echo
 from specray.cluster.serve.openai_logprobs import CompletionDeltas, chat_logprobs
 
 
@@ -24,9 +25,10 @@ def usage_body(outs: list[RequestOutput]) -> dict:
 
 
 async def completion_chunks(run, tokenizer, model_name: str, rid: str, created: int, inputs, params, n: int,
-                            include_usage: bool) -> AsyncIterator[dict]:
+                            include_usage: bool, echo: Echo | None = None) -> AsyncIterator[dict]:
     """A completions stream's chunks: `inputs` [(prompt text, ids, the field errors name)] run side
-    by side through `run` (OpenAIServer._run); choice i * n + j is prompt i's j-th."""
+    by side through `run` (OpenAIServer._run); choice i * n + j is prompt i's j-th; with `echo`,
+    each choice's first chunk is its prompt."""
     head = {"id": rid, "object": "text_completion", "created": created, "model": model_name}
     usage = {"usage": None} if include_usage else {}  # OpenAI's: null on every chunk before the usage one
     finals, deltas = [], [CompletionDeltas() for _ in inputs]
@@ -37,6 +39,10 @@ async def completion_chunks(run, tokenizer, model_name: str, rid: str, created: 
         for c in out.outputs:
             if (new := deltas[i].take(c)) is None:
                 continue
+            if echo is not None and c.index not in deltas[i].offsets:  # the choice's first chunk
+                first = echo.chunk(i * n + c.index, out)
+                deltas[i].offsets[c.index] = len(first["text"])
+                yield {**head, "choices": [first], **usage}
             delta, k0 = new
             yield {**head, "choices": [{"index": i * n + c.index, "text": delta, "finish_reason": c.finish_reason,
                                         "stop_reason": c.stop_reason,

@@ -4,7 +4,7 @@ dicts (the top `n` tokens and the drawn one): chat's `content` list and the comp
 
 from __future__ import annotations
 
-from specray.cluster.outputs import most_likely
+from specray.cluster.outputs import most_likely, ranked
 from specray.cluster.serve.deltas import ChoiceDeltas
 
 CONTEXT_TOKENS = 4  # tokens decoded before a position's token, so its text keeps its leading space
@@ -79,3 +79,39 @@ class CompletionDeltas(ChoiceDeltas):
         out, self.offsets[c.index] = completion_logprobs(tokenizer, c.token_ids, lps, k0,
                                                          self.offsets.get(c.index, 0), skip)
         return out
+
+
+def top_and(lp: dict[int, float], n: int, token: int) -> dict[int, float]:
+    """A position's n most likely tokens and `token` (a prompt position may hold more: the request's
+    prompt_logprobs and echo share the target's rows)."""
+    return {**dict(most_likely(lp, n)), token: lp[token]}
+
+
+def echo_logprobs(tokenizer, prompt_ids: list[int], prompt_logprobs: list, n: int,
+                  skip: bool = True) -> dict:
+    """The completions API's logprobs of an echoed prompt: null for its first token (nothing
+    predicts it), then each prompt token's and the top n, offsets from 0."""
+    first = pieces(tokenizer, prompt_ids, 0, [prompt_ids[0]], skip)[0]
+    rows = [top_and(lp, n, t) for lp, t in zip(prompt_logprobs[1:], prompt_ids[1:])]
+    rest, _ = completion_logprobs(tokenizer, prompt_ids, rows, 1, len(first), skip)
+    return {"tokens": [first, *rest["tokens"]], "token_logprobs": [None, *rest["token_logprobs"]],
+            "top_logprobs": [None, *rest["top_logprobs"]], "text_offset": [0, *rest["text_offset"]]}
+
+
+def joined(echo: dict | None, completion: dict | None) -> dict | None:
+    """An echoed prompt's logprobs followed by the completion's."""
+    if echo is None or completion is None:
+        return echo or completion
+    return {k: echo[k] + completion[k] for k in echo}
+
+
+def vllm_prompt_logprobs(tokenizer, prompt_ids: list[int], prompt_logprobs: list, n: int) -> list:
+    """vLLM's `prompt_logprobs`: null for the first prompt token, then {token id: {logprob, rank,
+    decoded_token}} of the prompt token and the top n (rank null for a prompt token outside them)."""
+    decode = tokenizer.decode if tokenizer is not None else (lambda ids: None)
+    out: list = [None]
+    for lp, t in zip(prompt_logprobs[1:], prompt_ids[1:]):
+        row = ranked(top_and(lp, n, t), n, lambda tok: decode([tok]))
+        out.append({str(tok): {"logprob": v.logprob, "rank": v.rank, "decoded_token": v.decoded_token}
+                    for tok, v in row.items()})
+    return out

@@ -64,7 +64,7 @@ def _off(*no_ops):
 # field -> whether its value leaves the output unchanged (anything else is refused)
 UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     **{name: _off(*no_ops) for name, no_ops in NO_OP_FIELDS.items()},  # SamplingParams' vLLM fields
-    "echo": _off(False), "suffix": _off(""),
+    "suffix": _off(""),
     "response_format": _off({"type": "text"}), "tools": _off([]), "functions": _off([]),
     "tool_choice": _off("none", "auto"), "function_call": _off("none", "auto"),
     "guided_json": _off(), "guided_regex": _off(), "guided_choice": _off(), "guided_grammar": _off(),
@@ -103,6 +103,7 @@ class _Common(BaseModel):
     verify_budget: int | None = None  # specray extension: draft tokens verified a round, within the server's
     include_stop_str_in_output: bool = False  # vLLM extension
     skip_special_tokens: bool = True  # vLLM extension
+    prompt_logprobs: int | None = None  # vLLM extension: each prompt token's logprob and the top n
 
     @model_validator(mode="before")
     @classmethod
@@ -122,6 +123,8 @@ class _Common(BaseModel):
     NO_OPS: ClassVar[dict[str, Callable[[Any], bool]]] = {}  # an endpoint's own no-op values (vLLM's)
 
     def refuse_unsupported(self) -> None:
+        if self.prompt_logprobs is not None and self.stream:  # as vLLM
+            raise ApiError(400, "prompt_logprobs are not available with stream: true", param="prompt_logprobs")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options needs stream: true", param="stream_options")
         options = self.stream_options or {}
@@ -139,6 +142,10 @@ class _Common(BaseModel):
                 raise ApiError(400, f"{name} is not supported by specray (it would change the output); "
                                "leave it out", param=name)
 
+    def target_prompt_logprobs(self) -> int | None:
+        """The prompt logprobs the target computes (the completions API's echo adds its own)."""
+        return self.prompt_logprobs
+
     def sampling_params(self, default_max_tokens: int, logprobs: int | None) -> SamplingParams:
         self.refuse_unsupported()
         for i, stop in enumerate([self.stop] if isinstance(self.stop, str) else self.stop or []):
@@ -151,7 +158,8 @@ class _Common(BaseModel):
                                   num_speculative_tokens=self.num_speculative_tokens,
                                   verify_budget=self.verify_budget,
                                   include_stop_str_in_output=self.include_stop_str_in_output,
-                                  skip_special_tokens=self.skip_special_tokens)
+                                  skip_special_tokens=self.skip_special_tokens,
+                                  prompt_logprobs=self.target_prompt_logprobs())
         except ValueError as e:  # SamplingParamError names the parameter
             raise ApiError(400, str(e), param=getattr(e, "param", None)) from None
 
@@ -160,6 +168,14 @@ class CompletionRequest(_Common):
     NO_OPS: ClassVar[dict[str, Callable[[Any], bool]]] = {"add_special_tokens": _off(True)}  # prompts get them
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
+    echo: bool = False  # the prompt before the completion, in the text and (with logprobs) the logprobs
+
+    def target_prompt_logprobs(self) -> int | None:
+        if not self.echo or self.logprobs is None:
+            return self.prompt_logprobs
+        if not isinstance(self.logprobs, int) or self.logprobs < 0:  # SamplingParams names it
+            return None
+        return max(self.prompt_logprobs or 0, self.logprobs)
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt

@@ -29,6 +29,7 @@ class Sampling:
     ignore_eos: bool = False
     num_speculative_tokens: int | None = None  # 0 turns speculation off for this request
     verify_budget: int | None = None  # draft tokens verified a round for this request, within the server's
+    prompt_logprobs: int | None = None  # each prompt token's logprob (from the second) and this many top ones
 
     def to_proto(self) -> pb.SamplingParams:
         """The message; a value the message cannot hold (a seed past 2^64, a string for a number)
@@ -37,7 +38,7 @@ class Sampling:
         values = {"top_k": self.top_k, "ignore_eos": self.ignore_eos, "stop_token_ids": list(self.stop_token_ids),
                   "stop": [self.stop] if isinstance(self.stop, str) else list(self.stop or [])}
         for name in ("max_tokens", "temperature", "top_p", "n", "seed", "logprobs", "num_speculative_tokens",
-                     "verify_budget"):
+                     "verify_budget", "prompt_logprobs"):
             values[name] = getattr(self, name)  # unset optionals (None) keep the server's default
         for name, value in values.items():
             if value is None:
@@ -139,6 +140,7 @@ class Completion:
     choices: list[Choice]
     usage: Usage
     speculative: SpeculativeMetrics
+    prompt_logprobs: list[TokenLogprob] | None = None  # with Sampling.prompt_logprobs: the prompt's second token on
 
     @property
     def text(self) -> str:
@@ -167,6 +169,7 @@ class StreamSummary:
     usage: Usage
     speculative: SpeculativeMetrics
     model: str = ""  # the served model's name (empty from servers before it was sent)
+    prompt_logprobs: list[TokenLogprob] | None = None  # with Sampling.prompt_logprobs: the prompt's second token on
 
 
 @dataclass
@@ -202,7 +205,8 @@ def _speculative(s: pb.SpeculativeMetrics) -> SpeculativeMetrics:
 def completion_from_proto(msg: pb.CompleteResponse) -> Completion:
     choices = [Choice(c.index, c.text, list(c.token_ids), _FINISH.get(c.finish.finish_reason),
                       _stop_reason(c.finish), _logprobs(c.logprobs)) for c in msg.choices]
-    return Completion(msg.request_id, msg.model, choices, _usage(msg.usage), _speculative(msg.speculative))
+    return Completion(msg.request_id, msg.model, choices, _usage(msg.usage), _speculative(msg.speculative),
+                      _logprobs(msg.prompt_logprobs))
 
 
 def delta_from_proto(d: pb.ChoiceDelta) -> Delta:
@@ -212,7 +216,8 @@ def delta_from_proto(d: pb.ChoiceDelta) -> Delta:
 def summary_from_proto(request_id: str, s: pb.GenerateSummary) -> StreamSummary:
     ordered = sorted(s.choices, key=lambda c: c.index)
     return StreamSummary(request_id, [_FINISH.get(c.finish_reason) for c in ordered],
-                         [_stop_reason(c) for c in ordered], _usage(s.usage), _speculative(s.speculative), s.model)
+                         [_stop_reason(c) for c in ordered], _usage(s.usage), _speculative(s.speculative), s.model,
+                         _logprobs(s.prompt_logprobs))
 
 
 def model_from_proto(m: pb.Model) -> Model:
@@ -233,4 +238,5 @@ def assemble(deltas: Sequence[Delta], summary: StreamSummary | None, model: str 
         return Completion("", model, choices, Usage(), SpeculativeMetrics())
     for c, reason, stop in zip(choices, summary.finish_reasons, summary.stop_reasons):
         c.finish_reason, c.stop_reason = reason, stop
-    return Completion(summary.request_id, summary.model or model, choices, summary.usage, summary.speculative)
+    return Completion(summary.request_id, summary.model or model, choices, summary.usage, summary.speculative,
+                      summary.prompt_logprobs)

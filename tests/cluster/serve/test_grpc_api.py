@@ -171,3 +171,17 @@ def test_top_logprobs_are_the_n_most_likely(client):
     for pos in lp:  # greedy: the drawn token leads its position's three
         assert len(pos.top) == 3 and pos.top[0].token_id == pos.token_id
         assert [t.logprob for t in pos.top] == sorted((t.logprob for t in pos.top), reverse=True)
+
+
+def test_prompt_logprobs_unary_and_streamed(client, offline):
+    want = offline.generate(PROMPT, SamplingParams(temperature=0, max_tokens=4, prompt_logprobs=2))[0]
+    got = client.generate(PROMPT, **{**greedy(prompt_logprobs=2), "max_tokens": 4})
+    assert [x.token_id for x in got.prompt_logprobs] == want.prompt_token_ids[1:]
+    assert [x.logprob for x in got.prompt_logprobs] == pytest.approx(
+        [e[t].logprob for e, t in zip(want.prompt_logprobs[1:], want.prompt_token_ids[1:])], rel=1e-6)
+    assert all([t.token_id for t in x.top] == [t for t, lp in sorted(e.items(), key=lambda kv: kv[1].rank or 99)][:2]
+               for x, e in zip(got.prompt_logprobs, want.prompt_logprobs[1:]))
+    stream = client.stream(PROMPT, **{**greedy(prompt_logprobs=2), "max_tokens": 4})
+    list(stream)
+    assert stream.summary.prompt_logprobs == got.prompt_logprobs
+    assert client.generate(PROMPT, **{**greedy(), "max_tokens": 2}).prompt_logprobs is None
