@@ -100,7 +100,8 @@ class SamplingParams:
         check_param(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings")
         check_param(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
                     "stop_token_ids must be integers >= 0")
-        check_param(len(self.stop) <= MAX_STOPS and len(self.stop_token_ids) <= MAX_STOPS, None,
+        check_param(len(self.stop) <= MAX_STOPS and len(self.stop_token_ids) <= MAX_STOPS,
+                    "stop" if len(self.stop) > MAX_STOPS else "stop_token_ids",
                     f"at most {MAX_STOPS} stop strings and {MAX_STOPS} stop_token_ids")
         check_param(self.num_speculative_tokens is None or (_is_int(self.num_speculative_tokens)
                                                             and self.num_speculative_tokens >= 0),

@@ -134,11 +134,12 @@ class AsyncRouter:
             if not finished:  # the client went away or the consumer was cancelled: free the sequence
                 self._submit(Abort(request_id))
 
-    def check_size(self, num_seqs: int, what: str = "n") -> None:
+    def check_size(self, num_seqs: int, what: str | None = None, param: str = "n") -> None:
         """A request of `num_seqs` sequences that the queue could never hold is the request's fault
-        (a 400, not a full queue's retryable 429)."""
+        (a 400, not a full queue's retryable 429); `what` says how they add up, `param` names the field."""
         if num_seqs > self.max_waiting:
-            raise SamplingParamError("n", f"{what}={num_seqs} sequences exceed the server's queue of {self.max_waiting}")
+            raise SamplingParamError(param, f"{what or f'n={num_seqs}'}: {num_seqs} sequences exceed the server's "
+                                            f"queue of {self.max_waiting}")
 
     @property
     def alive(self) -> bool:

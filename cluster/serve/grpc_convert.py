@@ -63,7 +63,8 @@ def chat_messages(chat: pb.ChatMessages) -> list[dict[str, str]]:
     for i, m in enumerate(chat.messages):
         if m.role not in CHAT_ROLES:
             raise invalid(f"chat.messages[{i}].role must be one of {list(CHAT_ROLES)}, got {m.role!r}")
-    return [{"role": m.role, "content": m.content} for m in chat.messages]
+    return [{"role": m.role, "content": m.content, **({"name": m.name} if m.HasField("name") else {})}
+            for m in chat.messages]
 
 
 async def prompt_input(prompts: PromptEncoder, request: pb.GenerateRequest) -> tuple[str | None, list[int]]:

@@ -203,9 +203,10 @@ class OpenAIServer:
         prompts = body.prompts()
         if len(prompts) > 1:
             try:
-                self.router.check_size(len(prompts) * body.n, f"{len(prompts)} prompts x n")
+                self.router.check_size(len(prompts) * body.n, f"{len(prompts)} prompts x n={body.n}",
+                                       "prompt" if body.n == 1 else "n")
             except ValueError as e:
-                raise ApiError.of(status_of(e), str(e), "n") from None
+                raise ApiError.of(status_of(e), str(e), getattr(e, "param", "n")) from None
         names = ["prompt"] if len(prompts) == 1 else [f"prompt[{i}]" for i in range(len(prompts))]
         inputs = [(*await self._encode(p, name, body.max_tokens), name) for p, name in zip(prompts, names)]
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())

@@ -10,10 +10,20 @@ from specray.cluster.serve.deltas import ChoiceDeltas
 CONTEXT_TOKENS = 4  # tokens decoded before a position's token, so its text keeps its leading space
 
 
+def context(tokenizer, ids: list[int], i: int, skip: bool = True) -> list[int]:
+    """The tokens before ids[i] that its text is decoded after: CONTEXT_TOKENS of them, or a few
+    more where those begin inside a character (which would decode as U+FFFD)."""
+    for back in range(CONTEXT_TOKENS, 2 * CONTEXT_TOKENS + 1):
+        window = ids[max(0, i - back):i]
+        if back >= i or not tokenizer.decode(window, skip_special_tokens=skip).startswith("\ufffd"):
+            return window
+    return ids[max(0, i - CONTEXT_TOKENS):i]
+
+
 def pieces(tokenizer, ids: list[int], i: int, toks: list[int], skip: bool = True) -> list[str]:
     """The text each of `toks` would add after ids[:i], decoded in context (`skip`: special tokens
     give none, as in the choice's text)."""
-    window = ids[max(0, i - CONTEXT_TOKENS):i]
+    window = context(tokenizer, ids, i, skip)
     before = tokenizer.decode(window, skip_special_tokens=skip)
     out = []
     for tok in toks:
@@ -32,16 +42,50 @@ def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, floa
     for i, lp in enumerate(logprobs, start):
         top = most_likely(lp, n)
         texts = pieces(tokenizer, token_ids, i, [token_ids[i]] + [t for t, _ in top], skip)
-        content.append({"token": texts[0], "logprob": lp[token_ids[i]], "bytes": utf8(texts[0]),
-                        "top_logprobs": [{"token": x, "logprob": v, "bytes": utf8(x)}
-                                         for x, (_, v) in zip(texts[1:], top)]})
+        content.append({"token": texts[0], "logprob": lp[token_ids[i]],
+                        "bytes": token_bytes(tokenizer, token_ids[i], texts[0]),
+                        "top_logprobs": [{"token": x, "logprob": v, "bytes": token_bytes(tokenizer, t, x)}
+                                         for x, (t, v) in zip(texts[1:], top)]})
     return {"content": content}
 
 
 def utf8(text: str) -> list[int]:
-    """OpenAI's `bytes` of a token: its text's UTF-8 (a token that ends inside a character reads as
-    U+FFFD in the text, so its bytes are those of the replacement, as vLLM gives them)."""
+    """A token text's UTF-8."""
     return list(text.encode("utf-8", errors="replace"))
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's characters -> the bytes they stand for: printable bytes stand for
+    themselves, the others for the characters from U+0100 on, in byte order."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    moved = [b for b in range(256) if b not in kept]
+    return {**{chr(b): b for b in kept}, **{chr(256 + i): b for i, b in enumerate(moved)}}
+
+
+BYTE_LEVEL = _byte_level_alphabet()
+
+
+def token_bytes(tokenizer, token_id: int, text: str) -> list[int]:
+    """OpenAI's `bytes` of a token, which clients join to rebuild characters split over tokens: a
+    token that holds part of a character reads as U+FFFD (or as nothing, in context), so its own
+    bytes come from its vocabulary entry (byte-level BPE, or a `<0xNN>` byte token); else its text's UTF-8."""
+    if text and "\ufffd" not in text or token_id in tokenizer.all_special_ids:
+        return utf8(text)
+    piece = tokenizer.convert_ids_to_tokens(token_id)
+    if isinstance(piece, str) and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        return [int(piece[3:5], 16)]
+    if isinstance(piece, str) and piece and all(c in BYTE_LEVEL for c in piece):
+        return [BYTE_LEVEL[c] for c in piece]
+    return utf8(text)
+
+
+def advance(tokenizer, ids: list[int], i: int, skip: bool = True) -> int:
+    """Characters token ids[i] adds to the text: a token that ends inside a character adds none,
+    the one that completes it adds the character (so offsets never pass the text)."""
+    window = context(tokenizer, ids, i, skip)
+    before = tokenizer.decode(window, skip_special_tokens=skip).rstrip("\ufffd")
+    after = tokenizer.decode(window + [ids[i]], skip_special_tokens=skip).rstrip("\ufffd")
+    return max(0, len(after) - len(before))
 
 
 def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, float]] | None,
@@ -57,7 +101,7 @@ def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int
         texts = pieces(tokenizer, token_ids, i, [token_ids[i]] + [t for t, _ in ranked], skip)
         tokens.append(texts[0])
         offsets.append(offset)
-        offset += len(texts[0])
+        offset += advance(tokenizer, token_ids, i, skip)
         top: dict[str, float] = {}
         for x, (_, v) in zip(texts[1:], ranked):
             top.setdefault(x, v)

@@ -160,8 +160,16 @@ class _Common(BaseModel):
                                   include_stop_str_in_output=self.include_stop_str_in_output,
                                   skip_special_tokens=self.skip_special_tokens,
                                   prompt_logprobs=self.target_prompt_logprobs())
-        except ValueError as e:  # SamplingParamError names the parameter
-            raise ApiError(400, str(e), param=getattr(e, "param", None)) from None
+        except ValueError as e:  # SamplingParamError names the parameter, as the request spells it
+            param = getattr(e, "param", None)
+            field, message = self.field_name(param), str(e)
+            if field != param and message.startswith(f"{param} "):
+                message = field + message[len(param):]
+            raise ApiError(400, message, param=field) from None
+
+    def field_name(self, param: str | None) -> str | None:
+        """The request's field behind a SamplingParams field."""
+        return param
 
 
 class CompletionRequest(_Common):
@@ -224,6 +232,13 @@ class ChatRequest(_Common):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+
+    def field_name(self, param: str | None) -> str | None:
+        if param == "logprobs":  # chat's logprobs is a flag; the count is top_logprobs
+            return "top_logprobs"
+        if param == "max_tokens" and self.max_completion_tokens is not None:
+            return "max_completion_tokens"
+        return param
 
     def top_n(self) -> int | None:
         if self.top_logprobs and not self.logprobs:  # 0 asks for nothing: clients send it by default

@@ -60,10 +60,12 @@ Message = Mapping[str, str]  # {"role": ..., "content": ...}
 def _chat_message(index: int, m: Message) -> pb.ChatMessage:
     if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
         raise ValueError(f"messages[{index}] must be a mapping with a 'role' string, got {m!r}")
-    content = m.get("content")
+    content, name = m.get("content"), m.get("name")
     if content is not None and not isinstance(content, str):
         raise ValueError(f"messages[{index}]['content'] must be a string, got {type(content).__name__}")
-    return pb.ChatMessage(role=m["role"], content=content or "")
+    if name is not None and not isinstance(name, str):
+        raise ValueError(f"messages[{index}]['name'] must be a string, got {type(name).__name__}")
+    return pb.ChatMessage(role=m["role"], content=content or "", name=name)
 
 
 def build_request(prompt: Prompt | None = None, messages: Sequence[Message] | None = None,

@@ -85,3 +85,10 @@ def test_streamed_logprobs_are_converted_once_and_forgotten(llm):
         assert all(isinstance(lp, Logprob) for p in out.outputs[0].logprobs for lp in p.values())
     assert out.outputs[0].logprobs[0] is first and len(out.outputs[0].logprobs) == 5
     assert not llm._logprobs.top_n and not llm._logprobs.converted
+
+
+@pytest.mark.parametrize("field", ["stop", "stop_token_ids"])
+def test_too_many_stops_name_their_field(field):
+    with pytest.raises(ValueError, match="at most 64 stop strings") as e:
+        SamplingParams(**{field: [f"w{i}" if field == "stop" else i for i in range(65)]})
+    assert e.value.param == field

@@ -19,7 +19,9 @@ CHAT = [{"role": "user", "content": "w10 w11"}]
 # (path, body or raw bytes, status, the error's param or a word of its message)
 HTTP_CASES = [
     ("/v1/completions", {"prompt": "w5", "logprobs": 10**6}, 400, "logprobs"),
-    ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 10**6}, 400, "logprobs"),
+    ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 10**6}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 0}, 400, "max_completion_tokens"),
+    ("/v1/completions", {"prompt": ["w5"] * 300}, 400, "300 prompts x n=1: 300 sequences"),
     ("/v1/completions", {"prompt": "w5", "seed": 2**63}, 400, "seed"),
     ("/v1/completions", {"prompt": "w5", "seed": -1}, 400, "seed"),
     ("/v1/completions", {"prompt": "w5", "seed": 2**63 - 1, "n": 2}, 400, "seed"),  # choice 1 draws with seed + 1
