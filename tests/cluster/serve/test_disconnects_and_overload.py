@@ -207,7 +207,7 @@ def test_a_request_larger_than_the_queue_is_refused_as_the_clients_error(tiny_ta
         too_big = post(engine.http.url, "/v1/completions", body)
         assert too_big.status_code == 400 and "Retry-After" not in too_big.headers
         error = too_big.json()["error"]
-        assert error["param"] == "n" and "3 prompts x n=6" in error["message"] and "queue of 4" in error["message"]
+        assert error["param"] == "n" and "3 prompts x n=2: 6 sequences" in error["message"] and "queue of 4" in error["message"]
         alone = post(engine.http.url, "/v1/completions", {"prompt": GOOD, "n": 5, "max_tokens": 2})
         assert alone.status_code == 400 and alone.json()["error"]["param"] == "n"
         fits = post(engine.http.url, "/v1/completions", {**body, "prompt": [GOOD] * 2})
