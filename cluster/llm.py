@@ -34,7 +34,7 @@ from specray.cluster.router.limits import router_limits
 from specray.cluster.router.router import Router
 from specray.cluster.serve.prompts import check_text
 from specray.kernels.chat import chat_token_ids
-from specray.kernels.drafters.loading import check_draft_vocabulary, refuse_partial_draft
+from specray.kernels.drafters.loading import check_draft, refuse_partial_draft
 from specray.kernels.drafters.registry import build_drafter
 from specray.kernels.diffusion.config import is_diffusion_folder
 from specray.kernels.diffusion.weights import load_diffusion_model
@@ -87,9 +87,7 @@ class LLM:
         if diffusion_config:
             raise ValueError(f"diffusion_config applies to diffusion LMs; {model!r} is autoregressive")
         spec = SpeculativeConfig.from_dict(speculative_config)
-        if spec is not None and spec.model is not None:
-            resolve(spec.model)  # a draft that is not there fails before the target loads
-            check_draft_vocabulary(checkpoint.path, spec.method, spec.model)
+        check_draft(checkpoint.path, spec)  # a draft that is not there or does not fit fails before the target loads
         target_model = load_model(checkpoint, torch_dtype, device, kernels=kernels)
         blocks = num_blocks(kv_cache_tokens, block_size)
         self.target = TargetWorker(target_model, blocks, block_size,

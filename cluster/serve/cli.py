@@ -209,8 +209,7 @@ def check_model_and_context(cfg) -> None:
     from specray.cluster.config.worker_specs import num_blocks
     from specray.cluster.router.limits import fit_context
     from specray.kernels.config import ModelConfig
-    from specray.kernels.drafters.loading import (check_draft_shape, check_draft_vocabulary, refuse_partial_draft,
-                                                  resolve_draft)
+    from specray.kernels.drafters.loading import check_draft, refuse_partial_draft
     from specray.kernels.loader import is_diffusion_model, resolve
 
     checkpoint = resolve(cfg.model)
@@ -220,11 +219,7 @@ def check_model_and_context(cfg) -> None:
     r = cfg.router
     limit = ModelConfig.from_hf(checkpoint.hf_config()).max_position_embeddings
     fit_context(r.max_model_len, limit, num_blocks(r.kv_cache_tokens, r.block_size) * r.block_size, cfg.speculative)
-    spec = cfg.speculative
-    if spec is not None and spec.model is not None:  # only methods that run a draft model take one
-        resolve_draft(spec.method, spec.model)
-        check_draft_vocabulary(checkpoint.path, spec.method, spec.model)
-        check_draft_shape(checkpoint.path, spec)
+    check_draft(checkpoint.path, cfg.speculative)
 
 
 def cmd_serve(args) -> int:

@@ -80,6 +80,16 @@ def resolve_draft(method: str, model: str):
     return checkpoint
 
 
+def check_draft(target: Path, spec) -> None:
+    """Every check of a draft against its target before anything loads (the engine and `specray
+    serve` alike): it exists, suits the method, shares the vocabulary, fits the shape."""
+    if spec is None or spec.model is None:  # only methods that run a draft model take one
+        return
+    resolve_draft(spec.method, spec.model)
+    check_draft_vocabulary(target, spec.method, spec.model)
+    check_draft_shape(target, spec)
+
+
 def check_draft_vocabulary(target: Path, method: str, model: str | None) -> None:
     """A standalone draft proposes over its own vocabulary: one unlike the target's failed every
     sampled request in verification (a tensor size mismatch) and accepted nothing greedy."""

@@ -53,6 +53,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
 
 
 def method(name: str) -> Method:
+    if name == "none":  # the CLI flag's value; a config has no method for it
+        raise ValueError("speculative method 'none' is the CLI's --speculative-method none; in a config or "
+                         "speculative_config, null (or leaving it out) turns speculation off")
     if name not in METHODS:
         raise ValueError(f"unknown speculative method {name!r}; choose one of {tuple(METHODS)}")
     return METHODS[name]

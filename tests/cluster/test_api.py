@@ -32,6 +32,7 @@ def test_bad_sampling_params(kwargs, message):
 
 @pytest.mark.parametrize("config, message", [
     ({"method": "eagle9"}, "unknown speculative method"),
+    ({"method": "none"}, "null \(or leaving it out\) turns speculation off"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
     ({"method": "draft_model"}, "needs a draft"),
     ({"method": "ngram", "bogus": 1}, "unknown speculative_config keys"),
@@ -106,6 +107,15 @@ def test_a_draft_with_another_vocabulary_is_refused(tiny_target, tmp_path):
     other = save_tiny_llama(tmp_path / "other", seed=2, vocab_size=113)
     with pytest.raises(ValueError, match="vocabulary of 113 tokens, the target's 97"):
         LLM(str(tiny_target), speculative_config={"method": "draft_model", "model": str(other)})
+
+
+@pytest.mark.parametrize("method, draft, says", [
+    ("draft_model", "smollm2-135m-dllm", "is a diffusion LM: it serves on its own"),  # transformers' "upgrade" advice
+    ("draft_model", "smollm2-135m-eagle", "is a feature-level draft"),
+])
+def test_the_engine_checks_a_draft_as_serve_does(tiny_target, method, draft, says):
+    with pytest.raises(ValueError, match=says):
+        LLM(str(tiny_target), speculative_config={"method": method, "model": draft})
 
 
 def test_a_feature_level_draft_is_refused_as_the_model():
