@@ -202,7 +202,7 @@ def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
                   f"{len(encoded)} sequences at once (raise --num-prompts)", file=sys.stderr)
     runner = Runner(args, methods, encoded)
     cells = []
-    for m in methods:  # warm-up: first calls pay one-off allocation costs
+    for m in tqdm(methods, desc="bench offline (load, warm up)"):  # first calls pay one-off allocation costs
         if skip_reason(m, 1) is None:
             runner.run(m, encoded[:1], 0.0, 0, Cell(m, 1, 0.0))
     target = next(iter(runner.llms.values())).target.model if runner.llms else None
