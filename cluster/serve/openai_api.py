@@ -31,7 +31,7 @@ from specray.cluster.serve.errors import REQUEST_ERRORS, status_of
 from specray.cluster.serve.http_server import MAX_HEADER_BYTES
 from specray.cluster.serve.metrics import ServingMetrics
 from specray.cluster.serve.openai_chunks import chat_chunks, completion_chunks, usage_body
-from specray.cluster.serve.openai_completions import Echo, completion_choice
+from specray.cluster.serve.openai_completions import Echo, completion_choice, prompt_only, prompts_only
 from specray.cluster.serve.openai_logprobs import chat_logprobs, vllm_prompt_logprobs
 from specray.cluster.serve.openai_protocol import ApiError, ChatRequest, CompletionRequest, validation_error
 from specray.cluster.serve.prompts import PromptEncoder, PromptError
@@ -199,6 +199,9 @@ class OpenAIServer:
 
     async def completions(self, body: CompletionRequest, request: Request):
         self._check_model(body.model)
+        scoring = body.prompt_only
+        if scoring:  # one token is drawn and dropped
+            body.max_tokens = 1
         params = body.sampling_params(self.default_max_tokens, body.logprobs)
         prompts = body.prompts()
         if len(prompts) > 1:
@@ -211,10 +214,12 @@ class OpenAIServer:
         inputs = [(*await self._encode(p, name, body.max_tokens), name) for p, name in zip(prompts, names)]
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
-            chunks = completion_chunks(self._run, self.tokenizer, self.model_name, rid, created, inputs, params, body.n,
+            run = (lambda *a: prompts_only(self._run(*a))) if scoring else self._run
+            chunks = completion_chunks(run, self.tokenizer, self.model_name, rid, created, inputs, params, body.n,
                                        body.include_usage, Echo.of(body, self.tokenizer, params.skip_special_tokens))
             return await self._sse(request, chunks)
         outs = await self._all(self._final(request, ids, params, text, name) for text, ids, name in inputs)
+        outs = [prompt_only(o) for o in outs] if scoring else outs
         choices = [completion_choice(self.tokenizer, body, params, i * body.n, o, c)
                    for i, o in enumerate(outs) for c in o.outputs]
         self.metrics.succeeded(outs[0].outputs[0].finish_reason)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specray.cluster.outputs import CompletionOutput, RequestOutput
 from specray.cluster.serve.openai_logprobs import completion_logprobs, echo_logprobs, joined, vllm_prompt_logprobs
@@ -28,14 +28,31 @@ class Echo:
         return self.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=self.skip)
 
     def prompt_logprobs(self, out: RequestOutput) -> dict | None:
+        """A string prompt's tokens read with their special tokens, as the echoed text has them, so
+        the offsets index it."""
         if self.logprobs is None:
             return None
-        return echo_logprobs(self.tokenizer, out.prompt_token_ids, out.prompt_logprobs, self.logprobs, self.skip)
+        skip = self.skip and out.prompt is None
+        return echo_logprobs(self.tokenizer, out.prompt_token_ids, out.prompt_logprobs, self.logprobs, skip)
 
     def chunk(self, index: int, out: RequestOutput) -> dict:
         """A stream's first chunk of a choice: its prompt."""
         return {"index": index, "text": self.text(out), "finish_reason": None, "stop_reason": None,
                 "logprobs": self.prompt_logprobs(out)}
+
+
+def prompt_only(out: RequestOutput) -> RequestOutput:
+    """`echo` with `max_tokens: 0` (the legacy API's way to score a prompt): the run draws one token,
+    which no choice keeps."""
+    kept = [replace(c, text="", token_ids=[], logprobs=None if c.logprobs is None else [],
+                    finish_reason="length" if c.finish_reason else None, stop_reason=None, cumulative_logprob=None)
+            for c in out.outputs]
+    return replace(out, outputs=kept)
+
+
+async def prompts_only(runs):
+    async for out in runs:
+        yield prompt_only(out)
 
 
 def completion_choice(tokenizer, body, params, base: int, out: RequestOutput, c: CompletionOutput) -> dict:

@@ -137,7 +137,7 @@ def echo_logprobs(tokenizer, prompt_ids: list[int], prompt_logprobs: list, n: in
     predicts it), then each prompt token's and the top n, offsets from 0."""
     first = pieces(tokenizer, prompt_ids, 0, [prompt_ids[0]], skip)[0]
     rows = [top_and(lp, n, t) for lp, t in zip(prompt_logprobs[1:], prompt_ids[1:])]
-    rest, _ = completion_logprobs(tokenizer, prompt_ids, rows, 1, len(first), skip)
+    rest, _ = completion_logprobs(tokenizer, prompt_ids, rows, 1, advance(tokenizer, prompt_ids, 0, skip), skip)
     return {"tokens": [first, *rest["tokens"]], "token_logprobs": [None, *rest["token_logprobs"]],
             "top_logprobs": [None, *rest["top_logprobs"]], "text_offset": [0, *rest["text_offset"]]}
 

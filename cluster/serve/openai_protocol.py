@@ -178,6 +178,11 @@ class CompletionRequest(_Common):
     logprobs: int | None = None
     echo: bool = False  # the prompt before the completion, in the text and (with logprobs) the logprobs
 
+    @property
+    def prompt_only(self) -> bool:
+        """echo with max_tokens 0: the prompt (and its logprobs) alone, nothing generated."""
+        return self.echo and self.max_tokens == 0
+
     def target_prompt_logprobs(self) -> int | None:
         if not self.echo or self.logprobs is None:
             return self.prompt_logprobs
@@ -227,7 +232,8 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(_Common):
-    NO_OPS: ClassVar[dict[str, Callable[[Any], bool]]] = {"add_special_tokens": _off(False)}  # the template's
+    NO_OPS: ClassVar[dict[str, Callable[[Any], bool]]] = {"add_special_tokens": _off(False),  # the template's
+                                                           "echo": _off(False)}  # vLLM's chat echo: not implemented
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False

@@ -142,7 +142,7 @@ class Completion:
     choices: list[Choice]
     usage: Usage
     speculative: SpeculativeMetrics
-    prompt_logprobs: list[TokenLogprob] | None = None  # with Sampling.prompt_logprobs: the prompt's second token on
+    prompt_logprobs: list[TokenLogprob] | None = None  # Sampling.prompt_logprobs: the 2nd prompt token on (None: a 1-token prompt)
 
     @property
     def text(self) -> str:
@@ -171,7 +171,7 @@ class StreamSummary:
     usage: Usage
     speculative: SpeculativeMetrics
     model: str = ""  # the served model's name (empty from servers before it was sent)
-    prompt_logprobs: list[TokenLogprob] | None = None  # with Sampling.prompt_logprobs: the prompt's second token on
+    prompt_logprobs: list[TokenLogprob] | None = None  # Sampling.prompt_logprobs: the 2nd prompt token on (None: a 1-token prompt)
 
 
 @dataclass

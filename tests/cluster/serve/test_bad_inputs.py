@@ -39,6 +39,7 @@ HTTP_CASES = [
     ("/v1/completions", b'{"prompt": "w5", "top_p": Infinity}', 400, "top_p"),
     ("/v1/completions", {"prompt": "w5", "echo": "yes"}, 400, "echo"),
     ("/v1/completions", {"prompt": "w5", "suffix": "w6"}, 400, "suffix"),
+    ("/v1/chat/completions", {"messages": CHAT, "echo": True}, 400, "echo"),
     ("/v1/completions", {"prompt": "w5", "prompt_logprobs": 2, "stream": True}, 400, "prompt_logprobs"),
     ("/v1/chat/completions", {"messages": CHAT, "prompt_logprobs": 21}, 400, "prompt_logprobs"),
     ("/v1/completions", {"prompt": "w5", "presence_penalty": False}, 400, "presence_penalty"),

@@ -36,3 +36,21 @@ def test_completion_offsets_stay_on_the_text(tokenizer, text):
     lp, end = completion_logprobs(tokenizer, ids, [{t: -0.5} for t in ids], 0, 0)
     assert end == len(text) and lp["text_offset"] == sorted(lp["text_offset"])
     assert all(text[o:].startswith(tok) for o, tok in zip(lp["text_offset"], lp["tokens"]) if "\ufffd" not in tok)
+
+
+@pytest.mark.parametrize("prompt", ["🍕 is tasty", "日本 is Japan", "<|im_start|>user\nhi<|im_end|>\n",
+                                    "Hello<|endoftext|> world"])
+def test_an_echoed_prompt_s_offsets_index_it(tokenizer, prompt):
+    """A first token inside a character counted as one (U+FFFD); special tokens were read skipped
+    while the echo shows the prompt as sent."""
+    from specray.cluster.outputs import CompletionOutput, RequestOutput
+    from specray.cluster.serve.openai_completions import Echo
+
+    ids = tokenizer(prompt).input_ids
+    out = RequestOutput("r", prompt, ids, [CompletionOutput(0, "", [])], True,
+                        prompt_logprobs=[None] + [{t: -1.0} for t in ids[1:]])
+    echo = Echo(tokenizer, 0, skip=True)
+    text, lp = echo.text(out), echo.prompt_logprobs(out)
+    assert text == prompt and len(lp["tokens"]) == len(ids) and lp["token_logprobs"][0] is None
+    assert lp["text_offset"] == sorted(lp["text_offset"]) and max(lp["text_offset"]) < len(text)
+    assert all(text[o:].startswith(t) for o, t in zip(lp["text_offset"], lp["tokens"]) if "\ufffd" not in t)

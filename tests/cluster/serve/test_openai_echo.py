@@ -71,3 +71,23 @@ def test_vllm_prompt_logprobs_on_both_endpoints(served, offline, want):
     ids = offline.apply_chat_template(MESSAGES)
     assert len(chat["prompt_logprobs"]) == len(ids) and chat["prompt_logprobs"][0] is None
     assert [list(map(int, e)) for e in chat["prompt_logprobs"][1:]] == [[t] for t in ids[1:]]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_echo_with_max_tokens_zero_scores_the_prompt_alone(served, want, streamed):
+    """The legacy API's way to score a prompt (and vLLM's): its text and logprobs, nothing generated."""
+    body = {"prompt": PROMPT, "echo": True, "logprobs": 1, "max_tokens": 0}
+    if streamed:
+        chunks = stream(served, {**body, "stream_options": {"include_usage": True}})
+        choices = [c["choices"][0] for c in chunks if c["choices"]]
+        text = "".join(c["text"] for c in choices)
+        tokens = sum((c["logprobs"]["token_logprobs"] for c in choices), [])
+        reason, usage = choices[-1]["finish_reason"], chunks[-1]["usage"]
+    else:
+        resp = post(served, "/v1/completions", body)
+        choice, usage = resp["choices"][0], resp["usage"]
+        text, tokens, reason = choice["text"], choice["logprobs"]["token_logprobs"], choice["finish_reason"]
+    ids = want.prompt_token_ids
+    assert text == PROMPT and reason == "length" and usage["completion_tokens"] == 0
+    assert tokens[0] is None and tokens[1:] == pytest.approx(
+        [e[t].logprob for e, t in zip(want.prompt_logprobs[1:], ids[1:])], abs=1e-6)
