@@ -20,6 +20,8 @@ from helm_render import render
     ({"speculation": {"draftVocabTrim": -1}}, "at '/speculation/draftVocabTrim': minimum: got -1, want 0"),
     ({"speculation": {"longspecWindow": 0}}, "at '/speculation/longspecWindow': minimum: got 0, want 1"),
     ({"router": {"maxPrefillTokens": 0}}, "at '/router/maxPrefillTokens'"),
+    ({"apiKey": {"secretKey": "api key"}}, "at '/apiKey/secretKey'"),  # not a Secret data key
+    ({"target": {"rayResources": {"GPU": 1}}}, "invalid propertyName 'GPU'"),  # Ray refuses its own names
     # each rendered and was refused by the server at deploy time, the RayService retrying
     ({"speculation": {"numSpeculativeTokens": 1000}}, "at '/speculation/numSpeculativeTokens': maximum: got 1,000, want 256"),
     ({"serve": {"proxyLocation": "Disabled"}}, "at '/serve/proxyLocation'"),  # no proxy: nothing served
@@ -54,6 +56,22 @@ def test_schema_rejects(values, message):
     ({"transport": {"masterPort": 29500}}, "transport.masterPort is the torch_distributed rendezvous port"),
     ({"speculation": {"promptLookupMin": 5, "promptLookupMax": 2}},
      "speculation.promptLookupMin (5) must be at most speculation.promptLookupMax (2)"),
+    # each rendered and was refused by the server, or deployed broken (2026-11-28 chart audit)
+    ({"http": {"port": 8080}}, "http.port 8080 is Ray's own port (Ray's metrics)"),
+    ({"grpc": {"port": 8265}}, "grpc.port 8265 is Ray's own port (the dashboard)"),
+    ({"speculation": {"method": "freedave", "disableByBatchSize": 4}},
+     "speculation.disableByBatchSize does not apply to freedave"),
+    ({"transport": {"kind": "ray", "drafterAddress": "d:1"}}, "transport.drafterAddress is the Drafter of transport.kind grpc"),
+    ({"speculation": {"method": "draft_model", "draftModel": "d", "layerParallel": 2},
+      "draft": {"groupSize": 2, "replicas": 2, "maxReplicas": 2}, "transport": {"kind": "torch_distributed"}},
+     "draft.groupSize 2 needs transport.kind ray"),
+    ({"speculation": {"method": "eagle", "draftModel": "d"}, "draft": {"replicas": 0, "minReplicas": 0}},
+     "draft.replicas (0) leaves the draft pool no pod"),
+    ({"speculation": {"method": "eagle", "draftModel": "d"}, "transport": {"kind": "inline"}, "draft": {"gpus": 1}},
+     "transport inline runs the draft inside the Serve replica, which reserves no GPU"),
+    ({"model": {"target": "smollm2-135m-dllm"}, "target": {"tensorParallel": 2, "replicas": 2, "maxReplicas": 2}},
+     "smollm2-135m-dllm is a diffusion LM, served on one worker"),
+    ({"extraEnv": [{"name": "SPECRAY_API_KEY", "value": "k"}]}, "extraEnv SPECRAY_API_KEY would be ignored"),
     ({"modelStorage": {"type": "pvc"}}, "modelStorage.type pvc needs modelStorage.pvc.claimName"),
     ({"modelStorage": {"type": "initContainer"}}, "modelStorage.type initContainer needs modelStorage.initContainer.command"),
 ])

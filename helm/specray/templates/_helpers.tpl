@@ -53,12 +53,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/* The draft group's values with its GPUs resolved: gpus null means one per pod when the target
-group has GPUs and the draft is a model (draft_model, eagle or longspec), else none. */}}
+group has GPUs and the draft is a model (draft_model, eagle or longspec) in its own pods, else none
+(inline, the draft runs in the Serve replica, which reserves no GPU: on the CPU). */}}
 {{- define "specray.draftGroup" -}}
 {{- $v := .Values }}
 {{- $g := deepCopy $v.draft }}
 {{- if kindIs "invalid" $g.gpus }}
-{{- $neural := has $v.speculation.method (list "draft_model" "eagle" "longspec") }}
+{{- $neural := and (has $v.speculation.method (list "draft_model" "eagle" "longspec")) (not (include "specray.draftInline" .)) }}
 {{- $_ := set $g "gpus" (ternary 1 0 (and $neural (gt (int $v.target.gpus) 0))) }}
 {{- end }}
 {{- toYaml $g }}
@@ -80,9 +81,10 @@ group has GPUs and the draft is a model (draft_model, eagle or longspec), else n
 
 {{/* Is the draft worker group rendered? Returns "true" or "". Not where the draft runs in the
 replica (transport inline, or auto with a method that has no draft model: ngram, aded, or the
-default on a CPU target, which is adaptive n-gram). */}}
+default, adaptive n-gram), nor on an external Drafter (transport grpc). */}}
 {{- define "specray.draftGroupEnabled" -}}
-{{- if and (not (has .Values.speculation.method (list "none" "freedave"))) .Values.draft.enabled (not (include "specray.draftInline" .)) }}true{{ end }}
+{{- $v := .Values }}
+{{- if and (not (has $v.speculation.method (list "none" "freedave"))) $v.draft.enabled (not (include "specray.draftInline" .)) (ne $v.transport.kind "grpc") }}true{{ end }}
 {{- end }}
 
 {{/* Does transport.kind resolve to inline? Returns "true" or "". */}}

@@ -13,11 +13,9 @@ metadata:
   # Selector labels only: a changed pod template makes KubeRay roll a whole new cluster,
   # so chart/app version labels stay off it.
   labels:
-    {{- include "specray.selectorLabels" $ctx | nindent 4 }}
-    app.kubernetes.io/component: {{ $role }}
-    {{- with $g.podLabels }}
-    {{- toYaml . | nindent 4 }}
-    {{- end }}
+    {{- /* the Services select by these: a podLabels key of the same name does not replace them */}}
+    {{- $own := set (include "specray.selectorLabels" $ctx | fromYaml) "app.kubernetes.io/component" $role }}
+    {{- toYaml (merge $own (deepCopy ($g.podLabels | default dict))) | nindent 4 }}
   {{- with $g.podAnnotations }}
   annotations:
     {{- toYaml . | nindent 4 }}
@@ -29,6 +27,10 @@ spec:
   {{- end }}
   {{- with $v.serviceAccountName }}
   serviceAccountName: {{ . }}
+  {{- end }}
+  {{- with $v.podSecurityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
   {{- end }}
   {{- if eq $storage.type "initContainer" }}
   initContainers:
@@ -47,6 +49,10 @@ spec:
     - name: ray-{{ $role }}
       image: {{ include "specray.image" (list $ctx $g.image) }}
       imagePullPolicy: {{ $v.image.pullPolicy }}
+      {{- with $v.securityContext }}
+      securityContext:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
       ports:
         {{- if eq $role "head" }}
         - {name: gcs-server, containerPort: 6379}

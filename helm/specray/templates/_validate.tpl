@@ -13,7 +13,17 @@ Cross-field checks that values.schema.json cannot express; each fails the render
 {{- if and (eq $v.speculation.method "freedave") (gt (int $v.target.tensorParallel) 1) }}
 {{- fail "speculation.method freedave serves a diffusion LM on one worker: set target.tensorParallel to 1" }}
 {{- end }}
+{{- $diffusion := or (eq $v.speculation.method "freedave") (hasSuffix "-dllm" $v.model.target) }}{{/* the packaged diffusion LMs' aliases */}}
+{{- if and $diffusion (gt (int $v.target.tensorParallel) 1) }}
+{{- fail (printf "%s is a diffusion LM, served on one worker: set target.tensorParallel to 1" $v.model.target) }}
+{{- end }}
+{{- if and (eq $v.speculation.method "freedave") (not (kindIs "invalid" $v.speculation.disableByBatchSize)) }}
+{{- fail "speculation.disableByBatchSize does not apply to freedave (a diffusion LM's drafts are speculation.numDrafts)" }}
+{{- end }}
 {{- if gt (int $v.draft.groupSize) 1 }}
+{{- if not (has $v.transport.kind (list "ray" "auto")) }}
+{{- fail (printf "draft.groupSize %d needs transport.kind ray (a layer group's workers talk over Ray), got %s" (int $v.draft.groupSize) $v.transport.kind) }}
+{{- end }}
 {{- if lt (int ($v.speculation.layerParallel | default 1)) (int $v.draft.groupSize) }}
 {{- fail (printf "draft.groupSize %d needs speculation.layerParallel >= %d (a layer group splits its attentions over the draft group)" (int $v.draft.groupSize) (int $v.draft.groupSize)) }}
 {{- end }}
@@ -45,14 +55,36 @@ Cross-field checks that values.schema.json cannot express; each fails the render
 {{- if and $v.speculation.adaptive (eq $v.speculation.method "aded") }}
 {{- fail "speculation.adaptive applies to chains (ngram, draft_model, eagle, longspec); aded drafts trees of a fixed shape" }}
 {{- end }}
+{{- if and $v.transport.drafterAddress (ne $v.transport.kind "grpc") }}
+{{- fail (printf "transport.drafterAddress is the Drafter of transport.kind grpc; transport.kind is %s" $v.transport.kind) }}
+{{- end }}
+{{- if include "specray.draftGroupEnabled" . }}
+{{- if lt (int $v.draft.replicas) (max 1 (int $v.draft.groupSize) | int) }}
+{{- fail (printf "draft.replicas (%d) leaves the draft pool no pod: set it to at least %d" (int $v.draft.replicas) (max 1 (int $v.draft.groupSize) | int)) }}
+{{- end }}
+{{- end }}
+{{- if and (include "specray.draftInline" .) (gt (int ($v.draft.gpus | default 0)) 0) }}
+{{- fail "transport inline runs the draft inside the Serve replica, which reserves no GPU: set draft.gpus to 0 (or null), or transport.kind ray" }}
+{{- end }}
 {{- if and $v.transport.masterPort (ne $v.transport.kind "torch_distributed") }}
 {{- fail (printf "transport.masterPort is the torch_distributed rendezvous port; transport.kind is %s" $v.transport.kind) }}
 {{- end }}
 {{- if gt (int $v.speculation.promptLookupMin) (int $v.speculation.promptLookupMax) }}
 {{- fail (printf "speculation.promptLookupMin (%d) must be at most speculation.promptLookupMax (%d)" (int $v.speculation.promptLookupMin) (int $v.speculation.promptLookupMax)) }}
 {{- end }}
-{{- if eq (int $v.http.port) (int $v.grpc.port) }}
+{{- if and $v.grpc.enabled (eq (int $v.http.port) (int $v.grpc.port)) }}
 {{- fail (printf "http.port and grpc.port are both %d; give them different ports" (int $v.http.port)) }}
+{{- end }}
+{{- $ray := dict "6379" "the GCS" "8265" "the dashboard" "10001" "the Ray client" "8080" "Ray's metrics" }}
+{{- range $key, $port := dict "http.port" $v.http.port "grpc.port" (ternary $v.grpc.port 0 $v.grpc.enabled) }}
+{{- with get $ray (toString (int $port)) }}
+{{- fail (printf "%s %d is Ray's own port (%s): choose another" $key (int $port) .) }}
+{{- end }}
+{{- end }}
+{{- range $v.extraEnv }}
+{{- if and (not $v.apiKey.enabled) (has .name (list $v.apiKey.envName "SPECRAY_API_KEY")) }}
+{{- fail (printf "extraEnv %s would be ignored (apiKey.enabled is false: the API serves without a key); set apiKey.enabled with apiKey.existingSecret instead" .name) }}
+{{- end }}
 {{- end }}
 {{- if and $v.apiKey.enabled (not $v.apiKey.existingSecret) (not $v.apiKey.value) }}
 {{- fail "apiKey.enabled needs apiKey.value or apiKey.existingSecret" }}
