@@ -15,7 +15,7 @@ from specray.kernels import row_costs
 from specray.kernels.batch import RaggedBatch, SeqChunk, pad_uniform
 from specray.kernels.loader import DTYPES, cache_root, load_model, resolve
 from specray.kernels.model import LlamaModel
-from specray.kernels.proposal import VerifyResult
+from specray.kernels.proposal import PositionLogprobs, VerifyResult
 from specray.kernels.sampling import make_generator
 from specray.kernels.tensor_parallel import check_shardable, init_distributed, shard_model
 from specray.kernels.verify.batch import verify_batch
@@ -220,16 +220,19 @@ def _verification_rows(items: list[TargetItem], logits: torch.Tensor) -> torch.T
     return logits[torch.tensor(rows, dtype=torch.long)]
 
 
-def _logprob_entries(logits: torch.Tensor, token_ids: list[int], n: int) -> list[dict[int, float]]:
-    """logits [rows, vocab_size], a token each -> {token: its logprob, and the top n's} a row."""
+def _logprob_entries(logits: torch.Tensor, token_ids: list[int], n: int) -> list[PositionLogprobs]:
+    """logits [rows, vocab_size], a token each -> {token: its logprob, and the top n's} a row, with
+    the token's rank in the vocabulary."""
     logp = logits.log_softmax(-1)  # [rows, vocab_size]
+    chosen = logp.gather(1, torch.tensor(token_ids, dtype=torch.long, device=logp.device)[:, None])  # [rows, 1]
+    ranks = ((logp > chosen).sum(-1) + 1).tolist()  # [rows]
     top = logp.topk(n, dim=-1) if n > 0 else None
     entries = []
     for j, tok in enumerate(token_ids):
-        entry = {tok: float(logp[j, tok])}
+        entry = {tok: float(chosen[j, 0])}
         if top is not None:
             entry.update(zip(top.indices[j].tolist(), top.values[j].tolist()))
-        entries.append(entry)
+        entries.append(PositionLogprobs.of(entry, tok, ranks[j]))
     return entries
 
 

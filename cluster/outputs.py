@@ -73,9 +73,12 @@ class Logprob(float):
 
 def ranked(logprobs: dict[int, float], n: int, decode) -> dict[int, Logprob]:
     """One position's logprobs (the top n and the drawn token) as `Logprob`s, most likely first;
-    `decode(token_id)` gives each one's text (None: no tokenizer)."""
+    `decode(token_id)` gives each one's text (None: no tokenizer). The drawn (or prompt) token's
+    rank is the worker's (kernels/proposal.py PositionLogprobs), the top n's their place."""
     order = most_likely(logprobs, len(logprobs))
-    return {t: Logprob(lp, i + 1 if i < n else None, decode(t)) for i, (t, lp) in enumerate(order)}
+    own, own_rank = getattr(logprobs, "token", None), getattr(logprobs, "rank", None)
+    return {t: Logprob(lp, own_rank if t == own and own_rank is not None else i + 1 if i < n else None, decode(t))
+            for i, (t, lp) in enumerate(order)}
 
 
 @dataclass

@@ -71,6 +71,26 @@ class Proposal:
         return out
 
 
+class PositionLogprobs(dict):
+    """{token id: logprob} at one position: `token`'s (the drawn token, or the prompt's) and the top
+    n; `rank` is `token`'s rank in the whole vocabulary (1: the most likely), which the top n alone
+    cannot tell where it ranks below them."""
+
+    token: int | None = None
+    rank: int | None = None
+
+    @classmethod
+    def of(cls, entries: dict[int, float], token: int, rank: int) -> "PositionLogprobs":
+        row = cls(entries)
+        row.token, row.rank = token, rank
+        return row
+
+    def top(self, n: int) -> "PositionLogprobs":
+        """`token`'s entry and the n most likely (ties by token id)."""
+        kept = sorted(self.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+        return PositionLogprobs.of({**dict(kept), self.token: self[self.token]}, self.token, self.rank)
+
+
 @dataclass
 class VerifyResult:
     """One round's outcome for one sequence: accepted draft tokens, then recovered or bonus.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from specray.cluster.outputs import most_likely, ranked
 from specray.cluster.serve.deltas import ChoiceDeltas
+from specray.kernels.proposal import PositionLogprobs
 
 CONTEXT_TOKENS = 4  # tokens decoded before a position's token, so its text keeps its leading space
 
@@ -127,7 +128,9 @@ class CompletionDeltas(ChoiceDeltas):
 
 def top_and(lp: dict[int, float], n: int, token: int) -> dict[int, float]:
     """A position's n most likely tokens and `token` (a prompt position may hold more: the request's
-    prompt_logprobs and echo share the target's rows)."""
+    prompt_logprobs and echo share the target's rows); a PositionLogprobs keeps its rank."""
+    if isinstance(lp, PositionLogprobs) and lp.token == token:
+        return lp.top(n)
     return {**dict(most_likely(lp, n)), token: lp[token]}
 
 
