@@ -153,6 +153,7 @@ def transports(cfg, requests, params, concurrency: int) -> list[dict]:
     from specray.cluster.pools.ray_pools import RayTargetPool
     from specray.cluster.router.limits import router_limits
     from specray.cluster.router.router import Router
+    from specray.cluster.serve.drafter_cli import drafter_argv
     from specray.cluster.serve.http_server import free_port
     from specray.kernels.config import ModelConfig
     from specray.kernels.loader import resolve
@@ -165,10 +166,9 @@ def transports(cfg, requests, params, concurrency: int) -> list[dict]:
         drafter, overrides = None, {"transport.kind": kind}
         if kind == "grpc":
             port = free_port()
-            spec = cfg.speculative
-            drafter = subprocess.Popen([sys.executable, "-m", "specray.cluster.cli", "drafter", "--method", spec.method,
-                                        "--host", "127.0.0.1", "--port", str(port)] +
-                                       (["--model", spec.model] if spec.model else []), stdout=subprocess.DEVNULL)
+            drafter = subprocess.Popen([sys.executable, "-m", "specray.cluster.cli", "drafter", "--host", "127.0.0.1",
+                                        "--port", str(port), *drafter_argv(cfg.speculative, cfg.model)],
+                                       stdout=subprocess.DEVNULL)  # the same drafts as the other rows
             overrides["transport.drafter_address"] = f"127.0.0.1:{port}"
         kcfg = cfg.with_overrides(**overrides)
         pool = build_draft_pool(kcfg)
@@ -242,14 +242,24 @@ def cmd_bench_cluster(args) -> int:
     report.update(median_rows(passes))
     if args.repeats > 1:
         report["passes"] = passes
+    write_report(report, Path(args.out))  # the rows measured so far stay whatever the next phase does
     if cfg.speculative_config and not args.skip_transports:
-        report["transports"] = transports(cfg, requests[:8], params, min(8, max(args.concurrency)))
-    out = Path(args.out)
+        try:
+            report["transports"] = transports(cfg, requests[:8], params, min(8, max(args.concurrency)))
+        except (RuntimeError, ValueError) as e:  # e.g. no node offers the draft pool's resources
+            print(markdown(report))
+            print(f"specray bench cluster: the transports phase failed ({e}); the rows above are in {args.out} "
+                  "(--skip-transports leaves the phase out)", file=sys.stderr)
+            return 1
+        write_report(report, Path(args.out))
+    print(markdown(report))
+    return 0
+
+
+def write_report(report: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "cluster.json").write_text(json.dumps(report, indent=2))
     (out / "cluster.md").write_text(markdown(report))
-    print(markdown(report))
-    return 0
 
 
 def paths_list(text: str) -> tuple[str, ...]:

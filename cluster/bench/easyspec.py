@@ -7,6 +7,7 @@ in the sequential-step count, not in CPU time (docs/speculation.md)."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -110,7 +111,15 @@ def cmd_bench_easyspec(args) -> int:
     encoded = [prompt_token_ids(tok, p["prompt"]) for p in prompts]
     drafts = args.drafts.split(",")
     plan = [(d, n) for d in drafts for n in args.sizes]
-    rows = [row for d, n in tqdm(plan, desc="bench easyspec") if (row := measure(args, d, n, encoded))]
+    rows, skipped = [], []
+    for d, n in tqdm(plan, desc="bench easyspec"):
+        row = measure(args, d, n, encoded)
+        rows.append(row) if row is not None else skipped.append(f"N={n} for {d}")
+    if skipped:  # a size past a draft's middle layers; an empty report exited 0
+        print(f"specray bench easyspec: skipped (the group size exceeds the draft's middle layers): "
+              f"{', '.join(skipped)}", file=sys.stderr)
+    if not rows:
+        raise ValueError(f"no --sizes fit the drafts' middle layers ({', '.join(skipped)}): choose smaller sizes")
     for d in drafts:  # the effect of calibration: each draft's largest fitting N without it
         n = max((r["N"] for r in rows if r["draft"] == d), default=1)
         if n > 1:

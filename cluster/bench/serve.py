@@ -39,10 +39,18 @@ SCHEMA = "specray.bench.serve/3"
 
 
 def percentiles(values: list[float]) -> dict:
+    """p50 / p90 / p99, interpolated between the ranks around them (numpy's default, as vLLM's
+    benchmark reports them): the p50 of two values is their mean, not the larger."""
     if not values:
         return {"p50": None, "p90": None, "p99": None}
     v = sorted(values)
-    pick = lambda q: round(v[min(len(v) - 1, int(q * len(v)))], 4)  # noqa: E731
+
+    def pick(q: float) -> float:
+        at = q * (len(v) - 1)
+        lo = int(at)
+        hi = min(lo + 1, len(v) - 1)
+        return round(v[lo] + (v[hi] - v[lo]) * (at - lo), 4)
+
     return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
 
 
@@ -204,8 +212,11 @@ def add_serve_bench_parser(kinds) -> None:
     srv.add_argument("--api-key", default=None, help="sent as Authorization: Bearer KEY")
     srv.add_argument("--endpoint", choices=["chat", "completions"], default="chat",
                      help="/v1/chat/completions (the prompt as a user message) or /v1/completions")
-    srv.add_argument("--concurrency", type=positive_int_list, default=[1, 8, 16], help="closed-loop levels, e.g. 1,8,16")
-    srv.add_argument("--request-rate", type=positive_float, default=None, help="Poisson arrivals per second (open loop)")
+    srv.add_argument("--concurrency", type=positive_int_list, default=[1, 8, 16],
+                     help="closed-loop levels, e.g. 1,8,16; with --request-rate, the most requests in flight, "
+                          "one open-loop pass a level (as vLLM's --max-concurrency)")
+    srv.add_argument("--request-rate", type=positive_float, default=None,
+                     help="Poisson arrivals per second (open loop), capped by each --concurrency level")
     srv.add_argument("--num-requests", type=positive_int, default=32, help="requests a level")
     srv.add_argument("--max-tokens", type=positive_int, default=128, help="max_tokens of every request")
     srv.add_argument("--temperature", type=non_negative_float, default=0.0, help="of every request (each has its own seed)")

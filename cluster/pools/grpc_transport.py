@@ -110,6 +110,9 @@ class DrafterServicer(pb_grpc.DrafterServicer):
         self.endpoint = endpoint
 
     def Propose(self, request, context):
+        if request.method and request.method != self.endpoint.method:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"this drafter serves method {self.endpoint.method!r}, "
+                          f"the router drafts with {request.method!r}")
         try:
             with self.endpoint.lock:
                 return proposals_to_proto(self.endpoint.worker.propose(items_from_proto(request)))
@@ -210,6 +213,7 @@ class GrpcDraftPool:
                 self.stub.Release(pb.ReleaseRequest(seq_ids=self._released), timeout=self.timeout_s)
                 self._released = []
             request = items_to_proto(items)
+            request.method = self.method or ""
             return _GrpcPending(self, self.stub.Propose.future(request, timeout=self.timeout_s), request.ByteSize())
         except grpc.RpcError as e:
             self.down = True
@@ -219,4 +223,11 @@ class GrpcDraftPool:
         self._released.append(str(seq_id))
 
     def close(self) -> None:
+        """Releases still queued go out first: the drafter would keep those sequences' state."""
+        if self._released and not self.down:
+            try:
+                self.stub.Release(pb.ReleaseRequest(seq_ids=self._released), timeout=PROBE_TIMEOUT_S)
+            except grpc.RpcError:
+                pass  # a drafter gone: nothing to release
+            self._released = []
         self.channel.close()

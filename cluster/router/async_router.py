@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import queue
 import threading
+import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -85,6 +86,9 @@ class AsyncRouter:
         self._admission = threading.Lock()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._ids = itertools.count()
+        # request ids unique across routers: a drafter shared by replicas, or outliving a server,
+        # keys its sequences by them
+        self._id_prefix = uuid.uuid4().hex[:8]
         self._turn_queued = False  # a turn waits on the compute thread (guarded by _turns)
         self._turns = threading.Lock()
         self._stopped = False
@@ -112,7 +116,7 @@ class AsyncRouter:
             raise RouterStopped("the router is shutting down; retry")
         self.router.check_prompt(prompt_token_ids, params)
         self.check_size(params.n)
-        request_id = f"req-{next(self._ids)}"
+        request_id = f"req-{self._id_prefix}-{next(self._ids)}"
         stream: asyncio.Queue = asyncio.Queue()
         with self._admission:
             if self.num_waiting + params.n > self.max_waiting:

@@ -4,6 +4,7 @@ transport points at it)."""
 from __future__ import annotations
 
 import argparse
+import json
 
 from specray.cluster.args import json_object, non_negative_int, positive_int
 from specray.kernels.drafters.registry import METHODS
@@ -70,6 +71,21 @@ def drafter_spec(args):
                              draft_quantization=args.quantization, lookup_first=args.lookup_first or None,
                              layer_parallel=args.layer_parallel)
     return draft_spec(spec, args.model, args.dtype, args.device, args.kv_cache_tokens, DRAFTER_BLOCK_SIZE)
+
+
+def drafter_argv(spec, target: str) -> list[str]:
+    """`specray drafter` flags serving `spec` (a SpeculativeConfig) for `target`: what drafter_spec
+    reads back (lookup_first's options dict becomes the plain flag)."""
+    argv = ["--method", spec.method, "--prompt-lookup-min", str(spec.prompt_lookup_min),
+            "--prompt-lookup-max", str(spec.prompt_lookup_max)]
+    model = target if spec.method == "aded" else spec.model  # aded reads the target's tokenizer
+    argv += ["--model", model] if model else []
+    for flag, value in (("--tree", spec.tree), ("--aded", spec.aded), ("--longspec", spec.longspec)):
+        argv += [flag, json.dumps(value)] if value is not None else []
+    for flag, value in (("--vocab-trim", spec.draft_vocab_trim), ("--quantization", spec.draft_quantization),
+                        ("--num-layers", spec.draft_num_layers), ("--layer-parallel", spec.layer_parallel)):
+        argv += [flag, str(value)] if value is not None else []
+    return argv + (["--lookup-first"] if spec.lookup_first else [])
 
 
 def cmd_drafter(args) -> int:

@@ -49,10 +49,12 @@ class DraftItem(_message.Message):
     def __init__(self, seq_id: _Optional[str] = ..., committed_delta: _Optional[_Iterable[int]] = ..., num_draft_tokens: _Optional[int] = ..., spec: _Optional[_Union[DraftSeqSpec, _Mapping]] = ..., verify_budget: _Optional[int] = ..., features: _Optional[bytes] = ..., feature_rows: _Optional[int] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "method")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[DraftItem]
-    def __init__(self, items: _Optional[_Iterable[_Union[DraftItem, _Mapping]]] = ...) -> None: ...
+    method: str
+    def __init__(self, items: _Optional[_Iterable[_Union[DraftItem, _Mapping]]] = ..., method: _Optional[str] = ...) -> None: ...
 
 class DraftProbs(_message.Message):
     __slots__ = ("vocab_size", "dense", "row_offsets", "indices", "values")

@@ -223,6 +223,10 @@ def test_bench_easyspec_end_to_end(tmp_path, tiny_target):
     n4 = next(r for r in report["rows"] if r["N"] == 4 and r["calibrated"])
     assert n4["attention_steps_per_draft_token"] == (6 + 2 * 3) / 3  # first token exact, then 3 groups
     assert (out / "easyspec.png").read_bytes()[:4] == b"\x89PNG" and "| N |" in (out / "easyspec.md").read_text()
+    # sizes that fit no draft: an error naming them (it exited 0 with an empty report)
+    assert main(["bench", "easyspec", "--model", str(deep), "--drafts", str(deep), "--sizes", "9",
+                 "--dataset", str(data), "--num-prompts", "1", "--max-tokens", "4", "--out", str(tmp_path / "none")]) == 2
+    assert not (tmp_path / "none").exists()
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -115,3 +115,24 @@ def test_serve_refuses_a_drafter_that_is_not_there_or_serves_another_method(tiny
         assert "serves method 'ngram'; speculative_config asks for 'aded'" in capsys.readouterr().err
     finally:
         server.stop(grace=0)
+
+
+@pytest.mark.parametrize("config", [
+    {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 3},
+    {"method": "draft_model", "tree": {"kind": "rsd_c", "branching": [2, 1]}, "draft_vocab_trim": 0,
+     "draft_quantization": "none", "draft_num_layers": 1, "lookup_first": True},
+    {"method": "aded", "aded": {"simulations": 3}},
+])
+def test_drafter_argv_serves_what_the_router_would(config, tiny_target, tiny_draft):
+    """`bench cluster`'s gRPC row started its drafter with --method and --model only: trees, VocabTrim,
+    lookup and ADED's target went missing, so that row drafted differently from the others."""
+    from specray.cluster.config.speculative import SpeculativeConfig
+    from specray.cluster.config.worker_specs import draft_spec
+    from specray.cluster.serve.drafter_cli import DRAFTER_BLOCK_SIZE, drafter_argv
+
+    if config["method"] == "draft_model":
+        config = {**config, "model": str(tiny_draft)}
+    spec = SpeculativeConfig.from_dict(config)
+    served = drafter_spec(build_parser().parse_args(["drafter", *drafter_argv(spec, str(tiny_target))]))
+    want = draft_spec(spec, str(tiny_target), "float32", "cpu", 16384, DRAFTER_BLOCK_SIZE)
+    assert served == want

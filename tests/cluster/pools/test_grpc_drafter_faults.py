@@ -70,3 +70,46 @@ def test_a_drafter_back_with_another_method_is_not_used(drafter):
             return
         time.sleep(0.05)
     raise AssertionError("the other method was not named")
+
+
+def test_a_drafter_restarted_with_another_method_while_idle_is_not_used(drafter):
+    """No call failed in between (gRPC reconnects quietly), so the pool never pinged: every Propose
+    now names the method and the drafter refuses another."""
+    pool, _, endpoint = drafter
+    endpoint.method = "eagle"  # as a drafter restarted on the same port with --method eagle
+    with pytest.raises(DraftUnavailable, match="serves method 'eagle', the router drafts with 'ngram'"):
+        pool.submit_propose([_item("a")]).result()
+    with pytest.raises(DraftUnavailable):  # and stays unused while it says so
+        pool.submit_propose([_item("b")]).result()
+
+
+def test_releases_queued_at_close_reach_the_drafter(drafter):
+    """The last requests' state outlived a stopped server in a shared drafter."""
+    pool, _, endpoint = drafter
+    pool.submit_propose([_item("a")]).result()
+    released = []
+    endpoint.release_many = released.extend
+    pool.release("a")
+    pool.close()
+    assert released == ["a"]
+
+
+def test_request_ids_differ_between_routers(tiny_target):
+    """Each server numbered its requests from req-0: a drafter shared with (or outliving) another
+    server drafted from that one's state of the same id."""
+    import asyncio
+
+    from specray import LLM, SamplingParams
+    from specray.cluster.router.async_router import AsyncRouter
+
+    async def first_id(router):
+        async for out in router.generate([1, 5, 9], SamplingParams(temperature=0.0, max_tokens=1)):
+            return out.request_id
+
+    routers = [AsyncRouter(LLM(str(tiny_target)).router) for _ in range(2)]
+    try:
+        ids = [asyncio.run(first_id(r)) for r in routers]
+    finally:
+        for r in routers:
+            r.shutdown()
+    assert ids[0] != ids[1] and all(i.startswith("req-") for i in ids)
