@@ -134,6 +134,10 @@ class ServeConfig(Strict):
             raise ValueError("transport.kind 'grpc' needs transport.drafter_address (host:port)")
         if self.transport.drafter_address and self.transport.kind != "grpc":  # it was ignored
             raise ValueError(f"transport.drafter_address is for transport.kind 'grpc', not {self.transport.kind!r}")
+        address = self.transport.drafter_address
+        host, _, port = (address or "").rpartition(":")
+        if address and not (host and port.isdigit() and 0 < int(port) <= 65535):  # it waited, then "no drafter"
+            raise ValueError(f"transport.drafter_address must be host:port, got {address!r}")
         if self.transport.master_port and self.transport.kind != "torch_distributed":
             raise ValueError("transport.master_port is for transport.kind 'torch_distributed', not "
                              f"{self.transport.kind!r}")

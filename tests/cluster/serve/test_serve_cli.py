@@ -67,6 +67,7 @@ def test_pipeline_auto_pipelines_only_model_drafts(flags, pipelined):
     ("router: {max_num_seqs: '32'}\n", "router.max_num_seqs: Input should be a valid integer"),
     ("router: {max_num_seqs: true}\n", "router.max_num_seqs: Input should be a valid integer"),
     ("transport: {drafter_address: 'h:1'}\n", "drafter_address is for transport.kind 'grpc'"),  # was ignored
+    ("transport: {kind: grpc, drafter_address: nonsense}\n", "drafter_address must be host:port"),  # waited, then no drafter
     ("transport: {kind: inline, master_port: 29500}\n", "master_port is for transport.kind 'torch_distributed'"),
     ("served_model_name: ''\n", "served_model_name: String should have at least 1 character"),
     ("http: {host: ''}\n", "http.host: String should have at least 1 character"),
