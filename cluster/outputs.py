@@ -48,9 +48,8 @@ def most_likely(logprobs: dict[int, float], n: int) -> list[tuple[int, float]]:
 
 class Logprob(float):
     """One token's log-probability in the Python API's outputs, shaped like vLLM's `Logprob`
-    (`.logprob`, `.rank`: 1 for the most likely, None for a drawn token outside the requested top n,
-    whose rank the workers do not compute; `.decoded_token`); still a float for code written against
-    specray's plain `dict[int, float]`."""
+    (`.logprob`, `.rank`: its rank in the vocabulary, 1 for the most likely; `.decoded_token`); still
+    a float for code written against specray's plain `dict[int, float]`."""
 
     rank: int | None
     decoded_token: str | None
