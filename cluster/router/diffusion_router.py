@@ -49,6 +49,9 @@ class DiffusionLimits:
                     f"room for a block of {self.block_length} to generate")
         check_param(params.logprobs is None, "logprobs", "logprobs are not defined for a diffusion LM in specray "
                     "(tokens are not generated left to right from one distribution each)")
+        check_param(params.max_tokens is not None, "max_tokens",
+                    "max_tokens=None would make a diffusion LM's canvas the whole context (every step a forward "
+                    "over all of it): give max_tokens")
         check_param(params.prompt_logprobs is None, "prompt_logprobs",
                     "prompt_logprobs are not defined for a diffusion LM (it does not predict a prompt left to right)")
         check_param(params.num_speculative_tokens is None and params.verify_budget is None,

@@ -73,3 +73,9 @@ def test_bad_prompt_logprobs_are_refused_by_name(value):
 def test_a_diffusion_lm_refuses_prompt_logprobs():
     with pytest.raises(ValueError, match="prompt_logprobs are not defined for a diffusion LM"):
         DiffusionLimits(64, 100, 8).check_request([1, 2], SamplingParams(prompt_logprobs=1))
+
+
+def test_a_diffusion_lm_refuses_max_tokens_none():
+    """vLLM's "up to the model's length" made the canvas the whole context: 8k masks, minutes a block."""
+    with pytest.raises(ValueError, match="max_tokens=None would make a diffusion LM's canvas the whole context"):
+        DiffusionLimits(64, 100, 8).check_request([1, 2], SamplingParams(max_tokens=None))
