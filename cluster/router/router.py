@@ -186,7 +186,8 @@ class Router(DraftSide, RequestBook):
         else:  # the round's prompt chunk is cached
             seq.prefilled, seq.chunk = seq.prefilled + seq.chunk, 0
             if res.prompt_logprobs is not None:
-                seq.prompt_logprobs = (seq.prompt_logprobs or []) + res.prompt_logprobs
+                seq.prompt_logprobs = seq.prompt_logprobs or []
+                seq.prompt_logprobs.extend(res.prompt_logprobs)
         if res.features is not None:
             seq.draft_features.append(res.features)
         if res.next_token_id is None:  # a prompt chunk before the last: nothing drawn
