@@ -27,7 +27,7 @@ from specray.cluster.llm_inputs import (
     token_ids,
 )
 from specray.cluster.outputs import CompletionOutput, Logprob, PublicLogprobs, RequestOutput
-from specray.cluster.params import SamplingParams
+from specray.cluster.params import MAX_API_SEED, MIN_SEED, SamplingParams
 from specray.cluster.pools.in_process import InProcessDiffusionPool, InProcessDraftPool, InProcessTargetPool
 from specray.cluster.router.diffusion_router import DiffusionRouter, diffusion_limits
 from specray.cluster.router.limits import router_limits
@@ -63,7 +63,9 @@ class LLM:
         fits, whole), as `specray serve` does."""
         torch_dtype = parse_dtype(dtype)
         check_engine_args(device, kv_cache_tokens, block_size, max_num_seqs, kernels, torch_dtype)
-        check_int_arg("seed", seed, 0, optional=True)
+        check_int_arg("seed", seed, MIN_SEED, optional=True)
+        if seed is not None and seed > MAX_API_SEED:
+            raise ValueError(f"seed must be an integer in [{MIN_SEED}, {MAX_API_SEED}] or None, got {seed!r}")
         check_int_arg("max_model_len", max_model_len, 1, optional=True)
         # open streams' requests, and the latest output of each that another call's rounds produced
         self._streamed: set[str] = set()

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field, replace
 from specray.kernels.sampling import SamplingConfig
 
 MAX_LOGPROBS = 20  # top logprobs per token at most, as OpenAI's top_logprobs and vLLM's max_logprobs
-MAX_SEED = 2**63 - 1  # seeds travel as int64 between the pools (choice i draws with seed + i)
+MAX_SEED = 2**63 - 1  # seeds travel as int64 between the pools (choice i draws with choice_seed(seed, i))
+MIN_SEED, MAX_API_SEED = -2**63, 2**64 - 1  # what clients send: int64 (vLLM, OpenAI) or uint64 (our gRPC)
 MAX_TOP_K = 2**31 - 1  # top_k travels as int32
 MAX_STOPS = 64  # stop strings and stop token ids each: every round scans them for every sequence
 
@@ -85,9 +86,8 @@ class SamplingParams:
                     f"top_p must be in (0, 1], got {self.top_p!r}")
         check_param(_is_int(self.top_k) and 0 <= self.top_k <= MAX_TOP_K, "top_k",
                     f"top_k must be an integer in [0, {MAX_TOP_K}] or -1, got {self.top_k!r}")
-        check_param(self.seed is None or (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED - (self.n - 1)),
-                    "seed",
-                    f"seed must be an integer in [0, {MAX_SEED} - (n - 1)], got {self.seed!r}")
+        check_param(self.seed is None or (_is_int(self.seed) and MIN_SEED <= self.seed <= MAX_API_SEED), "seed",
+                    f"seed must be an integer in [{MIN_SEED}, {MAX_API_SEED}], got {self.seed!r}")
         check_param(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1), "max_tokens",
                     f"max_tokens must be an integer >= 1 or None (up to the model's length), got {self.max_tokens!r}")
         check_param(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
@@ -157,3 +157,8 @@ def check_param(ok: bool, param: str | None, message: str) -> None:
     """SamplingParamError(param, message) unless `ok` (the router's request checks share it)."""
     if not ok:
         raise SamplingParamError(param, message)
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """Choice `index`'s sampler seed: seed + index folded into [0, MAX_SEED], the pools' int64 range."""
+    return None if seed is None else (seed + index) % (MAX_SEED + 1)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from specray.actors.diffusion_worker import DiffusionItem
 from specray.cluster.outputs import RequestOutput
-from specray.cluster.params import SamplingParams, check_param
+from specray.cluster.params import SamplingParams, check_param, choice_seed
 from specray.cluster.pools.api import DiffusionPool, TargetUnavailable
 from specray.cluster.router.limits import RouterStats
 from specray.cluster.router.requests import RequestBook
@@ -90,7 +90,7 @@ class DiffusionRouter(RequestBook):
 
     def _item(self, seq: Sequence) -> DiffusionItem:
         p = seq.params
-        seed = None if p.seed is None else p.seed + seq.index
+        seed = choice_seed(p.seed, seq.index)
         stops = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos_token_ids)
         canvas = min(p.max_tokens, self.config.room(len(seq.prompt_token_ids)))  # finishes "length" there
         return DiffusionItem(seq.seq_id, seq.prompt_token_ids, canvas, p.sampling_config(), seed, stops)

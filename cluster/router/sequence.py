@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from specray.actors.messages import SeqSpec
 from specray.cluster.outputs import CompletionOutput, SpecMetrics
-from specray.cluster.params import SamplingParams
+from specray.cluster.params import SamplingParams, choice_seed
 from specray.cluster.router.adaptive import Acceptance
 from specray.cluster.router.stops import StopTails
 
@@ -68,7 +68,7 @@ class Sequence:
         return self.finish_reason is not None
 
     def spec(self) -> SeqSpec:
-        seed = None if self.params.seed is None else self.params.seed + self.index
+        seed = choice_seed(self.params.seed, self.index)
         return SeqSpec(self.params.sampling_config(), seed, self.params.logprobs, self.params.prompt_logprobs)
 
     @property

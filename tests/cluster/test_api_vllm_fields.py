@@ -92,3 +92,16 @@ def test_too_many_stops_name_their_field(field):
     with pytest.raises(ValueError, match="at most 64 stop strings") as e:
         SamplingParams(**{field: [f"w{i}" if field == "stop" else i for i in range(65)]})
     assert e.value.param == field
+
+
+def test_seeds_take_the_int64_and_uint64_ranges_and_fold_into_the_pools_range(llm):
+    """vLLM and OpenAI take negative seeds, our gRPC API uint64 ones: choice i draws with (seed + i) mod 2^63."""
+    sampled = dict(temperature=1.0, max_tokens=6, ignore_eos=True, n=2)
+
+    def draws(seed):
+        out = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(**sampled, seed=seed))[0]
+        return [c.token_ids for c in out.outputs]
+
+    assert draws(-1) == draws(2**63 - 1) == draws(2**64 - 1)  # all fold to 2^63 - 1, choice 1 to 0
+    assert draws(-1)[1] == draws(0)[0] and draws(-2**63) == draws(0)
+    assert draws(-1) != draws(5)  # the fold keeps seeds apart: not one stream for every negative seed

@@ -9,7 +9,7 @@ from specray import SamplingParams
 from openai_helpers import KEY, MESSAGES, offline, served  # noqa: F401 - fixtures
 
 @pytest.mark.parametrize("field, value", [("max_tokens", -3), ("temperature", -1), ("top_p", 2.0), ("n", 0),
-                                          ("stop", [""]), ("seed", -1)])
+                                          ("stop", [""]), ("seed", 2**64)])
 def test_a_refused_sampling_parameter_is_named_in_param(field, value):
     """OpenAI's error body names the offending field in `param`, as for the schema's own errors."""
     from specray.cluster.serve.openai_protocol import ApiError, ChatRequest
