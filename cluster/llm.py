@@ -131,9 +131,14 @@ class LLM:
         return self._run(ids, use_tqdm)
 
     def stream(self, prompts: PromptLike | Seq[PromptLike], sampling_params: SamplingParams | None = None):
-        """Yield every `RequestOutput` as its request advances (one per request per round)."""
+        """Yield every `RequestOutput` as its request advances (one per request per round). Bad prompts
+        or parameters raise here, at the call; the requests start at the first `next()`."""
         prompts = as_list(prompts)
-        ids = self._add_all(prompts, params_list(sampling_params, len(prompts)))
+        params = params_list(sampling_params, len(prompts))
+        return self._stream(self._encode_all(prompts, params), params)
+
+    def _stream(self, encoded: list[tuple[str | None, list[int]]], params: list[SamplingParams]):
+        ids = self._add_encoded(encoded, params)
         own, finished = set(ids), set()
         self._streamed |= own
         try:
@@ -175,6 +180,10 @@ class LLM:
             raise failure.__cause__ or failure
 
     def _add_all(self, prompts: Seq[PromptLike], params: list[SamplingParams]) -> list[str]:
+        return self._add_encoded(self._encode_all(prompts, params), params)
+
+    def _encode_all(self, prompts: Seq[PromptLike], params: list[SamplingParams]) -> list[tuple[str | None, list[int]]]:
+        """(text, token ids) of every prompt, each checked against its parameters: all or none are added."""
         encoded = []
         for i, prompt in enumerate(prompts):
             try:
@@ -182,6 +191,9 @@ class LLM:
                 self.router.check_prompt(encoded[-1][1], params[i])
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from None
+        return encoded
+
+    def _add_encoded(self, encoded: list[tuple[str | None, list[int]]], params: list[SamplingParams]) -> list[str]:
         ids = [self.router.add_request(tok, sp, text) for (text, tok), sp in zip(encoded, params)]
         for request_id, sp in zip(ids, params):
             self._logprobs.track(request_id, sp.logprobs, sp.prompt_logprobs)

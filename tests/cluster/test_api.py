@@ -32,7 +32,7 @@ def test_bad_sampling_params(kwargs, message):
 
 @pytest.mark.parametrize("config, message", [
     ({"method": "eagle9"}, "unknown speculative method"),
-    ({"method": "none"}, "null \(or leaving it out\) turns speculation off"),
+    ({"method": "none"}, r"null \(or leaving it out\) turns speculation off"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
     ({"method": "draft_model"}, "needs a draft"),
     ({"method": "ngram", "bogus": 1}, "unknown speculative_config keys"),
@@ -248,6 +248,18 @@ def test_a_stream_left_early_ends_its_requests(llm):
     assert len(out[0].outputs[0].token_ids) == 2 and llm.router.has_unfinished()
     held.close()
     assert not llm.router.has_unfinished()
+
+
+def test_a_stream_refuses_bad_input_at_the_call_and_starts_nothing_until_read(llm):
+    """It raised only at the first next(), far from the call that caused it."""
+    with pytest.raises(ValueError, match="prompt 1: .*token ids"):
+        llm.stream(["w5", {"prompt_token_ids": [10**9]}], SamplingParams(max_tokens=3, **GREEDY))
+    with pytest.raises(ValueError, match="sampling_params must be one SamplingParams or one per prompt"):
+        llm.stream(["w5", "w6"], [SamplingParams(max_tokens=3)])
+    unread = llm.stream("w5 w6", SamplingParams(max_tokens=3, **GREEDY))
+    assert not llm.router.has_unfinished()  # a stream never read runs nothing on later calls' rounds
+    del unread
+    assert len(llm.generate("w7", SamplingParams(max_tokens=2, **GREEDY))) == 1
 
 
 def test_a_held_stream_gets_its_outputs_after_another_call_ran_its_rounds(llm):
