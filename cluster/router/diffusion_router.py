@@ -117,24 +117,25 @@ class DiffusionRouter(RequestBook):
             return []
         self.stats.model_calls += 1
         by_id = {s.seq_id: s for s in group}
-        for update in updates:
-            self._commit(by_id[update.seq_id], update)
-        return self.outputs(group)
+        changed = [by_id[u.seq_id] for u in updates if self._commit(by_id[u.seq_id], u)]
+        return self.outputs(changed)  # a call that finalised no token of a request has nothing to stream
 
-    def _commit(self, seq: Sequence, update: DiffusionUpdate) -> None:
+    def _commit(self, seq: Sequence, update: DiffusionUpdate) -> bool:
+        """Apply a call's update; True when the sequence has news: tokens, or its end."""
         m = seq.metrics
         m.num_rounds += 1 if update.forwarded else 0  # model calls this sequence took part in
         m.num_draft_tokens += max(update.drafts - 1, 0)  # drafts beyond the first (the static state)
         m.num_accepted_tokens += max(update.steps - 1, 0)  # steps beyond the first a call advanced
-        m.num_emitted_tokens += len(update.token_ids)
         m.num_diffusion_steps += update.steps
         self.stats.diffusion_steps += update.steps
-        if update.token_ids:
-            self.stats.tokens += seq.commit(update.token_ids, None, self.tokenizer)
+        emitted = seq.commit(update.token_ids, None, self.tokenizer) if update.token_ids else 0
+        m.num_emitted_tokens += emitted  # what the output keeps: a stop string cuts the block it ends in
+        self.stats.tokens += emitted
         if update.done and not seq.finished:  # the canvas is complete: max_tokens reached
             seq.finish_reason = "length"
         if seq.finished:
             self._retire(seq)
+        return bool(update.token_ids) or seq.finished
 
     def _retire(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -43,7 +43,7 @@ def test_generate_equals_static_decoding_at_every_batch_size(folder, num_drafts)
             c = o.outputs[0]
             assert c.finish_reason == ("stop" if c.token_ids[-1] == 2 else "length") and len(c.token_ids) <= 19
             m = o.metrics
-            assert m.num_diffusion_steps >= m.num_rounds - 1 and m.num_emitted_tokens >= len(c.token_ids)
+            assert m.num_diffusion_steps >= m.num_rounds - 1 and m.num_emitted_tokens == len(c.token_ids)
 
 
 def test_sampled_requests_repeat_with_a_seed_and_choices_differ(folder):
@@ -73,14 +73,27 @@ def test_stop_tokens_strings_and_chat(folder):
     c = cut[0].outputs[0]
     assert c.token_ids == tokens[:tokens.index(stop_at) + 1] and c.finish_reason == "stop"
     word = free[0].outputs[0].text.split()[3]
-    text = llm.generate([{"prompt_token_ids": PROMPTS[2]}], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True,
-                                                                           stop=[word]))[0].outputs[0]
+    stopped = llm.generate([{"prompt_token_ids": PROMPTS[2]}], SamplingParams(temperature=0, max_tokens=16,
+                                                                              ignore_eos=True, stop=[word]))[0]
+    text = stopped.outputs[0]
     assert word not in text.text and text.finish_reason == "stop" and text.stop_reason == word
     # a block's tokens past the one that completes the stop string are not the answer's (nor its usage)
     tok = llm.get_tokenizer()
     assert word in tok.decode(text.token_ids) and word not in tok.decode(text.token_ids[:-1])
+    assert stopped.metrics.num_emitted_tokens == len(text.token_ids) < 16  # the block was cut: its tail is not emitted
+    assert cut[0].metrics.num_emitted_tokens == len(c.token_ids)
     chat = llm.chat([{"role": "user", "content": "w7 w8"}], SamplingParams(temperature=0, max_tokens=8))
     assert chat[0].outputs[0].token_ids
+
+
+def test_a_stream_yields_only_when_a_request_has_new_tokens_or_ends(folder):
+    """Every model call yielded every request, also when no block of it was finalised."""
+    llm = LLM(str(folder), diffusion_config={"block_length": 8, "steps_per_block": 8})
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = list(llm.stream([{"prompt_token_ids": PROMPTS[0]}], params))
+    lengths = [len(o.outputs[0].token_ids) for o in outs]
+    assert lengths == sorted(set(lengths)) and outs[-1].finished and lengths[-1] == 16
+    assert len(outs) < outs[-1].metrics.num_rounds  # 16 one-token steps in fewer outputs
 
 
 @pytest.mark.parametrize("kwargs, message", [
