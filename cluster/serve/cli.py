@@ -30,7 +30,8 @@ def add_serve_parser(sub) -> None:
                                    "adaptive prompt lookup (a diffusion LM: FreeDave). Flags "
                                    "override the --config file, which overrides defaults.")
     add_serve_flags(p)
-    p.add_argument("--dry-run", action="store_true", help="print the resolved config as YAML and exit")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config as YAML and exit (the model, "
+                   "draft, key file and ports are checked only when it starts)")
     p.set_defaults(func=cmd_serve)
 
 
