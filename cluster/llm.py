@@ -200,26 +200,29 @@ class LLM:
         return ids
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
-             sampling_params: SamplingParams | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
-        """Apply the tokenizer's chat template, then generate."""
+             sampling_params: SamplingParams | None = None, use_tqdm: bool = False,
+             add_generation_prompt: bool = True, continue_final_message: bool = False) -> list[RequestOutput]:
+        """Apply the tokenizer's chat template, then generate. As vLLM's: `add_generation_prompt` opens
+        the assistant's turn; `continue_final_message` (with it false) continues the last message."""
         if not messages:
             raise ValueError("messages is empty: a conversation needs at least one message")
         conversations = [messages] if isinstance(messages[0], dict) else messages
         for i, conversation in enumerate(conversations):
             check_conversation(conversation, i)
-        ids = [self.apply_chat_template(c) for c in conversations]
+        ids = [self.apply_chat_template(c, add_generation_prompt, continue_final_message) for c in conversations]
         # the rendered conversation as the output's prompt, as vLLM reports it
         prompts = [{"prompt_token_ids": t, "prompt": self.tokenizer.decode(t)} for t in ids]
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                            continue_final_message: bool = False) -> list[int]:
         check_conversation(messages, 0)
         if self.tokenizer is None:
             raise ValueError("this LLM has no tokenizer (skip_tokenizer_init=True): a chat template needs one; "
                              "give token ids to generate")
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"model {self.model_name!r} has no chat template")
-        return chat_token_ids(self.tokenizer, messages)
+        return chat_token_ids(self.tokenizer, messages, add_generation_prompt, continue_final_message)
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         from tqdm import tqdm

@@ -76,7 +76,9 @@ async def prompt_input(prompts: PromptEncoder, request: pb.GenerateRequest) -> t
         return request.text, await prompts.text(request.text, "text")
     if which == "token_ids":
         return None, list(request.token_ids.ids)
-    return None, await prompts.chat(chat_messages(request.chat), "chat.messages")
+    go_on = request.chat.continue_final_message
+    return None, await prompts.chat(chat_messages(request.chat), "chat.messages", add_generation_prompt=not go_on,
+                                    continue_final_message=go_on)
 
 
 # -- outputs --------------------------------------------------------------------------------

@@ -232,18 +232,20 @@ class OpenAIServer:
             body.max_tokens = body.max_completion_tokens
         params = body.sampling_params(self.default_max_tokens, body.top_n())
         try:
-            ids = await self.prompts.chat([m.template_fields(i) for i, m in enumerate(body.messages)])
+            ids = await self.prompts.chat([m.template_fields(i) for i, m in enumerate(body.messages)],
+                                          **body.template_options())
             if body.max_tokens is not None:
                 self.prompts.check_room(len(ids), body.max_tokens,
                                         "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens")
         except PromptError as e:
             raise ApiError(400, str(e), param=e.param) from None
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        role, echoed = body.reply_role(), body.echoed()
         if body.stream:
             return await self._sse(request, chat_chunks(self._run, self.tokenizer, self.model_name, rid, created, ids, params,
-                                                                 body.include_usage))
+                                                        body.include_usage, role, echoed))
         out = await self._final(request, ids, params, None, "messages")
-        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+        choices = [{"index": c.index, "message": {"role": role, "content": echoed + c.text},
                     "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
                     "logprobs": chat_logprobs(self.tokenizer, c.token_ids, c.logprobs, params.logprobs,
                                               skip=params.skip_special_tokens)}

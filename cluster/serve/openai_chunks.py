@@ -53,16 +53,20 @@ async def completion_chunks(run, tokenizer, model_name: str, rid: str, created: 
         yield {**head, "choices": [], "usage": usage_body(finals)}
 
 async def chat_chunks(run, tokenizer, model_name: str, rid: str, created: int, ids: list[int], params,
-                      include_usage: bool) -> AsyncIterator[dict]:
-    """A chat stream's chunks: the role chunks once the engine took the request, then the deltas."""
+                      include_usage: bool, role: str = "assistant", echoed: str = "") -> AsyncIterator[dict]:
+    """A chat stream's chunks: the role chunks once the engine took the request (each followed by the
+    echoed last message, if any, as vLLM sends it), then the deltas."""
     head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name,
             **({"usage": None} if include_usage else {})}  # as in completions
     deltas, last = ChoiceDeltas(), None
     async for out in run(ids, params, None, "messages"):
         if last is None:  # the role chunks wait for the engine to take the request
             for j in range(params.n):
-                yield {**head, "choices": [{"index": j, "delta": {"role": "assistant", "content": ""},
+                yield {**head, "choices": [{"index": j, "delta": {"role": role, "content": ""},
                                             "logprobs": None, "finish_reason": None}]}
+                if echoed:
+                    yield {**head, "choices": [{"index": j, "delta": {"content": echoed}, "logprobs": None,
+                                                "finish_reason": None}]}
         last = out
         for c in out.outputs:
             if (new := deltas.take(c)) is None:

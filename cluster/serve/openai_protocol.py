@@ -70,8 +70,7 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "guided_json": _off(), "guided_regex": _off(), "guided_choice": _off(), "guided_grammar": _off(),
     # vLLM's extensions
     "guided_decoding_backend": _off(), "use_beam_search": _off(False), "length_penalty": _off(1, 1.0),
-    "return_tokens_as_token_ids": _off(False), "add_generation_prompt": _off(True),
-    "continue_final_message": _off(False), "chat_template": _off(), "chat_template_kwargs": _off({}),
+    "return_tokens_as_token_ids": _off(False), "chat_template": _off(), "chat_template_kwargs": _off({}),
     "reasoning_effort": _off(),
     # OpenAI's newer options
     "modalities": _off(["text"]), "audio": _off(), "web_search_options": _off(), "verbosity": _off(),
@@ -232,12 +231,31 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(_Common):
-    NO_OPS: ClassVar[dict[str, Callable[[Any], bool]]] = {"add_special_tokens": _off(False),  # the template's
-                                                           "echo": _off(False)}  # vLLM's chat echo: not implemented
+    NO_OPS: ClassVar[dict[str, Callable[[Any], bool]]] = {"add_special_tokens": _off(False)}  # the template's
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    add_generation_prompt: bool = True  # vLLM extension: open the assistant's turn after the messages
+    continue_final_message: bool = False  # vLLM extension: the reply continues the last message (a prefill)
+    echo: bool = False  # vLLM extension: the reply starts with the last message when that has the reply's role
+
+    def template_options(self) -> dict[str, bool]:
+        if self.continue_final_message and self.add_generation_prompt:  # as vLLM
+            raise ApiError(400, "continue_final_message continues the last message, add_generation_prompt opens a "
+                           "new one: set add_generation_prompt to false", param="continue_final_message")
+        return {"add_generation_prompt": self.add_generation_prompt,
+                "continue_final_message": self.continue_final_message}
+
+    def reply_role(self) -> str:
+        """vLLM's: the assistant's when its turn is opened, else the last message's (it is continued)."""
+        return "assistant" if self.add_generation_prompt else self.messages[-1].role
+
+    def echoed(self) -> str:
+        """What `echo` puts before the reply: the last message's text when it has the reply's role."""
+        last = self.messages[-1]
+        return last.text(f"messages[{len(self.messages) - 1}].content") if (
+            self.echo and last.role == self.reply_role()) else ""
 
     def field_name(self, param: str | None) -> str | None:
         if param == "logprobs":  # chat's logprobs is a flag; the count is top_logprobs

@@ -72,7 +72,8 @@ class PromptEncoder:
         check_text(text, param, self.max_chars)
         return await self._run(lambda: list(self.tokenizer(text).input_ids))
 
-    async def chat(self, messages: list[dict[str, str]], param: str = "messages") -> list[int]:
+    async def chat(self, messages: list[dict[str, str]], param: str = "messages", **template: bool) -> list[int]:
+        """`template`: chat_token_ids' add_generation_prompt and continue_final_message."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise PromptError("this model has no chat template; send a completion prompt instead", param)
         for i, m in enumerate(messages):
@@ -80,7 +81,10 @@ class PromptEncoder:
         if sum(len(m["content"]) for m in messages) > self.max_chars:
             raise PromptError(f"the conversation cannot fit the model's context; at most {self.max_chars} "
                               "characters", param)
-        return await self._run(lambda: chat_token_ids(self.tokenizer, messages))
+        try:
+            return await self._run(lambda: chat_token_ids(self.tokenizer, messages, **template))
+        except ValueError as e:  # e.g. a template that does not render the message to continue as sent
+            raise PromptError(str(e), param) from None
 
     async def _run(self, fn) -> list[int]:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)

@@ -98,16 +98,20 @@ class Client:
         return completion_from_proto(self._unary(self._stub.Complete, request, timeout))
 
     def chat(self, messages: Sequence[Message], *, sampling: Sampling | None = None, model: str | None = None,
-             timeout: float | None = None, **sampling_kwargs) -> Completion:
-        """Answer a conversation ([{"role": ..., "content": ...}, ...]) with the chat template."""
-        request = build_request(None, messages, self._model(model), sampling, **sampling_kwargs)
+             timeout: float | None = None, continue_final_message: bool = False,
+             **sampling_kwargs) -> Completion:
+        """Answer a conversation ([{"role": ..., "content": ...}, ...]) with the chat template
+        (`continue_final_message`: continue the last message, e.g. a prefilled assistant reply)."""
+        request = build_request(None, messages, self._model(model), sampling, continue_final_message,
+                                **sampling_kwargs)
         return completion_from_proto(self._unary(self._stub.Complete, request, timeout))
 
     def stream(self, prompt: Prompt | None = None, *, messages: Sequence[Message] | None = None,
                sampling: Sampling | None = None, model: str | None = None, timeout: float | None = None,
-               **sampling_kwargs) -> Stream:
+               continue_final_message: bool = False, **sampling_kwargs) -> Stream:
         """Stream a prompt's (or a conversation's) output as `Delta`s."""
-        request = build_request(prompt, messages, self._model(model), sampling, **sampling_kwargs)
+        request = build_request(prompt, messages, self._model(model), sampling, continue_final_message,
+                                **sampling_kwargs)
         deadline = Deadline(self.timeout if timeout is None else timeout)
         start = lambda left: self._stub.Generate(request, timeout=left, metadata=self._metadata)  # noqa: E731
         return Stream(start, self.retry, deadline, request.model)

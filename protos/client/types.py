@@ -69,9 +69,13 @@ def _chat_message(index: int, m: Message) -> pb.ChatMessage:
 
 
 def build_request(prompt: Prompt | None = None, messages: Sequence[Message] | None = None,
-                  model: str = "", sampling: Sampling | None = None, **kwargs) -> pb.GenerateRequest:
-    """A GenerateRequest from a text or token-id prompt, or chat messages, and sampling options
-    (a `Sampling` and/or its fields as keyword arguments)."""
+                  model: str = "", sampling: Sampling | None = None, continue_final_message: bool = False,
+                  **kwargs) -> pb.GenerateRequest:
+    """A GenerateRequest from a text or token-id prompt, or chat messages (`continue_final_message`:
+    the reply continues the last one), and sampling options (a `Sampling` and/or its fields as
+    keyword arguments)."""
+    if continue_final_message and messages is None:
+        raise ValueError("continue_final_message continues the last of the messages: give messages")
     if (prompt is None) == (messages is None):
         raise ValueError("give exactly one of a prompt (text or token ids) or messages")
     if kwargs:
@@ -81,6 +85,7 @@ def build_request(prompt: Prompt | None = None, messages: Sequence[Message] | No
     try:
         if messages is not None:
             req.chat.messages.extend(_chat_message(i, m) for i, m in enumerate(messages))
+            req.chat.continue_final_message = continue_final_message
         elif isinstance(prompt, str):
             req.text = prompt
         else:

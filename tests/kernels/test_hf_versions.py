@@ -30,8 +30,8 @@ class _Tokenizer:
     def __init__(self, as_dict: bool):
         self.as_dict = as_dict
 
-    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
-        assert add_generation_prompt and tokenize
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize, continue_final_message):
+        assert add_generation_prompt and tokenize and not continue_final_message
         ids = [1, *(len(m["content"]) for m in messages), 2]
         return {"input_ids": ids, "attention_mask": [1] * len(ids)} if self.as_dict else ids
 

@@ -76,6 +76,19 @@ def test_chat_sync_and_stream(client, offline):
     assert client.stream(messages=MESSAGES, **greedy()).collect().choices[0].token_ids == want.token_ids
 
 
+def test_chat_continues_the_final_message(client, offline):
+    """A prefilled reply: the output is what follows the last message's text, as the offline API's."""
+    prefill = [*MESSAGES, {"role": "assistant", "content": "w30 w31"}]
+    want = offline.chat(prefill, GREEDY, add_generation_prompt=False, continue_final_message=True)[0]
+    got = client.chat(prefill, continue_final_message=True, **greedy())
+    assert got.choices[0].token_ids == want.outputs[0].token_ids
+    assert got.usage.prompt_tokens == len(want.prompt_token_ids) != len(offline.chat(prefill, GREEDY)[0].prompt_token_ids)
+    streamed = client.stream(messages=prefill, continue_final_message=True, **greedy()).collect()
+    assert streamed.choices[0].token_ids == want.outputs[0].token_ids
+    with pytest.raises(ValueError, match="give messages"):
+        client.generate(PROMPT, continue_final_message=True)
+
+
 def test_async_client(served, offline):
     want = offline.generate(PROMPT, GREEDY)[0].outputs[0]
     chat_want = offline.chat(MESSAGES, GREEDY)[0].outputs[0]

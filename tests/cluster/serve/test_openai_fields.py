@@ -28,7 +28,7 @@ def test_a_refused_sampling_parameter_is_named_in_param(field, value):
     ({"messages": MESSAGES, "stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
     ({"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs"),
     ({"messages": MESSAGES, "include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
-    ({"messages": MESSAGES, "add_generation_prompt": False}, "add_generation_prompt"),
+    ({"messages": MESSAGES, "chat_template": "{{ messages }}"}, "chat_template"),
     ({"messages": MESSAGES, "use_beam_search": True}, "use_beam_search"),
     ({"messages": MESSAGES, "structured_outputs": {"choice": ["a"]}}, "structured_outputs"),
     ({"messages": [{"role": "user", "content": "w5 " * 600}]}, "messages"),  # fills the context alone
