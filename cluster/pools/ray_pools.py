@@ -5,8 +5,8 @@ drives them exactly as it drives in-process workers.
 A draft worker that dies costs nothing but speed: the pending proposal raises DraftUnavailable,
 the router decodes target-only and resynchronises the draft from the full history once Ray has
 restarted the worker. A target worker that dies loses its KV cache: the pending step raises
-TargetUnavailable (the router fails those requests with a retryable error) and the pool starts
-fresh workers at once, so the service recovers without a restart.
+TargetUnavailable (the router fails the requests whose output began with a retryable error and runs
+the others again) and the pool starts fresh workers at once, so the service recovers without a restart.
 """
 
 from __future__ import annotations

@@ -80,12 +80,15 @@ class DiffusionRouter(RequestBook):
         self.stats = DiffusionStats()
 
     def fail_all(self) -> list[str]:
-        """After a worker failure: forget every request (the canvases are gone); returns their ids."""
-        lost = list(self.requests)
+        """After a worker failure (the canvases are gone): requests that emitted nothing run again from
+        their prompts; the others are forgotten. -> the forgotten ids."""
+        retried = self.restartable()
+        lost = [rid for rid in self.requests if rid not in {r.request_id for r in retried}]
         self.running, self.started = [], set()
         self.waiting.clear()
         self.requests.clear()
         self.stats.target_failures += 1
+        self.requeue(retried)
         return lost
 
     def _item(self, seq: Sequence) -> DiffusionItem:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specray.cluster.outputs import RequestOutput, SpecMetrics
 from specray.cluster.params import SamplingParams
 from specray.cluster.router.failures import RequestFailed, request_failed
 from specray.cluster.router.sequence import Sequence
+
+
+MAX_TARGET_RETRIES = 1  # runs again after a lost target; a request that keeps breaking workers then fails
 
 
 @dataclass
@@ -22,6 +25,7 @@ class _Request:
     prompt: str | None
     prompt_token_ids: list[int]
     seqs: list[Sequence]
+    retries: int = 0  # times a lost target's restart ran it again from its prompt
 
 
 class RequestBook:
@@ -78,6 +82,19 @@ class RequestBook:
         """(request id, error) of requests failed since the last call."""
         failures, self.failures = self.failures, []
         return failures
+
+    def restartable(self) -> list[_Request]:
+        """Requests a lost target can run again from their prompt: nothing of them was emitted (so no
+        consumer can tell) and they were not retried already."""
+        return [r for r in self.requests.values() if r.retries < MAX_TARGET_RETRIES
+                and not any(s.output_token_ids or s.finished for s in r.seqs)]
+
+    def requeue(self, reqs: list[_Request]) -> None:
+        """Queue `reqs` again, ahead of the others, as fresh sequences (no KV anywhere)."""
+        for req in reversed(reqs):
+            seqs = [seq.fresh() for seq in req.seqs]
+            self.requests[req.request_id] = replace(req, seqs=seqs, retries=req.retries + 1)
+            self.waiting.extendleft(reversed(seqs))
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)

@@ -44,8 +44,10 @@ class Router(DraftSide, RequestBook):
 
     # -- requests (the rest in RequestBook) -----------------------------------------------------
     def fail_all(self) -> list[str]:
-        """After a target failure: forget every request (their KV is gone); returns their ids."""
-        lost = list(self.requests)
+        """After a target failure (every KV is gone): requests that emitted nothing run again from
+        their prompts once the pool restarts; the others are forgotten. -> the forgotten ids."""
+        retried = self.restartable()
+        lost = [rid for rid in self.requests if rid not in {r.request_id for r in retried}]
         for seq in list(self.running):
             self._retire(seq, target_alive=False)
         self.waiting.clear()
@@ -53,6 +55,7 @@ class Router(DraftSide, RequestBook):
         if self.pipeline is not None:
             self.pipeline.reset()
         self.stats.target_failures += 1
+        self.requeue(retried)
         return lost
 
     # -- scheduling -------------------------------------------------------------------------

@@ -45,6 +45,11 @@ class Sequence:
         if self.params.stop and not self.params.include_stop_str_in_output:
             self.stop_tails = StopTails(self.params.stop)
 
+    def fresh(self) -> "Sequence":
+        """The sequence as it was queued: its prompt and parameters, nothing computed."""
+        return Sequence(self.seq_id, self.request_id, self.index, self.prompt_token_ids, self.params,
+                        self.eos_token_ids, self.max_model_len, arrival_time=self.arrival_time)
+
     @property
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
