@@ -11,13 +11,14 @@ MAX_LOGPROBS = 20  # top logprobs per token at most, as OpenAI's top_logprobs an
 MAX_SEED = 2**63 - 1  # seeds travel as int64 between the pools (choice i draws with choice_seed(seed, i))
 MIN_SEED, MAX_API_SEED = -2**63, 2**64 - 1  # what clients send: int64 (vLLM, OpenAI) or uint64 (our gRPC)
 MAX_TOP_K = 2**31 - 1  # top_k travels as int32
+MAX_LOGIT_BIAS, MAX_BIAS = 1024, 100  # token ids a request may bias; OpenAI's range of a bias
 MAX_STOPS = 64  # stop strings and stop token ids each: every round scans them for every sequence
 
 # vLLM SamplingParams fields specray does not implement -> the values that leave the output unchanged
 # (the first is the default); the HTTP API's table of refused fields starts from it
 NO_OP_FIELDS: dict[str, tuple] = {
-    "presence_penalty": (0.0,), "frequency_penalty": (0.0,), "repetition_penalty": (1.0,), "min_p": (0.0,),
-    "min_tokens": (0,), "best_of": (None, 1), "logit_bias": (None, {}), "bad_words": (None, []),
+    "presence_penalty": (0.0,), "frequency_penalty": (0.0,), "repetition_penalty": (1.0,),
+    "min_tokens": (0,), "best_of": (None, 1), "bad_words": (None, []),
     "allowed_token_ids": (None,), "truncate_prompt_tokens": (None,),
     "logits_processors": (None, []), "detokenize": (True,), "spaces_between_special_tokens": (True,),
     "structured_outputs": (None,), "guided_decoding": (None,),
@@ -43,15 +44,15 @@ class SamplingParams:
     # Draft tokens (tree nodes) verified per round for this request, at most; the smaller of this and
     # speculative_config['verify_budget'] applies. num_speculative_tokens is a chain's length or a tree's depth.
     verify_budget: int | None = None
+    min_p: float = 0.0  # drop tokens below min_p x the most likely one's probability (after temperature)
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit (OpenAI's: in [-100, 100])
     # vLLM's fields that specray does not implement: each takes only its no-op value (NO_OP_FIELDS), so
     # ported code that spells out vLLM's defaults runs, and any other value is refused by name
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    min_p: float = 0.0
     min_tokens: int = 0
     best_of: int | None = None
-    logit_bias: dict[int, float] | None = None
     bad_words: list[str] | None = None
     allowed_token_ids: list[int] | None = None
     truncate_prompt_tokens: int | None = None
@@ -110,6 +111,14 @@ class SamplingParams:
         check_param(self.verify_budget is None or (_is_int(self.verify_budget) and self.verify_budget >= 1),
                     "verify_budget",
                     f"verify_budget must be an integer >= 1, got {self.verify_budget!r}")
+        check_param(_is_number(self.min_p) and 0.0 <= self.min_p <= 1.0, "min_p",
+                    f"min_p must be a number in [0, 1], got {self.min_p!r}")
+        check_param(self.logit_bias is None or (
+            isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS
+            and all(_is_int(t) and t >= 0 and _is_number(b) and -MAX_BIAS <= b <= MAX_BIAS
+                    for t, b in self.logit_bias.items())), "logit_bias",
+                    f"logit_bias must map at most {MAX_LOGIT_BIAS} token ids (integers >= 0) to numbers in "
+                    f"[-{MAX_BIAS}, {MAX_BIAS}], got {_short(self.logit_bias)}")
         for name, no_ops in NO_OP_FIELDS.items():
             value = getattr(self, name)
             check_param(is_no_op(value, no_ops), name,
@@ -123,7 +132,8 @@ class SamplingParams:
         return replace(self, max_tokens=room if self.max_tokens is None else self.max_tokens)
 
     def sampling_config(self) -> SamplingConfig:
-        return SamplingConfig(self.temperature, self.top_k, self.top_p)
+        bias = tuple(sorted((int(t), float(b)) for t, b in (self.logit_bias or {}).items() if b != 0))
+        return SamplingConfig(self.temperature, self.top_k, self.top_p, float(self.min_p), bias)
 
 
 def is_no_op(value, no_ops: tuple) -> bool:
@@ -162,3 +172,8 @@ def check_param(ok: bool, param: str | None, message: str) -> None:
 def choice_seed(seed: int | None, index: int) -> int | None:
     """Choice `index`'s sampler seed: seed + index folded into [0, MAX_SEED], the pools' int64 range."""
     return None if seed is None else (seed + index) % (MAX_SEED + 1)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -6,6 +6,7 @@ one per sequence (per-request seeds, reproducible whatever else is in the batch)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -20,13 +21,37 @@ class SamplingConfig:
     temperature: float = 1.0  # 0 means greedy
     top_k: int = 0  # 0 disables
     top_p: float = 1.0
+    min_p: float = 0.0  # drop tokens below min_p x the most likely one's probability (after temperature)
+    # (token id, bias) added to the raw logits: the target's rows before verification (apply_logit_bias)
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
-        assert self.temperature >= 0.0 and self.top_k >= 0 and 0.0 < self.top_p <= 1.0
+        assert self.temperature >= 0.0 and self.top_k >= 0 and 0.0 < self.top_p <= 1.0 and 0.0 <= self.min_p <= 1.0
+        assert all(t >= 0 and math.isfinite(b) for t, b in self.logit_bias)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def for_draft(self) -> "SamplingConfig":
+        """What a draft proposes with: temperature, top-k and top-p (what every transport carries).
+        The target's other processing only lowers acceptance where a draft ignores it: verification
+        takes the draft's probabilities as they are."""
+        return SamplingConfig(self.temperature, self.top_k, self.top_p)
+
+
+def apply_logit_bias(logits: torch.Tensor, configs: list[SamplingConfig]) -> torch.Tensor:
+    """logits [rows, vocab_size] (row i uses configs[i]) -> the rows with each config's logit_bias
+    added (a copy when any row has one; a greedy row's argmax is then the biased one, as vLLM's)."""
+    assert logits.shape[0] == len(configs)
+    biased = [i for i, c in enumerate(configs) if c.logit_bias]
+    if not biased:
+        return logits
+    out = logits.float().clone()
+    for i in biased:
+        ids, bias = zip(*configs[i].logit_bias)
+        out[i, list(ids)] += torch.tensor(bias, dtype=out.dtype, device=out.device)
+    return out
 
 
 def processed_probs(logits: torch.Tensor, configs: list[SamplingConfig]) -> torch.Tensor:
@@ -43,6 +68,8 @@ def processed_probs(logits: torch.Tensor, configs: list[SamplingConfig]) -> torc
     # Shift the row max to 0 before dividing: a tiny temperature then sends the others to -inf (a
     # point mass at the argmax, like greedy) instead of overflowing the max to inf (inf - inf = nan).
     logits = (logits - logits.amax(-1, keepdim=True)) / temps.to(logits.device).unsqueeze(1)
+    if any(c.min_p > 0.0 for c in configs):
+        logits = _min_p(logits, [c.min_p for c in configs])
     if any(c.top_k > 0 for c in configs):
         logits = _top_k(logits, [c.top_k for c in configs])
     if any(c.top_p < 1.0 for c in configs):
@@ -53,6 +80,13 @@ def processed_probs(logits: torch.Tensor, configs: list[SamplingConfig]) -> torc
         rows = torch.tensor(greedy, device=logits.device)
         probs[rows] = torch.nn.functional.one_hot(logits[rows].argmax(-1), logits.shape[1]).float()
     return probs
+
+
+def _min_p(logits: torch.Tensor, ps: list[float]) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p x the row's largest (the argmax always stays).
+    The rows' max is 0 here, so that is a logit below log(min_p)."""
+    floor = torch.tensor([math.log(p) if p > 0 else -math.inf for p in ps], device=logits.device).unsqueeze(1)
+    return logits.masked_fill(logits < floor, float("-inf"))
 
 
 def _top_k(logits: torch.Tensor, ks: list[int]) -> torch.Tensor:

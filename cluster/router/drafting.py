@@ -71,7 +71,7 @@ class DraftSide:
             delta = seq.token_ids[seq.draft_sent:]
             features = torch.cat(seq.draft_features) if seq.draft_features else None  # [rows, hidden_size]
             items.append(DraftItem(seq.seq_id, delta, k,
-                                   seq.spec() if seq.draft_sent == 0 else None, self.verify_budget(seq), features))
+                                   seq.draft_spec() if seq.draft_sent == 0 else None, self.verify_budget(seq), features))
             seq.draft_sent, seq.draft_features = seq.num_tokens, []
         start = time.perf_counter()
         try:

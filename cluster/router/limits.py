@@ -79,6 +79,8 @@ class RouterLimits:
                                                  f"got {params.logprobs}")
         if any(t >= vocab for t in params.stop_token_ids):
             raise SamplingParamError("stop_token_ids", f"stop_token_ids must be in [0, {vocab})")
+        if any(t >= vocab for t in params.logit_bias or {}):
+            raise SamplingParamError("logit_bias", f"logit_bias token ids must be in [0, {vocab})")
 
     def draft_cap(self, num_running: int) -> int:
         """Draft tokens allowed per sequence while `num_running` sequences run."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from specray.actors.messages import SeqSpec
 from specray.cluster.outputs import CompletionOutput, SpecMetrics
@@ -75,6 +75,11 @@ class Sequence:
     def spec(self) -> SeqSpec:
         seed = choice_seed(self.params.seed, self.index)
         return SeqSpec(self.params.sampling_config(), seed, self.params.logprobs, self.params.prompt_logprobs)
+
+    def draft_spec(self) -> SeqSpec:
+        """The draft's: the sampling every transport carries (SamplingConfig.for_draft)."""
+        spec = self.spec()
+        return replace(spec, sampling=spec.sampling.for_draft())
 
     @property
     def reproducible(self) -> bool:

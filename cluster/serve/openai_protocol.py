@@ -103,6 +103,8 @@ class _Common(BaseModel):
     include_stop_str_in_output: bool = False  # vLLM extension
     skip_special_tokens: bool = True  # vLLM extension
     prompt_logprobs: int | None = None  # vLLM extension: each prompt token's logprob and the top n
+    min_p: float = 0.0  # vLLM extension
+    logit_bias: dict[str, float] | None = None  # OpenAI's: token ids (as strings) -> a bias in [-100, 100]
 
     @model_validator(mode="before")
     @classmethod
@@ -141,6 +143,16 @@ class _Common(BaseModel):
                 raise ApiError(400, f"{name} is not supported by specray (it would change the output); "
                                "leave it out", param=name)
 
+    def token_bias(self) -> dict[int, float] | None:
+        """logit_bias with integer keys: JSON object keys are strings ("50256": -100)."""
+        if not self.logit_bias:
+            return None
+        try:
+            return {int(k): v for k, v in self.logit_bias.items()}
+        except ValueError:
+            raise ApiError(400, "logit_bias keys must be token ids (integers written as strings)",
+                           param="logit_bias") from None
+
     def target_prompt_logprobs(self) -> int | None:
         """The prompt logprobs the target computes (the completions API's echo adds its own)."""
         return self.prompt_logprobs
@@ -157,6 +169,7 @@ class _Common(BaseModel):
                                   num_speculative_tokens=self.num_speculative_tokens,
                                   verify_budget=self.verify_budget,
                                   include_stop_str_in_output=self.include_stop_str_in_output,
+                                  min_p=self.min_p, logit_bias=self.token_bias(),
                                   skip_special_tokens=self.skip_special_tokens,
                                   prompt_logprobs=self.target_prompt_logprobs())
         except ValueError as e:  # SamplingParamError names the parameter, as the request spells it
@@ -181,6 +194,16 @@ class CompletionRequest(_Common):
     def prompt_only(self) -> bool:
         """echo with max_tokens 0: the prompt (and its logprobs) alone, nothing generated."""
         return self.echo and self.max_tokens == 0
+
+    def token_bias(self) -> dict[int, float] | None:
+        """logit_bias with integer keys: JSON object keys are strings ("50256": -100)."""
+        if not self.logit_bias:
+            return None
+        try:
+            return {int(k): v for k, v in self.logit_bias.items()}
+        except ValueError:
+            raise ApiError(400, "logit_bias keys must be token ids (integers written as strings)",
+                           param="logit_bias") from None
 
     def target_prompt_logprobs(self) -> int | None:
         if not self.echo or self.logprobs is None:

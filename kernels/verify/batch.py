@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 
 from specray.kernels.proposal import Proposal, VerifyResult
-from specray.kernels.sampling import SamplingConfig, processed_probs
+from specray.kernels.sampling import SamplingConfig, apply_logit_bias, processed_probs
 from specray.kernels.verify.chain import verify_greedy, verify_speculative
 from specray.kernels.verify.tree import verify_trees
 
@@ -27,7 +27,10 @@ def shape_of(proposal: Proposal) -> str:
 
 def verify_batch(logits: torch.Tensor, proposals: list[Proposal], rules: list[str],
                  samplings: list[SamplingConfig], generators: list[torch.Generator | None]) -> list[VerifyResult]:
-    """logits [sum(n_b + 1), vocab_size] -> one VerifyResult per sequence, in order."""
+    """logits [sum(n_b + 1), vocab_size] -> one VerifyResult per sequence, in order. Every rule sees
+    the rows with their sequence's logit_bias added: the target distribution is the biased one."""
+    logits = apply_logit_bias(logits, [s for d, s in zip(proposals, samplings, strict=True)
+                                       for _ in range(d.num_draft_tokens + 1)])
     bounds = _row_bounds(proposals)
     groups: dict[Group, list[int]] = {}
     for b, (proposal, rule) in enumerate(zip(proposals, rules, strict=True)):

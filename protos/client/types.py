@@ -30,12 +30,15 @@ class Sampling:
     num_speculative_tokens: int | None = None  # 0 turns speculation off for this request
     verify_budget: int | None = None  # draft tokens verified a round for this request, within the server's
     prompt_logprobs: int | None = None  # each prompt token's logprob (from the second) and this many top ones
+    min_p: float = 0.0  # drop tokens below min_p x the most likely one's probability
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit, in [-100, 100]
 
     def to_proto(self) -> pb.SamplingParams:
         """The message; a value the message cannot hold (a seed past 2^64, a string for a number)
         raises InvalidArgumentError naming its field, as the server would."""
         msg = pb.SamplingParams()
         values = {"top_k": self.top_k, "ignore_eos": self.ignore_eos, "stop_token_ids": list(self.stop_token_ids),
+                  "min_p": self.min_p, "logit_bias": dict(self.logit_bias or {}),
                   "stop": [self.stop] if isinstance(self.stop, str) else list(self.stop or [])}
         for name in ("max_tokens", "temperature", "top_p", "n", "seed", "logprobs", "num_speculative_tokens",
                      "verify_budget", "prompt_logprobs"):
@@ -46,6 +49,8 @@ class Sampling:
             try:
                 if isinstance(value, list):
                     getattr(msg, name).extend(value)
+                elif isinstance(value, dict):
+                    getattr(msg, name).update(value)
                 else:
                     setattr(msg, name, value)
             except (TypeError, ValueError) as e:

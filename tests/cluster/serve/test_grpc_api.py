@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specray import LLM, SamplingParams
-from specray.client import AsyncClient, Client, Sampling
+from specray.client import AsyncClient, Client, InvalidArgumentError, Sampling
 from specray.cluster.router.async_router import AsyncRouter
 from specray.cluster.serve.grpc_server import GrpcServerThread
 from specray.cluster.serve.grpc_service import GenerationService
@@ -87,6 +87,16 @@ def test_chat_continues_the_final_message(client, offline):
     assert streamed.choices[0].token_ids == want.outputs[0].token_ids
     with pytest.raises(ValueError, match="give messages"):
         client.generate(PROMPT, continue_final_message=True)
+
+
+def test_logit_bias_and_min_p_reach_the_target(client, offline):
+    banned = offline.generate(PROMPT, GREEDY)[0].outputs[0].token_ids[0]
+    want = offline.generate(PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, min_p=0.1,
+                                                   logit_bias={banned: -100.0}))[0].outputs[0]
+    got = client.generate(PROMPT, sampling=Sampling(min_p=0.1, logit_bias={banned: -100.0}, **greedy()))
+    assert got.choices[0].token_ids == want.token_ids and banned not in want.token_ids[:1]
+    with pytest.raises(InvalidArgumentError, match="logit_bias"):
+        client.generate(PROMPT, logit_bias={banned: 1000.0})
 
 
 def test_async_client(served, offline):

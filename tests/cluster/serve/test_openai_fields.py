@@ -36,6 +36,9 @@ def test_a_refused_sampling_parameter_is_named_in_param(field, value):
     ({"messages": MESSAGES, "detokenize": False}, "detokenize"),
     ({"messages": MESSAGES, "verbosity": "low"}, "verbosity"),
     ({"messages": MESSAGES, "modalities": ["text", "audio"]}, "modalities"),
+    ({"messages": MESSAGES, "logit_bias": {"w5": 1.0}}, "logit_bias"),
+    ({"messages": MESSAGES, "logit_bias": {"5": 500}}, "logit_bias"),
+    ({"messages": MESSAGES, "min_p": 2}, "min_p"),
     ({"messages": MESSAGES, "num_drafts": 4}, "num_drafts"),  # the server's settings were ignored
     ({"messages": MESSAGES, "speculative_config": {"method": "ngram"}}, "speculative_config"),
 ])
@@ -51,6 +54,7 @@ def test_a_request_refused_names_its_field(served, body, param):
     ({"prompt": "w5 " * 600}, "prompt"),  # the prompt fills the context alone: not max_tokens' fault
     ({"prompt": [[5], [10**6]]}, "prompt[1]"),  # one of several prompts: which one
     ({"prompt": [[5], [10**6]], "stream": True}, "prompt[1]"),
+    ({"prompt": "w5", "logit_bias": {str(10**6): 1.0}}, "logit_bias"),
 ])
 def test_the_routers_refusals_name_their_field(served, body, param):
     resp = httpx.post(served[0].url + "/v1/completions", json={"model": "tiny", "max_tokens": 2, **body},
@@ -121,3 +125,16 @@ def test_a_requests_verify_budget_reaches_the_router(served):
     bad = httpx.post(served[0].url + "/v1/completions", headers=headers,
                      json={"model": "tiny", "prompt": "w5", "max_tokens": 2, "verify_budget": 0})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "verify_budget"
+
+
+def test_logit_bias_and_min_p_answer_as_the_offline_api(served, offline):
+    """OpenAI's logit_bias (token ids as string keys) and vLLM's min_p reach the target's rows."""
+    plain = offline.generate("w5 w6", SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
+    banned = plain.outputs[0].token_ids[0]
+    want = offline.generate("w5 w6", SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, min_p=0.1,
+                                                    logit_bias={banned: -100}))[0].outputs[0]
+    assert want.token_ids[0] != banned
+    resp = httpx.post(served[0].url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                      json={"model": "tiny", "prompt": "w5 w6", "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+                            "min_p": 0.1, "logit_bias": {str(banned): -100}})
+    assert resp.status_code == 200 and resp.json()["choices"][0]["text"] == want.text, resp.text

@@ -1,0 +1,138 @@
+"""min_p and logit_bias, each as its verification needs: exact tiny cases of the processing, greedy
+speculative output equal to greedy plain output (ngram, draft model, trees, batch 1-16), and a
+chi-square test of the speculative second token against the processed target distribution, with a
+negative control (the target's rows left unbiased) that the test must catch."""
+
+import math
+
+import pytest
+import torch
+
+from specray import LLM, SamplingParams
+from specray.kernels.sampling import SamplingConfig, apply_logit_bias, processed_probs
+from specray.kernels.verify import batch as verify_batch_module
+
+from router_helpers import GREEDY, PROMPT, chi2, prompts
+
+N = 12_000
+BIAS = {5: 2.0, 9: -100.0}  # a favoured token, and a banned one
+
+
+def test_min_p_keeps_tokens_within_its_ratio_of_the_most_likely_after_temperature():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -5.0], [0.0, 0.0, 0.0, 0.0]])
+    got = processed_probs(logits, [SamplingConfig(1.0, min_p=0.3), SamplingConfig(0.5, min_p=1.0)])
+    e = math.exp(-1)
+    assert torch.allclose(got[0], torch.tensor([1 / (1 + e), e / (1 + e), 0.0, 0.0]))
+    assert torch.allclose(got[1], torch.full((4,), 0.25))  # ties with the most likely all stay
+    halved = processed_probs(logits[:1], [SamplingConfig(0.5, min_p=0.3)])  # temperature first: 1 drops
+    assert halved[0, 1] == 0 and halved[0, 0] == 1
+    greedy = processed_probs(logits[:1], [SamplingConfig(0.0, min_p=0.9)])
+    assert greedy[0].tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_logit_bias_adds_to_each_row_of_its_own_sequence_only():
+    logits = torch.zeros(3, 6)
+    configs = [SamplingConfig(0.0, logit_bias=((2, 1.5), (4, -3.0))), SamplingConfig(1.0), SamplingConfig(0.0)]
+    got = apply_logit_bias(logits, configs)
+    assert got[0].tolist() == [0, 0, 1.5, 0, -3.0, 0] and not got[1:].any() and not logits.any()
+    rest = logits[1:]
+    assert apply_logit_bias(rest, configs[1:]) is rest  # nothing to add: no copy
+
+
+def test_the_draft_gets_the_sampling_every_transport_carries():
+    cfg = SamplingParams(temperature=0.7, top_p=0.9, min_p=0.1, logit_bias={3: 1.0, 4: 0.0}).sampling_config()
+    assert cfg.logit_bias == ((3, 1.0),) and cfg.for_draft() == SamplingConfig(0.7, 0, 0.9)
+
+
+@pytest.mark.parametrize("value, message", [(1.5, "min_p"), (float("nan"), "min_p")])
+def test_bad_min_p_is_refused_by_name(value, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(min_p=value)
+
+
+@pytest.mark.parametrize("bias", [{"5": 1.0}, {5: 101.0}, {-1: 1.0}, {5: float("inf")}, [5]])
+def test_bad_logit_bias_is_refused_by_name(bias):
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias=bias)
+
+
+def test_a_token_id_outside_the_vocabulary_is_refused(tiny_target):
+    with pytest.raises(ValueError, match=r"logit_bias token ids must be in \[0, "):
+        LLM(str(tiny_target)).generate(PROMPT, SamplingParams(logit_bias={10**6: 1.0}))
+
+
+# -- greedy: speculative = plain, with the bias ------------------------------------------------------
+@pytest.fixture(scope="module")
+def biased_reference(tiny_target):
+    llm = LLM(str(tiny_target), kv_cache_tokens=8192)
+    plain = [o.outputs[0].token_ids for o in llm.generate(prompts(16), GREEDY)]
+    banned = {plain[0][0]: -100.0, plain[1][2]: 3.0}
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logit_bias=banned, min_p=0.2)
+    biased = [o.outputs[0].token_ids for o in llm.generate(prompts(16), params)]
+    assert biased != plain and plain[0][0] not in biased[0]  # the bias changes the greedy path
+    return params, biased
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "tree"])
+def test_greedy_speculative_equals_plain_with_logit_bias(tiny_target, tiny_draft, biased_reference, method):
+    params, want = biased_reference
+    cfg = {"method": "ngram" if method == "ngram" else "draft_model", "num_speculative_tokens": 3}
+    if method != "ngram":
+        cfg["model"] = str(tiny_draft)
+    if method == "tree":
+        cfg["tree"] = {"kind": "topk", "k": 2, "width": 2}
+    llm = LLM(str(tiny_target), speculative_config=cfg, kv_cache_tokens=8192)
+    for batch in (1, 16):
+        outs = llm.generate(prompts(batch), params)
+        assert [o.outputs[0].token_ids for o in outs] == want[:batch]
+    assert sum(o.metrics.num_accepted_tokens for o in outs) > 0
+
+
+# -- sampled: the speculative second token has the processed target distribution --------------------
+def processed_second_token_distribution(llm, cfg: SamplingConfig):
+    """P(token 2) = sum_t1 p(t1 | prompt) p(t2 | prompt, t1), p the processed target distribution."""
+    from transformers import AutoModelForCausalLM
+
+    ids = PROMPT["prompt_token_ids"]
+    model = AutoModelForCausalLM.from_pretrained(llm.model_name, dtype=torch.float32).eval()
+
+    def p(logits):  # [rows, vocab]
+        configs = [cfg] * logits.shape[0]
+        return processed_probs(apply_logit_bias(logits, configs), configs).double()
+
+    with torch.no_grad():
+        p1 = p(model(torch.tensor([ids])).logits[0, -1:])[0]  # [vocab]
+        p2 = p(model(torch.tensor([ids + [t] for t in range(p1.shape[0])])).logits[:, -1])  # [vocab, vocab]
+    return (p1.unsqueeze(1) * p2).sum(0).numpy()
+
+
+@pytest.fixture(scope="module")
+def processed(peaky_models):
+    llm = LLM(str(peaky_models[0]), speculative_config={"model": str(peaky_models[1]), "num_speculative_tokens": 3},
+              kv_cache_tokens=65536, max_num_seqs=512)
+    params = SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, min_p=0.02, logit_bias=BIAS)
+    return llm, params, processed_second_token_distribution(llm, params.sampling_config())
+
+
+def second_tokens(llm, params):
+    outs = llm.generate([PROMPT] * N, params)
+    drafted = sum(o.metrics.num_draft_tokens for o in outs)
+    accepted = sum(o.metrics.num_accepted_tokens for o in outs)
+    assert 0.1 * drafted < accepted < 0.9 * drafted, "the test needs frequent acceptance and rejection"
+    tokens = torch.tensor([o.outputs[0].token_ids[1] for o in outs])
+    assert not (tokens == 9).any()  # banned
+    return tokens.numpy()
+
+
+def test_sampling_with_min_p_and_logit_bias_is_lossless(processed):
+    llm, params, want = processed
+    torch.manual_seed(0)
+    assert chi2(second_tokens(llm, params), want) > 1e-3
+
+
+def test_negative_control_a_target_that_ignores_the_bias_is_caught(processed, monkeypatch):
+    llm, params, want = processed
+    torch.manual_seed(1)
+    monkeypatch.setattr(verify_batch_module, "apply_logit_bias", lambda logits, configs: logits)
+    tokens = llm.generate([PROMPT] * N, params)
+    assert chi2(torch.tensor([o.outputs[0].token_ids[1] for o in tokens]).numpy(), want) < 1e-6
