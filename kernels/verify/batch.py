@@ -29,8 +29,9 @@ def verify_batch(logits: torch.Tensor, proposals: list[Proposal], rules: list[st
                  samplings: list[SamplingConfig], generators: list[torch.Generator | None]) -> list[VerifyResult]:
     """logits [sum(n_b + 1), vocab_size] -> one VerifyResult per sequence, in order. Every rule sees
     the rows with their sequence's logit_bias added: the target distribution is the biased one."""
-    logits = apply_logit_bias(logits, [s for d, s in zip(proposals, samplings, strict=True)
-                                       for _ in range(d.num_draft_tokens + 1)])
+    if any(s.logit_bias for s in samplings):
+        logits = apply_logit_bias(logits, [s for d, s in zip(proposals, samplings, strict=True)
+                                           for _ in range(d.num_draft_tokens + 1)])
     bounds = _row_bounds(proposals)
     groups: dict[Group, list[int]] = {}
     for b, (proposal, rule) in enumerate(zip(proposals, rules, strict=True)):
