@@ -22,6 +22,7 @@ class SeqSpec:
     # what the target returns for the draft (Method.target_features): "hidden", its final hidden
     # states (eagle); "last_kv", its last layer's keys and values (longspec); None: nothing
     features: str | None = None
+    prompt_len: int = 0  # tokens of the prompt: penalties tell its tokens from the output's by position
 
 
 @dataclass

@@ -15,6 +15,7 @@ from specray.kernels import row_costs
 from specray.kernels.batch import RaggedBatch, SeqChunk, pad_uniform
 from specray.kernels.loader import DTYPES, cache_root, load_model, resolve
 from specray.kernels.model import LlamaModel
+from specray.kernels.penalties import RowHistory, row_histories
 from specray.kernels.proposal import PositionLogprobs, VerifyResult
 from specray.kernels.sampling import make_generator
 from specray.kernels.tensor_parallel import check_shardable, init_distributed, shard_model
@@ -26,6 +27,7 @@ from specray.kernels.verify.rules import check_rule, pick_rule
 class _TargetSeq:
     spec: SeqSpec
     generator: torch.Generator | None
+    tokens: list[int] | None = None  # every cached token, prompt first: where the sampling penalises
 
 
 def auto_threads(tp_size: int) -> int:
@@ -102,7 +104,8 @@ class TargetWorker:
     def _step(self, items: list[TargetItem]) -> list[VerifyResult]:
         for item in items:
             if item.spec is not None:
-                self.seqs[item.seq_id] = _TargetSeq(item.spec, make_generator(item.spec.seed))
+                self.seqs[item.seq_id] = _TargetSeq(item.spec, make_generator(item.spec.seed),
+                                                    [] if item.spec.sampling.penalized else None)
         rules = [self._rule(i) for i in items]  # validated before any KV is written
         chunks = [self._chunk(i) for i in items]
         seeded = [s.generator for s in (self.seqs[i.seq_id] for i in items) if s.generator is not None]
@@ -153,6 +156,9 @@ class TargetWorker:
             if res.accepted_nodes is not None:
                 self.cache.compact(item.seq_id, base, [base + node for node in res.accepted_nodes])
             self.cache.set_cached(item.seq_id, base + res.num_accepted)
+            tokens = self.seqs[item.seq_id].tokens
+            if tokens is not None:
+                tokens += item.new_token_ids + res.accepted_token_ids
             if chunk.parents is not None:  # the rejected branches' blocks go back to the pool
                 self.cache.release_unused(item.seq_id)
 
@@ -177,9 +183,19 @@ class TargetWorker:
         before the prompt's last has no logits and draws nothing."""
         emitting = [(item, rule) for item, rule in zip(items, rules, strict=True) if item.emits]
         seqs = [self.seqs[item.seq_id] for item, _ in emitting]
+        histories = [self._histories(item) for item, _ in emitting]
         verified = iter(verify_batch(logits, [item.proposal for item, _ in emitting], [rule for _, rule in emitting],
-                                     [s.spec.sampling for s in seqs], [s.generator for s in seqs]) if emitting else ())
+                                     [s.spec.sampling for s in seqs], [s.generator for s in seqs], histories)
+                        if emitting else ())
         return [next(verified) if item.emits else VerifyResult.prompt_chunk() for item in items]
+
+    def _histories(self, item: TargetItem) -> list[RowHistory] | None:
+        """What penalties read before each of the item's rows; None where its sampling has none."""
+        seq = self.seqs[item.seq_id]
+        if seq.tokens is None:
+            return None
+        p = item.proposal
+        return row_histories(seq.spec.prompt_len, seq.tokens + item.new_token_ids, p.tree_parents(), p.draft_token_ids)
 
     def _attach_logprobs(self, items, logits, results) -> None:
         row0 = 0

@@ -17,7 +17,6 @@ MAX_STOPS = 64  # stop strings and stop token ids each: every round scans them f
 # vLLM SamplingParams fields specray does not implement -> the values that leave the output unchanged
 # (the first is the default); the HTTP API's table of refused fields starts from it
 NO_OP_FIELDS: dict[str, tuple] = {
-    "presence_penalty": (0.0,), "frequency_penalty": (0.0,), "repetition_penalty": (1.0,),
     "min_tokens": (0,), "best_of": (None, 1), "bad_words": (None, []),
     "allowed_token_ids": (None,), "truncate_prompt_tokens": (None,),
     "logits_processors": (None, []), "detokenize": (True,), "spaces_between_special_tokens": (True,),
@@ -46,11 +45,11 @@ class SamplingParams:
     verify_budget: int | None = None
     min_p: float = 0.0  # drop tokens below min_p x the most likely one's probability (after temperature)
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit (OpenAI's: in [-100, 100])
+    presence_penalty: float = 0.0  # subtracted once from the logit of every token in the output so far
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output so far
+    repetition_penalty: float = 1.0  # divides (multiplies, if negative) a logit of a prompt or output token
     # vLLM's fields that specray does not implement: each takes only its no-op value (NO_OP_FIELDS), so
     # ported code that spells out vLLM's defaults runs, and any other value is refused by name
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
     min_tokens: int = 0
     best_of: int | None = None
     bad_words: list[str] | None = None
@@ -119,6 +118,13 @@ class SamplingParams:
                     for t, b in self.logit_bias.items())), "logit_bias",
                     f"logit_bias must map at most {MAX_LOGIT_BIAS} token ids (integers >= 0) to numbers in "
                     f"[-{MAX_BIAS}, {MAX_BIAS}], got {_short(self.logit_bias)}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            check_param(_is_number(value) and -2.0 <= value <= 2.0, name,
+                        f"{name} must be a number in [-2, 2], got {value!r}")
+        check_param(_is_number(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 2.0,
+                    "repetition_penalty",
+                    f"repetition_penalty must be a number in (0, 2], got {self.repetition_penalty!r}")
         for name, no_ops in NO_OP_FIELDS.items():
             value = getattr(self, name)
             check_param(is_no_op(value, no_ops), name,
@@ -133,7 +139,9 @@ class SamplingParams:
 
     def sampling_config(self) -> SamplingConfig:
         bias = tuple(sorted((int(t), float(b)) for t, b in (self.logit_bias or {}).items() if b != 0))
-        return SamplingConfig(self.temperature, self.top_k, self.top_p, float(self.min_p), bias)
+        return SamplingConfig(self.temperature, self.top_k, self.top_p, float(self.min_p), bias,
+                              float(self.repetition_penalty), float(self.frequency_penalty),
+                              float(self.presence_penalty))
 
 
 def is_no_op(value, no_ops: tuple) -> bool:

@@ -24,14 +24,22 @@ class SamplingConfig:
     min_p: float = 0.0  # drop tokens below min_p x the most likely one's probability (after temperature)
     # (token id, bias) added to the raw logits: the target's rows before verification (apply_logit_bias)
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # read the tokens before a row (kernels/penalties.py): the target's rows, after the bias
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         assert self.temperature >= 0.0 and self.top_k >= 0 and 0.0 < self.top_p <= 1.0 and 0.0 <= self.min_p <= 1.0
-        assert all(t >= 0 and math.isfinite(b) for t, b in self.logit_bias)
+        assert all(t >= 0 and math.isfinite(b) for t, b in self.logit_bias) and self.repetition_penalty > 0
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     def for_draft(self) -> "SamplingConfig":
         """What a draft proposes with: temperature, top-k and top-p (what every transport carries).

@@ -58,8 +58,11 @@ class DiffusionLimits:
                     "num_speculative_tokens" if params.num_speculative_tokens is not None else "verify_budget",
                     "num_speculative_tokens and verify_budget do not apply to a diffusion LM: FreeDave's drafts "
                     "are set by speculative_config['num_drafts']")
-        check_param(not params.logit_bias and params.min_p == 0.0, "logit_bias" if params.logit_bias else "min_p",
-                    "logit_bias and min_p are not implemented for a diffusion LM in specray")
+        processing = [name for name in ("logit_bias", "min_p", "presence_penalty", "frequency_penalty")
+                      if getattr(params, name)] + (["repetition_penalty"] if params.repetition_penalty != 1 else [])
+        check_param(not processing, processing[0] if processing else None,
+                    f"{', '.join(processing)}: logit_bias, min_p and penalties are not implemented for a diffusion "
+                    "LM in specray")
         check_param(has_tokenizer or not params.stop, "stop",
                     "stop strings need a tokenizer, and this engine has none; use stop_token_ids")
         check_param(params.n <= self.max_num_seqs, "n", f"n={params.n} exceeds max_num_seqs {self.max_num_seqs}")

@@ -74,7 +74,8 @@ class Sequence:
 
     def spec(self) -> SeqSpec:
         seed = choice_seed(self.params.seed, self.index)
-        return SeqSpec(self.params.sampling_config(), seed, self.params.logprobs, self.params.prompt_logprobs)
+        return SeqSpec(self.params.sampling_config(), seed, self.params.logprobs, self.params.prompt_logprobs,
+                       prompt_len=len(self.prompt_token_ids))
 
     def draft_spec(self) -> SeqSpec:
         """The draft's: the sampling every transport carries (SamplingConfig.for_draft)."""

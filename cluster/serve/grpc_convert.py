@@ -52,7 +52,9 @@ def sampling_params(sp: pb.SamplingParams, default_max_tokens: int) -> SamplingP
             seed=opt("seed", None), max_tokens=opt("max_tokens", default_max_tokens), stop=list(sp.stop),
             stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos, logprobs=opt("logprobs", None),
             num_speculative_tokens=opt("num_speculative_tokens", None), verify_budget=opt("verify_budget", None),
-            prompt_logprobs=opt("prompt_logprobs", None), min_p=sp.min_p, logit_bias=dict(sp.logit_bias) or None)
+            prompt_logprobs=opt("prompt_logprobs", None), min_p=sp.min_p, logit_bias=dict(sp.logit_bias) or None,
+            presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty,
+            repetition_penalty=opt("repetition_penalty", 1.0))
     except ValueError as e:
         raise invalid(str(e)) from None
 

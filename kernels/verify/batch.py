@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import torch
 
+from specray.kernels.penalties import RowHistory, apply_penalties
 from specray.kernels.proposal import Proposal, VerifyResult
 from specray.kernels.sampling import SamplingConfig, apply_logit_bias, processed_probs
 from specray.kernels.verify.chain import verify_greedy, verify_speculative
@@ -26,12 +27,13 @@ def shape_of(proposal: Proposal) -> str:
 
 
 def verify_batch(logits: torch.Tensor, proposals: list[Proposal], rules: list[str],
-                 samplings: list[SamplingConfig], generators: list[torch.Generator | None]) -> list[VerifyResult]:
+                 samplings: list[SamplingConfig], generators: list[torch.Generator | None],
+                 histories: list[list[RowHistory] | None] | None = None) -> list[VerifyResult]:
     """logits [sum(n_b + 1), vocab_size] -> one VerifyResult per sequence, in order. Every rule sees
-    the rows with their sequence's logit_bias added: the target distribution is the biased one."""
-    if any(s.logit_bias for s in samplings):
-        logits = apply_logit_bias(logits, [s for d, s in zip(proposals, samplings, strict=True)
-                                           for _ in range(d.num_draft_tokens + 1)])
+    the rows with their sequence's logit_bias added, then its penalties (`histories`: a sequence's
+    rows' RowHistory, needed where its sampling penalises): the target distribution is that one."""
+    if any(s.logit_bias or s.penalized for s in samplings):
+        logits = _processed_rows(logits, proposals, samplings, histories)
     bounds = _row_bounds(proposals)
     groups: dict[Group, list[int]] = {}
     for b, (proposal, rule) in enumerate(zip(proposals, rules, strict=True)):
@@ -45,6 +47,18 @@ def verify_batch(logits: torch.Tensor, proposals: list[Proposal], rules: list[st
         for b, res in zip(members, out, strict=True):
             results[b] = res
     return results  # type: ignore[return-value]
+
+
+def _processed_rows(logits: torch.Tensor, proposals: list[Proposal], samplings: list[SamplingConfig],
+                    histories: list[list[RowHistory] | None] | None) -> torch.Tensor:
+    configs = [s for d, s in zip(proposals, samplings, strict=True) for _ in range(d.num_draft_tokens + 1)]
+    logits = apply_logit_bias(logits, configs)
+    if not any(s.penalized for s in samplings):
+        return logits
+    assert histories is not None, "a penalised sequence's rows need their histories"
+    rows = [h for d, hs in zip(proposals, histories, strict=True)
+            for h in (hs if hs is not None else [None] * (d.num_draft_tokens + 1))]
+    return apply_penalties(logits, configs, rows)
 
 
 def _verify_group(group: Group, logits: torch.Tensor, drafts: list[Proposal], samplings: list[SamplingConfig],

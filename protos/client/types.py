@@ -32,6 +32,9 @@ class Sampling:
     prompt_logprobs: int | None = None  # each prompt token's logprob (from the second) and this many top ones
     min_p: float = 0.0  # drop tokens below min_p x the most likely one's probability
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit, in [-100, 100]
+    presence_penalty: float = 0.0  # once per token the output holds, in [-2, 2]
+    frequency_penalty: float = 0.0  # per occurrence in the output, in [-2, 2]
+    repetition_penalty: float | None = None  # divides logits of prompt and output tokens, in (0, 2]; server: 1.0
 
     def to_proto(self) -> pb.SamplingParams:
         """The message; a value the message cannot hold (a seed past 2^64, a string for a number)
@@ -39,9 +42,10 @@ class Sampling:
         msg = pb.SamplingParams()
         values = {"top_k": self.top_k, "ignore_eos": self.ignore_eos, "stop_token_ids": list(self.stop_token_ids),
                   "min_p": self.min_p, "logit_bias": dict(self.logit_bias or {}),
+                  "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                   "stop": [self.stop] if isinstance(self.stop, str) else list(self.stop or [])}
         for name in ("max_tokens", "temperature", "top_p", "n", "seed", "logprobs", "num_speculative_tokens",
-                     "verify_budget", "prompt_logprobs"):
+                     "verify_budget", "prompt_logprobs", "repetition_penalty"):
             values[name] = getattr(self, name)  # unset optionals (None) keep the server's default
         for name, value in values.items():
             if value is None:

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROTO_DIR = ROOT / "protos" / "specray" / "v1"
 PROTOS = sorted(PROTO_DIR.glob("*.proto"))
 FIELD = re.compile(r"^\s*(optional |repeated )?([\w.]+) (\w+) = (\d+);")
+MAP = re.compile(r"^\s*map<(\w+), ?(\w+)> (\w+) = (\d+);")  # a repeated entry message with key and value
 SCALARS = {1: "double", 2: "float", 3: "int64", 4: "uint64", 5: "int32", 6: "fixed64", 7: "fixed32", 8: "bool",
            9: "string", 12: "bytes", 13: "uint32", 15: "sfixed32", 16: "sfixed64", 17: "sint32", 18: "sint64"}
 DOCUMENTED = re.compile(r"^\s*(service|rpc|message|enum|oneof)\b|^\s*[A-Z][A-Z0-9_]* = \d+;")
@@ -30,6 +31,12 @@ def declarations(path: Path):
             message = [s.split()[1] for s in scopes if s.startswith("message")]
             kind = m.group(2).split(".")[-1]
             yield ".".join(message), m.group(3), int(m.group(4)), kind, m.group(1) == "repeated "
+        elif (m := MAP.match(code)) and scopes:
+            message = ".".join(s.split()[1] for s in scopes if s.startswith("message"))
+            entry = "".join(w.capitalize() for w in m.group(3).split("_")) + "Entry"
+            yield message, m.group(3), int(m.group(4)), entry, True
+            yield f"{message}.{entry}", "key", 1, m.group(1), False
+            yield f"{message}.{entry}", "value", 2, m.group(2), False
         if code.strip().endswith("}") and scopes:
             scopes.pop()
 
@@ -56,7 +63,7 @@ def test_every_rpc_message_and_field_is_commented(path):
     lines = path.read_text().splitlines()
     bare = []
     for i, line in enumerate(lines):
-        if DOCUMENTED.match(line) or FIELD.match(line.split("//")[0]):
+        if DOCUMENTED.match(line) or FIELD.match(line.split("//")[0]) or MAP.match(line.split("//")[0]):
             before = next((x for x in reversed(lines[:i]) if x.strip()), "")
             if not before.strip().startswith("//"):
                 bare.append(f"{path.name}:{i + 1}: {line.strip()}")

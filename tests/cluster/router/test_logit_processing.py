@@ -1,7 +1,8 @@
-"""min_p and logit_bias, each as its verification needs: exact tiny cases of the processing, greedy
-speculative output equal to greedy plain output (ngram, draft model, trees, batch 1-16), and a
-chi-square test of the speculative second token against the processed target distribution, with a
-negative control (the target's rows left unbiased) that the test must catch."""
+"""min_p, logit_bias and the penalties, each as its verification needs: exact tiny cases of the
+processing (penalties against transformers' too), greedy speculative output equal to greedy plain
+output (ngram, draft model, trees, batch 1-16), and chi-square tests of the speculative second token
+against the processed target distribution, with negative controls (the target's rows left
+unbiased, or unpenalised) that the tests must catch."""
 
 import math
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from specray import LLM, SamplingParams
+from specray.kernels.penalties import RowHistory, penalize_row, row_histories
 from specray.kernels.sampling import SamplingConfig, apply_logit_bias, processed_probs
 from specray.kernels.verify import batch as verify_batch_module
 
@@ -61,13 +63,53 @@ def test_a_token_id_outside_the_vocabulary_is_refused(tiny_target):
         LLM(str(tiny_target)).generate(PROMPT, SamplingParams(logit_bias={10**6: 1.0}))
 
 
-# -- greedy: speculative = plain, with the bias ------------------------------------------------------
+def test_penalties_of_a_row_by_hand():
+    row = torch.tensor([2.0, -1.0, 0.5, 3.0, 0.0])
+    cfg = SamplingConfig(1.0, repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    got = penalize_row(row, cfg, RowHistory(prompt=(0,), output=(1, 3, 3)))
+    # 0: prompt only, 2 / 2; 1: output once, -1 * 2 - 0.5 - 0.25; 3: twice, 3 / 2 - 1.0 - 0.25; others kept
+    assert got.tolist() == [1.0, -2.75, 0.5, 0.25, 0.0] and row[0] == 2.0
+    plain = SamplingConfig(1.0)
+    assert not plain.penalized and penalize_row(row, plain, RowHistory((0,), (1,))).tolist() == row.tolist()
+
+
+def test_row_histories_follow_each_rows_path():
+    chain = row_histories(2, [7, 8, 9], [-1, 0, 1], [4, 5, 6])
+    assert [(h.prompt, h.output) for h in chain] == [((7, 8), (9,)), ((7, 8), (9, 4)), ((7, 8), (9, 4, 5)),
+                                                      ((7, 8), (9, 4, 5, 6))]
+    tree = row_histories(3, [7, 8, 9], [-1, -1, 0], [4, 5, 6])  # the prompt's last row: no output yet
+    assert [h.output for h in tree] == [(), (4,), (5,), (4, 6)] and tree[0].prompt == (7, 8, 9)
+
+
+def test_greedy_repetition_penalty_matches_transformers(tiny_target):
+    from transformers import AutoModelForCausalLM
+
+    ids = prompts(1)[0]["prompt_token_ids"]
+    model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = model.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False, repetition_penalty=1.8,
+                              min_new_tokens=20, pad_token_id=0)[0, len(ids):].tolist()
+    plain = LLM(str(tiny_target)).generate({"prompt_token_ids": ids}, GREEDY)[0].outputs[0].token_ids[:20]
+    got = LLM(str(tiny_target)).generate({"prompt_token_ids": ids}, SamplingParams(
+        temperature=0, max_tokens=20, ignore_eos=True, repetition_penalty=1.8))[0].outputs[0].token_ids
+    assert got == want != plain
+
+
+@pytest.mark.parametrize("field, value", [("presence_penalty", 2.5), ("frequency_penalty", float("nan")),
+                                          ("repetition_penalty", 0.0), ("repetition_penalty", 3.0)])
+def test_bad_penalties_are_refused_by_name(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+# -- greedy: speculative = plain, with the bias and penalties ----------------------------------------
 @pytest.fixture(scope="module")
 def biased_reference(tiny_target):
     llm = LLM(str(tiny_target), kv_cache_tokens=8192)
     plain = [o.outputs[0].token_ids for o in llm.generate(prompts(16), GREEDY)]
     banned = {plain[0][0]: -100.0, plain[1][2]: 3.0}
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logit_bias=banned, min_p=0.2)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logit_bias=banned, min_p=0.2,
+                            repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.3)
     biased = [o.outputs[0].token_ids for o in llm.generate(prompts(16), params)]
     assert biased != plain and plain[0][0] not in biased[0]  # the bias changes the greedy path
     return params, biased
@@ -90,20 +132,24 @@ def test_greedy_speculative_equals_plain_with_logit_bias(tiny_target, tiny_draft
 
 # -- sampled: the speculative second token has the processed target distribution --------------------
 def processed_second_token_distribution(llm, cfg: SamplingConfig):
-    """P(token 2) = sum_t1 p(t1 | prompt) p(t2 | prompt, t1), p the processed target distribution."""
+    """P(token 2) = sum_t1 p(t1 | prompt) p(t2 | prompt, t1), p the processed target distribution
+    (row t1's penalties read the output [t1])."""
     from transformers import AutoModelForCausalLM
 
     ids = PROMPT["prompt_token_ids"]
     model = AutoModelForCausalLM.from_pretrained(llm.model_name, dtype=torch.float32).eval()
 
-    def p(logits):  # [rows, vocab]
+    def p(logits, outputs):  # [rows, vocab], the output before each row
         configs = [cfg] * logits.shape[0]
-        return processed_probs(apply_logit_bias(logits, configs), configs).double()
+        rows = apply_logit_bias(logits, configs)
+        rows = torch.stack([penalize_row(r, cfg, RowHistory(tuple(ids), o)) for r, o in zip(rows, outputs)])
+        return processed_probs(rows, configs).double()
 
     with torch.no_grad():
-        p1 = p(model(torch.tensor([ids])).logits[0, -1:])[0]  # [vocab]
-        p2 = p(model(torch.tensor([ids + [t] for t in range(p1.shape[0])])).logits[:, -1])  # [vocab, vocab]
-    return (p1.unsqueeze(1) * p2).sum(0).numpy()
+        p1 = p(model(torch.tensor([ids])).logits[0, -1:], [()])[0]  # [vocab]
+        vocab = p1.shape[0]
+        p2 = p(model(torch.tensor([ids + [t] for t in range(vocab)])).logits[:, -1], [(t,) for t in range(vocab)])
+    return (p1.unsqueeze(1) * p2).sum(0).numpy()  # p2 [vocab, vocab]
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +182,29 @@ def test_negative_control_a_target_that_ignores_the_bias_is_caught(processed, mo
     monkeypatch.setattr(verify_batch_module, "apply_logit_bias", lambda logits, configs: logits)
     tokens = llm.generate([PROMPT] * N, params)
     assert chi2(torch.tensor([o.outputs[0].token_ids[1] for o in tokens]).numpy(), want) < 1e-6
+
+
+@pytest.fixture(scope="module")
+def penalized(peaky_models):
+    llm = LLM(str(peaky_models[0]), speculative_config={"model": str(peaky_models[1]), "num_speculative_tokens": 3},
+              kv_cache_tokens=65536, max_num_seqs=512)
+    params = SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, repetition_penalty=1.6,
+                            frequency_penalty=1.0, presence_penalty=0.5)
+    return llm, params, processed_second_token_distribution(llm, params.sampling_config())
+
+
+def test_sampling_with_penalties_is_lossless(penalized):
+    llm, params, want = penalized
+    torch.manual_seed(2)
+    outs = llm.generate([PROMPT] * N, params)
+    drafted = sum(o.metrics.num_draft_tokens for o in outs)
+    assert 0.1 * drafted < sum(o.metrics.num_accepted_tokens for o in outs) < 0.9 * drafted
+    assert chi2(torch.tensor([o.outputs[0].token_ids[1] for o in outs]).numpy(), want) > 1e-3
+
+
+def test_negative_control_a_target_that_ignores_the_penalties_is_caught(penalized, monkeypatch):
+    llm, params, want = penalized
+    torch.manual_seed(3)
+    monkeypatch.setattr(verify_batch_module, "apply_penalties", lambda logits, configs, rows: logits)
+    outs = llm.generate([PROMPT] * N, params)
+    assert chi2(torch.tensor([o.outputs[0].token_ids[1] for o in outs]).numpy(), want) < 1e-6

@@ -138,3 +138,14 @@ def test_logit_bias_and_min_p_answer_as_the_offline_api(served, offline):
                       json={"model": "tiny", "prompt": "w5 w6", "max_tokens": 6, "temperature": 0, "ignore_eos": True,
                             "min_p": 0.1, "logit_bias": {str(banned): -100}})
     assert resp.status_code == 200 and resp.json()["choices"][0]["text"] == want.text, resp.text
+
+
+def test_penalties_answer_as_the_offline_api(served, offline):
+    penalties = dict(presence_penalty=0.5, frequency_penalty=1.0, repetition_penalty=1.5)
+    want = offline.generate("w5 w6 w5 w6", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, **penalties))
+    plain = offline.generate("w5 w6 w5 w6", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    assert want[0].outputs[0].text != plain[0].outputs[0].text
+    resp = httpx.post(served[0].url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                      json={"model": "tiny", "prompt": "w5 w6 w5 w6", "max_tokens": 12, "temperature": 0,
+                            "ignore_eos": True, **penalties})
+    assert resp.status_code == 200 and resp.json()["choices"][0]["text"] == want[0].outputs[0].text, resp.text

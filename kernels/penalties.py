@@ -1,0 +1,64 @@
+"""Repetition, frequency and presence penalties (vLLM's and OpenAI's), a row at a time.
+
+A row's penalties read the tokens before its position: the prompt (repetition only) and the output
+so far, which in a verification step includes the draft tokens on the row's path. So every row of
+a speculative step is penalised exactly as a one-row step at its position would be, and greedy
+speculative output equals greedy plain output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specray.kernels.sampling import SamplingConfig
+
+
+@dataclass(frozen=True)
+class RowHistory:
+    """The tokens before a row's position: the prompt's, then the output's (drafts on its path included)."""
+
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]
+
+
+def penalize_row(row: torch.Tensor, cfg: SamplingConfig, history: RowHistory) -> torch.Tensor:
+    """row [vocab_size] -> the row penalised (a new tensor): a logit of a token seen in the prompt
+    or the output is divided by repetition_penalty when positive, multiplied when not; then each
+    output occurrence subtracts frequency_penalty, and any occurrence presence_penalty once."""
+    vocab = row.shape[0]
+    out = row.float().clone()
+    counts = torch.bincount(torch.tensor(history.output, dtype=torch.long), minlength=vocab)[:vocab]  # [vocab]
+    if cfg.repetition_penalty != 1.0:
+        seen = counts > 0
+        if history.prompt:
+            seen[torch.tensor(history.prompt, dtype=torch.long)] = True
+        scaled = torch.where(out > 0, out / cfg.repetition_penalty, out * cfg.repetition_penalty)
+        out = torch.where(seen, scaled, out)
+    counts = counts.to(out.dtype)
+    return out - cfg.frequency_penalty * counts - cfg.presence_penalty * (counts > 0).to(out.dtype)
+
+
+def apply_penalties(logits: torch.Tensor, configs: list[SamplingConfig],
+                    histories: list[RowHistory | None]) -> torch.Tensor:
+    """logits [rows, vocab_size] -> the rows whose config penalises, penalised (a copy if any)."""
+    assert logits.shape[0] == len(configs) == len(histories)
+    rows = [i for i, c in enumerate(configs) if c.penalized]
+    if not rows:
+        return logits
+    out = logits.float().clone()
+    for i in rows:
+        out[i] = penalize_row(out[i], configs[i], histories[i])
+    return out
+
+
+def row_histories(prompt_len: int, context: list[int], parents: list[int], draft_token_ids: list[int]
+                  ) -> list[RowHistory]:
+    """A step's rows of one sequence: row 0 after `context` (every committed token, prompt first),
+    row 1 + i after node i of the proposal (a chain's or a tree's `parents`), its path included."""
+    paths: list[tuple[int, ...]] = []
+    for node, parent in enumerate(parents):
+        paths.append((paths[parent] if parent >= 0 else ()) + (draft_token_ids[node],))
+    prompt, output = tuple(context[:prompt_len]), tuple(context[prompt_len:])
+    return [RowHistory(prompt, output)] + [RowHistory(prompt, output + path) for path in paths]
