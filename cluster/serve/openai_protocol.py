@@ -200,16 +200,6 @@ class CompletionRequest(_Common):
         """echo with max_tokens 0: the prompt (and its logprobs) alone, nothing generated."""
         return self.echo and self.max_tokens == 0
 
-    def token_bias(self) -> dict[int, float] | None:
-        """logit_bias with integer keys: JSON object keys are strings ("50256": -100)."""
-        if not self.logit_bias:
-            return None
-        try:
-            return {int(k): v for k, v in self.logit_bias.items()}
-        except ValueError:
-            raise ApiError(400, "logit_bias keys must be token ids (integers written as strings)",
-                           param="logit_bias") from None
-
     def target_prompt_logprobs(self) -> int | None:
         if not self.echo or self.logprobs is None:
             return self.prompt_logprobs
