@@ -42,15 +42,33 @@ def penalize_row(row: torch.Tensor, cfg: SamplingConfig, history: RowHistory) ->
 
 def apply_penalties(logits: torch.Tensor, configs: list[SamplingConfig],
                     histories: list[RowHistory | None]) -> torch.Tensor:
-    """logits [rows, vocab_size] -> the rows whose config penalises, penalised (a copy if any)."""
+    """logits [rows, vocab_size] -> the rows whose config penalises, penalised (a copy if any):
+    `penalize_row`'s arithmetic, bit for bit, on the (row, token) entries the histories name only,
+    for every row at once."""
     assert logits.shape[0] == len(configs) == len(histories)
     rows = [i for i, c in enumerate(configs) if c.penalized]
     if not rows:
         return logits
     out = logits.float().clone()
-    for i in rows:
-        out[i] = penalize_row(out[i], configs[i], histories[i])
+    flat, vocab = out.view(-1), out.shape[1]  # [rows * vocab_size]
+    outputs = _keys([(i, histories[i].output) for i in rows], vocab)
+    prompts = _keys([(i, histories[i].prompt) for i in rows if configs[i].repetition_penalty != 1.0], vocab)
+    seen, (emitted, counts) = torch.unique(torch.cat([outputs, prompts])), torch.unique(outputs, return_counts=True)
+    rep = torch.tensor([c.repetition_penalty for c in configs], dtype=out.dtype)  # [rows]; 1.0: no change
+    freq = torch.tensor([c.frequency_penalty for c in configs], dtype=out.dtype)
+    pres = torch.tensor([c.presence_penalty for c in configs], dtype=out.dtype)
+    v, r = flat[seen], rep[seen // vocab]
+    flat[seen] = torch.where(v > 0, v / r, v * r)
+    row = emitted // vocab
+    flat[emitted] = flat[emitted] - freq[row] * counts.to(out.dtype) - pres[row]
     return out
+
+
+def _keys(pairs: list[tuple[int, tuple[int, ...]]], vocab: int) -> torch.Tensor:
+    """(row, tokens) pairs -> [n] int64 flat indices row * vocab + token."""
+    rows = [i for i, tokens in pairs for _ in tokens]
+    tokens = [t for _, ts in pairs for t in ts]
+    return torch.tensor(rows, dtype=torch.long) * vocab + torch.tensor(tokens, dtype=torch.long)
 
 
 def row_histories(prompt_len: int, context: list[int], parents: list[int], draft_token_ids: list[int]
