@@ -122,9 +122,9 @@ class SamplingParams:
             value = getattr(self, name)
             check_param(_is_number(value) and -2.0 <= value <= 2.0, name,
                         f"{name} must be a number in [-2, 2], got {value!r}")
-        check_param(_is_number(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 2.0,
+        check_param(_is_number(self.repetition_penalty) and 0.0 < self.repetition_penalty < math.inf,
                     "repetition_penalty",
-                    f"repetition_penalty must be a number in (0, 2], got {self.repetition_penalty!r}")
+                    f"repetition_penalty must be a finite number > 0 (as vLLM's), got {self.repetition_penalty!r}")
         for name, no_ops in NO_OP_FIELDS.items():
             value = getattr(self, name)
             check_param(is_no_op(value, no_ops), name,

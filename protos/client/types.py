@@ -34,7 +34,7 @@ class Sampling:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit, in [-100, 100]
     presence_penalty: float = 0.0  # once per token the output holds, in [-2, 2]
     frequency_penalty: float = 0.0  # per occurrence in the output, in [-2, 2]
-    repetition_penalty: float | None = None  # divides logits of prompt and output tokens, in (0, 2]; server: 1.0
+    repetition_penalty: float | None = None  # divides logits of prompt and output tokens, > 0; server: 1.0
 
     def to_proto(self) -> pb.SamplingParams:
         """The message; a value the message cannot hold (a seed past 2^64, a string for a number)
