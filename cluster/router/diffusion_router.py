@@ -61,8 +61,8 @@ class DiffusionLimits:
         processing = [name for name in ("logit_bias", "min_p", "presence_penalty", "frequency_penalty")
                       if getattr(params, name)] + (["repetition_penalty"] if params.repetition_penalty != 1 else [])
         check_param(not processing, processing[0] if processing else None,
-                    f"{', '.join(processing)}: logit_bias, min_p and penalties are not implemented for a diffusion "
-                    "LM in specray")
+                    f"{', '.join(processing)}: not implemented for a diffusion LM in specray (logit_bias, min_p "
+                    "and the penalties)")
         check_param(has_tokenizer or not params.stop, "stop",
                     "stop strings need a tokenizer, and this engine has none; use stop_token_ids")
         check_param(params.n <= self.max_num_seqs, "n", f"n={params.n} exceeds max_num_seqs {self.max_num_seqs}")

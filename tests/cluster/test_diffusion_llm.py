@@ -114,8 +114,8 @@ def test_bad_requests_are_clear_errors_and_harm_nothing(folder):
     for params, message in [(SamplingParams(logprobs=2), "logprobs"),
                             (SamplingParams(num_speculative_tokens=2), "do not apply"),
                             (SamplingParams(stop_token_ids=[500]), "stop_token_ids"),
-                            (SamplingParams(logit_bias={5: 1.0}), "logit_bias and min_p are not implemented"),
-                            (SamplingParams(min_p=0.1), "logit_bias and min_p are not implemented")]:
+                            (SamplingParams(logit_bias={5: 1.0}), "logit_bias: not implemented for a diffusion LM"),
+                            (SamplingParams(min_p=0.1), "min_p: not implemented for a diffusion LM")]:
         with pytest.raises(ValueError, match=message):
             llm.generate([{"prompt_token_ids": PROMPTS[0]}, {"prompt_token_ids": PROMPTS[1]}], params)
     with pytest.raises(ValueError, match="empty"):
