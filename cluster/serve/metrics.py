@@ -21,6 +21,10 @@ class _RouterCollector:
                                 value=len(router.running))
         yield GaugeMetricFamily("specray_num_requests_waiting", "Queued requests (queue depth)",
                                 value=self.async_router.num_waiting)
+        if hasattr(router, "reserved_tokens"):  # an autoregressive target's paged KV cache
+            yield GaugeMetricFamily("specray_kv_cache_usage_perc", "Fraction of the target's KV cache slots "
+                                    "reserved by running sequences (each its worst case: prompt + max_tokens)",
+                                    value=router.reserved_tokens / router.config.kv_capacity_tokens)
         for name, doc, value in (
             ("specray_spec_decode_num_drafts", "Rounds with draft tokens to verify", stats.num_drafts),
             ("specray_spec_decode_num_draft_tokens", "Draft tokens verified", stats.num_draft_tokens),

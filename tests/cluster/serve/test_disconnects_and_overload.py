@@ -89,6 +89,7 @@ def test_overload_is_bounded_and_every_accepted_request_completes(tiny_target):
                 time.sleep(0.01)
         threads[0].start()
         wait_for("specray_num_requests_running", 2)
+        assert 0 < engine.metrics()["specray_kv_cache_usage_perc"] <= 1  # two sequences hold their reservations
         for t in threads[1:]:
             t.start()
         wait_for("specray_num_requests_waiting", max_waiting)
@@ -131,6 +132,7 @@ def test_overload_is_bounded_and_every_accepted_request_completes(tiny_target):
                        if k.startswith(("specray_request_success_total", "specray_request_failure_total")))
         assert answered == 4 + 2 + 16  # every request counted once, in success or failure
         assert engine.idle() and engine.metrics()["specray_num_requests_waiting"] == 0
+        assert engine.metrics()["specray_kv_cache_usage_perc"] == 0  # every reservation given back
 
 
 def test_a_stream_whose_client_leaves_before_its_first_chunk_is_aborted(tiny_target):
