@@ -105,7 +105,7 @@ class TargetWorker:
         for item in items:
             if item.spec is not None:
                 self.seqs[item.seq_id] = _TargetSeq(item.spec, make_generator(item.spec.seed),
-                                                    [] if item.spec.sampling.penalized else None)
+                                                    [] if item.spec.sampling.reads_history else None)
         rules = [self._rule(i) for i in items]  # validated before any KV is written
         chunks = [self._chunk(i) for i in items]
         seeded = [s.generator for s in (self.seqs[i.seq_id] for i in items) if s.generator is not None]

@@ -17,7 +17,7 @@ MAX_STOPS = 64  # stop strings and stop token ids each: every round scans them f
 # vLLM SamplingParams fields specray does not implement -> the values that leave the output unchanged
 # (the first is the default); the HTTP API's table of refused fields starts from it
 NO_OP_FIELDS: dict[str, tuple] = {
-    "min_tokens": (0,), "best_of": (None, 1), "bad_words": (None, []),
+    "best_of": (None, 1), "bad_words": (None, []),
     "allowed_token_ids": (None,), "truncate_prompt_tokens": (None,),
     "logits_processors": (None, []), "detokenize": (True,), "spaces_between_special_tokens": (True,),
     "structured_outputs": (None,), "guided_decoding": (None,),
@@ -48,9 +48,9 @@ class SamplingParams:
     presence_penalty: float = 0.0  # subtracted once from the logit of every token in the output so far
     frequency_penalty: float = 0.0  # subtracted per occurrence in the output so far
     repetition_penalty: float = 1.0  # divides (multiplies, if negative) a logit of a prompt or output token
+    min_tokens: int = 0  # output tokens before EOS, a stop token id or a stop string may end it
     # vLLM's fields that specray does not implement: each takes only its no-op value (NO_OP_FIELDS), so
     # ported code that spells out vLLM's defaults runs, and any other value is refused by name
-    min_tokens: int = 0
     best_of: int | None = None
     bad_words: list[str] | None = None
     allowed_token_ids: list[int] | None = None
@@ -125,6 +125,9 @@ class SamplingParams:
         check_param(_is_number(self.repetition_penalty) and 0.0 < self.repetition_penalty < math.inf,
                     "repetition_penalty",
                     f"repetition_penalty must be a finite number > 0 (as vLLM's), got {self.repetition_penalty!r}")
+        check_param(_is_int(self.min_tokens) and 0 <= self.min_tokens and (
+            self.max_tokens is None or not _is_int(self.max_tokens) or self.min_tokens <= self.max_tokens),
+                    "min_tokens", f"min_tokens must be an integer in [0, max_tokens], got {self.min_tokens!r}")
         for name, no_ops in NO_OP_FIELDS.items():
             value = getattr(self, name)
             check_param(is_no_op(value, no_ops), name,

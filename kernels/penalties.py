@@ -64,6 +64,19 @@ def apply_penalties(logits: torch.Tensor, configs: list[SamplingConfig],
     return out
 
 
+def apply_min_tokens(logits: torch.Tensor, configs: list[SamplingConfig],
+                     histories: list[RowHistory | None]) -> torch.Tensor:
+    """logits [rows, vocab_size] -> the rows whose output is shorter than their min_tokens with the
+    stop ids at -inf (a copy if any): the next token cannot end the output yet."""
+    masked = [i for i, c in enumerate(configs) if c.min_tokens and c.stop_ids and len(histories[i].output) < c.min_tokens]
+    if not masked:
+        return logits
+    out = logits.float().clone()
+    for i in masked:
+        out[i, list(configs[i].stop_ids)] = float("-inf")
+    return out
+
+
 def _keys(pairs: list[tuple[int, tuple[int, ...]]], vocab: int) -> torch.Tensor:
     """(row, tokens) pairs -> [n] int64 flat indices row * vocab + token."""
     rows = [i for i, tokens in pairs for _ in tokens]

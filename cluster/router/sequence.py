@@ -74,7 +74,12 @@ class Sequence:
 
     def spec(self) -> SeqSpec:
         seed = choice_seed(self.params.seed, self.index)
-        return SeqSpec(self.params.sampling_config(), seed, self.params.logprobs, self.params.prompt_logprobs,
+        sampling = self.params.sampling_config()
+        if self.params.min_tokens:  # the tokens that would end the output before it
+            eos = frozenset() if self.params.ignore_eos else self.eos_token_ids
+            sampling = replace(sampling, min_tokens=self.params.min_tokens,
+                               stop_ids=tuple(sorted(eos | set(self.params.stop_token_ids))))
+        return SeqSpec(sampling, seed, self.params.logprobs, self.params.prompt_logprobs,
                        prompt_len=len(self.prompt_token_ids))
 
     def draft_spec(self) -> SeqSpec:
@@ -144,7 +149,7 @@ class Sequence:
         self.text += new
         if self.stop_tails is not None:
             self.stop_tails.feed(new)
-        for stop in self.params.stop:
+        for stop in self.params.stop if len(self.output_token_ids) >= self.params.min_tokens else ():
             # a stop string may straddle the old and new text
             at = self.text.find(stop, max(0, start - len(stop) + 1))
             if at >= 0:

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import torch
 
-from specray.kernels.penalties import RowHistory, apply_penalties
+from specray.kernels.penalties import RowHistory, apply_min_tokens, apply_penalties
 from specray.kernels.proposal import Proposal, VerifyResult
 from specray.kernels.sampling import SamplingConfig, apply_logit_bias, processed_probs
 from specray.kernels.verify.chain import verify_greedy, verify_speculative
@@ -30,9 +30,9 @@ def verify_batch(logits: torch.Tensor, proposals: list[Proposal], rules: list[st
                  samplings: list[SamplingConfig], generators: list[torch.Generator | None],
                  histories: list[list[RowHistory] | None] | None = None) -> list[VerifyResult]:
     """logits [sum(n_b + 1), vocab_size] -> one VerifyResult per sequence, in order. Every rule sees
-    the rows with their sequence's logit_bias added, then its penalties (`histories`: a sequence's
-    rows' RowHistory, needed where its sampling penalises): the target distribution is that one."""
-    if any(s.logit_bias or s.penalized for s in samplings):
+    the rows with their sequence's logit_bias added, then its penalties and min_tokens (`histories`: a
+    sequence's rows' RowHistory, where its sampling reads it): the target distribution is that one."""
+    if any(s.logit_bias or s.reads_history for s in samplings):
         logits = _processed_rows(logits, proposals, samplings, histories)
     bounds = _row_bounds(proposals)
     groups: dict[Group, list[int]] = {}
@@ -53,12 +53,13 @@ def _processed_rows(logits: torch.Tensor, proposals: list[Proposal], samplings: 
                     histories: list[list[RowHistory] | None] | None) -> torch.Tensor:
     configs = [s for d, s in zip(proposals, samplings, strict=True) for _ in range(d.num_draft_tokens + 1)]
     logits = apply_logit_bias(logits, configs)
-    if not any(s.penalized for s in samplings):
+    if not any(s.reads_history for s in samplings):
         return logits
     assert histories is not None, "a penalised sequence's rows need their histories"
     rows = [h for d, hs in zip(proposals, histories, strict=True)
             for h in (hs if hs is not None else [None] * (d.num_draft_tokens + 1))]
-    return apply_penalties(logits, configs, rows)
+    logits = apply_penalties(logits, configs, rows)
+    return apply_min_tokens(logits, configs, rows)
 
 
 def _verify_group(group: Group, logits: torch.Tensor, drafts: list[Proposal], samplings: list[SamplingConfig],

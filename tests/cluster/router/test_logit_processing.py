@@ -1,4 +1,4 @@
-"""min_p, logit_bias and the penalties, each as its verification needs: exact tiny cases of the
+"""min_p, logit_bias, the penalties and min_tokens, each as its verification needs: exact tiny cases of the
 processing (penalties against transformers' too), greedy speculative output equal to greedy plain
 output (ngram, draft model, trees, batch 1-16), and chi-square tests of the speculative second token
 against the processed target distribution, with negative controls (the target's rows left
@@ -10,14 +10,17 @@ import pytest
 import torch
 
 from specray import LLM, SamplingParams
-from specray.kernels.penalties import RowHistory, penalize_row, row_histories
+from dataclasses import replace
+
+from specray.kernels.penalties import RowHistory, apply_min_tokens, penalize_row, row_histories
 from specray.kernels.sampling import SamplingConfig, apply_logit_bias, processed_probs
 from specray.kernels.verify import batch as verify_batch_module
 
 from router_helpers import GREEDY, PROMPT, chi2, prompts
 
 N = 12_000
-BIAS = {5: 2.0, 9: -100.0}  # a favoured token, and a banned one
+BIAS = {5: 2.0, 9: -100.0, 11: 2.0}  # favoured tokens, and a banned one; 11 is also the stop token
+STOP, MIN_TOKENS = 11, 2  # min_tokens keeps it from the first two tokens
 
 
 def test_min_p_keeps_tokens_within_its_ratio_of_the_most_likely_after_temperature():
@@ -142,8 +145,9 @@ def processed_second_token_distribution(llm, cfg: SamplingConfig):
     def p(logits, outputs):  # [rows, vocab], the output before each row
         configs = [cfg] * logits.shape[0]
         rows = apply_logit_bias(logits, configs)
-        rows = torch.stack([penalize_row(r, cfg, RowHistory(tuple(ids), o)) for r, o in zip(rows, outputs)])
-        return processed_probs(rows, configs).double()
+        histories = [RowHistory(tuple(ids), o) for o in outputs]
+        rows = torch.stack([penalize_row(r, cfg, h) for r, h in zip(rows, histories)])
+        return processed_probs(apply_min_tokens(rows, configs, histories), configs).double()
 
     with torch.no_grad():
         p1 = p(model(torch.tensor([ids])).logits[0, -1:], [()])[0]  # [vocab]
@@ -157,17 +161,20 @@ def processed(peaky_models):
     llm = LLM(str(peaky_models[0]), speculative_config={"model": str(peaky_models[1]), "num_speculative_tokens": 3},
               kv_cache_tokens=65536, max_num_seqs=512)
     params = SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, min_p=0.02, logit_bias=BIAS,
-                            repetition_penalty=1.6, frequency_penalty=1.0, presence_penalty=0.5)
-    return llm, params, processed_second_token_distribution(llm, params.sampling_config())
+                            repetition_penalty=1.6, frequency_penalty=1.0, presence_penalty=0.5,
+                            min_tokens=MIN_TOKENS, stop_token_ids=[STOP])
+    cfg = replace(params.sampling_config(), min_tokens=MIN_TOKENS, stop_ids=(STOP,))  # ignore_eos: no EOS
+    return llm, params, processed_second_token_distribution(llm, cfg)
 
 
 def second_tokens(llm, params):
     outs = llm.generate([PROMPT] * N, params)
+    assert all(len(o.outputs[0].token_ids) >= MIN_TOKENS for o in outs)
     drafted = sum(o.metrics.num_draft_tokens for o in outs)
     accepted = sum(o.metrics.num_accepted_tokens for o in outs)
     assert 0.1 * drafted < accepted < 0.9 * drafted, "the test needs frequent acceptance and rejection"
     tokens = torch.tensor([o.outputs[0].token_ids[1] for o in outs])
-    assert not (tokens == 9).any()  # banned
+    assert not (tokens == 9).any() and not (tokens == STOP).any()  # banned, and held back by min_tokens
     return tokens.numpy()
 
 
@@ -191,3 +198,46 @@ def test_negative_control_a_target_that_ignores_the_penalties_is_caught(processe
     monkeypatch.setattr(verify_batch_module, "apply_penalties", lambda logits, configs, rows: logits)
     outs = llm.generate([PROMPT] * N, params)
     assert chi2(torch.tensor([o.outputs[0].token_ids[1] for o in outs]).numpy(), want) < 1e-6
+
+
+def test_negative_control_a_target_that_ignores_min_tokens_is_caught(processed, monkeypatch):
+    llm, params, want = processed
+    torch.manual_seed(4)
+    monkeypatch.setattr(verify_batch_module, "apply_min_tokens", lambda logits, configs, rows: logits)
+    outs = [o.outputs[0].token_ids for o in llm.generate([PROMPT] * N, params)]
+    stopped_early = sum(len(t) < MIN_TOKENS for t in outs)  # the stop token drawn first
+    assert stopped_early > 10  # never under min_tokens (the lossless test checks none did)
+
+
+def test_min_tokens_masks_the_stop_ids_of_short_rows_only():
+    logits = torch.zeros(3, 5)
+    cfg = SamplingConfig(0.0, min_tokens=2, stop_ids=(1, 3))
+    rows = [RowHistory((), (7,)), RowHistory((), (7, 8)), RowHistory((), ())]
+    got = apply_min_tokens(logits, [cfg, cfg, SamplingConfig(0.0)], rows)
+    inf = float("-inf")
+    assert got.tolist() == [[0, inf, 0, inf, 0], [0] * 5, [0] * 5] and not logits.isinf().any()
+
+
+@pytest.fixture(scope="module")
+def greedy_stops(tiny_target):
+    """A greedy output, and a token and a word of it early on, to stop at."""
+    llm = LLM(str(tiny_target), kv_cache_tokens=8192)
+    out = llm.generate(prompts(1), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0].outputs[0]
+    return llm, out
+
+
+@pytest.mark.parametrize("method", [None, "ngram", "draft_model"])
+def test_min_tokens_holds_back_stop_tokens_and_strings_losslessly(tiny_target, tiny_draft, greedy_stops, method):
+    plain, free = greedy_stops
+    stop_token, word = free.token_ids[1], free.text.split()[1]
+    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, min_tokens=6, stop_token_ids=[stop_token]),
+              SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, min_tokens=6, stop=[word])]
+    want = [o.outputs[0] for o in plain.generate(prompts(1) * 2, params)]
+    assert stop_token not in want[0].token_ids[:6] and len(want[0].token_ids) > 6  # not drawn before 6 tokens
+    # the stop string ends it only where it completes at token 6 or later: earlier ones stay in the text
+    assert want[1].stop_reason == word and len(want[1].token_ids) >= 6 and word in want[1].text
+    if method is None:
+        return
+    cfg = {"method": method, "num_speculative_tokens": 3, **({"model": str(tiny_draft)} if method != "ngram" else {})}
+    got = LLM(str(tiny_target), speculative_config=cfg, kv_cache_tokens=8192).generate(prompts(1) * 2, params)
+    assert [o.outputs[0].token_ids for o in got] == [w.token_ids for w in want]

@@ -97,7 +97,8 @@ def test_logit_bias_and_min_p_reach_the_target(client, offline):
     assert got.choices[0].token_ids == want.token_ids and banned not in want.token_ids[:1]
     with pytest.raises(InvalidArgumentError, match="logit_bias"):
         client.generate(PROMPT, logit_bias={banned: 1000.0})
-    penalties = dict(presence_penalty=0.5, frequency_penalty=1.0, repetition_penalty=1.5)
+    penalties = dict(presence_penalty=0.5, frequency_penalty=1.0, repetition_penalty=1.5, min_tokens=3,
+                     stop_token_ids=[banned])
     want = offline.generate(PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, **penalties))
     assert client.generate(PROMPT, **greedy(**penalties)).choices[0].token_ids == want[0].outputs[0].token_ids
     with pytest.raises(InvalidArgumentError, match="repetition_penalty"):

@@ -140,8 +140,10 @@ def test_logit_bias_and_min_p_answer_as_the_offline_api(served, offline):
     assert resp.status_code == 200 and resp.json()["choices"][0]["text"] == want.text, resp.text
 
 
-def test_penalties_answer_as_the_offline_api(served, offline):
-    penalties = dict(presence_penalty=0.5, frequency_penalty=1.0, repetition_penalty=1.5)
+def test_penalties_and_min_tokens_answer_as_the_offline_api(served, offline):
+    first = offline.generate("w5 w6 w5 w6", SamplingParams(temperature=0, max_tokens=2))[0].outputs[0].token_ids[0]
+    penalties = dict(presence_penalty=0.5, frequency_penalty=1.0, repetition_penalty=1.5, min_tokens=3,
+                     stop_token_ids=[first])
     want = offline.generate("w5 w6 w5 w6", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, **penalties))
     plain = offline.generate("w5 w6 w5 w6", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     assert want[0].outputs[0].text != plain[0].outputs[0].text
