@@ -18,7 +18,7 @@ MAX_STOPS = 64  # stop strings and stop token ids each: every round scans them f
 # (the first is the default); the HTTP API's table of refused fields starts from it
 NO_OP_FIELDS: dict[str, tuple] = {
     "best_of": (None, 1), "bad_words": (None, []),
-    "allowed_token_ids": (None,), "truncate_prompt_tokens": (None,),
+    "truncate_prompt_tokens": (None,),
     "logits_processors": (None, []), "detokenize": (True,), "spaces_between_special_tokens": (True,),
     "structured_outputs": (None,), "guided_decoding": (None,),
 }
@@ -49,11 +49,11 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # subtracted per occurrence in the output so far
     repetition_penalty: float = 1.0  # divides (multiplies, if negative) a logit of a prompt or output token
     min_tokens: int = 0  # output tokens before EOS, a stop token id or a stop string may end it
+    allowed_token_ids: list[int] | None = None  # only these tokens can be drawn (None: all)
     # vLLM's fields that specray does not implement: each takes only its no-op value (NO_OP_FIELDS), so
     # ported code that spells out vLLM's defaults runs, and any other value is refused by name
     best_of: int | None = None
     bad_words: list[str] | None = None
-    allowed_token_ids: list[int] | None = None
     truncate_prompt_tokens: int | None = None
     logits_processors: list | None = None
     detokenize: bool = True
@@ -128,6 +128,11 @@ class SamplingParams:
         check_param(_is_int(self.min_tokens) and 0 <= self.min_tokens and (
             self.max_tokens is None or not _is_int(self.max_tokens) or self.min_tokens <= self.max_tokens),
                     "min_tokens", f"min_tokens must be an integer in [0, max_tokens], got {self.min_tokens!r}")
+        check_param(self.allowed_token_ids is None or (
+            isinstance(self.allowed_token_ids, (list, tuple)) and self.allowed_token_ids
+            and all(_is_int(t) and t >= 0 for t in self.allowed_token_ids)), "allowed_token_ids",
+                    f"allowed_token_ids must be a non-empty list of token ids (integers >= 0) or None, got "
+                    f"{_short(self.allowed_token_ids)}")
         for name, no_ops in NO_OP_FIELDS.items():
             value = getattr(self, name)
             check_param(is_no_op(value, no_ops), name,
@@ -143,6 +148,7 @@ class SamplingParams:
     def sampling_config(self) -> SamplingConfig:
         bias = tuple(sorted((int(t), float(b)) for t, b in (self.logit_bias or {}).items() if b != 0))
         return SamplingConfig(self.temperature, self.top_k, self.top_p, float(self.min_p), bias,
+                              tuple(sorted(set(self.allowed_token_ids or ()))),
                               float(self.repetition_penalty), float(self.frequency_penalty),
                               float(self.presence_penalty))
 

@@ -24,6 +24,7 @@ class SamplingConfig:
     min_p: float = 0.0  # drop tokens below min_p x the most likely one's probability (after temperature)
     # (token id, bias) added to the raw logits: the target's rows before verification (apply_logit_bias)
     logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] = ()  # only these can be drawn (every other logit -inf); () all
     # read the tokens before a row (kernels/penalties.py): the target's rows, after the bias
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
@@ -56,16 +57,23 @@ class SamplingConfig:
 
 
 def apply_logit_bias(logits: torch.Tensor, configs: list[SamplingConfig]) -> torch.Tensor:
-    """logits [rows, vocab_size] (row i uses configs[i]) -> the rows with each config's logit_bias
-    added (a copy when any row has one; a greedy row's argmax is then the biased one, as vLLM's)."""
+    """logits [rows, vocab_size] (row i uses configs[i]) -> the rows restricted to each config's
+    allowed_token_ids, then with its logit_bias added (a copy when any row has either; a greedy
+    row's argmax is then the processed one, as vLLM's)."""
     assert logits.shape[0] == len(configs)
-    biased = [i for i, c in enumerate(configs) if c.logit_bias]
-    if not biased:
+    touched = [i for i, c in enumerate(configs) if c.logit_bias or c.allowed_token_ids]
+    if not touched:
         return logits
     out = logits.float().clone()
-    for i in biased:
-        ids, bias = zip(*configs[i].logit_bias)
-        out[i, list(ids)] += torch.tensor(bias, dtype=out.dtype, device=out.device)
+    for i in touched:
+        cfg = configs[i]
+        if cfg.allowed_token_ids:
+            keep = torch.full_like(out[i], float("-inf"))
+            keep[list(cfg.allowed_token_ids)] = 0.0
+            out[i] += keep
+        if cfg.logit_bias:
+            ids, bias = zip(*cfg.logit_bias)
+            out[i, list(ids)] += torch.tensor(bias, dtype=out.dtype, device=out.device)
     return out
 
 

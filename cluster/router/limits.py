@@ -81,6 +81,8 @@ class RouterLimits:
             raise SamplingParamError("stop_token_ids", f"stop_token_ids must be in [0, {vocab})")
         if any(t >= vocab for t in params.logit_bias or {}):
             raise SamplingParamError("logit_bias", f"logit_bias token ids must be in [0, {vocab})")
+        if any(t >= vocab for t in params.allowed_token_ids or ()):
+            raise SamplingParamError("allowed_token_ids", f"allowed_token_ids must be in [0, {vocab})")
 
     def draft_cap(self, num_running: int) -> int:
         """Draft tokens allowed per sequence while `num_running` sequences run."""

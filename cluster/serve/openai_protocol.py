@@ -108,6 +108,7 @@ class _Common(BaseModel):
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0  # vLLM extension
     min_tokens: int = 0  # vLLM extension
+    allowed_token_ids: list[int] | None = None  # vLLM extension
     logit_bias: dict[str, float] | None = None  # OpenAI's: token ids (as strings) -> a bias in [-100, 100]
 
     @model_validator(mode="before")
@@ -176,6 +177,7 @@ class _Common(BaseModel):
                                   min_p=self.min_p, logit_bias=self.token_bias(),
                                   presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                                   repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
+                                  allowed_token_ids=self.allowed_token_ids,
                                   skip_special_tokens=self.skip_special_tokens,
                                   prompt_logprobs=self.target_prompt_logprobs())
         except ValueError as e:  # SamplingParamError names the parameter, as the request spells it

@@ -35,6 +35,7 @@ class Sampling:
     presence_penalty: float = 0.0  # once per token the output holds, in [-2, 2]
     frequency_penalty: float = 0.0  # per occurrence in the output, in [-2, 2]
     min_tokens: int = 0  # output tokens before EOS, a stop token or a stop string may end a choice
+    allowed_token_ids: list[int] = field(default_factory=list)  # only these can be drawn; empty: all
     repetition_penalty: float | None = None  # divides logits of prompt and output tokens, > 0; server: 1.0
 
     def to_proto(self) -> pb.SamplingParams:
@@ -44,7 +45,7 @@ class Sampling:
         values = {"top_k": self.top_k, "ignore_eos": self.ignore_eos, "stop_token_ids": list(self.stop_token_ids),
                   "min_p": self.min_p, "logit_bias": dict(self.logit_bias or {}),
                   "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
-                  "min_tokens": self.min_tokens,
+                  "min_tokens": self.min_tokens, "allowed_token_ids": list(self.allowed_token_ids or []),
                   "stop": [self.stop] if isinstance(self.stop, str) else list(self.stop or [])}
         for name in ("max_tokens", "temperature", "top_p", "n", "seed", "logprobs", "num_speculative_tokens",
                      "verify_budget", "prompt_logprobs", "repetition_penalty"):

@@ -1,4 +1,4 @@
-"""min_p, logit_bias, the penalties and min_tokens, each as its verification needs: exact tiny cases of the
+"""min_p, logit_bias, allowed_token_ids, the penalties and min_tokens, each as its verification needs: exact tiny cases of the
 processing (penalties against transformers' too), greedy speculative output equal to greedy plain
 output (ngram, draft model, trees, batch 1-16), and chi-square tests of the speculative second token
 against the processed target distribution, with negative controls (the target's rows left
@@ -21,6 +21,7 @@ from router_helpers import GREEDY, PROMPT, chi2, prompts
 N = 12_000
 BIAS = {5: 2.0, 9: -100.0, 11: 2.0}  # favoured tokens, and a banned one; 11 is also the stop token
 STOP, MIN_TOKENS = 11, 2  # min_tokens keeps it from the first two tokens
+EXCLUDED = {1, 3, 7, 13, 15, 17, 19}  # not in allowed_token_ids
 
 
 def test_min_p_keeps_tokens_within_its_ratio_of_the_most_likely_after_temperature():
@@ -160,7 +161,9 @@ def processed_second_token_distribution(llm, cfg: SamplingConfig):
 def processed(peaky_models):
     llm = LLM(str(peaky_models[0]), speculative_config={"model": str(peaky_models[1]), "num_speculative_tokens": 3},
               kv_cache_tokens=65536, max_num_seqs=512)
+    allowed = [t for t in range(llm.router.config.vocab_size) if t not in EXCLUDED]
     params = SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, min_p=0.02, logit_bias=BIAS,
+                            allowed_token_ids=allowed,
                             repetition_penalty=1.6, frequency_penalty=1.0, presence_penalty=0.5,
                             min_tokens=MIN_TOKENS, stop_token_ids=[STOP])
     cfg = replace(params.sampling_config(), min_tokens=MIN_TOKENS, stop_ids=(STOP,))  # ignore_eos: no EOS
@@ -175,6 +178,7 @@ def second_tokens(llm, params):
     assert 0.1 * drafted < accepted < 0.9 * drafted, "the test needs frequent acceptance and rejection"
     tokens = torch.tensor([o.outputs[0].token_ids[1] for o in outs])
     assert not (tokens == 9).any() and not (tokens == STOP).any()  # banned, and held back by min_tokens
+    assert not any(t in EXCLUDED for t in tokens.tolist())
     return tokens.numpy()
 
 
@@ -241,3 +245,23 @@ def test_min_tokens_holds_back_stop_tokens_and_strings_losslessly(tiny_target, t
     cfg = {"method": method, "num_speculative_tokens": 3, **({"model": str(tiny_draft)} if method != "ngram" else {})}
     got = LLM(str(tiny_target), speculative_config=cfg, kv_cache_tokens=8192).generate(prompts(1) * 2, params)
     assert [o.outputs[0].token_ids for o in got] == [w.token_ids for w in want]
+
+
+def test_allowed_token_ids_keep_only_theirs_before_the_bias():
+    logits = torch.zeros(2, 5)
+    cfg = SamplingConfig(0.0, logit_bias=((4, 1.0),), allowed_token_ids=(1, 4))
+    got = apply_logit_bias(logits, [cfg, SamplingConfig(0.0)])
+    inf = float("-inf")
+    assert got.tolist() == [[inf, 0, inf, inf, 1.0], [0] * 5]
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_greedy_speculative_equals_plain_with_allowed_token_ids(tiny_target, tiny_draft, greedy_stops, method):
+    plain, _ = greedy_stops
+    even = list(range(0, plain.router.config.vocab_size, 2))
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, allowed_token_ids=even)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts(3), params)]
+    assert all(t % 2 == 0 for w in want for t in w)
+    cfg = {"method": method, "num_speculative_tokens": 3, **({"model": str(tiny_draft)} if method != "ngram" else {})}
+    got = LLM(str(tiny_target), speculative_config=cfg, kv_cache_tokens=8192).generate(prompts(3), params)
+    assert [o.outputs[0].token_ids for o in got] == want
