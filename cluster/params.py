@@ -17,7 +17,7 @@ MAX_STOPS = 64  # stop strings and stop token ids each: every round scans them f
 # vLLM SamplingParams fields specray does not implement -> the values that leave the output unchanged
 # (the first is the default); the HTTP API's table of refused fields starts from it
 NO_OP_FIELDS: dict[str, tuple] = {
-    "best_of": (None, 1), "bad_words": (None, []),
+    "best_of": (None, 1),
     "truncate_prompt_tokens": (None,),
     "logits_processors": (None, []), "detokenize": (True,), "spaces_between_special_tokens": (True,),
     "structured_outputs": (None,), "guided_decoding": (None,),
@@ -50,10 +50,10 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # divides (multiplies, if negative) a logit of a prompt or output token
     min_tokens: int = 0  # output tokens before EOS, a stop token id or a stop string may end it
     allowed_token_ids: list[int] | None = None  # only these tokens can be drawn (None: all)
+    bad_words: list[str] | None = None  # never generated: a word's last token is not drawn after its others
     # vLLM's fields that specray does not implement: each takes only its no-op value (NO_OP_FIELDS), so
     # ported code that spells out vLLM's defaults runs, and any other value is refused by name
     best_of: int | None = None
-    bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
     logits_processors: list | None = None
     detokenize: bool = True
@@ -133,6 +133,10 @@ class SamplingParams:
             and all(_is_int(t) and t >= 0 for t in self.allowed_token_ids)), "allowed_token_ids",
                     f"allowed_token_ids must be a non-empty list of token ids (integers >= 0) or None, got "
                     f"{_short(self.allowed_token_ids)}")
+        check_param(self.bad_words is None or (isinstance(self.bad_words, (list, tuple)) and len(self.bad_words) <=
+                                                MAX_STOPS and all(isinstance(w, str) and w.strip() for w in self.bad_words)),
+                    "bad_words", f"bad_words must be a list of at most {MAX_STOPS} non-blank strings, got "
+                    f"{_short(self.bad_words)}")
         for name, no_ops in NO_OP_FIELDS.items():
             value = getattr(self, name)
             check_param(is_no_op(value, no_ops), name,

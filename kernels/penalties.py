@@ -77,6 +77,20 @@ def apply_min_tokens(logits: torch.Tensor, configs: list[SamplingConfig],
     return out
 
 
+def apply_bad_words(logits: torch.Tensor, configs: list[SamplingConfig],
+                    histories: list[RowHistory | None]) -> torch.Tensor:
+    """logits [rows, vocab_size] -> -inf at each bad word's last token where the row's output ends
+    with the word's other tokens (always, for a one-token word); a copy if any."""
+    banned = [(i, seq[-1]) for i, c in enumerate(configs) for seq in c.bad_words_ids
+              if len(seq) == 1 or histories[i].output[len(histories[i].output) - len(seq) + 1:] == seq[:-1]]
+    if not banned:
+        return logits
+    out = logits.float().clone()
+    for i, token in banned:
+        out[i, token] = float("-inf")
+    return out
+
+
 def _keys(pairs: list[tuple[int, tuple[int, ...]]], vocab: int) -> torch.Tensor:
     """(row, tokens) pairs -> [n] int64 flat indices row * vocab + token."""
     rows = [i for i, tokens in pairs for _ in tokens]

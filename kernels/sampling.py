@@ -31,6 +31,7 @@ class SamplingConfig:
     presence_penalty: float = 0.0
     min_tokens: int = 0  # before this many output tokens, the stop_ids cannot be drawn (vLLM's min_tokens)
     stop_ids: tuple[int, ...] = ()  # EOS (unless ignore_eos) and the stop token ids
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()  # token sequences whose last token is not drawn after the rest
 
     def __post_init__(self) -> None:
         assert self.temperature >= 0.0 and self.top_k >= 0 and 0.0 < self.top_p <= 1.0 and 0.0 <= self.min_p <= 1.0
@@ -47,7 +48,7 @@ class SamplingConfig:
     @property
     def reads_history(self) -> bool:
         """Its rows depend on the tokens before them (penalties, min_tokens): kernels/penalties.py."""
-        return self.penalized or (self.min_tokens > 0 and bool(self.stop_ids))
+        return self.penalized or (self.min_tokens > 0 and bool(self.stop_ids)) or bool(self.bad_words_ids)
 
     def for_draft(self) -> "SamplingConfig":
         """What a draft proposes with: temperature, top-k and top-p (what every transport carries).

@@ -59,7 +59,7 @@ class DiffusionLimits:
                     "num_speculative_tokens and verify_budget do not apply to a diffusion LM: FreeDave's drafts "
                     "are set by speculative_config['num_drafts']")
         processing = [name for name in ("logit_bias", "min_p", "presence_penalty", "frequency_penalty", "min_tokens",
-                                        "allowed_token_ids")
+                                        "allowed_token_ids", "bad_words")
                       if getattr(params, name)] + (["repetition_penalty"] if params.repetition_penalty != 1 else [])
         check_param(not processing, processing[0] if processing else None,
                     f"{', '.join(processing)}: not implemented for a diffusion LM in specray (logit_bias, min_p "

@@ -68,6 +68,9 @@ class RouterLimits:
         vocab = self.vocab_size
         if any(type(t) is not int or not 0 <= t < vocab for t in prompt_token_ids):
             raise SamplingParamError("prompt", f"prompt token ids must be integers in [0, {vocab})")
+        if not has_tokenizer and params.bad_words:
+            raise SamplingParamError("bad_words", "bad_words need a tokenizer, and this engine has none; "
+                                                  "use logit_bias with -100")
         if not has_tokenizer and params.stop:
             raise SamplingParamError("stop", "stop strings need a tokenizer, and this engine has none; "
                                              "use stop_token_ids")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from specray.cluster.outputs import RequestOutput, SpecMetrics
 from specray.cluster.params import SamplingParams
+from specray.cluster.router.bad_words import bad_words_token_ids
 from specray.cluster.router.failures import RequestFailed, request_failed
 from specray.cluster.router.sequence import Sequence
 
@@ -49,8 +50,9 @@ class RequestBook:
         request_id = request_id or str(next(self._ids))
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running")
+        bad = bad_words_token_ids(self.tokenizer, params.bad_words) if params.bad_words else ()
         seqs = [Sequence(f"{request_id}/{i}", request_id, i, list(prompt_token_ids), params,
-                         self.eos_token_ids, self.config.max_model_len) for i in range(params.n)]
+                         self.eos_token_ids, self.config.max_model_len, bad_words_ids=bad) for i in range(params.n)]
         self.requests[request_id] = _Request(request_id, prompt, list(prompt_token_ids), seqs)
         self.waiting.extend(seqs)
         return request_id

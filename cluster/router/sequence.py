@@ -21,6 +21,7 @@ class Sequence:
     params: SamplingParams
     eos_token_ids: frozenset[int]
     max_model_len: int
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()  # params.bad_words as token sequences (router/bad_words.py)
     output_token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
@@ -48,7 +49,7 @@ class Sequence:
     def fresh(self) -> "Sequence":
         """The sequence as it was queued: its prompt and parameters, nothing computed."""
         return Sequence(self.seq_id, self.request_id, self.index, self.prompt_token_ids, self.params,
-                        self.eos_token_ids, self.max_model_len, arrival_time=self.arrival_time)
+                        self.eos_token_ids, self.max_model_len, self.bad_words_ids, arrival_time=self.arrival_time)
 
     @property
     def token_ids(self) -> list[int]:
@@ -74,7 +75,7 @@ class Sequence:
 
     def spec(self) -> SeqSpec:
         seed = choice_seed(self.params.seed, self.index)
-        sampling = self.params.sampling_config()
+        sampling = replace(self.params.sampling_config(), bad_words_ids=self.bad_words_ids)
         if self.params.min_tokens:  # the tokens that would end the output before it
             eos = frozenset() if self.params.ignore_eos else self.eos_token_ids
             sampling = replace(sampling, min_tokens=self.params.min_tokens,

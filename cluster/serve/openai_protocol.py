@@ -109,6 +109,7 @@ class _Common(BaseModel):
     repetition_penalty: float = 1.0  # vLLM extension
     min_tokens: int = 0  # vLLM extension
     allowed_token_ids: list[int] | None = None  # vLLM extension
+    bad_words: list[str] | None = None  # vLLM extension
     logit_bias: dict[str, float] | None = None  # OpenAI's: token ids (as strings) -> a bias in [-100, 100]
 
     @model_validator(mode="before")
@@ -177,7 +178,7 @@ class _Common(BaseModel):
                                   min_p=self.min_p, logit_bias=self.token_bias(),
                                   presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                                   repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
-                                  allowed_token_ids=self.allowed_token_ids,
+                                  allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
                                   skip_special_tokens=self.skip_special_tokens,
                                   prompt_logprobs=self.target_prompt_logprobs())
         except ValueError as e:  # SamplingParamError names the parameter, as the request spells it

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import torch
 
-from specray.kernels.penalties import RowHistory, apply_min_tokens, apply_penalties
+from specray.kernels.penalties import RowHistory, apply_bad_words, apply_min_tokens, apply_penalties
 from specray.kernels.proposal import Proposal, VerifyResult
 from specray.kernels.sampling import SamplingConfig, apply_logit_bias, processed_probs
 from specray.kernels.verify.chain import verify_greedy, verify_speculative
@@ -58,7 +58,7 @@ def _processed_rows(logits: torch.Tensor, proposals: list[Proposal], samplings: 
     assert histories is not None, "a penalised sequence's rows need their histories"
     rows = [h for d, hs in zip(proposals, histories, strict=True)
             for h in (hs if hs is not None else [None] * (d.num_draft_tokens + 1))]
-    logits = apply_penalties(logits, configs, rows)
+    logits = apply_bad_words(apply_penalties(logits, configs, rows), configs, rows)
     return apply_min_tokens(logits, configs, rows)
 
 

@@ -36,6 +36,7 @@ class Sampling:
     frequency_penalty: float = 0.0  # per occurrence in the output, in [-2, 2]
     min_tokens: int = 0  # output tokens before EOS, a stop token or a stop string may end a choice
     allowed_token_ids: list[int] = field(default_factory=list)  # only these can be drawn; empty: all
+    bad_words: list[str] = field(default_factory=list)  # never generated
     repetition_penalty: float | None = None  # divides logits of prompt and output tokens, > 0; server: 1.0
 
     def to_proto(self) -> pb.SamplingParams:
@@ -46,6 +47,7 @@ class Sampling:
                   "min_p": self.min_p, "logit_bias": dict(self.logit_bias or {}),
                   "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                   "min_tokens": self.min_tokens, "allowed_token_ids": list(self.allowed_token_ids or []),
+                  "bad_words": list(self.bad_words or []),
                   "stop": [self.stop] if isinstance(self.stop, str) else list(self.stop or [])}
         for name in ("max_tokens", "temperature", "top_p", "n", "seed", "logprobs", "num_speculative_tokens",
                      "verify_budget", "prompt_logprobs", "repetition_penalty"):

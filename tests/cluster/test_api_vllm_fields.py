@@ -28,7 +28,7 @@ def test_vllm_defaults_spelled_out_change_nothing(llm):
     assert got.outputs[0].token_ids == want and len(want) == 6
 
 
-@pytest.mark.parametrize("field, value", [("bad_words", ["x"]), ("truncate_prompt_tokens", 5), ("best_of", 2),
+@pytest.mark.parametrize("field, value", [("truncate_prompt_tokens", 5), ("best_of", 2),
                                           ("logits_processors", [print]), ("guided_decoding", {"json": {}}),
                                           ("detokenize", False), ("spaces_between_special_tokens", False),
                                           ("truncate_prompt_tokens", 0)])

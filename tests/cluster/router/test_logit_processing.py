@@ -1,4 +1,5 @@
-"""min_p, logit_bias, allowed_token_ids, the penalties and min_tokens, each as its verification needs: exact tiny cases of the
+"""min_p, logit_bias, allowed_token_ids, bad_words, the penalties and min_tokens, each as its
+verification needs: exact tiny cases of the
 processing (penalties against transformers' too), greedy speculative output equal to greedy plain
 output (ngram, draft model, trees, batch 1-16), and chi-square tests of the speculative second token
 against the processed target distribution, with negative controls (the target's rows left
@@ -12,7 +13,8 @@ import torch
 from specray import LLM, SamplingParams
 from dataclasses import replace
 
-from specray.kernels.penalties import RowHistory, apply_min_tokens, penalize_row, row_histories
+from specray.cluster.router.bad_words import bad_words_token_ids
+from specray.kernels.penalties import RowHistory, apply_bad_words, apply_min_tokens, penalize_row, row_histories
 from specray.kernels.sampling import SamplingConfig, apply_logit_bias, processed_probs
 from specray.kernels.verify import batch as verify_batch_module
 
@@ -22,6 +24,7 @@ N = 12_000
 BIAS = {5: 2.0, 9: -100.0, 11: 2.0}  # favoured tokens, and a banned one; 11 is also the stop token
 STOP, MIN_TOKENS = 11, 2  # min_tokens keeps it from the first two tokens
 EXCLUDED = {1, 3, 7, 13, 15, 17, 19}  # not in allowed_token_ids
+BAD = ["w5"]  # favoured by the bias, so its ban moves the distribution (longer words: the cases below)
 
 
 def test_min_p_keeps_tokens_within_its_ratio_of_the_most_likely_after_temperature():
@@ -60,6 +63,11 @@ def test_bad_min_p_is_refused_by_name(value, message):
 def test_bad_logit_bias_is_refused_by_name(bias):
     with pytest.raises(ValueError, match="logit_bias"):
         SamplingParams(logit_bias=bias)
+
+
+def test_bad_words_need_a_tokenizer(tiny_target):
+    with pytest.raises(ValueError, match="bad_words need a tokenizer"):
+        LLM(str(tiny_target), skip_tokenizer_init=True).generate(PROMPT, SamplingParams(bad_words=["w5"]))
 
 
 def test_a_token_id_outside_the_vocabulary_is_refused(tiny_target):
@@ -148,6 +156,7 @@ def processed_second_token_distribution(llm, cfg: SamplingConfig):
         rows = apply_logit_bias(logits, configs)
         histories = [RowHistory(tuple(ids), o) for o in outputs]
         rows = torch.stack([penalize_row(r, cfg, h) for r, h in zip(rows, histories)])
+        rows = apply_bad_words(rows, configs, histories)
         return processed_probs(apply_min_tokens(rows, configs, histories), configs).double()
 
     with torch.no_grad():
@@ -165,8 +174,9 @@ def processed(peaky_models):
     params = SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, min_p=0.02, logit_bias=BIAS,
                             allowed_token_ids=allowed,
                             repetition_penalty=1.6, frequency_penalty=1.0, presence_penalty=0.5,
-                            min_tokens=MIN_TOKENS, stop_token_ids=[STOP])
-    cfg = replace(params.sampling_config(), min_tokens=MIN_TOKENS, stop_ids=(STOP,))  # ignore_eos: no EOS
+                            min_tokens=MIN_TOKENS, stop_token_ids=[STOP], bad_words=BAD)
+    cfg = replace(params.sampling_config(), min_tokens=MIN_TOKENS, stop_ids=(STOP,),  # ignore_eos: no EOS
+                  bad_words_ids=bad_words_token_ids(llm.get_tokenizer(), BAD))
     return llm, params, processed_second_token_distribution(llm, cfg)
 
 
@@ -178,7 +188,7 @@ def second_tokens(llm, params):
     assert 0.1 * drafted < accepted < 0.9 * drafted, "the test needs frequent acceptance and rejection"
     tokens = torch.tensor([o.outputs[0].token_ids[1] for o in outs])
     assert not (tokens == 9).any() and not (tokens == STOP).any()  # banned, and held back by min_tokens
-    assert not any(t in EXCLUDED for t in tokens.tolist())
+    assert not any(t in EXCLUDED or t == 5 for t in tokens.tolist())  # not allowed, or a bad word
     return tokens.numpy()
 
 
@@ -262,6 +272,34 @@ def test_greedy_speculative_equals_plain_with_allowed_token_ids(tiny_target, tin
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, allowed_token_ids=even)
     want = [o.outputs[0].token_ids for o in plain.generate(prompts(3), params)]
     assert all(t % 2 == 0 for w in want for t in w)
+    cfg = {"method": method, "num_speculative_tokens": 3, **({"model": str(tiny_draft)} if method != "ngram" else {})}
+    got = LLM(str(tiny_target), speculative_config=cfg, kv_cache_tokens=8192).generate(prompts(3), params)
+    assert [o.outputs[0].token_ids for o in got] == want
+
+
+def test_negative_control_a_target_that_ignores_bad_words_is_caught(processed, monkeypatch):
+    llm, params, want = processed
+    torch.manual_seed(5)
+    monkeypatch.setattr(verify_batch_module, "apply_bad_words", lambda logits, configs, rows: logits)
+    outs = [o.outputs[0].token_ids for o in llm.generate([PROMPT] * N, params)]
+    assert sum(5 in t[:2] for t in outs) > 10  # never with the bad word's ban
+
+
+def test_bad_words_ban_a_last_token_after_the_others_only():
+    cfg = SamplingConfig(0.0, bad_words_ids=((2,), (3, 4)))
+    rows = [RowHistory((), (3,)), RowHistory((3,), (1,)), RowHistory((), ())]
+    got = apply_bad_words(torch.zeros(3, 5), [cfg, cfg, SamplingConfig(0.0)], rows)
+    inf = float("-inf")
+    assert got.tolist() == [[0, 0, inf, 0, inf], [0, 0, inf, 0, 0], [0] * 5]  # the prompt does not count
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_greedy_speculative_equals_plain_with_bad_words(tiny_target, tiny_draft, greedy_stops, method):
+    plain, free = greedy_stops
+    pair = free.token_ids[:2]  # the plain output's first two tokens, as a bad word
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, bad_words=[f"w{pair[0]} w{pair[1]}"])
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts(3), params)]
+    assert want[0][:2] != pair and not any(w[i:i + 2] == pair for w in want for i in range(len(w)))
     cfg = {"method": method, "num_speculative_tokens": 3, **({"model": str(tiny_draft)} if method != "ngram" else {})}
     got = LLM(str(tiny_target), speculative_config=cfg, kv_cache_tokens=8192).generate(prompts(3), params)
     assert [o.outputs[0].token_ids for o in got] == want

@@ -56,6 +56,7 @@ def test_a_request_refused_names_its_field(served, body, param):
     ({"prompt": [[5], [10**6]], "stream": True}, "prompt[1]"),
     ({"prompt": "w5", "logit_bias": {str(10**6): 1.0}}, "logit_bias"),
     ({"prompt": "w5", "allowed_token_ids": [5, 10**6]}, "allowed_token_ids"),
+    ({"prompt": "w5", "bad_words": [" "]}, "bad_words"),
 ])
 def test_the_routers_refusals_name_their_field(served, body, param):
     resp = httpx.post(served[0].url + "/v1/completions", json={"model": "tiny", "max_tokens": 2, **body},
