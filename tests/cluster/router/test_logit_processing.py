@@ -198,18 +198,12 @@ def test_sampling_with_min_p_logit_bias_and_penalties_is_lossless(processed):
     assert chi2(second_tokens(llm, params), want) > 1e-3
 
 
-def test_negative_control_a_target_that_ignores_the_bias_is_caught(processed, monkeypatch):
+@pytest.mark.parametrize("stage, seed", [("apply_logit_bias", 1), ("apply_penalties", 3)])
+def test_negative_control_a_target_that_skips_a_stage_is_caught(processed, monkeypatch, stage, seed):
+    """The bias and allowed-token mask (apply_logit_bias), or the penalties, left out of the target's rows."""
     llm, params, want = processed
-    torch.manual_seed(1)
-    monkeypatch.setattr(verify_batch_module, "apply_logit_bias", lambda logits, configs: logits)
-    tokens = llm.generate([PROMPT] * N, params)
-    assert chi2(torch.tensor([o.outputs[0].token_ids[1] for o in tokens]).numpy(), want) < 1e-6
-
-
-def test_negative_control_a_target_that_ignores_the_penalties_is_caught(processed, monkeypatch):
-    llm, params, want = processed
-    torch.manual_seed(3)
-    monkeypatch.setattr(verify_batch_module, "apply_penalties", lambda logits, configs, rows: logits)
+    torch.manual_seed(seed)
+    monkeypatch.setattr(verify_batch_module, stage, lambda logits, configs, *rows: logits)
     outs = llm.generate([PROMPT] * N, params)
     assert chi2(torch.tensor([o.outputs[0].token_ids[1] for o in outs]).numpy(), want) < 1e-6
 
