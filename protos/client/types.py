@@ -35,14 +35,19 @@ class Sampling:
     presence_penalty: float = 0.0  # once per token the output holds, in [-2, 2]
     frequency_penalty: float = 0.0  # per occurrence in the output, in [-2, 2]
     min_tokens: int = 0  # output tokens before EOS, a stop token or a stop string may end a choice
-    allowed_token_ids: list[int] = field(default_factory=list)  # only these can be drawn; empty: all
-    bad_words: list[str] = field(default_factory=list)  # never generated
+    allowed_token_ids: list[int] | None = None  # only these can be drawn; None: all
+    bad_words: list[str] | None = None  # never generated
     repetition_penalty: float | None = None  # divides logits of prompt and output tokens, > 0; server: 1.0
 
     def to_proto(self) -> pb.SamplingParams:
         """The message; a value the message cannot hold (a seed past 2^64, a string for a number)
         raises InvalidArgumentError naming its field, as the server would."""
         msg = pb.SamplingParams()
+        if isinstance(self.bad_words, str):  # list() would ban each of its characters
+            raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, "bad_words: a list of strings, not a string")
+        if self.allowed_token_ids is not None and len(self.allowed_token_ids) == 0:  # the wire's empty is "all"
+            raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT,
+                                       "allowed_token_ids: give at least one token id (leave it out for all)")
         values = {"top_k": self.top_k, "ignore_eos": self.ignore_eos, "stop_token_ids": list(self.stop_token_ids),
                   "min_p": self.min_p, "logit_bias": dict(self.logit_bias or {}),
                   "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,

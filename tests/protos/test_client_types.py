@@ -46,3 +46,12 @@ def test_a_chat_message_s_name_reaches_the_template_as_over_http():
                                            {"role": "user", "content": "x"}]
     with pytest.raises(ValueError, match=r"messages\[0\]\['name'\] must be a string"):
         build_request(messages=[{"role": "user", "content": "hi", "name": 5}])
+
+
+@pytest.mark.parametrize("kwargs, field", [({"bad_words": "Paris"}, "bad_words"),
+                                           ({"allowed_token_ids": []}, "allowed_token_ids")])
+def test_a_value_the_wire_would_misread_is_refused_by_the_sdk(kwargs, field):
+    """A string of bad words went out as its characters; an empty allowed list as "all tokens"
+    (the HTTP API refuses both)."""
+    with pytest.raises(InvalidArgumentError, match=field):
+        Sampling(**kwargs).to_proto()
