@@ -62,8 +62,8 @@ class DiffusionLimits:
                                         "allowed_token_ids", "bad_words")
                       if getattr(params, name)] + (["repetition_penalty"] if params.repetition_penalty != 1 else [])
         check_param(not processing, processing[0] if processing else None,
-                    f"{', '.join(processing)}: not implemented for a diffusion LM in specray (logit_bias, min_p "
-                    "and the penalties)")
+                    f"{', '.join(processing)}: not implemented for a diffusion LM in specray (the target-side "
+                    "sampling options)")
         check_param(has_tokenizer or not params.stop, "stop",
                     "stop strings need a tokenizer, and this engine has none; use stop_token_ids")
         check_param(params.n <= self.max_num_seqs, "n", f"n={params.n} exceeds max_num_seqs {self.max_num_seqs}")
@@ -85,17 +85,8 @@ class DiffusionRouter(RequestBook):
         self.started: set[str] = set()  # sequences the pool holds
         self.stats = DiffusionStats()
 
-    def fail_all(self) -> list[str]:
-        """After a worker failure (the canvases are gone): requests that emitted nothing run again from
-        their prompts; the others are forgotten. -> the forgotten ids."""
-        retried = self.restartable()
-        lost = [rid for rid in self.requests if rid not in {r.request_id for r in retried}]
+    def _forget_running(self) -> None:
         self.running, self.started = [], set()
-        self.waiting.clear()
-        self.requests.clear()
-        self.stats.target_failures += 1
-        self.requeue(retried)
-        return lost
 
     def _item(self, seq: Sequence) -> DiffusionItem:
         p = seq.params

@@ -85,13 +85,30 @@ class RequestBook:
         failures, self.failures = self.failures, []
         return failures
 
-    def restartable(self) -> list[_Request]:
+    def fail_all(self) -> list[str]:
+        """After a lost target (every KV cache or canvas is gone): requests that emitted nothing run
+        again from their prompts once the pool restarts; the others are forgotten. -> their ids."""
+        retried = self._restartable()
+        again = {r.request_id for r in retried}
+        lost = [rid for rid in self.requests if rid not in again]
+        self._forget_running()
+        self.waiting.clear()
+        self.requests.clear()
+        self.stats.target_failures += 1
+        self._requeue(retried)
+        return lost
+
+    def _forget_running(self) -> None:
+        """Drop the running batch after a lost target (its workers hold nothing any more)."""
+        raise NotImplementedError
+
+    def _restartable(self) -> list[_Request]:
         """Requests a lost target can run again from their prompt: nothing of them was emitted (so no
         consumer can tell) and they were not retried already."""
         return [r for r in self.requests.values() if r.retries < MAX_TARGET_RETRIES
                 and not any(s.output_token_ids or s.finished for s in r.seqs)]
 
-    def requeue(self, reqs: list[_Request]) -> None:
+    def _requeue(self, reqs: list[_Request]) -> None:
         """Queue `reqs` again, ahead of the others, as fresh sequences (no KV anywhere)."""
         for req in reversed(reqs):
             seqs = [seq.fresh() for seq in req.seqs]

@@ -43,20 +43,11 @@ class Router(DraftSide, RequestBook):
         self.after_submit: Callable[[], None] | None = None
 
     # -- requests (the rest in RequestBook) -----------------------------------------------------
-    def fail_all(self) -> list[str]:
-        """After a target failure (every KV is gone): requests that emitted nothing run again from
-        their prompts once the pool restarts; the others are forgotten. -> the forgotten ids."""
-        retried = self.restartable()
-        lost = [rid for rid in self.requests if rid not in {r.request_id for r in retried}]
+    def _forget_running(self) -> None:
         for seq in list(self.running):
             self._retire(seq, target_alive=False)
-        self.waiting.clear()
-        self.requests.clear()
         if self.pipeline is not None:
             self.pipeline.reset()
-        self.stats.target_failures += 1
-        self.requeue(retried)
-        return lost
 
     # -- scheduling -------------------------------------------------------------------------
     def admit(self, limit: int | None = None) -> list[Sequence]:
