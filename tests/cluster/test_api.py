@@ -1,4 +1,4 @@
-"""Offline API behaviour: bad input, stops, logprobs, chat templates, n, abort."""
+"""Offline API behaviour: bad input, stops, logprobs, chat templates, n, abort (streams: test_api_streams.py)."""
 
 import pytest
 
@@ -227,53 +227,6 @@ def test_abort_frees_the_sequence(llm):
 def test_incremental_text_equals_full_decode(llm):
     out = llm.generate({"prompt_token_ids": [1, 8, 9, 10]}, SamplingParams(max_tokens=30, **GREEDY))[0].outputs[0]
     assert out.text == llm.get_tokenizer().decode(out.token_ids, skip_special_tokens=True)
-
-
-def test_stream_takes_one_prompt_as_generate_does(llm):
-    """A string is one prompt (it was streamed as one request a character)."""
-    want = llm.generate("w5 w6", SamplingParams(max_tokens=3, **GREEDY))[0]
-    outs = list(llm.stream("w5 w6", SamplingParams(max_tokens=3, **GREEDY)))
-    assert {o.request_id for o in outs} == {outs[-1].request_id} and outs[-1].outputs[0].text == want.outputs[0].text
-
-
-def test_a_stream_left_early_ends_its_requests(llm):
-    """Its requests kept running, and the next generate decoded them all before its own."""
-    for i, _ in enumerate(llm.stream(["w5 w6", "w7"], SamplingParams(max_tokens=40, **GREEDY))):
-        if i == 1:
-            break
-    assert not llm.router.has_unfinished()
-    held = llm.stream("w5 w6", SamplingParams(max_tokens=40, **GREEDY))
-    next(held)  # a stream still held runs on; generate returns once its own requests end
-    out = llm.generate("w8", SamplingParams(max_tokens=2, **GREEDY))
-    assert len(out[0].outputs[0].token_ids) == 2 and llm.router.has_unfinished()
-    held.close()
-    assert not llm.router.has_unfinished()
-
-
-def test_a_stream_refuses_bad_input_at_the_call_and_starts_nothing_until_read(llm):
-    """It raised only at the first next(), far from the call that caused it."""
-    with pytest.raises(ValueError, match="prompt 1: .*token ids"):
-        llm.stream(["w5", {"prompt_token_ids": [10**9]}], SamplingParams(max_tokens=3, **GREEDY))
-    with pytest.raises(ValueError, match="sampling_params must be one SamplingParams or one per prompt"):
-        llm.stream(["w5", "w6"], [SamplingParams(max_tokens=3)])
-    unread = llm.stream("w5 w6", SamplingParams(max_tokens=3, **GREEDY))
-    assert not llm.router.has_unfinished()  # a stream never read runs nothing on later calls' rounds
-    del unread
-    assert len(llm.generate("w7", SamplingParams(max_tokens=2, **GREEDY))) == 1
-
-
-def test_a_held_stream_gets_its_outputs_after_another_call_ran_its_rounds(llm):
-    """generate (or a second stream) stepped the shared router and dropped the held stream's outputs:
-    it then ended without its requests' final outputs; a second stream yielded the first's."""
-    params = SamplingParams(max_tokens=12, **GREEDY)
-    want = [o.outputs[0].token_ids for o in llm.generate(["w5 w6", "w7"], params)]
-    held = llm.stream(["w5 w6", "w7"], params)
-    first = next(held)
-    llm.generate("w8", SamplingParams(max_tokens=30, **GREEDY))  # runs the held stream's requests to the end
-    other = list(llm.stream("w9", SamplingParams(max_tokens=3, **GREEDY)))
-    assert {o.request_id for o in other} == {other[-1].request_id} != {first.request_id}
-    finals = {o.request_id: o.outputs[0].token_ids for o in [first, *held] if o.finished}
-    assert sorted(finals.values()) == sorted(want) and not llm.router.has_unfinished()
 
 
 @pytest.mark.parametrize("messages, message", [
