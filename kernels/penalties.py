@@ -1,9 +1,10 @@
-"""Repetition, frequency and presence penalties (vLLM's and OpenAI's), a row at a time.
+"""What reads the tokens before a row: repetition, frequency and presence penalties (vLLM's and
+OpenAI's), bad_words and min_tokens.
 
-A row's penalties read the tokens before its position: the prompt (repetition only) and the output
-so far, which in a verification step includes the draft tokens on the row's path. So every row of
-a speculative step is penalised exactly as a one-row step at its position would be, and greedy
-speculative output equals greedy plain output.
+A row's processing reads the prompt (repetition only) and the output so far, which in a
+verification step includes the draft tokens on the row's path. So every row of a speculative step
+is processed exactly as a one-row step at its position would be, and greedy speculative output
+equals greedy plain output.
 """
 
 from __future__ import annotations

@@ -50,6 +50,11 @@ class SamplingConfig:
         """Its rows depend on the tokens before them (penalties, min_tokens): kernels/penalties.py."""
         return self.penalized or (self.min_tokens > 0 and bool(self.stop_ids)) or bool(self.bad_words_ids)
 
+    @property
+    def processes_rows(self) -> bool:
+        """The target's rows change before verification (kernels/verify/batch.py `_processed_rows`)."""
+        return bool(self.logit_bias or self.allowed_token_ids) or self.reads_history
+
     def for_draft(self) -> "SamplingConfig":
         """What a draft proposes with: temperature, top-k and top-p (what every transport carries).
         The target's other processing only lowers acceptance where a draft ignores it: verification

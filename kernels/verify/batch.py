@@ -30,9 +30,10 @@ def verify_batch(logits: torch.Tensor, proposals: list[Proposal], rules: list[st
                  samplings: list[SamplingConfig], generators: list[torch.Generator | None],
                  histories: list[list[RowHistory] | None] | None = None) -> list[VerifyResult]:
     """logits [sum(n_b + 1), vocab_size] -> one VerifyResult per sequence, in order. Every rule sees
-    the rows with their sequence's logit_bias added, then its penalties and min_tokens (`histories`: a
-    sequence's rows' RowHistory, where its sampling reads it): the target distribution is that one."""
-    if any(s.logit_bias or s.allowed_token_ids or s.reads_history for s in samplings):
+    the rows as their sequence's sampling processes them: allowed_token_ids and logit_bias, then the
+    penalties, bad_words and min_tokens (`histories`: a sequence's rows' RowHistory, where its
+    sampling reads it). The target distribution is that one."""
+    if any(s.processes_rows for s in samplings):
         logits = _processed_rows(logits, proposals, samplings, histories)
     bounds = _row_bounds(proposals)
     groups: dict[Group, list[int]] = {}
