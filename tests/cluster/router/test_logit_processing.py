@@ -297,3 +297,16 @@ def test_greedy_speculative_equals_plain_with_bad_words(tiny_target, tiny_draft,
     cfg = {"method": method, "num_speculative_tokens": 3, **({"model": str(tiny_draft)} if method != "ngram" else {})}
     got = LLM(str(tiny_target), speculative_config=cfg, kv_cache_tokens=8192).generate(prompts(3), params)
     assert [o.outputs[0].token_ids for o in got] == want
+
+
+def test_seeded_processed_requests_reproduce_alone_or_in_a_batch(tiny_target, tiny_draft):
+    """Seeded determinism with every option: the same draws alone, again, and beside other requests."""
+    llm = LLM(str(tiny_target), speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 3},
+              kv_cache_tokens=8192)
+    params = SamplingParams(temperature=1.0, seed=17, max_tokens=16, ignore_eos=True, n=2, min_p=0.05,
+                            logit_bias={5: 1.0}, repetition_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.2,
+                            min_tokens=4, stop_token_ids=[9], bad_words=["w7"])
+    alone = [c.token_ids for c in llm.generate(prompts(1), params)[0].outputs]
+    again = [c.token_ids for c in llm.generate(prompts(1), params)[0].outputs]
+    batch = llm.generate(prompts(4), [params] + [SamplingParams(temperature=1.0, max_tokens=16)] * 3)
+    assert alone == again == [c.token_ids for c in batch[0].outputs] and alone[0] != alone[1]
