@@ -22,6 +22,7 @@ class TargetSpec:
     dist_init_method: str | None = None  # e.g. "tcp://10.0.0.5:29500" (rank 0's host); None: "env://"
     dist_backend: str | None = None  # None: "nccl" on a cuda device, else "gloo"
     kernels: str = "exact"  # numeric mode of the packed CPU kernels: exact | fast (kernels/fast_linear.py)
+    enable_prefix_caching: bool = False  # share full KV blocks of equal prefixes (kernels/prefix_cache.py)
 
     def __post_init__(self) -> None:
         assert self.num_blocks >= 1 and self.block_size >= 1

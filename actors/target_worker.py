@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -27,7 +27,10 @@ from specray.kernels.verify.rules import check_rule, pick_rule
 class _TargetSeq:
     spec: SeqSpec
     generator: torch.Generator | None
-    tokens: list[int] | None = None  # every cached token, prompt first: where the sampling penalises
+    # every cached token, prompt first: what the sampling penalises and prefix caching names; None
+    # where neither reads them
+    tokens: list[int] | None = None
+    matching: bool = False  # its prompt may still be found in the prefix cache (every block so far was)
 
 
 def auto_threads(tp_size: int) -> int:
@@ -40,13 +43,13 @@ class TargetWorker:
     """Plain class; Ray places it in cluster/. Usable in-process."""
 
     def __init__(self, model: LlamaModel, num_blocks: int = 2048, block_size: int = 16,
-                 cost_key: tuple | None = None):
+                 cost_key: tuple | None = None, prefix_caching: bool = False):
         self.model = model
         # what identifies this step's costs on a machine (model, kernels, dtype, device, TP size);
         # None: measure them afresh, never cached
         self.cost_key = cost_key
         self._row_costs: row_costs.RowCosts | None = None
-        self.cache = model.make_cache(num_blocks, block_size)
+        self.cache = model.make_cache(num_blocks, block_size, prefix_caching)
         self.seqs: dict[object, _TargetSeq] = {}
         self.pad_batches = False  # benchmark baseline: pad inputs and keys to the batch's longest
         self.busy_seconds = 0.0  # wall time inside step(): benchmarks split a round's time with it
@@ -66,7 +69,8 @@ class TargetWorker:
                                      spec.device)
             shard_model(model, group)
         return cls(model, spec.num_blocks, spec.block_size,
-                   cost_key=(str(resolve(spec.model).path), spec.kernels, spec.dtype, spec.device, spec.tp_size))
+                   cost_key=(str(resolve(spec.model).path), spec.kernels, spec.dtype, spec.device, spec.tp_size),
+                   prefix_caching=spec.enable_prefix_caching)
 
     def ping(self) -> bool:
         return True
@@ -104,22 +108,64 @@ class TargetWorker:
     def _step(self, items: list[TargetItem]) -> list[VerifyResult]:
         for item in items:
             if item.spec is not None:
-                self.seqs[item.seq_id] = _TargetSeq(item.spec, make_generator(item.spec.seed),
-                                                    [] if item.spec.sampling.reads_history else None)
-        rules = [self._rule(i) for i in items]  # validated before any KV is written
-        chunks = [self._chunk(i) for i in items]
+                self.seqs[item.seq_id] = self._new_seq(item.spec)
         seeded = [s.generator for s in (self.seqs[i.seq_id] for i in items) if s.generator is not None]
         states = [g.get_state() for g in seeded]
+        before = {i.seq_id: (len(self.cache.tables[i.seq_id].blocks) if i.seq_id in self.cache.tables else 0,
+                             self.seqs[i.seq_id].matching) for i in items}
+        hits = [self._match_prefix(item) for item in items]
+        live = [item if hit == 0 else replace(item, new_token_ids=item.new_token_ids[hit:])
+                for item, hit in zip(items, hits) if hit < len(item.new_token_ids)]
         try:
-            results = self._results(items, rules, chunks)
+            rules = [self._rule(i) for i in live]  # validated before any KV is written
+            chunks = [self._chunk(i) for i in live]
+            results = self._results(live, rules, chunks) if live else []
         except Exception:
             # Nothing was committed: the router retries the round without the request that broke
             # it, and seeded sequences draw again exactly what they drew this time.
             for generator, state in zip(seeded, states):
                 generator.set_state(state)
+            self._unmatch(items, hits, before)
             raise
-        self._commit(items, chunks, results)
+        self._commit(live, chunks, results)
+        computed = iter(results)
+        results = [next(computed) if hit < len(item.new_token_ids) else VerifyResult.prompt_chunk()
+                   for item, hit in zip(items, hits)]
+        for item, hit, res in zip(items, hits, results):
+            res.num_cached_tokens = hit
+            seq = self.seqs[item.seq_id]
+            if seq.tokens is not None:
+                self.cache.register_blocks(item.seq_id, seq.tokens)
         return results
+
+    def _new_seq(self, spec: SeqSpec) -> _TargetSeq:
+        caching = self.cache.prefix_caching
+        # features and prompt logprobs are rows of every prompt token, which a hit never computes
+        matching = caching and not self.pad_batches and spec.features is None and spec.prompt_logprobs is None
+        tokens = [] if caching or spec.sampling.reads_history else None
+        return _TargetSeq(spec, make_generator(spec.seed), tokens, matching)
+
+    def _match_prefix(self, item: TargetItem) -> int:
+        """How many of the item's new tokens the prefix cache held (their KV now the sequence's):
+        whole blocks of its prompt, never the last prompt token, whose logits draw the first token."""
+        seq = self.seqs[item.seq_id]
+        if not seq.matching:
+            return 0
+        known = seq.tokens + item.new_token_ids
+        hit = self.cache.match_prefix(item.seq_id, known, len(known) - item.emits)
+        seq.tokens += item.new_token_ids[:hit]
+        seq.matching = not item.emits and hit == len(item.new_token_ids)
+        return hit
+
+    def _unmatch(self, items: list[TargetItem], hits: list[int], before: dict[object, tuple[int, bool]]) -> None:
+        """A failed step gives its prefix hits back: the router retries the same items."""
+        for item, hit in zip(items, hits):
+            seq = self.seqs[item.seq_id]
+            if item.seq_id in before:
+                blocks, seq.matching = before[item.seq_id]
+                if hit:
+                    self.cache.unmatch(item.seq_id, blocks)
+                    del seq.tokens[len(seq.tokens) - hit:]
 
     def _results(self, items: list[TargetItem], rules: list[str], chunks: list[SeqChunk]) -> list[VerifyResult]:
         """Forward, verification, features and logprobs: everything but the KV commit."""
@@ -192,7 +238,7 @@ class TargetWorker:
     def _histories(self, item: TargetItem) -> list[RowHistory] | None:
         """What penalties read before each of the item's rows; None where its sampling has none."""
         seq = self.seqs[item.seq_id]
-        if seq.tokens is None:
+        if not seq.spec.sampling.reads_history:
             return None
         p = item.proposal
         return row_histories(seq.spec.prompt_len, seq.tokens + item.new_token_ids, p.tree_parents(), p.draft_token_ids)

@@ -51,7 +51,7 @@ class LLM:
                  max_num_seqs: int = 32, kv_cache_tokens: int = 16384, block_size: int = 16, seed: int | None = 0,
                  pipelined: bool = False, tokenizer: str | None = None, skip_tokenizer_init: bool = False,
                  diffusion_config: dict[str, Any] | None = None, kernels: str = "exact",
-                 max_prefill_tokens: int | str | None = "auto"):
+                 max_prefill_tokens: int | str | None = "auto", enable_prefix_caching: bool = True):
         """`tokenizer`: a folder or alias to take the tokenizer from (default: the model's own);
         `skip_tokenizer_init`: none at all, prompts and outputs are token ids (texts stay empty).
         A diffusion LM (a LLaDA or Dream folder) is detected from its config: `speculative_config`
@@ -93,7 +93,8 @@ class LLM:
         target_model = load_model(checkpoint, torch_dtype, device, kernels=kernels)
         blocks = num_blocks(kv_cache_tokens, block_size)
         self.target = TargetWorker(target_model, blocks, block_size,
-                                   cost_key=(str(checkpoint.path), kernels, dtype_name(torch_dtype), device, 1))
+                                   cost_key=(str(checkpoint.path), kernels, dtype_name(torch_dtype), device, 1),
+                                   prefix_caching=enable_prefix_caching)
         draft = draft_spec(spec, model, dtype_name(torch_dtype), device, kv_cache_tokens, block_size,
                            max_num_seqs=max_num_seqs)
         self.draft = None if draft is None else DraftWorker(build_drafter(draft))

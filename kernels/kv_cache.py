@@ -1,7 +1,9 @@
-"""Paged KV cache: fixed-size blocks, a block table per sequence, a free list.
+"""Paged KV cache: fixed-size blocks, a block table per sequence, a pool of blocks.
 
 Rolling back rejected chain tokens is a length update (`set_cached`), never a copy. A verified
-tree's accepted path is scattered over scratch slots; `compact` moves it into place.
+tree's accepted path is scattered over scratch slots; `compact` moves it into place. With
+`prefix_caching`, full blocks of committed tokens are shared between sequences whose prefixes
+agree (kernels/prefix_cache.py): `match_prefix` takes them, `register_blocks` offers them.
 """
 
 from __future__ import annotations
@@ -12,10 +14,9 @@ import torch
 
 from specray.kernels.config import ModelConfig
 from specray.kernels.ints import ceil_div
+from specray.kernels.prefix_cache import ROOT, BlockPool, OutOfBlocksError, block_digest
 
-
-class OutOfBlocksError(RuntimeError):
-    """The cache has no free block left; the scheduler should preempt or wait."""
+__all__ = ["BlockTable", "OutOfBlocksError", "PagedKVCache"]
 
 
 @dataclass
@@ -24,6 +25,7 @@ class BlockTable:
 
     blocks: list[int] = field(default_factory=list)
     num_cached: int = 0  # tokens whose KV is valid, a prefix of the sequence
+    digests: list[bytes] = field(default_factory=list)  # prefix caching: the chain digest of each first full block
 
     def __post_init__(self) -> None:
         assert self.num_cached >= 0
@@ -38,14 +40,15 @@ class PagedKVCache:
     """
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 prefix_caching: bool = False):
         assert num_blocks >= 1 and block_size >= 1
         shape = (config.num_layers, 2 * config.num_kv_heads, num_blocks * block_size, config.head_dim)
         self.kv = torch.zeros(shape, dtype=dtype, device=device)
         self.num_kv_heads = config.num_kv_heads
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
+        self.pool = BlockPool(num_blocks, caching=prefix_caching)
         self.tables: dict[object, BlockTable] = {}
         # seq -> (its blocks' slots, how many of its first blocks have consecutive ids): `_block_view`
         self._block_slots: dict[object, tuple[torch.Tensor, int]] = {}
@@ -53,7 +56,12 @@ class PagedKVCache:
     # -- allocation -------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks a sequence can still get (cached ones nobody uses included)."""
+        return self.pool.num_available
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self.pool.caching
 
     def blocks_needed(self, seq_id: object, num_tokens: int) -> int:
         """Extra blocks `seq_id` needs so that its first `num_tokens` slots exist."""
@@ -63,16 +71,13 @@ class PagedKVCache:
     def reserve(self, seq_id: object, num_tokens: int) -> None:
         """Make sure slots for tokens [0, num_tokens) exist for `seq_id`."""
         table = self.tables.setdefault(seq_id, BlockTable())
-        need = self.blocks_needed(seq_id, num_tokens)
-        if need > len(self._free):
-            raise OutOfBlocksError(f"need {need} blocks, {len(self._free)} free")
-        table.blocks.extend(self._free.pop() for _ in range(need))
+        table.blocks.extend(self.pool.take(self.blocks_needed(seq_id, num_tokens)))
 
     def free(self, seq_id: object) -> None:
         table = self.tables.pop(seq_id, None)
         self._block_slots.pop(seq_id, None)
         if table is not None:
-            self._free.extend(reversed(table.blocks))
+            self.pool.give_back(table.blocks)
 
     def release_unused(self, seq_id: object) -> int:
         """Give the blocks past the sequence's cached tokens back to the pool (a verified tree's
@@ -82,9 +87,53 @@ class PagedKVCache:
         extra = table.blocks[keep:]
         if extra:
             del table.blocks[keep:]
-            self._free.extend(reversed(extra))
+            self.pool.give_back(extra)
             self._block_slots.pop(seq_id, None)  # a later block may get another id at the same index
         return len(extra)
+
+    # -- prefix caching -----------------------------------------------------------------------
+    def match_prefix(self, seq_id: object, token_ids: list[int], limit: int) -> int:
+        """Take the registered blocks that hold `token_ids`' next full blocks, up to position `limit`,
+        for a sequence whose every cached block so far was taken so: -> tokens now cached this way."""
+        table = self.tables.setdefault(seq_id, BlockTable())
+        bs, have = self.block_size, len(table.digests)
+        if not self.prefix_caching or len(table.blocks) != have or table.num_cached != have * bs:
+            return 0
+        parent = table.digests[-1] if table.digests else ROOT
+        self.pool.stats.queried_tokens += max(0, min(limit, len(token_ids)) - have * bs)
+        for i in range(have, min(limit, len(token_ids)) // bs):
+            digest = block_digest(parent, token_ids[i * bs:(i + 1) * bs])
+            block = self.pool.lookup(digest)
+            if block is None:
+                break
+            table.blocks.append(block)
+            table.digests.append(digest)
+            parent = digest
+        table.num_cached = len(table.blocks) * bs
+        self.pool.stats.hit_tokens += table.num_cached - have * bs
+        return table.num_cached - have * bs
+
+    def unmatch(self, seq_id: object, num_blocks: int) -> None:
+        """Undo `match_prefix` back to the sequence's first `num_blocks` blocks (a failed step)."""
+        table = self.tables[seq_id]
+        assert len(table.blocks) == len(table.digests) >= num_blocks
+        self.pool.give_back(table.blocks[num_blocks:])
+        self.pool.stats.hit_tokens -= (len(table.blocks) - num_blocks) * self.block_size
+        del table.blocks[num_blocks:], table.digests[num_blocks:]
+        table.num_cached = num_blocks * self.block_size
+        self._block_slots.pop(seq_id, None)
+
+    def register_blocks(self, seq_id: object, token_ids: list[int]) -> None:
+        """Offer the sequence's full blocks of committed tokens (`token_ids`: at least its cached
+        ones, in order) to later sequences."""
+        table = self.tables.get(seq_id)
+        if not self.prefix_caching or table is None:
+            return
+        bs = self.block_size
+        for i in range(len(table.digests), table.num_cached // bs):
+            parent = table.digests[-1] if table.digests else ROOT
+            table.digests.append(block_digest(parent, token_ids[i * bs:(i + 1) * bs]))
+            self.pool.register(table.blocks[i], table.digests[-1])
 
     # -- lengths ----------------------------------------------------------------------------
     def num_cached(self, seq_id: object) -> int:

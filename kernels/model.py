@@ -126,9 +126,9 @@ class LlamaModel(CpuWeights, nn.Module):
         half the memory a token's KV takes); the model's own dtype otherwise."""
         return torch.float16 if self.kernel_mode == "fast" and self.fused_cpu_ops else self.dtype
 
-    def make_cache(self, num_blocks: int, block_size: int = 16) -> PagedKVCache:
+    def make_cache(self, num_blocks: int, block_size: int = 16, prefix_caching: bool = False) -> PagedKVCache:
         return PagedKVCache(self.shard_config, num_blocks, block_size, dtype=self.kv_dtype,
-                            device=self.embed_tokens.device)
+                            device=self.embed_tokens.device, prefix_caching=prefix_caching)
 
     @torch.inference_mode()
     def forward(self, batch: RaggedBatch, cache: PagedKVCache, reference: bool = False,

@@ -111,9 +111,10 @@ class VerifyResult:
     # The target's final hidden state at every position it kept this step (the new committed tokens,
     # then the accepted path) [rows, hidden_size]; only for sequences whose draft reads features.
     features: torch.Tensor | None = None
+    num_cached_tokens: int = 0  # the step's new prompt tokens found in the prefix cache (not computed)
 
     def __post_init__(self) -> None:
-        assert len(self.accepted_token_ids) <= self.num_draft_tokens
+        assert len(self.accepted_token_ids) <= self.num_draft_tokens and self.num_cached_tokens >= 0
         if self.next_token_id is None:
             assert self.num_draft_tokens == 0 and not self.is_bonus and self.accepted_nodes is None
         elif self.accepted_nodes is None:

@@ -34,6 +34,9 @@ class RouterConfig(Strict):
     max_waiting: int = Field(256, ge=1, description="queued requests before 429 / RESOURCE_EXHAUSTED")
     kv_cache_tokens: int = Field(16384, ge=16, description="target KV cache size in tokens")
     block_size: int = Field(16, ge=1)
+    enable_prefix_caching: bool = Field(True, description="automatic prefix caching: a prompt's full KV blocks "
+                                        "that an earlier request computed are taken, not computed again (outputs "
+                                        "unchanged: a token's KV does not depend on the step that computed it)")
     max_model_len: int | None = Field(None, ge=2, description="a sequence's context at most; unset: the model's, "
                                       "cut to what kv_cache_tokens holds (a set one it cannot hold is refused)")
     draft_timeout_s: float = Field(60.0, gt=0, description="a slower draft pool counts as lost")

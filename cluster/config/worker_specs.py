@@ -45,4 +45,4 @@ def serve_draft_spec(cfg: ServeConfig) -> DraftSpec | None:
 def serve_target_spec(cfg: ServeConfig) -> TargetSpec:
     p, r = cfg.pools.target, cfg.router
     return TargetSpec(cfg.model, p.dtype, p.device, num_blocks(r.kv_cache_tokens, r.block_size), r.block_size,
-                      p.threads, kernels=p.kernels)
+                      p.threads, kernels=p.kernels, enable_prefix_caching=r.enable_prefix_caching)

@@ -173,6 +173,7 @@ class Router(DraftSide, RequestBook):
 
     def _commit(self, seq: Sequence, res: VerifyResult) -> None:
         decoding = not seq.prefilling  # a prompt chunk's step is no round (nor the prefill's first token)
+        seq.num_cached_tokens += res.num_cached_tokens
         if decoding:
             self.stats.record_round(res)
             if self.lengths is not None and res.num_draft_tokens:

@@ -29,6 +29,7 @@ class Sequence:
     draft_sent: int = 0  # committed tokens already sent to the draft worker
     prefilled: int = 0  # prompt tokens the target has cached (chunked prefill: a long prompt takes rounds)
     chunk: int = 0  # prompt tokens this round's target step prefills (set when the round is planned)
+    num_cached_tokens: int = 0  # prompt tokens the target took from its prefix cache
     # target features (VerifyResult.features) not sent to the draft worker yet; eagle drafts only
     draft_features: list = field(default_factory=list)
     prefix_offset: int = 0  # incremental detokenisation window over output_token_ids

@@ -3,6 +3,7 @@ and prints its endpoints."""
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 import time
@@ -17,6 +18,7 @@ FLAG_KEYS = {
     "api_key": "http.api_key", "api_key_file": "http.api_key_file", "grpc_port": "grpc.port",
     "grpc_tls_cert": "grpc.tls_cert_file", "grpc_tls_key": "grpc.tls_key_file", "max_num_seqs": "router.max_num_seqs",
     "max_prefill_tokens": "router.max_prefill_tokens", "max_waiting": "router.max_waiting", "kv_cache_tokens": "router.kv_cache_tokens",
+    "enable_prefix_caching": "router.enable_prefix_caching",
     "max_model_len": "router.max_model_len", "transport": "transport.kind",
     "drafter_address": "transport.drafter_address", "tensor_parallel_size": "pools.target.num_workers",
     "draft_workers": "pools.draft.num_workers", "kernels": "pools.target.kernels", "worker_channel": "pools.channel",
@@ -91,6 +93,9 @@ def add_serve_flags(p) -> None:
                         "rounds; auto (the default): 256 on CPU, 512 on an accelerator")
     p.add_argument("--max-waiting", type=int, help="queued sequences before 429 / RESOURCE_EXHAUSTED")
     p.add_argument("--kv-cache-tokens", type=int, help="target KV cache size in tokens")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="take a prompt's KV blocks that an earlier request computed instead of computing them "
+                        "again (default: on; outputs are the same either way)")
     p.add_argument("--max-model-len", type=int, help="longest prompt + output (default: the model's context)")
     from specray.cluster.diffusion_args import add_diffusion_args
 

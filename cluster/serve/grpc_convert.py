@@ -114,7 +114,8 @@ def choice_finish(c: CompletionOutput) -> pb.ChoiceFinish:
 
 def usage(out: RequestOutput) -> pb.Usage:
     prompt, completion = len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs)
-    return pb.Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    return pb.Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                    cached_tokens=out.num_cached_tokens)
 
 
 def speculative(m: SpecMetrics) -> pb.SpeculativeMetrics:

@@ -19,6 +19,7 @@ def usage_body(outs: list[RequestOutput]) -> dict:
     m = [o.metrics for o in outs]
     rounds, emitted = sum(x.num_rounds for x in m), sum(x.num_emitted_tokens for x in m)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in outs)},
             "speculative": {"num_draft_tokens": sum(x.num_draft_tokens for x in m),
                             "num_accepted_tokens": sum(x.num_accepted_tokens for x in m),
                             "acceptance_length": round(emitted / rounds, 4) if rounds else None}}

@@ -135,6 +135,7 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from the server's prefix cache
 
 
 @dataclass
@@ -220,7 +221,7 @@ def _stop_reason(finish: pb.ChoiceFinish) -> int | str | None:
 
 
 def _usage(u: pb.Usage) -> Usage:
-    return Usage(u.prompt_tokens, u.completion_tokens, u.total_tokens)
+    return Usage(u.prompt_tokens, u.completion_tokens, u.total_tokens, u.cached_tokens)
 
 
 def _speculative(s: pb.SpeculativeMetrics) -> SpeculativeMetrics:

@@ -36,7 +36,7 @@ so the two cannot drift.
 
 {{- define "specray.serveConfig" -}}
 {{- $v := .Values }}
-{{- $router := dict "pipelined" $v.router.pipelined "max_num_seqs" (int $v.router.maxNumSeqs) "max_prefill_tokens" nil "max_waiting" (int $v.router.maxWaiting) "kv_cache_tokens" (int $v.router.kvCacheTokens) "block_size" (int $v.router.blockSize) "draft_timeout_s" $v.router.draftTimeoutS "target_timeout_s" $v.router.targetTimeoutS }}
+{{- $router := dict "pipelined" $v.router.pipelined "max_num_seqs" (int $v.router.maxNumSeqs) "max_prefill_tokens" nil "max_waiting" (int $v.router.maxWaiting) "kv_cache_tokens" (int $v.router.kvCacheTokens) "block_size" (int $v.router.blockSize) "enable_prefix_caching" $v.router.enablePrefixCaching "draft_timeout_s" $v.router.draftTimeoutS "target_timeout_s" $v.router.targetTimeoutS }}
 {{- if $v.router.maxModelLen }}{{ $_ := set $router "max_model_len" (int $v.router.maxModelLen) }}{{ end }}
 {{- with $v.router.maxPrefillTokens }}{{ $_ := set $router "max_prefill_tokens" (ternary . (int .) (eq (toString .) "auto")) }}{{ end }}
 {{- $transport := dict "kind" $v.transport.kind }}
