@@ -60,7 +60,11 @@ class LLM:
         kernels on GGUF weights, "exact" (the fp32 model) or "fast" (8-bit activations, kernels/fast_linear.py; a 16-bit
         KV cache). `max_prefill_tokens`: prompt tokens a round prefills at most, a longer prompt in
         chunks over several rounds ("auto": 256 on CPU, 512 on an accelerator; None: every prompt that
-        fits, whole), as `specray serve` does."""
+        fits, whole), as `specray serve` does. `enable_prefix_caching`: a prompt's full KV blocks
+        that an earlier request computed are taken, not computed again (outputs unchanged;
+        docs/serving.md); an autoregressive target's only."""
+        if type(enable_prefix_caching) is not bool:
+            raise ValueError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
         torch_dtype = parse_dtype(dtype)
         check_engine_args(device, kv_cache_tokens, block_size, max_num_seqs, kernels, torch_dtype)
         check_int_arg("seed", seed, MIN_SEED, optional=True)

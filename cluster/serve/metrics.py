@@ -31,6 +31,10 @@ class _RouterCollector:
             ("specray_spec_decode_num_accepted_tokens", "Draft tokens accepted", stats.num_accepted_tokens),
             ("specray_draft_fallbacks", "Rounds decoded target-only because the draft pool failed or was "
              "unavailable", getattr(stats, "draft_fallbacks", 0)),
+            ("specray_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+             getattr(stats, "prefix_cache_queries", 0)),
+            ("specray_prefix_cache_hits", "Prompt tokens found in the prefix cache (not computed)",
+             getattr(stats, "prefix_cache_hits", 0)),
         ):
             yield CounterMetricFamily(name, doc, value=value)
         if hasattr(stats, "model_calls"):  # a diffusion LM: model calls per token, static steps per call

@@ -145,20 +145,6 @@ def test_existing_secret_monitoring_and_init_container(rendered):
     assert cfg["served_model_name"] == "m"
 
 
-@pytest.mark.parametrize("value, device, budget", [("auto", "cpu", 256), ("auto", "cuda", 512), (300, "cuda", 300),
-                                                   (None, "cpu", None)])
-def test_prefill_budget_renders_as_given(value, device, budget):
-    """maxPrefillTokens: auto (the default) follows the target's device in the serve config; a
-    number passes as it is; null prefills every prompt whole."""
-    from helm_render import render
-
-    values = {"target": {"gpus": 0}} if device == "cpu" else {}  # no GPUs: the workers' device is cpu
-    cfg = app_config(render({**values, "router": {"maxPrefillTokens": value}}).rayservice)
-    assert cfg["pools"]["target"].get("device", "cpu") == device
-    assert cfg["router"]["max_prefill_tokens"] == value
-    assert ServeConfig.from_dict(cfg).router.max_prefill_tokens == budget
-
-
 def test_draft_model_from_a_created_claim(rendered):
     r = rendered["draft-model"]
     claim = r.one("PersistentVolumeClaim")

@@ -214,3 +214,10 @@ def test_prompt_logprobs_unary_and_streamed(client, offline):
     list(stream)
     assert stream.summary.prompt_logprobs == got.prompt_logprobs
     assert client.generate(PROMPT, **{**greedy(), "max_tokens": 2}).prompt_logprobs is None
+
+
+def test_usage_counts_the_prompt_tokens_found_in_the_prefix_cache(client):
+    prompt = " ".join(f"w{40 + i % 30}" for i in range(45))  # a prompt no other test sends
+    first, second = (client.generate(prompt, **greedy()) for _ in range(2))
+    assert first.usage.cached_tokens == 0 and first.choices[0].token_ids == second.choices[0].token_ids
+    assert second.usage.cached_tokens == (second.usage.prompt_tokens - 1) // 16 * 16 > 0

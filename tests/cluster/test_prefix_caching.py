@@ -1,0 +1,152 @@
+"""Automatic prefix caching changes no output: every token and every logprob bit for bit, in every
+kernel mode and with speculation, while later requests take earlier ones' KV blocks."""
+
+import pytest
+import torch
+
+from specray import LLM, SamplingParams
+from specray.actors.messages import SeqSpec, TargetItem
+from specray.kernels.proposal import Proposal
+from specray.kernels.sampling import SamplingConfig
+
+SYSTEM = [3 + (7 * i) % 90 for i in range(37)]  # a shared "system prompt": 9 full blocks of 4
+QUESTIONS = [[50, 51, 52], [60, 61], [70, 71, 72, 73, 74], [50, 51, 53]]
+PROMPTS = [SYSTEM + q for q in QUESTIONS]
+
+
+def engine(folder, caching: bool, spec=None, **kw) -> LLM:
+    return LLM(str(folder), speculative_config=spec, block_size=4, enable_prefix_caching=caching, **kw)
+
+
+def run(llm: LLM, prompts, params) -> list:
+    """Each prompt alone (the later ones find the earlier ones' blocks), then all of them together."""
+    outs = [llm.generate({"prompt_token_ids": p}, params)[0] for p in prompts]
+    return outs + llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+
+
+def signature(out) -> list:
+    return [(c.token_ids, [{t: lp.logprob for t, lp in d.items()} for d in c.logprobs]) for c in out.outputs]
+
+
+PARAMS = [SamplingParams(temperature=0.0, max_tokens=12, logprobs=3, ignore_eos=True),
+          SamplingParams(temperature=0.9, top_p=0.9, max_tokens=12, logprobs=2, seed=7, n=2, ignore_eos=True)]
+
+
+def assert_same_with_hits(folder, spec=None, **kw) -> None:
+    for params in PARAMS:
+        cold = run(engine(folder, False, spec, **kw), PROMPTS, params)
+        warm = run(engine(folder, True, spec, **kw), PROMPTS, params)
+        assert [signature(o) for o in warm] == [signature(o) for o in cold]
+        assert [o.num_cached_tokens for o in cold] == [0] * len(cold)
+        # the first request finds nothing; each later one the system prompt's 9 blocks at least
+        hits = [o.num_cached_tokens for o in warm]
+        assert hits[0] == 0 and all(h >= 36 for h in hits[1:]), hits
+
+
+@pytest.mark.parametrize("spec", [None, {"method": "ngram", "num_speculative_tokens": 3}], ids=["plain", "ngram"])
+def test_hf_target_outputs_are_unchanged_by_hits(tiny_target, spec):
+    assert_same_with_hits(tiny_target, spec)
+
+
+@pytest.mark.parametrize("tree", [None, {"kind": "topk", "k": 2, "width": 3}], ids=["chain", "tree"])
+def test_draft_model_speculation_is_unchanged_by_hits(tiny_target, tiny_draft, tree):
+    spec = {"model": str(tiny_draft), "num_speculative_tokens": 3, **({"tree": tree} if tree else {})}
+    assert_same_with_hits(tiny_target, spec)
+
+
+@pytest.mark.parametrize("kernels", ["exact", "fast"])
+def test_packed_kernels_outputs_are_unchanged_by_hits(tiny_gguf_target, kernels):
+    assert_same_with_hits(tiny_gguf_target, {"method": "ngram", "num_speculative_tokens": 3}, kernels=kernels)
+
+
+def test_a_follow_up_turn_finds_the_answers_blocks_too(tiny_gguf_target):
+    params = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True, logprobs=1)
+    warm, cold = engine(tiny_gguf_target, True), engine(tiny_gguf_target, False)
+    first = warm.generate({"prompt_token_ids": PROMPTS[0]}, params)[0]
+    answer = first.outputs[0].token_ids
+    follow = PROMPTS[0] + answer + [80, 81]
+    got = warm.generate({"prompt_token_ids": follow}, params)[0]
+    # every full block of the first request's KV: its prompt and its answer but the last token, never fed back
+    assert got.num_cached_tokens == (len(PROMPTS[0]) + len(answer) - 1) // 4 * 4
+    assert signature(got) == signature(cold.generate({"prompt_token_ids": follow}, params)[0])
+
+
+def test_chunked_prefill_skips_the_cached_chunks(tiny_target):
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2)
+    long_prompt = SYSTEM * 3 + [9]  # 112 tokens, prefilled 8 a round
+    warm = engine(tiny_target, True, max_prefill_tokens=8)
+    cold = engine(tiny_target, False, max_prefill_tokens=8)
+    want = signature(cold.generate({"prompt_token_ids": long_prompt}, params)[0])
+    assert signature(warm.generate({"prompt_token_ids": long_prompt}, params)[0]) == want
+    again = warm.generate({"prompt_token_ids": long_prompt}, params)[0]
+    assert again.num_cached_tokens == 108 and signature(again) == want  # all but the last prompt token's block
+
+
+def test_prompt_logprobs_and_features_compute_every_prompt_token(tiny_target):
+    params = SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=2, ignore_eos=True)
+    warm, cold = engine(tiny_target, True), engine(tiny_target, False)
+    warm.generate({"prompt_token_ids": PROMPTS[0]}, params)
+    got = warm.generate({"prompt_token_ids": PROMPTS[1]}, params)[0]
+    want = cold.generate({"prompt_token_ids": PROMPTS[1]}, params)[0]
+    assert got.num_cached_tokens == 0
+    assert [d and {t: lp.logprob for t, lp in d.items()} for d in got.prompt_logprobs] == \
+           [d and {t: lp.logprob for t, lp in d.items()} for d in want.prompt_logprobs]
+    # a request without them still finds the blocks the prompt-logprobs requests computed
+    assert warm.generate({"prompt_token_ids": PROMPTS[2]}, SamplingParams(max_tokens=2))[0].num_cached_tokens == 36
+
+
+def test_a_small_cache_evicts_and_still_answers_the_same(tiny_target):
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=1)
+    prompts = [[3 + (i * 13 + j) % 90 for j in range(30)] for i in range(8)] + [PROMPTS[0], PROMPTS[1]]
+    warm = engine(tiny_target, True, kv_cache_tokens=96, max_model_len=64)
+    cold = engine(tiny_target, False, kv_cache_tokens=96, max_model_len=64)
+    got = [warm.generate({"prompt_token_ids": p}, params)[0] for p in prompts + prompts[:2]]
+    want = [cold.generate({"prompt_token_ids": p}, params)[0] for p in prompts + prompts[:2]]
+    assert [signature(o) for o in got] == [signature(o) for o in want]
+    hits = [o.num_cached_tokens for o in got]
+    assert hits[9] == 36 and hits[10] == 0, hits  # the last prompts' blocks evicted the first ones'
+
+
+def test_switched_off_nothing_is_shared(tiny_target):
+    llm = engine(tiny_target, False)
+    run(llm, PROMPTS, PARAMS[0])
+    assert llm.target.cache.pool.stats.hit_tokens == 0 and not llm.target.cache.pool.by_digest
+
+
+def test_a_failed_step_gives_its_hits_back(tiny_target):
+    llm = engine(tiny_target, True)
+    worker = llm.target
+    greedy = SeqSpec(SamplingConfig(temperature=0.0), prompt_len=len(PROMPTS[1]))
+
+    def item(seq_id, prompt):
+        return TargetItem(seq_id, prompt, Proposal([]), spec=greedy)
+
+    first = worker.step([item("a", PROMPTS[0])])[0]
+    broken = TargetItem("x", [5, 6], Proposal([]), spec=greedy, rule="no-such-rule")
+    with pytest.raises(ValueError):
+        worker.step([item("b", PROMPTS[1]), broken])
+    assert worker.cache.num_cached("b") == 0 and worker.cache.pool.stats.hit_tokens == 0
+    worker.release("x")
+    retried = worker.step([item("b", PROMPTS[1])])[0]
+    assert retried.num_cached_tokens == 36 and first.num_cached_tokens == 0
+    fresh = engine(tiny_target, False).target
+    assert retried.next_token_id == fresh.step([item("b", PROMPTS[1])])[0].next_token_id
+    n = len(PROMPTS[1])  # b's KV, shared blocks and computed ones, bit for bit what it computes alone
+    assert torch.equal(worker.cache.kv[:, :, worker.cache.slots("b", 0, n)],
+                       fresh.cache.kv[:, :, fresh.cache.slots("b", 0, n)])
+
+
+@pytest.mark.parametrize("flag, want", [([], True), (["--no-enable-prefix-caching"], False),
+                                        (["--enable-prefix-caching"], True)])
+def test_the_flag_reaches_the_target_workers_spec(flag, want):
+    from specray.cluster.cli import build_parser
+    from specray.cluster.config.worker_specs import serve_target_spec
+    from specray.cluster.serve.cli import resolve_config
+
+    cfg = resolve_config(build_parser().parse_args(["serve", *flag]))
+    assert cfg.router.enable_prefix_caching is want and serve_target_spec(cfg).enable_prefix_caching is want
+
+
+def test_a_setting_that_is_not_a_bool_is_refused(tiny_target):
+    with pytest.raises(ValueError, match="enable_prefix_caching must be True or False"):
+        LLM(str(tiny_target), enable_prefix_caching="yes")
