@@ -165,3 +165,23 @@ def test_lookup_sources_replays_greedy_acceptance_exactly(tiny_target, tmp_path)
     assert all(r["tau"] >= 1.0 and r["speedup_bound"] > 0 for r in result["sources"].values())
     again = sources.main(["--model", str(tiny_target), "--answers", str(cache), "--out", str(out)])
     assert again["sources"] == result["sources"]  # read back from the cache, not generated anew
+
+
+def test_prefix_caching_benchmark_times_both_engines_and_counts_hits(tiny_target, tmp_path):
+    """benchmarks/prefix_caching.py: the engine with prefix caching finds the follow-up turns' and the
+    shared passage's blocks, the one without finds none, and both decode."""
+    import json
+
+    # first turns of 20 words: the first block is the question's (the tiny chat template's assistant
+    # header differs from its generation prompt, so the answer's blocks never match)
+    rows = [{"category": "writing", "turns": [" ".join(f"w{10 + i + j}" for j in range(20)), f"w{20 + i} w21"]}
+            for i in range(3)]
+    rows += [{"category": "rag", "turns": [" ".join(f"w{30 + i % 50}" for i in range(80))]}]
+    rows += [{"category": "qa", "turns": [f"w{60 + i} w61"]} for i in range(3)]
+    dataset = tmp_path / "q.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = _script("prefix_caching").main(["--dataset", str(dataset), "--model", str(tiny_target),
+                                              "--num-prompts", "3", "--max-tokens", "20"])
+    assert summary["off"]["turn2_hit"] == summary["off"]["shared_hit"] == 0
+    assert 0 < summary["on"]["turn2_hit"] < 1 and summary["on"]["shared_hit"] > 0.5
+    assert summary["on"]["decode_tokens_per_s"] > 0 and summary["off"]["decode_tokens_per_s"] > 0
