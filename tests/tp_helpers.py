@@ -89,7 +89,7 @@ def tp_rank_main(rank: int, world_size: int, init_method: str, models: dict[str,
 
     for name, folder in models.items():
         spec = TargetSpec(model=folder, num_blocks=64, block_size=4, threads=1, tp_rank=rank,
-                          tp_size=world_size, dist_init_method=init_method)
+                          tp_size=world_size, dist_init_method=init_method, enable_prefix_caching=True)
         worker = TargetWorker.from_spec(spec)
         out = run_script(worker)
         out["tp_info"] = worker.tp_info()

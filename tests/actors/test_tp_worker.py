@@ -17,7 +17,8 @@ WORLD = 2
 
 
 def single_worker(folder) -> TargetWorker:
-    return TargetWorker.from_spec(TargetSpec(model=str(folder), num_blocks=64, block_size=4))
+    return TargetWorker.from_spec(TargetSpec(model=str(folder), num_blocks=64, block_size=4,
+                                             enable_prefix_caching=True))
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +73,9 @@ def test_ranks_verify_like_one_worker(runs, name):
         rounds = [res for _, seq, res in run["single"]["results"] if seq in seqs and res["num_draft_tokens"]]
         assert any(res["accepted_token_ids"] for res in rounds), f"{seqs}: no draft token accepted"
         assert any(not res["is_bonus"] for res in rounds), f"{seqs}: no rejection (recovered token)"
+    # "g" and "n" take the greedy oracles' first block from the prefix cache, on every rank alike
+    hits = {seq: res["num_cached_tokens"] for step, seq, res in run[0]["results"] if res["num_cached_tokens"]}
+    assert hits == {"g": 4, "n": 4}
 
 
 @pytest.mark.parametrize("name", ["replicated_head", "vocab_parallel"])

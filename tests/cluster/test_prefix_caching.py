@@ -29,7 +29,10 @@ def signature(out) -> list:
 
 
 PARAMS = [SamplingParams(temperature=0.0, max_tokens=12, logprobs=3, ignore_eos=True),
-          SamplingParams(temperature=0.9, top_p=0.9, max_tokens=12, logprobs=2, seed=7, n=2, ignore_eos=True)]
+          SamplingParams(temperature=0.9, top_p=0.9, max_tokens=12, logprobs=2, seed=7, n=2, ignore_eos=True),
+          # penalties read the prompt's tokens, the cached ones included
+          SamplingParams(temperature=0.0, max_tokens=12, logprobs=1, repetition_penalty=1.3, presence_penalty=0.5,
+                         ignore_eos=True)]
 
 
 def assert_same_with_hits(folder, spec=None, **kw) -> None:
