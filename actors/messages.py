@@ -46,9 +46,14 @@ class TargetItem:
     # prompt logprobs wanted: the prompt tokens this chunk's first rows predict, one a row (the next
     # chunk's first token for a chunk's last row; none for the prompt's last row, which draws)
     prompt_targets: list[int] | None = None
+    # a chunked prompt's first item: the prompt's tokens after this chunk. The prefix cache may hold
+    # more of the prompt than the chunk; the result's num_cached_tokens then says how much, and the
+    # router's next chunk starts after it
+    prompt_rest: list[int] | None = None
 
     def __post_init__(self) -> None:
         assert len(self.new_token_ids) >= 1
+        assert self.prompt_rest is None or not self.emits, "the rest of a prompt follows a chunk before its last"
         assert self.prompt_targets is None or len(self.prompt_targets) == len(self.new_token_ids) - self.emits
         assert self.emits or self.proposal.num_draft_tokens == 0, "a prompt chunk carries no proposal"
 

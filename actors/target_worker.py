@@ -146,15 +146,18 @@ class TargetWorker:
         return _TargetSeq(spec, make_generator(spec.seed), tokens, matching)
 
     def _match_prefix(self, item: TargetItem) -> int:
-        """How many of the item's new tokens the prefix cache held (their KV now the sequence's):
-        whole blocks of its prompt, never the last prompt token, whose logits draw the first token."""
+        """How many of the item's new tokens (and of the prompt's rest) the prefix cache held, their KV
+        now the sequence's: whole blocks of its prompt, never the last prompt token, whose logits
+        draw the first token."""
         seq = self.seqs[item.seq_id]
         if not seq.matching:
             return 0
-        known = seq.tokens + item.new_token_ids
-        hit = self.cache.match_prefix(item.seq_id, known, len(known) - item.emits)
-        seq.tokens += item.new_token_ids[:hit]
-        seq.matching = not item.emits and hit == len(item.new_token_ids)
+        before = len(seq.tokens)
+        known = seq.tokens + item.new_token_ids + (item.prompt_rest or [])
+        # the prompt's last token is the item's last, or the rest's
+        hit = self.cache.match_prefix(item.seq_id, known, len(known) - (item.emits or item.prompt_rest is not None))
+        seq.tokens += known[before:before + hit]
+        seq.matching = not item.emits and item.prompt_rest is None and hit == len(item.new_token_ids)
         return hit
 
     def _unmatch(self, items: list[TargetItem], hits: list[int], before: dict[object, tuple[int, bool]]) -> None:

@@ -79,8 +79,9 @@ class Router(DraftSide, RequestBook):
         spec = dataclasses.replace(seq.spec(), features=self.config.draft_features) if start == 0 else None
         prompt = seq.prompt_token_ids
         targets = None if seq.params.prompt_logprobs is None else prompt[start + 1:end + 1]  # each row's next token
+        rest = prompt[end:] if start == 0 and end < len(prompt) else None  # what the prefix cache may hold too
         return TargetItem(seq.seq_id, prompt[start:end], Proposal([]), spec, emits=end == len(prompt),
-                          prompt_targets=targets)
+                          prompt_targets=targets, prompt_rest=rest)
 
     def _rule(self, seq: Sequence, proposal: Proposal) -> str:
         """The rule for this round (kernels/verify/rules.py); the target worker checks it again."""
@@ -179,8 +180,8 @@ class Router(DraftSide, RequestBook):
             self.stats.record_round(res)
             if self.lengths is not None and res.num_draft_tokens:
                 self.lengths.record(seq.acceptance, res.num_draft_tokens, res.num_accepted)
-        else:  # the round's prompt chunk is cached
-            seq.prefilled, seq.chunk = seq.prefilled + seq.chunk, 0
+        else:  # the round's prompt chunk is cached, and what the prefix cache held past it
+            seq.prefilled, seq.chunk = seq.prefilled + max(seq.chunk, res.num_cached_tokens), 0
             if res.prompt_logprobs is not None:
                 seq.prompt_logprobs = seq.prompt_logprobs or []
                 seq.prompt_logprobs.extend(res.prompt_logprobs)

@@ -81,8 +81,11 @@ def test_chunked_prefill_skips_the_cached_chunks(tiny_target):
     cold = engine(tiny_target, False, max_prefill_tokens=8)
     want = signature(cold.generate({"prompt_token_ids": long_prompt}, params)[0])
     assert signature(warm.generate({"prompt_token_ids": long_prompt}, params)[0]) == want
+    steps = warm.router.stats.steps
     again = warm.generate({"prompt_token_ids": long_prompt}, params)[0]
     assert again.num_cached_tokens == 108 and signature(again) == want  # all but the last prompt token's block
+    # the first chunk's step finds the 108 tokens, the next computes the last 4 and draws; then 7 to decode
+    assert warm.router.stats.steps - steps == 2 + 7
 
 
 def test_prompt_logprobs_and_features_compute_every_prompt_token(tiny_target):
