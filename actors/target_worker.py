@@ -15,7 +15,7 @@ from specray.kernels import row_costs
 from specray.kernels.batch import RaggedBatch, SeqChunk, pad_uniform
 from specray.kernels.loader import DTYPES, cache_root, load_model, resolve
 from specray.kernels.model import LlamaModel
-from specray.kernels.penalties import RowHistory, row_histories
+from specray.kernels.penalties import PathHistory, SeqHistory
 from specray.kernels.proposal import PositionLogprobs, VerifyResult
 from specray.kernels.sampling import make_generator
 from specray.kernels.tensor_parallel import check_shardable, init_distributed, shard_model
@@ -31,6 +31,7 @@ class _TargetSeq:
     # where neither reads them
     tokens: list[int] | None = None
     matching: bool = False  # its prompt may still be found in the prefix cache (every block so far was)
+    history: SeqHistory | None = None  # what penalties read, kept across steps (sampling that reads it only)
 
 
 def auto_threads(tp_size: int) -> int:
@@ -143,7 +144,8 @@ class TargetWorker:
         # features and prompt logprobs are rows of every prompt token, which a hit never computes
         matching = caching and not self.pad_batches and spec.features is None and spec.prompt_logprobs is None
         tokens = [] if caching or spec.sampling.reads_history else None
-        return _TargetSeq(spec, make_generator(spec.seed), tokens, matching)
+        history = SeqHistory(spec.prompt_len, tokens) if spec.sampling.reads_history else None
+        return _TargetSeq(spec, make_generator(spec.seed), tokens, matching, history)
 
     def _match_prefix(self, item: TargetItem) -> int:
         """How many of the item's new tokens (and of the prompt's rest) the prefix cache held, their KV
@@ -238,13 +240,13 @@ class TargetWorker:
                         if emitting else ())
         return [next(verified) if item.emits else VerifyResult.prompt_chunk() for item in items]
 
-    def _histories(self, item: TargetItem) -> list[RowHistory] | None:
+    def _histories(self, item: TargetItem) -> list[PathHistory] | None:
         """What penalties read before each of the item's rows; None where its sampling has none."""
-        seq = self.seqs[item.seq_id]
-        if not seq.spec.sampling.reads_history:
+        history = self.seqs[item.seq_id].history
+        if history is None:
             return None
         p = item.proposal
-        return row_histories(seq.spec.prompt_len, seq.tokens + item.new_token_ids, p.tree_parents(), p.draft_token_ids)
+        return history.rows(item.new_token_ids, p.tree_parents(), p.draft_token_ids)
 
     def _attach_logprobs(self, items, logits, results) -> None:
         row0 = 0
