@@ -112,8 +112,8 @@ class TargetWorker:
                 self.seqs[item.seq_id] = self._new_seq(item.spec)
         seeded = [s.generator for s in (self.seqs[i.seq_id] for i in items) if s.generator is not None]
         states = [g.get_state() for g in seeded]
-        before = {i.seq_id: (len(self.cache.tables[i.seq_id].blocks) if i.seq_id in self.cache.tables else 0,
-                             self.seqs[i.seq_id].matching) for i in items}
+        before = {i.seq_id: self._state(i.seq_id) for i in items}  # what a failed step gives back
+        stats = replace(self.cache.pool.stats)
         hits = [self._match_prefix(item) for item in items]
         live = [item if hit == 0 else replace(item, new_token_ids=item.new_token_ids[hit:])
                 for item, hit in zip(items, hits) if hit < len(item.new_token_ids)]
@@ -126,7 +126,8 @@ class TargetWorker:
             # it, and seeded sequences draw again exactly what they drew this time.
             for generator, state in zip(seeded, states):
                 generator.set_state(state)
-            self._unmatch(items, hits, before)
+            self._restore(before)
+            self.cache.pool.stats = stats
             raise
         self._commit(live, chunks, results)
         computed = iter(results)
@@ -162,15 +163,21 @@ class TargetWorker:
         seq.matching = not item.emits and item.prompt_rest is None and hit == len(item.new_token_ids)
         return hit
 
-    def _unmatch(self, items: list[TargetItem], hits: list[int], before: dict[object, tuple[int, bool]]) -> None:
-        """A failed step gives its prefix hits back: the router retries the same items."""
-        for item, hit in zip(items, hits):
-            seq = self.seqs[item.seq_id]
-            if item.seq_id in before:
-                blocks, seq.matching = before[item.seq_id]
-                if hit:
-                    self.cache.unmatch(item.seq_id, blocks)
-                    del seq.tokens[len(seq.tokens) - hit:]
+    def _state(self, seq_id: object) -> tuple:
+        """(blocks, digests, cached length, its tokens, matching) of a sequence before a step."""
+        table, seq = self.cache.tables.get(seq_id), self.seqs[seq_id]
+        blocks = (len(table.blocks), len(table.digests), table.num_cached) if table is not None else (0, 0, 0)
+        return (*blocks, None if seq.tokens is None else len(seq.tokens), seq.matching)
+
+    def _restore(self, before: dict[object, tuple]) -> None:
+        """A failed step leaves each sequence as it found it (its prefix hits and the blocks reserved
+        for it given back): the router retries the same items."""
+        for seq_id, (blocks, digests, cached, tokens, matching) in before.items():
+            self.cache.restore(seq_id, blocks, digests, cached)
+            seq = self.seqs[seq_id]
+            if tokens is not None:
+                del seq.tokens[tokens:]
+            seq.matching = matching
 
     def _results(self, items: list[TargetItem], rules: list[str], chunks: list[SeqChunk]) -> list[VerifyResult]:
         """Forward, verification, features and logprobs: everything but the KV commit."""

@@ -105,7 +105,7 @@ class RequestOutput:
     metrics: SpecMetrics = field(default_factory=SpecMetrics)
     # with SamplingParams.prompt_logprobs: None for the first prompt token, then a dict for each
     prompt_logprobs: list[dict[int, float] | None] | None = None
-    num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache, not computed
+    num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache, not computed (the most of its choices)
 
 
 class PublicLogprobs:

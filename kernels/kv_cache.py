@@ -113,14 +113,16 @@ class PagedKVCache:
         self.pool.stats.hit_tokens += table.num_cached - have * bs
         return table.num_cached - have * bs
 
-    def unmatch(self, seq_id: object, num_blocks: int) -> None:
-        """Undo `match_prefix` back to the sequence's first `num_blocks` blocks (a failed step)."""
-        table = self.tables[seq_id]
-        assert len(table.blocks) == len(table.digests) >= num_blocks
+    def restore(self, seq_id: object, num_blocks: int, num_digests: int, num_cached: int) -> None:
+        """Undo a failed step: the sequence's blocks past its first `num_blocks` go back (taken from
+        the prefix cache or reserved for the step: none holds a committed token of its own), and its
+        digests and cached length are what they were."""
+        table = self.tables.get(seq_id)
+        if table is None:
+            return
         self.pool.give_back(table.blocks[num_blocks:])
-        self.pool.stats.hit_tokens -= (len(table.blocks) - num_blocks) * self.block_size
-        del table.blocks[num_blocks:], table.digests[num_blocks:]
-        table.num_cached = num_blocks * self.block_size
+        del table.blocks[num_blocks:], table.digests[num_digests:]
+        table.num_cached = num_cached
         self._block_slots.pop(seq_id, None)
 
     def register_blocks(self, seq_id: object, token_ids: list[int]) -> None:

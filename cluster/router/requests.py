@@ -128,7 +128,8 @@ class RequestBook:
             finished = all(s.finished for s in req.seqs)
             out.append(RequestOutput(request_id, req.prompt, req.prompt_token_ids, [s.completion() for s in req.seqs],
                                      finished, SpecMetrics.total([s.metrics for s in req.seqs]),
-                                     req.seqs[0].prompt_logprobs_output(), req.seqs[0].num_cached_tokens))
+                                     req.seqs[0].prompt_logprobs_output(),
+                                     max(s.num_cached_tokens for s in req.seqs)))
             if finished:
                 del self.requests[request_id]
         return out

@@ -119,27 +119,67 @@ def test_switched_off_nothing_is_shared(tiny_target):
     assert llm.target.cache.pool.stats.hit_tokens == 0 and not llm.target.cache.pool.by_digest
 
 
-def test_a_failed_step_gives_its_hits_back(tiny_target):
-    llm = engine(tiny_target, True)
-    worker = llm.target
-    greedy = SeqSpec(SamplingConfig(temperature=0.0), prompt_len=len(PROMPTS[1]))
+def _greedy(prompt, **kw) -> SeqSpec:
+    return SeqSpec(SamplingConfig(temperature=0.0), prompt_len=len(prompt), **kw)
 
-    def item(seq_id, prompt):
-        return TargetItem(seq_id, prompt, Proposal([]), spec=greedy)
 
-    first = worker.step([item("a", PROMPTS[0])])[0]
-    broken = TargetItem("x", [5, 6], Proposal([]), spec=greedy, rule="no-such-rule")
-    with pytest.raises(ValueError):
-        worker.step([item("b", PROMPTS[1]), broken])
-    assert worker.cache.num_cached("b") == 0 and worker.cache.pool.stats.hit_tokens == 0
+def _decode(worker, seq_id, first: int, n: int = 8) -> list[int]:
+    out = [first]
+    for _ in range(n):
+        out.append(worker.step([TargetItem(seq_id, out[-1:], Proposal([]))])[0].next_token_id)
+    return out
+
+
+@pytest.mark.parametrize("where", ["rule", "after_forward"])
+def test_a_failed_step_leaves_the_worker_as_it_found_it(tiny_target, where):
+    """A bad rule fails before any KV is written; logprobs wider than the vocabulary fail after the
+    forward, with the step's blocks reserved: either way the hits and the blocks go back, and the
+    retried sequence computes what it computes alone."""
+    worker = engine(tiny_target, True).target
+    worker.step([TargetItem("a", PROMPTS[0], Proposal([]), spec=_greedy(PROMPTS[0]))])
+    worker.step([TargetItem("c", [7, 8, 9], Proposal([]), spec=_greedy([7, 8, 9]))])  # decoding beside
+    free, stats = worker.cache.num_free_blocks, (worker.cache.pool.stats.queried_tokens, worker.cache.pool.stats.hit_tokens)
+    broken = (TargetItem("x", [5, 6], Proposal([]), spec=_greedy([5, 6]), rule="no-such-rule") if where == "rule" else
+              TargetItem("x", [5, 6], Proposal([]), spec=_greedy([5, 6], logprobs=10 ** 6)))
+    with pytest.raises((ValueError, RuntimeError)) as failure:
+        worker.step([TargetItem("b", PROMPTS[1], Proposal([]), spec=_greedy(PROMPTS[1])),
+                     TargetItem("c", [11], Proposal([])), broken])
+    assert not isinstance(failure.value, AssertionError)
     worker.release("x")
-    retried = worker.step([item("b", PROMPTS[1])])[0]
-    assert retried.num_cached_tokens == 36 and first.num_cached_tokens == 0
+    assert worker.cache.num_cached("b") == 0 and worker.cache.tables["b"].blocks == []
+    assert worker.cache.num_cached("c") == 3 and worker.cache.num_free_blocks == free
+    assert (worker.cache.pool.stats.queried_tokens, worker.cache.pool.stats.hit_tokens) == stats
+    retried = worker.step([TargetItem("b", PROMPTS[1], Proposal([]), spec=_greedy(PROMPTS[1]))])[0]
     fresh = engine(tiny_target, False).target
-    assert retried.next_token_id == fresh.step([item("b", PROMPTS[1])])[0].next_token_id
-    n = len(PROMPTS[1])  # b's KV, shared blocks and computed ones, bit for bit what it computes alone
+    alone = fresh.step([TargetItem("b", PROMPTS[1], Proposal([]), spec=_greedy(PROMPTS[1]))])[0]
+    assert retried.num_cached_tokens == 36
+    assert _decode(worker, "b", retried.next_token_id) == _decode(fresh, "b", alone.next_token_id)
+    n = len(PROMPTS[1]) + 8  # b's KV, shared blocks and computed ones, bit for bit what it computes alone
     assert torch.equal(worker.cache.kv[:, :, worker.cache.slots("b", 0, n)],
                        fresh.cache.kv[:, :, fresh.cache.slots("b", 0, n)])
+
+
+def test_a_request_whose_step_fails_beside_a_hit_harms_nothing(tiny_target, monkeypatch):
+    """Through the router: a forward that fails once (as an out-of-memory would) while a request with
+    hits shares the batch; the router retries each request alone and every output is the one
+    without prefix caching."""
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=1)
+    warm, cold = engine(tiny_target, True), engine(tiny_target, False)
+    warm.generate({"prompt_token_ids": PROMPTS[0]}, params)
+    model, calls = warm.target.model, []
+    forward = type(model).forward
+
+    def flaky(self, batch, *a, **k):
+        calls.append(batch.batch_size)
+        if batch.batch_size == 2 and calls.count(2) == 1:
+            raise RuntimeError("out of memory (simulated)")
+        return forward(self, batch, *a, **k)
+
+    monkeypatch.setattr(type(model), "forward", flaky)
+    got = warm.generate([{"prompt_token_ids": p} for p in PROMPTS[1:3]], params)
+    monkeypatch.undo()
+    want = cold.generate([{"prompt_token_ids": p} for p in PROMPTS[1:3]], params)
+    assert 2 in calls and [signature(o) for o in got] == [signature(o) for o in want]
 
 
 @pytest.mark.parametrize("flag, want", [([], True), (["--no-enable-prefix-caching"], False),

@@ -90,13 +90,14 @@ def test_a_shared_block_is_never_handed_out_while_a_sequence_uses_it():
     assert c.num_free_blocks == 2
 
 
-def test_unmatch_gives_the_blocks_back_and_forgets_the_hits():
+def test_restore_gives_the_hits_and_the_reserved_blocks_back():
     c = cache()
     computed(c, "a", list(range(8)))
     c.match_prefix("b", list(range(8)) + [1], 8)
-    c.unmatch("b", 0)
-    assert c.num_cached("b") == 0 and c.tables["b"].blocks == [] and c.pool.stats.hit_tokens == 0
-    assert c.pool.refs[c.tables["a"].blocks[0]] == 1
+    c.reserve("b", 9)  # the failed step's own block
+    c.restore("b", 0, 0, 0)
+    assert c.num_cached("b") == 0 and c.tables["b"].blocks == [] and c.tables["b"].digests == []
+    assert c.pool.refs[c.tables["a"].blocks[0]] == 1 and c.num_free_blocks == 6
     assert c.match_prefix("b", list(range(8)) + [1], 8) == 8  # the retried step finds them again
 
 
