@@ -135,6 +135,8 @@ class TargetWorker:
                    for item, hit in zip(items, hits)]
         for item, hit, res in zip(items, hits, results):
             res.num_cached_tokens = hit
+            if item.spec is not None and before[item.seq_id][4]:  # its whole prompt was looked up
+                res.num_queried_tokens = item.spec.prompt_len
             seq = self.seqs[item.seq_id]
             if seq.tokens is not None:
                 self.cache.register_blocks(item.seq_id, seq.tokens)

@@ -77,6 +77,9 @@ class PagedKVCache:
         table = self.tables.pop(seq_id, None)
         self._block_slots.pop(seq_id, None)
         if table is not None:
+            for block, digest in zip(table.blocks, table.digests):  # a private copy whose original is gone
+                if digest not in self.pool.by_digest:
+                    self.pool.register(block, digest)
             self.pool.give_back(table.blocks)
 
     def release_unused(self, seq_id: object) -> int:

@@ -108,10 +108,19 @@ class BlockPool:
 
     def register(self, block: int, digest: bytes) -> None:
         """`block` now holds the prefix named `digest` (a full block of committed tokens). A digest
-        registered already keeps its first block: this one stays private to its sequence."""
-        if self.caching and digest not in self.by_digest and block not in self.digest_of:
-            self.by_digest[digest] = block
-            self.digest_of[block] = digest
+        registered already keeps its block while a sequence uses it (this one stays private); an
+        unused one is replaced by this copy, which its sequence keeps from eviction, and freed."""
+        if not self.caching or block in self.digest_of:
+            return
+        old = self.by_digest.get(digest)
+        if old is not None:
+            if self.refs[old] > 0:
+                return
+            del self.evictable[old]
+            self._unregister(old)
+            self.free.append(old)
+        self.by_digest[digest] = block
+        self.digest_of[block] = digest
 
     def _unregister(self, block: int) -> None:
         digest = self.digest_of.pop(block)

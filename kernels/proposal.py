@@ -112,6 +112,7 @@ class VerifyResult:
     # then the accepted path) [rows, hidden_size]; only for sequences whose draft reads features.
     features: torch.Tensor | None = None
     num_cached_tokens: int = 0  # the step's new prompt tokens found in the prefix cache (not computed)
+    num_queried_tokens: int = 0  # a sequence's first step: its prompt's tokens, where it looked them up
 
     def __post_init__(self) -> None:
         assert len(self.accepted_token_ids) <= self.num_draft_tokens and self.num_cached_tokens >= 0

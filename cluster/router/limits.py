@@ -155,7 +155,7 @@ class RouterStats:
     accepted_per_pos: list[int] = field(default_factory=list)  # [max k] acceptances at draft position i
     draft_fallbacks: int = 0  # rounds decoded target-only because the draft pool was unavailable
     target_failures: int = 0
-    prefix_cache_queries: int = 0  # prompt tokens of the prompts prefilled
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # of them, the tokens the target found in its prefix cache
 
     def record_round(self, res: VerifyResult) -> None:

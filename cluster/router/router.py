@@ -176,6 +176,7 @@ class Router(DraftSide, RequestBook):
         decoding = not seq.prefilling  # a prompt chunk's step is no round (nor the prefill's first token)
         seq.num_cached_tokens += res.num_cached_tokens
         self.stats.prefix_cache_hits += res.num_cached_tokens
+        self.stats.prefix_cache_queries += res.num_queried_tokens
         if decoding:
             self.stats.record_round(res)
             if self.lengths is not None and res.num_draft_tokens:
@@ -189,8 +190,6 @@ class Router(DraftSide, RequestBook):
             seq.draft_features.append(res.features)
         if res.next_token_id is None:  # a prompt chunk before the last: nothing drawn
             return
-        if not decoding:  # the prompt's last chunk: the whole prompt was looked up
-            self.stats.prefix_cache_queries += len(seq.prompt_token_ids)
         kept = seq.commit(res.emitted_token_ids, res.logprobs, self.tokenizer)  # no tokenizer: ids only
         if decoding:
             seq.metrics.add_round(res.num_draft_tokens, res.num_accepted, kept)

@@ -113,10 +113,27 @@ def test_a_small_cache_evicts_and_still_answers_the_same(tiny_target):
     assert hits[9] == 36 and hits[10] == 0, hits  # the last prompts' blocks evicted the first ones'
 
 
+def test_blocks_computed_again_stay_cached(tiny_target):
+    """A request that computes a cached prompt again (its prompt logprobs need every row) leaves its
+    own copy cached, though filling the small cache evicted the original meanwhile."""
+    warm = engine(tiny_target, True, kv_cache_tokens=96, max_model_len=64)
+    p, q = PROMPTS[0][:40], [3 + (i * 11) % 90 for i in range(40)]
+    one = SamplingParams(temperature=0.0, max_tokens=1)
+    warm.generate([{"prompt_token_ids": p}], one)
+    warm.generate([{"prompt_token_ids": q}], one)
+    stats = warm.router.stats
+    queried = stats.prefix_cache_queries
+    out = warm.generate([{"prompt_token_ids": p}], SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=1))[0]
+    assert out.num_cached_tokens == 0 and stats.prefix_cache_queries == queried  # never looked up
+    assert warm.generate([{"prompt_token_ids": p}], one)[0].num_cached_tokens == 36
+    assert stats.prefix_cache_queries == queried + 40 and stats.prefix_cache_hits == 36
+
+
 def test_switched_off_nothing_is_shared(tiny_target):
     llm = engine(tiny_target, False)
     run(llm, PROMPTS, PARAMS[0])
     assert llm.target.cache.pool.stats.hit_tokens == 0 and not llm.target.cache.pool.by_digest
+    assert llm.router.stats.prefix_cache_queries == llm.router.stats.prefix_cache_hits == 0
 
 
 def _greedy(prompt, **kw) -> SeqSpec:

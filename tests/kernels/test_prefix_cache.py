@@ -125,3 +125,28 @@ def test_the_pool_refuses_what_it_does_not_have():
         pool.take(1)
     with pytest.raises(AssertionError):
         pool.give_back([0, 0])
+
+
+def test_a_fresh_copy_replaces_an_unused_registered_block():
+    """A sequence that computes blocks already cached (it needed every row) keeps its copies cached:
+    an unused original gives way to the copy, which its sequence protects from eviction."""
+    c = cache()
+    computed(c, "a", list(range(8)))
+    originals = list(c.tables["a"].blocks)
+    c.free("a")
+    computed(c, "b", list(range(8)))  # computed again, not matched
+    assert [c.pool.by_digest[d] for d in c.tables["b"].digests] == c.tables["b"].blocks
+    assert all(block in c.pool.free and block not in c.pool.digest_of for block in originals)
+    c.free("b")
+    assert c.match_prefix("d", list(range(8)) + [1], 8) == 8
+
+
+def test_a_private_copy_is_registered_when_its_sequence_ends_if_the_original_is_gone():
+    c = cache(num_blocks=5)
+    computed(c, "a", [1, 2, 3, 4])
+    computed(c, "b", [1, 2, 3, 4])  # beside a, which uses the original: b's copy stays private
+    c.free("a")
+    c.reserve("filler", 16)  # takes the free blocks, then evicts a's original
+    assert not c.pool.by_digest
+    c.free("b")
+    assert c.match_prefix("d", [1, 2, 3, 4, 9], 4) == 4
