@@ -80,7 +80,8 @@ class InProcess:
         self.requests, self.params, self.engines = requests, params, {}
         for c in levels:
             llm = LLM(cfg.model, speculative_config=cfg.speculative_config, max_num_seqs=c,
-                      kv_cache_tokens=cfg.router.kv_cache_tokens, pipelined=False, kernels=cfg.pools.target.kernels)
+                      kv_cache_tokens=cfg.router.kv_cache_tokens, pipelined=False, kernels=cfg.pools.target.kernels,
+                      enable_prefix_caching=cfg.router.enable_prefix_caching)
             closed_loop(llm.router, requests[:2], params, 2)  # warm-up, as the served path gets
             self.engines[c] = llm
 
@@ -227,7 +228,7 @@ def cmd_bench_cluster(args) -> int:
     from specray.cluster.serve.local_ray import start_ray
     from specray.kernels.loader import resolve
 
-    cfg = resolve_config(args).with_overrides(**{"http.host": "127.0.0.1"})
+    cfg = bench_config(resolve_config(args), args.enable_prefix_caching)
     prompts = [p["prompt"] for p in load_prompts(Path(args.dataset) if args.dataset else None, args.num_requests)]
     prompts = (prompts * (1 + args.num_requests // max(1, len(prompts))))[:args.num_requests]
     tok = resolve(cfg.model).tokenizer()
@@ -236,6 +237,7 @@ def cmd_bench_cluster(args) -> int:
     bodies = [{"model": cfg.model_name, "messages": [{"role": "user", "content": p}], "max_tokens": args.max_tokens,
                "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}} for p in prompts]
     report = {"schema": SCHEMA, "model": cfg.model, "speculative_config": cfg.speculative_config,
+              "enable_prefix_caching": cfg.router.enable_prefix_caching,
               "max_tokens": args.max_tokens, "num_requests": args.num_requests, "repeats": args.repeats}
     start_ray(cfg)
     passes = [one_pass(cfg, requests, params, bodies, args.concurrency, args.paths) for _ in range(args.repeats)]
@@ -254,6 +256,12 @@ def cmd_bench_cluster(args) -> int:
         write_report(report, Path(args.out))
     print(markdown(report))
     return 0
+
+
+def bench_config(cfg, prefix_caching: bool | None):
+    """What every path runs: the flags' config on loopback, prefix caching as asked, else off (every
+    level sends the same prompts, which a cache would answer from the second level on)."""
+    return cfg.with_overrides(**{"http.host": "127.0.0.1", "router.enable_prefix_caching": bool(prefix_caching)})
 
 
 def write_report(report: dict, out: Path) -> None:
@@ -275,7 +283,9 @@ def add_cluster_bench_parser(kinds) -> None:
     from specray.cluster.serve.cli import add_serve_flags
 
     p = kinds.add_parser("cluster", help="served (Ray Serve + pools) vs in-process, and the draft transports",
-                         description="Takes every `specray serve` flag; runs both router modes itself.")
+                         description="Takes every `specray serve` flag; runs both router modes itself. Every "
+                                     "level sends the same prompts, so prefix caching is off on every path unless "
+                                     "--enable-prefix-caching turns it on (on every path).")
     add_serve_flags(p)
     p.add_argument("--concurrency", type=positive_int_list, default=[1, 8, 16], help="closed-loop levels, e.g. 1,8,16")
     p.add_argument("--num-requests", type=positive_int, default=16, help="requests a level")

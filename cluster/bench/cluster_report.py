@@ -38,7 +38,8 @@ def markdown(report: dict) -> str:
     lines = [f"model {report['model']}, speculation {report['speculative_config']}, {report['max_tokens']} max "
              f"tokens, {report['num_requests']} requests per level, median of {report.get('repeats', 1)} "
              "interleaved passes (vs in-process: median of the per-pass ratios to the in-process engine at the "
-             "pass's start; vs paired: to an in-process run of the level just before it, the Serve app up)", "",
+             "pass's start; vs paired: to an in-process run of the level just before it, the Serve app up); prefix "
+             f"caching {'on' if report.get('enable_prefix_caching') else 'off'} on every path", "",
              "| path | concurrency | tokens/s | vs in-process | vs paired | E2E p50/p99 s | TPOT p50 s |",
              "|---|---|---|---|---|---|---|"]
     base = {r["concurrency"]: r["throughput_tokens_per_s"] for r in report["in_process"]}

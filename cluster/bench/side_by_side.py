@@ -52,8 +52,12 @@ def llama_server_command(binary: Path, gguf: Path, port: int, threads: int, para
 
 
 def specray_command(model: str, port: int, grpc_port: int, extra: str) -> list[str]:
+    """`specray serve` with the extra flags; prefix caching off unless they say (the levels repeat the
+    prompts, and llama-server's requests carry cache_prompt false for the same reason)."""
+    flags = shlex.split(extra)
+    caching = [] if any(f.endswith("enable-prefix-caching") for f in flags) else ["--no-enable-prefix-caching"]
     return [sys.executable, "-m", "specray.cluster.cli", "serve", "--model", model, "--port", str(port),
-            "--grpc-port", str(grpc_port), *shlex.split(extra)]
+            "--grpc-port", str(grpc_port), *caching, *flags]
 
 
 class Server:
@@ -110,7 +114,7 @@ def markdown(report: dict) -> str:
              f"{report['max_tokens']} tokens a level, temperature {report['temperature']}, ignore_eos "
              f"{report['ignore_eos']}, prompts: {dataset_name(report.get('dataset'))}; llama-server (cache_prompt "
              f"false): `{' '.join(report['llama_command'][1:])}`; "
-             "specray serve: "
+             "specray serve (prefix caching off unless its flags say): "
              f"`{report['specray_args'] or '(defaults)'}`", "",
              "| concurrency | llama-server tokens/s | specray serve tokens/s | ratio | TTFT p50 s (llama / specray) "
              "| TPOT p50 s (llama / specray) | ITL p99 s (llama / specray) | errors |",

@@ -250,3 +250,17 @@ def test_bench_refuses_bad_arguments_before_anything_runs(argv, words, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", *argv])
     assert exit_info.value.code == 2 and words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, want", [([], False), (["--enable-prefix-caching"], True),
+                                         (["--no-enable-prefix-caching"], False)])
+def test_bench_cluster_measures_without_prefix_caching_unless_asked(flags, want):
+    """Every level sends the same prompts: a cache would answer them from the second level on, so
+    every path (the in-process engines too) runs without one unless the flag asks for it."""
+    from specray.cluster.bench.cluster import bench_config
+    from specray.cluster.cli import build_parser
+    from specray.cluster.serve.cli import resolve_config
+
+    args = build_parser().parse_args(["bench", "cluster", *flags])
+    cfg = bench_config(resolve_config(args), args.enable_prefix_caching)
+    assert cfg.router.enable_prefix_caching is want and cfg.http.host == "127.0.0.1"
