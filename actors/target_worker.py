@@ -11,12 +11,14 @@ import torch
 
 from specray.actors.messages import SeqSpec, TargetItem
 from specray.actors.specs import TargetSpec
+from specray.actors.step_rows import (attach_features, attach_prompt_logprobs, logprob_entries, num_logits,
+                                      num_prompt_rows, verification_rows)
 from specray.kernels import row_costs
 from specray.kernels.batch import RaggedBatch, SeqChunk, pad_uniform
 from specray.kernels.loader import DTYPES, cache_root, load_model, resolve
 from specray.kernels.model import LlamaModel
 from specray.kernels.penalties import PathHistory, SeqHistory
-from specray.kernels.proposal import PositionLogprobs, VerifyResult
+from specray.kernels.proposal import VerifyResult
 from specray.kernels.sampling import make_generator
 from specray.kernels.tensor_parallel import check_shardable, init_distributed, shard_model
 from specray.kernels.verify.batch import verify_batch
@@ -192,13 +194,13 @@ class TargetWorker:
         hidden = "hidden" in wants
         out = self.model(batch, self.cache, features=hidden)
         logits = out[0] if hidden else out
-        results = self._verify(items, rules, _verification_rows(items, logits))  # [sum(n + 1), vocab_size]
+        results = self._verify(items, rules, verification_rows(items, logits))  # [sum(n + 1), vocab_size]
         if any(wants):
             features = {"hidden": out[1] if hidden else None,
                         "last_kv": self._last_kv(batch) if "last_kv" in wants else None}
-            _attach_features(items, results, wants, features)
+            attach_features(items, results, wants, features)
         self._attach_logprobs(items, logits, results)
-        _attach_prompt_logprobs(items, logits, results, [self.seqs[i.seq_id].spec.prompt_logprobs for i in items])
+        attach_prompt_logprobs(items, logits, results, [self.seqs[i.seq_id].spec.prompt_logprobs for i in items])
         return results
 
     def _last_kv(self, batch: RaggedBatch) -> torch.Tensor:
@@ -236,7 +238,7 @@ class TargetWorker:
         if proposal.is_tree:
             parents = list(range(-1, m - 1)) + [m - 1 if p < 0 else m + p for p in proposal.tree_parents()]
         return SeqChunk(item.seq_id, item.new_token_ids + proposal.draft_token_ids,
-                        self.cache.num_cached(item.seq_id), parents, num_logits=_num_logits(item))
+                        self.cache.num_cached(item.seq_id), parents, num_logits=num_logits(item))
 
     def _verify(self, items: list[TargetItem], rules: list[str], logits: torch.Tensor) -> list[VerifyResult]:
         """logits [sum of the emitting items' n + 1, vocab_size] -> a result per item; a prompt chunk
@@ -263,76 +265,10 @@ class TargetWorker:
             n = self.seqs[item.seq_id].spec.logprobs
             if n is not None and item.emits:
                 emitted = res.emitted_token_ids
-                rows = torch.tensor([0] + [1 + node for node in res.path_nodes()]) + row0 + _num_prompt_rows(item)
-                res.logprobs = _logprob_entries(logits[rows], emitted, n)  # rows [emitted]
-            row0 += _num_logits(item)
+                rows = torch.tensor([0] + [1 + node for node in res.path_nodes()]) + row0 + num_prompt_rows(item)
+                res.logprobs = logprob_entries(logits[rows], emitted, n)  # rows [emitted]
+            row0 += num_logits(item)
 
     def release(self, seq_id: object) -> None:
         self.seqs.pop(seq_id, None)
         self.cache.free(seq_id)
-
-
-def _num_logits(item: TargetItem) -> int:
-    """Rows of logits an item gets: its prompt rows (prompt logprobs), then the pending token's and
-    each draft token's; only the prompt rows for a prompt chunk before the prompt's last."""
-    return _num_prompt_rows(item) + (item.proposal.num_draft_tokens + 1 if item.emits else 0)
-
-
-def _num_prompt_rows(item: TargetItem) -> int:
-    return len(item.prompt_targets or ())
-
-
-def _verification_rows(items: list[TargetItem], logits: torch.Tensor) -> torch.Tensor:
-    """logits [sum of _num_logits, vocab_size] -> the emitting items' verification rows [sum(n + 1), vocab_size]
-    (the same tensor where no item asked for prompt logprobs)."""
-    if not any(item.prompt_targets for item in items):
-        return logits
-    rows, row0 = [], 0
-    for item in items:
-        row0 += _num_prompt_rows(item)
-        end = row0 + _num_logits(item) - _num_prompt_rows(item)
-        rows.extend(range(row0, end))
-        row0 = end
-    return logits[torch.tensor(rows, dtype=torch.long)]
-
-
-def _logprob_entries(logits: torch.Tensor, token_ids: list[int], n: int) -> list[PositionLogprobs]:
-    """logits [rows, vocab_size], a token each -> {token: its logprob, and the top n's} a row, with
-    the token's rank in the vocabulary."""
-    logp = logits.log_softmax(-1)  # [rows, vocab_size]
-    chosen = logp.gather(1, torch.tensor(token_ids, dtype=torch.long, device=logp.device)[:, None])  # [rows, 1]
-    ranks = ((logp > chosen).sum(-1) + 1).tolist()  # [rows]
-    top = logp.topk(n, dim=-1) if n > 0 else None
-    entries = []
-    for j, tok in enumerate(token_ids):
-        entry = {tok: float(chosen[j, 0])}
-        if top is not None:
-            entry.update(zip(top.indices[j].tolist(), top.values[j].tolist()))
-        entries.append(PositionLogprobs.of(entry, tok, ranks[j]))
-    return entries
-
-
-def _attach_prompt_logprobs(items: list[TargetItem], logits: torch.Tensor, results: list[VerifyResult],
-                            top_n: list[int | None]) -> None:
-    """Each prompt row's logprobs of the prompt token after it (the item's first rows of logits)."""
-    row0 = 0
-    for item, res, n in zip(items, results, top_n, strict=True):
-        if item.prompt_targets is not None:
-            assert n is not None, "prompt targets for a sequence that asked no prompt logprobs"
-            rows = logits[row0:row0 + len(item.prompt_targets)]  # [prompt rows, vocab_size]
-            res.prompt_logprobs = _logprob_entries(rows, item.prompt_targets, n)
-        row0 += _num_logits(item)
-
-
-def _attach_features(items: list[TargetItem], results: list[VerifyResult], wants: list[str | None],
-                     features: dict[str, torch.Tensor | None]) -> None:
-    """features: kind -> [num_tokens, width] -> each result's rows of its kind: its new committed
-    tokens, then the accepted path (tree nodes in path order)."""
-    row0 = 0
-    for item, res, want in zip(items, results, wants, strict=True):
-        num_new = len(item.new_token_ids)
-        if want:
-            rows = list(range(num_new)) + [num_new + node for node in res.path_nodes()]
-            res.features = features[want][row0 + torch.tensor(rows)]  # [num_new + num_accepted, width]
-        row0 += num_new + item.proposal.num_draft_tokens
-
