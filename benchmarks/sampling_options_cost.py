@@ -26,7 +26,7 @@ def main() -> None:
     configs = [("plain", None, {}), ("ngram k=3", {"method": "ngram", "num_speculative_tokens": 3}, {}),
                ("plain, repetition_penalty 1.1", None, {"repetition_penalty": 1.1})]
     for name, spec, extra in configs:
-        llm = LLM(args.model, speculative_config=spec)
+        llm = LLM(args.model, speculative_config=spec, enable_prefix_caching=False)  # passes repeat the prompts
         params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True, **extra)
         llm.chat([{"role": "user", "content": questions[0]}], params)  # warm-up
         rates = []

@@ -24,8 +24,9 @@ def add_common_args(ap: argparse.ArgumentParser, num_prompts: int, repeats: int,
 
 
 def engine_args(args) -> dict:
-    """The LLM keyword arguments every config of a run shares."""
-    return {"kernels": args.kernels, "device": args.device, "dtype": args.dtype}
+    """The LLM keyword arguments every config of a run shares (no prefix caching: the repeats send the
+    same prompts, which every pass must compute)."""
+    return {"kernels": args.kernels, "device": args.device, "dtype": args.dtype, "enable_prefix_caching": False}
 
 
 def configs_of(text: str) -> list[dict]:

@@ -45,7 +45,8 @@ def run(args) -> dict:
     ids = [prompt_token_ids(tok, p["prompt"])
            for p in prompts]
     specs = configs(args.draft, args.depth, args.budget, args.method)
-    llms = {name: LLM(args.model, speculative_config=spec, max_num_seqs=1, kv_cache_tokens=args.kv_cache_tokens)
+    llms = {name: LLM(args.model, speculative_config=spec, max_num_seqs=1, kv_cache_tokens=args.kv_cache_tokens,
+                      enable_prefix_caching=False)
             for name, spec in specs.items()}
     cells = {(n, t): {"tokens": 0, "seconds": 0.0, "rounds": 0, "emitted": 0, "drafted": 0}
              for n in specs for t in args.temperatures}

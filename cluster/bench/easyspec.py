@@ -70,7 +70,7 @@ def measure(args, draft: str, size: int, encoded: list[list[int]], calibrate: bo
 
     cfg = draft_config(draft, size, args.num_speculative_tokens)
     try:
-        llm = LLM(args.model, speculative_config=cfg)
+        llm = LLM(args.model, speculative_config=cfg, enable_prefix_caching=False)  # sizes repeat the prompts
     except ValueError as e:
         if "exceeds the draft's" in str(e):
             return None

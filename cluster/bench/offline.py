@@ -99,7 +99,8 @@ class Runner:
         self.llms = {m: LLM(args.model, speculative_config=configs[base_method(m)], max_num_seqs=max_seqs,
                             kv_cache_tokens=kv_tokens_needed(encoded, args.batch_sizes, args.max_tokens, kv_k,
                                                              padded=f"{m}_padded" in methods),
-                            kernels="fast" if m.endswith(FAST) else "exact")
+                            kernels="fast" if m.endswith(FAST) else "exact",
+                            enable_prefix_caching=False)  # every cell sends the same prompts: each computes them
                      for m in sorted(wanted) if base_method(m) in configs}
         self.hf = load_hf(self.ckpt.path) if any(m in HF_METHODS for m in methods) else None
         self.assistant = None

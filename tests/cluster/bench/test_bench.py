@@ -114,10 +114,11 @@ def test_bench_offline_writes_each_finished_row(tiny_target, tmp_path, monkeypat
     data = tmp_path / "prompts.jsonl"
     data.write_text("\n".join(json.dumps({"category": "math", "turns": [f"w{i} w{i + 3}"]}) for i in range(2)))
     out = tmp_path / "out"
-    real, calls = bench_offline.Runner.run, []
+    real, calls, caching = bench_offline.Runner.run, [], []
 
     def stop_in_second_row(self, method, group, temperature, seed, cell):
         calls.append(temperature)
+        caching.extend(llm.target.cache.prefix_caching for llm in self.llms.values())
         if temperature == 1.0:
             raise KeyboardInterrupt
         return real(self, method, group, temperature, seed, cell)
@@ -133,6 +134,7 @@ def test_bench_offline_writes_each_finished_row(tiny_target, tmp_path, monkeypat
     assert report["partial"] is True and not (out / "offline.png").exists()
     assert {(c["method"], c["temperature"]) for c in report["cells"]} == {("hf", 0.0), ("specray", 0.0)}
     assert all(c["tokens"] == 2 * 3 for c in report["cells"])
+    assert caching and not any(caching)  # every cell computes its prompts, as the other engines' rows do
 
 
 def test_bench_cluster_closed_loop_and_table(tiny_target, tiny_draft):
