@@ -46,7 +46,9 @@ def test_a_hung_drafter_costs_one_timeout_then_rounds_skip_it(drafter):
     for i in range(5):  # each of these waited the timeout too
         with pytest.raises(DraftUnavailable):
             pool.submit_propose([_item(f"c{i}")]).result()
-    assert time.perf_counter() - start < 0.5 + 5 * 0.2
+    # six timeouts would take 3 s; one, and five rounds that skip the drafter, take ~0.5 s (the margin
+    # is for a loaded box: the suite beside other work took 1.51 s once)
+    assert time.perf_counter() - start < 4 * 0.5
     gate.set()
     deadline = time.monotonic() + 10
     while True:  # the pending ping answers once the drafter does
