@@ -48,10 +48,7 @@ class SeqHistory:
 
     def __init__(self, prompt_len: int, tokens: list[int]):
         self.prompt_len, self.tokens = prompt_len, tokens
-        self._reset()
         self._prompt: torch.Tensor | None = None
-
-    def _reset(self) -> None:
         self.slot: dict[int, int] = {}  # token -> its place in _ids and _counts
         self._ids = torch.zeros(16, dtype=torch.long)  # [capacity] distinct output tokens, first seen first
         self._counts = torch.zeros(16, dtype=torch.long)  # [capacity]
@@ -67,8 +64,8 @@ class SeqHistory:
 
     def counts(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The committed output's (distinct tokens [u], counts [u]): views, valid until the next commit."""
-        if self.prompt_len < self._counted > len(self.tokens):  # the list shrank (never in decoding): count again
-            self._reset()
+        # a failed step takes back only the prompt tokens it found in the prefix cache: never counted output
+        assert not self.prompt_len < self._counted > len(self.tokens), "a committed output token was taken back"
         for t in self.tokens[self._counted:]:
             self._count(t)
         self._counted = max(self._counted, len(self.tokens))
