@@ -6,6 +6,7 @@ import functools
 import os
 import time
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
@@ -34,6 +35,17 @@ class _TargetSeq:
     tokens: list[int] | None = None
     matching: bool = False  # its prompt may still be found in the prefix cache (every block so far was)
     history: SeqHistory | None = None  # what penalties read, kept across steps (sampling that reads it only)
+
+
+class _Before(NamedTuple):
+    """A sequence before a step, what a failed step gives back: its blocks, digests and cached
+    length, its tokens (None where the worker keeps none) and whether it was matching the prefix cache."""
+
+    blocks: int
+    digests: int
+    cached: int
+    tokens: int | None
+    matching: bool
 
 
 def auto_threads(tp_size: int) -> int:
@@ -137,7 +149,7 @@ class TargetWorker:
                    for item, hit in zip(items, hits)]
         for item, hit, res in zip(items, hits, results):
             res.num_cached_tokens = hit
-            if item.spec is not None and before[item.seq_id][4]:  # its whole prompt was looked up
+            if item.spec is not None and before[item.seq_id].matching:  # its whole prompt was looked up
                 res.num_queried_tokens = item.spec.prompt_len
             seq = self.seqs[item.seq_id]
             if seq.tokens is not None:
@@ -167,21 +179,20 @@ class TargetWorker:
         seq.matching = not item.emits and item.prompt_rest is None and hit == len(item.new_token_ids)
         return hit
 
-    def _state(self, seq_id: object) -> tuple:
-        """(blocks, digests, cached length, its tokens, matching) of a sequence before a step."""
+    def _state(self, seq_id: object) -> _Before:
         table, seq = self.cache.tables.get(seq_id), self.seqs[seq_id]
         blocks = (len(table.blocks), len(table.digests), table.num_cached) if table is not None else (0, 0, 0)
-        return (*blocks, None if seq.tokens is None else len(seq.tokens), seq.matching)
+        return _Before(*blocks, None if seq.tokens is None else len(seq.tokens), seq.matching)
 
-    def _restore(self, before: dict[object, tuple]) -> None:
+    def _restore(self, before: dict[object, _Before]) -> None:
         """A failed step leaves each sequence as it found it (its prefix hits and the blocks reserved
         for it given back): the router retries the same items."""
-        for seq_id, (blocks, digests, cached, tokens, matching) in before.items():
-            self.cache.restore(seq_id, blocks, digests, cached)
+        for seq_id, b in before.items():
+            self.cache.restore(seq_id, b.blocks, b.digests, b.cached)
             seq = self.seqs[seq_id]
-            if tokens is not None:
-                del seq.tokens[tokens:]
-            seq.matching = matching
+            if b.tokens is not None:
+                del seq.tokens[b.tokens:]
+            seq.matching = b.matching
 
     def _results(self, items: list[TargetItem], rules: list[str], chunks: list[SeqChunk]) -> list[VerifyResult]:
         """Forward, verification, features and logprobs: everything but the KV commit."""

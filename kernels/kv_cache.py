@@ -77,9 +77,8 @@ class PagedKVCache:
         table = self.tables.pop(seq_id, None)
         self._block_slots.pop(seq_id, None)
         if table is not None:
-            for block, digest in zip(table.blocks, table.digests):  # a private copy whose original is gone
-                if digest not in self.pool.by_digest:
-                    self.pool.register(block, digest)
+            for block, digest in zip(table.blocks, table.digests):  # private copies stay cached (BlockPool.register)
+                self.pool.register(block, digest)
             self.pool.give_back(table.blocks)
 
     def release_unused(self, seq_id: object) -> int:
@@ -102,9 +101,9 @@ class PagedKVCache:
         bs, have = self.block_size, len(table.digests)
         if not self.prefix_caching or len(table.blocks) != have or table.num_cached != have * bs:
             return 0
-        parent = table.digests[-1] if table.digests else ROOT
-        self.pool.stats.queried_tokens += max(0, min(limit, len(token_ids)) - have * bs)
-        for i in range(have, min(limit, len(token_ids)) // bs):
+        parent, end = table.digests[-1] if table.digests else ROOT, min(limit, len(token_ids))
+        self.pool.stats.queried_tokens += max(0, end - have * bs)
+        for i in range(have, end // bs):
             digest = block_digest(parent, token_ids[i * bs:(i + 1) * bs])
             block = self.pool.lookup(digest)
             if block is None:

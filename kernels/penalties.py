@@ -56,11 +56,8 @@ class SeqHistory:
 
     def rows(self, new_token_ids: list[int], parents: list[int], draft_token_ids: list[int]) -> list["PathHistory"]:
         """What `row_histories` gives for context tokens + new_token_ids, without copying the tokens."""
-        paths: list[tuple[int, ...]] = []
-        for node, parent in enumerate(parents):
-            paths.append((paths[parent] if parent >= 0 else ()) + (draft_token_ids[node],))
         pending = tuple(new_token_ids)
-        return [PathHistory(self, pending)] + [PathHistory(self, pending + path) for path in paths]
+        return [PathHistory(self, pending + path) for path in draft_paths(parents, draft_token_ids)]
 
     def counts(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The committed output's (distinct tokens [u], counts [u]): views, valid until the next commit."""
@@ -105,11 +102,11 @@ class PathHistory:
         return max(0, len(self.base.tokens) + len(self.extra) - self.base.prompt_len)
 
     def output_tail(self, n: int) -> tuple[int, ...]:
-        if n <= 0:
-            return ()
-        n = min(n, self.output_len)
-        take = max(0, n - len(self.extra))
-        return tuple(self.base.tokens[len(self.base.tokens) - take:] if take else ()) + self.extra[len(self.extra) - (n - take):]
+        n = max(0, min(n, self.output_len))
+        from_extra = min(n, len(self.extra))
+        tail = self.extra[len(self.extra) - from_extra:] if from_extra else ()
+        tokens = self.base.tokens
+        return tuple(tokens[len(tokens) - (n - from_extra):]) + tail if n > from_extra else tail
 
     def output_counts(self) -> tuple[torch.Tensor, torch.Tensor]:
         ids, counts = self.base.counts()
@@ -212,8 +209,14 @@ def row_histories(prompt_len: int, context: list[int], parents: list[int], draft
     """The reference for `SeqHistory.rows`: a step's rows of one sequence, row 0 after `context`
     (every committed token, prompt first), row 1 + i after node i of the proposal (a chain's or a
     tree's `parents`), its path included."""
-    paths: list[tuple[int, ...]] = []
-    for node, parent in enumerate(parents):
-        paths.append((paths[parent] if parent >= 0 else ()) + (draft_token_ids[node],))
     prompt, output = tuple(context[:prompt_len]), tuple(context[prompt_len:])
-    return [RowHistory(prompt, output)] + [RowHistory(prompt, output + path) for path in paths]
+    return [RowHistory(prompt, output + path) for path in draft_paths(parents, draft_token_ids)]
+
+
+def draft_paths(parents: list[int], draft_token_ids: list[int]) -> list[tuple[int, ...]]:
+    """The draft tokens before each row of a step: () for row 0, then node i's path to the root
+    (a chain's or a tree's `parents`), node i included, for row 1 + i."""
+    paths: list[tuple[int, ...]] = [()]
+    for node, parent in enumerate(parents):
+        paths.append(paths[parent + 1] + (draft_token_ids[node],))
+    return paths
