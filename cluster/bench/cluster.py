@@ -259,8 +259,8 @@ def cmd_bench_cluster(args) -> int:
 
 
 def bench_config(cfg, prefix_caching: bool | None):
-    """What every path runs: the flags' config on loopback, prefix caching as asked, else off (every
-    level sends the same prompts, which a cache would answer from the second level on)."""
+    """Every path's config: the flags' on loopback, prefix caching off unless asked for (the levels
+    repeat the prompts, which a cache would answer from the second level on)."""
     return cfg.with_overrides(**{"http.host": "127.0.0.1", "router.enable_prefix_caching": bool(prefix_caching)})
 
 
@@ -283,9 +283,8 @@ def add_cluster_bench_parser(kinds) -> None:
     from specray.cluster.serve.cli import add_serve_flags
 
     p = kinds.add_parser("cluster", help="served (Ray Serve + pools) vs in-process, and the draft transports",
-                         description="Takes every `specray serve` flag; runs both router modes itself. Every "
-                                     "level sends the same prompts, so prefix caching is off on every path unless "
-                                     "--enable-prefix-caching turns it on (on every path).")
+                         description="Takes every `specray serve` flag; runs both router modes itself. The levels "
+                                     "repeat the prompts: prefix caching is off on every path unless asked for.")
     add_serve_flags(p)
     p.add_argument("--concurrency", type=positive_int_list, default=[1, 8, 16], help="closed-loop levels, e.g. 1,8,16")
     p.add_argument("--num-requests", type=positive_int, default=16, help="requests a level")

@@ -1,10 +1,13 @@
-"""The worker groups advertise exactly the Ray resources the Serve config's pools request."""
+"""The worker groups advertise exactly the Ray resources the Serve config's pools request; the target
+pool's other settings reach the Serve config."""
 
 import copy
 
 import pytest
 from helm_checks import app_config, pool_resource_problems, ray_resources_param, with_app_config
 from helm_scenarios import SCENARIOS
+
+from specray.cluster.config.serve import ServeConfig
 
 
 def _group(rayservice, name):
@@ -76,3 +79,12 @@ def test_draft_group_without_speculation_is_caught(rendered):
         cfg["speculative_config"] = None
     problems = pool_resource_problems(with_app_config(rendered["eagle"].rayservice, drift))
     assert problems == ["a draft worker group is rendered but speculative_config is null"]
+
+
+def test_target_kernels_reach_the_serve_config():
+    """target.kernels: the target pool's CPU kernel mode (exact by default, fast on request)."""
+    from helm_render import render
+
+    assert ServeConfig.from_dict(app_config(render({}).rayservice)).pools.target.kernels == "exact"
+    cfg = app_config(render({"target": {"kernels": "fast"}}).rayservice)
+    assert cfg["pools"]["target"]["kernels"] == "fast" and ServeConfig.from_dict(cfg).pools.target.kernels == "fast"

@@ -291,12 +291,3 @@ def test_diffusion_lm_with_freedave():
     options = ServeConfig.from_dict(cfg).decode_options()
     assert (options.num_drafts, options.block_length, options.steps) == (3, 16, 8)
     assert "draft" not in _groups(r)
-
-
-def test_target_kernels_reach_the_serve_config():
-    """target.kernels: the target pool's CPU kernel mode (exact by default, fast on request)."""
-    from helm_render import render
-
-    assert ServeConfig.from_dict(app_config(render({}).rayservice)).pools.target.kernels == "exact"
-    cfg = app_config(render({"target": {"kernels": "fast"}}).rayservice)
-    assert cfg["pools"]["target"]["kernels"] == "fast" and ServeConfig.from_dict(cfg).pools.target.kernels == "fast"

@@ -1,0 +1,37 @@
+"""The sampling options' bad values, refused by name before anything runs: min_p, logit_bias, the
+penalties, bad_words without a tokenizer, token ids outside the vocabulary."""
+
+import pytest
+
+from specray import LLM, SamplingParams
+
+from router_helpers import PROMPT
+
+
+@pytest.mark.parametrize("value, message", [(1.5, "min_p"), (float("nan"), "min_p")])
+def test_bad_min_p_is_refused_by_name(value, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(min_p=value)
+
+
+@pytest.mark.parametrize("bias", [{"5": 1.0}, {5: 101.0}, {-1: 1.0}, {5: float("inf")}, [5]])
+def test_bad_logit_bias_is_refused_by_name(bias):
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias=bias)
+
+
+def test_bad_words_need_a_tokenizer(tiny_target):
+    with pytest.raises(ValueError, match="bad_words need a tokenizer"):
+        LLM(str(tiny_target), skip_tokenizer_init=True).generate(PROMPT, SamplingParams(bad_words=["w5"]))
+
+
+def test_a_token_id_outside_the_vocabulary_is_refused(tiny_target):
+    with pytest.raises(ValueError, match=r"logit_bias token ids must be in \[0, "):
+        LLM(str(tiny_target)).generate(PROMPT, SamplingParams(logit_bias={10**6: 1.0}))
+
+
+@pytest.mark.parametrize("field, value", [("presence_penalty", 2.5), ("frequency_penalty", float("nan")),
+                                          ("repetition_penalty", 0.0), ("repetition_penalty", float("inf"))])
+def test_bad_penalties_are_refused_by_name(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
