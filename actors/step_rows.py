@@ -73,3 +73,11 @@ def attach_features(items: list[TargetItem], results: list[VerifyResult], wants:
             res.features = features[want][row0 + torch.tensor(rows)]  # [num_new + num_accepted, width]
         row0 += num_new + item.proposal.num_draft_tokens
 
+
+def last_kv_rows(cache, slots: torch.Tensor, tp_size: int) -> torch.Tensor:
+    """slots [n] -> their last-layer keys and values as written [n, 2 * kv_heads * head_dim] (LongSpec's features)."""
+    if tp_size > 1:
+        raise ValueError("method 'longspec' reads the target's whole last-layer KV: serve it without "
+                         "tensor parallelism")
+    kv = cache.kv[-1].index_select(1, slots)  # [2 * kv_heads, n, head_dim]
+    return kv.transpose(0, 1).reshape(slots.shape[0], -1).float()  # the fast mode's cache is fp16

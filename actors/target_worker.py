@@ -12,8 +12,8 @@ import torch
 
 from specray.actors.messages import SeqSpec, TargetItem
 from specray.actors.specs import TargetSpec
-from specray.actors.step_rows import (attach_features, attach_prompt_logprobs, logprob_entries, num_logits,
-                                      num_prompt_rows, verification_rows)
+from specray.actors.step_rows import (attach_features, attach_prompt_logprobs, last_kv_rows, logprob_entries,
+                                      num_logits, num_prompt_rows, verification_rows)
 from specray.kernels import row_costs
 from specray.kernels.batch import RaggedBatch, SeqChunk, pad_uniform
 from specray.kernels.loader import DTYPES, cache_root, load_model, resolve
@@ -144,6 +144,7 @@ class TargetWorker:
             self.cache.pool.stats = stats
             raise
         self._commit(live, chunks, results)
+        self._keep_features(live, chunks, results)
         computed = iter(results)
         results = [next(computed) if hit < len(item.new_token_ids) else VerifyResult.prompt_chunk()
                    for item, hit in zip(items, hits)]
@@ -152,14 +153,16 @@ class TargetWorker:
             if item.spec is not None and before[item.seq_id].matching:  # its whole prompt was looked up
                 res.num_queried_tokens = item.spec.prompt_len
             seq = self.seqs[item.seq_id]
+            if hit and seq.spec.features:
+                self._prepend_cached_features(item.seq_id, seq.spec.features, before[item.seq_id].cached, hit, res)
             if seq.tokens is not None:
-                self.cache.register_blocks(item.seq_id, seq.tokens)
+                self.cache.register_blocks(item.seq_id, seq.tokens, with_features=seq.spec.features == "hidden")
         return results
 
     def _new_seq(self, spec: SeqSpec) -> _TargetSeq:
         caching = self.cache.prefix_caching
-        # features and prompt logprobs are rows of every prompt token, which a hit never computes
-        matching = caching and not self.pad_batches and spec.features is None and spec.prompt_logprobs is None
+        # prompt logprobs are rows of every prompt token, which a hit never computes (features are kept)
+        matching = caching and not self.pad_batches and spec.prompt_logprobs is None
         tokens = [] if caching or spec.sampling.reads_history else None
         history = SeqHistory(spec.prompt_len, tokens) if spec.sampling.reads_history else None
         return _TargetSeq(spec, make_generator(spec.seed), tokens, matching, history)
@@ -174,7 +177,8 @@ class TargetWorker:
         before = len(seq.tokens)
         known = seq.tokens + item.new_token_ids + (item.prompt_rest or [])
         # the prompt's last token is the item's last, or the rest's
-        hit = self.cache.match_prefix(item.seq_id, known, len(known) - (item.emits or item.prompt_rest is not None))
+        hit = self.cache.match_prefix(item.seq_id, known, len(known) - (item.emits or item.prompt_rest is not None),
+                                      with_features=seq.spec.features == "hidden")
         seq.tokens += known[before:before + hit]
         seq.matching = not item.emits and item.prompt_rest is None and hit == len(item.new_token_ids)
         return hit
@@ -216,11 +220,22 @@ class TargetWorker:
 
     def _last_kv(self, batch: RaggedBatch) -> torch.Tensor:
         """The step's last-layer keys and values, as written: [num_tokens, 2 * kv_heads * head_dim]."""
-        if self.model.tp_group.size > 1:
-            raise ValueError("method 'longspec' reads the target's whole last-layer KV: serve it without "
-                             "tensor parallelism")
-        kv = self.cache.kv[-1].index_select(1, batch.slot_mapping)  # [2 * kv_heads, num_tokens, head_dim]
-        return kv.transpose(0, 1).reshape(batch.num_tokens, -1).float()  # the fast mode's cache is fp16
+        return last_kv_rows(self.cache, batch.slot_mapping, self.model.tp_group.size)
+
+    def _keep_features(self, items: list[TargetItem], chunks: list[SeqChunk], results: list[VerifyResult]) -> None:
+        """With prefix caching, each committed token's final hidden state stays in its slot beside its
+        KV, for a later sequence that takes the block (LongSpec's last-layer KV is the KV itself)."""
+        if not self.cache.prefix_caching:
+            return
+        for item, chunk, res in zip(items, chunks, results, strict=True):
+            if self.seqs[item.seq_id].spec.features == "hidden":
+                self.cache.write_features(item.seq_id, chunk.context_len, res.features)  # [committed, hidden]
+
+    def _prepend_cached_features(self, seq_id: object, kind: str, start: int, hit: int, res: VerifyResult) -> None:
+        """The features of the `hit` tokens from `start` the prefix cache held, before those computed."""
+        cached = (self.cache.read_features(seq_id, start, start + hit) if kind == "hidden" else  # [hit, width]
+                  last_kv_rows(self.cache, self.cache.slots(seq_id, start, start + hit), self.model.tp_group.size))
+        res.features = cached if res.features is None else torch.cat([cached, res.features])
 
     def _commit(self, items: list[TargetItem], chunks: list[SeqChunk], results: list[VerifyResult]) -> None:
         """Each sequence's accepted KV becomes its cached prefix; a tree's other slots are dropped."""

@@ -8,6 +8,9 @@ of the first turns, exactly `--max-tokens` each (what registering blocks costs a
 engines alternate request by request; the figures are medians.
 
     python benchmarks/prefix_caching.py --dataset ../shared/data/spec_bench/question.jsonl --kernels fast
+    python benchmarks/prefix_caching.py --dataset ../shared/data/spec_bench/question.jsonl --speculative-method eagle
+
+Both engines' answers are compared token for token (prefix caching must change none).
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--kernels", choices=["exact", "fast"], default="exact")
     p.add_argument("--num-prompts", type=int, default=12, help="two-turn questions and shared-context questions")
     p.add_argument("--max-tokens", type=int, default=64, help="the first turns' answers (decode timed on them)")
+    p.add_argument("--speculative-method", default=None,
+                   help="speculative_config's method for both engines (eagle, longspec: drafts that read the "
+                        "target's features); default: the engine's default speculation")
     p.add_argument("--out", help="also write the figures as JSON here")
     args = p.parse_args(argv)
     from specray import LLM, SamplingParams
@@ -39,7 +45,13 @@ def main(argv: list[str] | None = None) -> dict:
     two_turn = [r["turns"] for r in rows if len(r["turns"]) == 2][:args.num_prompts]
     passage = next(r["turns"][0] for r in rows if r["category"] == "rag")
     singles = [r["turns"][0] for r in rows if len(r["turns"]) == 1 and r["category"] == "qa"][:args.num_prompts]
-    engines = {on: LLM(args.model, kernels=args.kernels, enable_prefix_caching=on) for on in (True, False)}
+    spec = None
+    if args.speculative_method is not None:
+        from specray.cluster.config.defaults import method_recipe
+
+        spec = method_recipe(args.model, args.speculative_method, {}) or {"method": args.speculative_method}
+    engines = {on: LLM(args.model, speculative_config=spec, kernels=args.kernels, enable_prefix_caching=on)
+               for on in (True, False)}
     answer = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     first = SamplingParams(temperature=0, max_tokens=1)
     for llm in engines.values():  # warm-up
@@ -47,14 +59,17 @@ def main(argv: list[str] | None = None) -> dict:
     res = {on: {"decode_tokens_per_s": [], "turn2_ttft_s": [], "turn2_hit": [], "shared_ttft_s": [],
                 "shared_hit": []} for on in engines}
     for t1, t2 in two_turn:
+        answers = {}
         for on, llm in engines.items():
             seconds, out = timed(llm, [{"role": "user", "content": t1}], answer)
+            answers[on] = out.outputs[0].token_ids
             res[on]["decode_tokens_per_s"].append(len(out.outputs[0].token_ids) / seconds)
             follow = [{"role": "user", "content": t1}, {"role": "assistant", "content": out.outputs[0].text},
                       {"role": "user", "content": t2}]
             seconds, out2 = timed(llm, follow, first)
             res[on]["turn2_ttft_s"].append(seconds)
             res[on]["turn2_hit"].append(out2.num_cached_tokens / len(out2.prompt_token_ids))
+        assert answers[True] == answers[False], "prefix caching changed an answer"
     for q in singles:
         for on, llm in engines.items():
             seconds, out = timed(llm, [{"role": "system", "content": passage}, {"role": "user", "content": q}], first)

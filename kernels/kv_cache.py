@@ -3,7 +3,9 @@
 Rolling back rejected chain tokens is a length update (`set_cached`), never a copy. A verified
 tree's accepted path is scattered over scratch slots; `compact` moves it into place. With
 `prefix_caching`, full blocks of committed tokens are shared between sequences whose prefixes
-agree (kernels/prefix_cache.py): `match_prefix` takes them, `register_blocks` offers them.
+agree (kernels/prefix_cache.py): `match_prefix` takes them, `register_blocks` offers them. Beside
+the KV, a slot may hold its token's target features (the final hidden state an eagle draft reads),
+so a sequence whose draft reads them can take a block too: `write_features`, `read_features`.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class PagedKVCache:
         self.tables: dict[object, BlockTable] = {}
         # seq -> (its blocks' slots, how many of its first blocks have consecutive ids): `_block_view`
         self._block_slots: dict[object, tuple[torch.Tensor, int]] = {}
+        self.features: torch.Tensor | None = None  # [num_slots, width] once written (prefix caching only)
+        self.featured: set[int] = set()  # blocks whose every slot holds its token's features
 
     # -- allocation -------------------------------------------------------------------------
     @property
@@ -71,7 +75,9 @@ class PagedKVCache:
     def reserve(self, seq_id: object, num_tokens: int) -> None:
         """Make sure slots for tokens [0, num_tokens) exist for `seq_id`."""
         table = self.tables.setdefault(seq_id, BlockTable())
-        table.blocks.extend(self.pool.take(self.blocks_needed(seq_id, num_tokens)))
+        taken = self.pool.take(self.blocks_needed(seq_id, num_tokens))
+        self.featured.difference_update(taken)  # an evicted block's features are another prefix's
+        table.blocks.extend(taken)
 
     def free(self, seq_id: object) -> None:
         table = self.tables.pop(seq_id, None)
@@ -94,9 +100,10 @@ class PagedKVCache:
         return len(extra)
 
     # -- prefix caching -----------------------------------------------------------------------
-    def match_prefix(self, seq_id: object, token_ids: list[int], limit: int) -> int:
+    def match_prefix(self, seq_id: object, token_ids: list[int], limit: int, with_features: bool = False) -> int:
         """Take the registered blocks that hold `token_ids`' next full blocks, up to position `limit`,
-        for a sequence whose every cached block so far was taken so: -> tokens now cached this way."""
+        for a sequence whose every cached block so far was taken so: -> tokens now cached this way.
+        `with_features`: only blocks that hold their tokens' features too."""
         table = self.tables.setdefault(seq_id, BlockTable())
         bs, have = self.block_size, len(table.digests)
         if not self.prefix_caching or len(table.blocks) != have or table.num_cached != have * bs:
@@ -105,6 +112,8 @@ class PagedKVCache:
         self.pool.stats.queried_tokens += max(0, end - have * bs)
         for i in range(have, end // bs):
             digest = block_digest(parent, token_ids[i * bs:(i + 1) * bs])
+            if with_features and self.pool.by_digest.get(digest) not in self.featured:
+                break
             block = self.pool.lookup(digest)
             if block is None:
                 break
@@ -127,9 +136,10 @@ class PagedKVCache:
         table.num_cached = num_cached
         self._block_slots.pop(seq_id, None)
 
-    def register_blocks(self, seq_id: object, token_ids: list[int]) -> None:
+    def register_blocks(self, seq_id: object, token_ids: list[int], with_features: bool = False) -> None:
         """Offer the sequence's full blocks of committed tokens (`token_ids`: at least its cached
-        ones, in order) to later sequences."""
+        ones, in order) to later sequences; `with_features`: every cached token's features are
+        written (`write_features`), so these blocks serve sequences that read them too."""
         table = self.tables.get(seq_id)
         if not self.prefix_caching or table is None:
             return
@@ -138,6 +148,23 @@ class PagedKVCache:
             parent = table.digests[-1] if table.digests else ROOT
             table.digests.append(block_digest(parent, token_ids[i * bs:(i + 1) * bs]))
             self.pool.register(table.blocks[i], table.digests[-1])
+            if with_features:
+                self.featured.add(table.blocks[i])
+
+    def write_features(self, seq_id: object, start: int, rows: torch.Tensor) -> None:
+        """rows [n, width]: the features of the sequence's tokens start .. start + n - 1, kept in their
+        slots (exactly: a later sequence reads them in place of computing them)."""
+        if self.features is None:  # one kind a cache: its target's final hidden states
+            self.features = torch.zeros(self.num_blocks * self.block_size, *rows.shape[1:], dtype=rows.dtype,
+                                        device=self.kv.device)
+        assert self.features.shape[1:] == rows.shape[1:] and self.features.dtype == rows.dtype, \
+            f"features {tuple(rows.shape[1:])} {rows.dtype} beside {tuple(self.features.shape[1:])} {self.features.dtype}"
+        self.features[self.slots(seq_id, start, start + rows.shape[0])] = rows.to(self.features.device)
+
+    def read_features(self, seq_id: object, start: int, end: int) -> torch.Tensor:
+        """[end - start, width] the features kept for the sequence's tokens start .. end - 1."""
+        assert self.features is not None, "no features were written"
+        return self.features[self.slots(seq_id, start, end)]
 
     # -- lengths ----------------------------------------------------------------------------
     def num_cached(self, seq_id: object) -> int:

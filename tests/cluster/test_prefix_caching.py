@@ -57,6 +57,41 @@ def test_draft_model_speculation_is_unchanged_by_hits(tiny_target, tiny_draft, t
     assert_same_with_hits(tiny_target, spec)
 
 
+@pytest.fixture(scope="module")
+def tiny_eagle(tmp_path_factory, tiny_target):
+    from eagle_helpers import save_tiny_eagle
+
+    return save_tiny_eagle(tmp_path_factory.mktemp("tiny_eagle"), tiny_target, seed=3, noise=0.2)
+
+
+@pytest.mark.parametrize("method", ["eagle", "longspec"])
+def test_drafts_that_read_target_features_get_them_for_hits_too(tiny_target, tiny_eagle, tiny_longspec, method):
+    """Eagle reads the target's final hidden state of every token, LongSpec its last-layer KV: a hit
+    hands over the kept ones, so the drafts propose what they proposed without the cache (their
+    rounds' acceptance is the same, and so are the seeded samples, whose draws follow the drafts)."""
+    draft = {"eagle": tiny_eagle, "longspec": tiny_longspec}[method]
+    spec = {"method": method, "model": str(draft), "num_speculative_tokens": 3}
+    assert_same_with_hits(tiny_target, spec)
+    cold, warm = (run(engine(tiny_target, on, spec), PROMPTS, PARAMS[1]) for on in (False, True))
+    assert [o.metrics for o in warm] == [o.metrics for o in cold]
+    assert any(o.metrics.num_accepted_tokens for o in warm)
+
+
+def test_blocks_without_features_are_not_taken_where_features_are_read(tiny_target, tiny_eagle):
+    """A request without speculation leaves blocks without the features an eagle request reads: the
+    eagle request computes them (and keeps them), and a second one takes them."""
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    eagle = engine(tiny_target, True, {"method": "eagle", "model": str(tiny_eagle), "num_speculative_tokens": 2})
+    eagle.generate({"prompt_token_ids": PROMPTS[0]}, SamplingParams(temperature=0.0, max_tokens=4, n=1, logprobs=0,
+                                                                  ignore_eos=True))
+    cache = eagle.target.cache
+    featured = set(cache.featured)
+    assert featured and featured <= set(cache.pool.digest_of)
+    cache.featured.clear()  # as a request whose draft reads nothing would have left them
+    assert eagle.generate({"prompt_token_ids": PROMPTS[1]}, params)[0].num_cached_tokens == 0
+    assert eagle.generate({"prompt_token_ids": PROMPTS[2]}, params)[0].num_cached_tokens >= 36
+
+
 @pytest.mark.parametrize("kernels", ["exact", "fast"])
 def test_packed_kernels_outputs_are_unchanged_by_hits(tiny_gguf_target, kernels):
     assert_same_with_hits(tiny_gguf_target, {"method": "ngram", "num_speculative_tokens": 3}, kernels=kernels)
@@ -88,7 +123,7 @@ def test_chunked_prefill_skips_the_cached_chunks(tiny_target):
     assert warm.router.stats.steps - steps == 2 + 7
 
 
-def test_prompt_logprobs_and_features_compute_every_prompt_token(tiny_target):
+def test_prompt_logprobs_compute_every_prompt_token(tiny_target):
     params = SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=2, ignore_eos=True)
     warm, cold = engine(tiny_target, True), engine(tiny_target, False)
     warm.generate({"prompt_token_ids": PROMPTS[0]}, params)

@@ -1,6 +1,7 @@
 """Prefix caching's block bookkeeping (kernels/prefix_cache.py, PagedKVCache.match_prefix): exact cases."""
 
 import pytest
+import torch
 
 from specray.kernels.config import ModelConfig
 from specray.kernels.kv_cache import OutOfBlocksError, PagedKVCache
@@ -150,3 +151,25 @@ def test_a_private_copy_is_registered_when_its_sequence_ends_if_the_original_is_
     assert not c.pool.by_digest
     c.free("b")
     assert c.match_prefix("d", [1, 2, 3, 4, 9], 4) == 4
+
+
+def test_features_kept_beside_the_kv_serve_only_the_blocks_that_hold_them():
+    c = cache(num_blocks=8)
+    tokens = list(range(10))
+    c.reserve("a", 10)
+    rows = torch.arange(10 * 3, dtype=torch.float32).reshape(10, 3)  # [tokens, width]
+    c.write_features("a", 0, rows)
+    c.set_cached("a", 10)
+    c.register_blocks("a", tokens, with_features=True)
+    assert c.featured == set(c.tables["a"].blocks[:2])  # the partial block is not offered
+    assert c.match_prefix("b", tokens, 9, with_features=True) == 8
+    assert torch.equal(c.read_features("b", 0, 8), rows[:8])
+    computed(c, "x", [40 + i for i in range(8)])  # blocks without features
+    assert c.match_prefix("y", [40 + i for i in range(8)] + [1], 8, with_features=True) == 0
+    assert c.match_prefix("z", [40 + i for i in range(8)] + [1], 8) == 8
+    for seq in ("a", "b", "x", "y", "z"):
+        c.free(seq)
+    c.reserve("w", 32)  # every block: the cached ones are evicted, and their features with them
+    assert not c.featured
+    with pytest.raises(AssertionError, match="features"):
+        c.write_features("w", 0, torch.zeros(2, 5))
