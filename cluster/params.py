@@ -18,7 +18,6 @@ MAX_STOPS = 64  # stop strings and stop token ids each: every round scans them f
 # (the first is the default); the HTTP API's table of refused fields starts from it
 NO_OP_FIELDS: dict[str, tuple] = {
     "best_of": (None, 1),
-    "truncate_prompt_tokens": (None,),
     "logits_processors": (None, []), "detokenize": (True,), "spaces_between_special_tokens": (True,),
     "structured_outputs": (None,), "guided_decoding": (None,),
 }
@@ -51,10 +50,10 @@ class SamplingParams:
     min_tokens: int = 0  # output tokens before EOS, a stop token id or a stop string may end it
     allowed_token_ids: list[int] | None = None  # only these tokens can be drawn (None: all)
     bad_words: list[str] | None = None  # never generated: a word's last token is not drawn after its others
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: the model's length), as vLLM
     # vLLM's fields that specray does not implement: each takes only its no-op value (NO_OP_FIELDS), so
     # ported code that spells out vLLM's defaults runs, and any other value is refused by name
     best_of: int | None = None
-    truncate_prompt_tokens: int | None = None
     logits_processors: list | None = None
     detokenize: bool = True
     spaces_between_special_tokens: bool = True
@@ -137,11 +136,26 @@ class SamplingParams:
                                                 MAX_STOPS and all(isinstance(w, str) and w.strip() for w in self.bad_words)),
                     "bad_words", f"bad_words must be a list of at most {MAX_STOPS} non-blank strings, got "
                     f"{_short(self.bad_words)}")
+        check_param(self.truncate_prompt_tokens is None or (_is_int(self.truncate_prompt_tokens) and (
+            self.truncate_prompt_tokens >= 1 or self.truncate_prompt_tokens == -1)), "truncate_prompt_tokens",
+                    f"truncate_prompt_tokens must be an integer >= 1, -1 (the model's length) or None, got "
+                    f"{self.truncate_prompt_tokens!r}")
         for name, no_ops in NO_OP_FIELDS.items():
             value = getattr(self, name)
             check_param(is_no_op(value, no_ops), name,
                         f"{name}={value!r} is not supported by specray (only its no-op value "
                         f"{no_ops[0]!r}); leave it out")
+
+    def truncated(self, prompt_token_ids: list[int], max_model_len: int) -> list[int]:
+        """The prompt's last `truncate_prompt_tokens` tokens (all of it where None), as vLLM cuts it
+        (from the left); a bound past the model's length is refused, as vLLM does."""
+        keep = self.truncate_prompt_tokens
+        if keep is None:
+            return prompt_token_ids
+        keep = max_model_len if keep == -1 else keep
+        check_param(keep <= max_model_len, "truncate_prompt_tokens",
+                    f"truncate_prompt_tokens={keep} is greater than the model's length ({max_model_len})")
+        return prompt_token_ids[-keep:]
 
     def for_prompt(self, prompt_len: int, max_model_len: int) -> "SamplingParams":
         """A copy for one request: later changes to this object do not reach a running request, and

@@ -46,6 +46,9 @@ class RequestBook:
                     request_id: str | None = None) -> str:
         """Validate and queue a request; a bad one raises ValueError and touches nothing else."""
         self.check_prompt(prompt_token_ids, params)
+        kept = params.truncated(prompt_token_ids, self.config.max_model_len)
+        if len(kept) < len(prompt_token_ids):  # the text no longer spells the prompt: outputs and echo decode the ids
+            prompt_token_ids, prompt = kept, None
         params = params.for_prompt(len(prompt_token_ids), self.config.max_model_len)
         request_id = request_id or str(next(self._ids))
         if request_id in self.requests:
@@ -58,8 +61,10 @@ class RequestBook:
         return request_id
 
     def check_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """A request the engine could never run raises ValueError (the limits' check_request)."""
-        self.config.check_request(prompt_token_ids, params, has_tokenizer=self.tokenizer is not None)
+        """A request the engine could never run raises ValueError (the limits' check_request), its
+        prompt as `truncate_prompt_tokens` leaves it."""
+        self.config.check_request(params.truncated(prompt_token_ids, self.config.max_model_len), params,
+                                  has_tokenizer=self.tokenizer is not None)
 
     def abort(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)

@@ -55,7 +55,8 @@ def sampling_params(sp: pb.SamplingParams, default_max_tokens: int) -> SamplingP
             prompt_logprobs=opt("prompt_logprobs", None), min_p=sp.min_p, logit_bias=dict(sp.logit_bias) or None,
             presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty,
             repetition_penalty=opt("repetition_penalty", 1.0), min_tokens=sp.min_tokens,
-            allowed_token_ids=list(sp.allowed_token_ids) or None, bad_words=list(sp.bad_words) or None)
+            allowed_token_ids=list(sp.allowed_token_ids) or None, bad_words=list(sp.bad_words) or None,
+            truncate_prompt_tokens=opt("truncate_prompt_tokens", None))
     except ValueError as e:
         raise invalid(str(e)) from None
 

@@ -110,6 +110,7 @@ class _Common(BaseModel):
     min_tokens: int = 0  # vLLM extension
     allowed_token_ids: list[int] | None = None  # vLLM extension
     bad_words: list[str] | None = None  # vLLM extension
+    truncate_prompt_tokens: int | None = None  # vLLM extension: keep the prompt's last k tokens (-1: the model's length)
     logit_bias: dict[str, float] | None = None  # OpenAI's: token ids (as strings) -> a bias in [-100, 100]
 
     @model_validator(mode="before")
@@ -179,6 +180,7 @@ class _Common(BaseModel):
                                   presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                                   repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
                                   allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
+                                  truncate_prompt_tokens=self.truncate_prompt_tokens,
                                   skip_special_tokens=self.skip_special_tokens,
                                   prompt_logprobs=self.target_prompt_logprobs())
         except ValueError as e:  # SamplingParamError names the parameter, as the request spells it

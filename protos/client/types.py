@@ -38,6 +38,7 @@ class Sampling:
     allowed_token_ids: list[int] | None = None  # only these can be drawn; None: all
     bad_words: list[str] | None = None  # never generated
     repetition_penalty: float | None = None  # divides logits of prompt and output tokens, > 0; server: 1.0
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: the model's length); None: all
 
     def to_proto(self) -> pb.SamplingParams:
         """The message; a value the message cannot hold (a seed past 2^64, a string for a number)
@@ -55,7 +56,7 @@ class Sampling:
                   "bad_words": list(self.bad_words or []),
                   "stop": [self.stop] if isinstance(self.stop, str) else list(self.stop or [])}
         for name in ("max_tokens", "temperature", "top_p", "n", "seed", "logprobs", "num_speculative_tokens",
-                     "verify_budget", "prompt_logprobs", "repetition_penalty"):
+                     "verify_budget", "prompt_logprobs", "repetition_penalty", "truncate_prompt_tokens"):
             values[name] = getattr(self, name)  # unset optionals (None) keep the server's default
         for name, value in values.items():
             if value is None:

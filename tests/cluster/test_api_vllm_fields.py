@@ -28,10 +28,9 @@ def test_vllm_defaults_spelled_out_change_nothing(llm):
     assert got.outputs[0].token_ids == want and len(want) == 6
 
 
-@pytest.mark.parametrize("field, value", [("truncate_prompt_tokens", 5), ("best_of", 2),
+@pytest.mark.parametrize("field, value", [("best_of", 2),
                                           ("logits_processors", [print]), ("guided_decoding", {"json": {}}),
-                                          ("detokenize", False), ("spaces_between_special_tokens", False),
-                                          ("truncate_prompt_tokens", 0)])
+                                          ("detokenize", False), ("spaces_between_special_tokens", False)])
 def test_a_vllm_field_that_would_change_the_output_is_refused_by_name(field, value):
     with pytest.raises(ValueError, match=f"^{field}=.* is not supported by specray") as e:
         SamplingParams(**{field: value})
@@ -106,3 +105,32 @@ def test_seeds_take_the_int64_and_uint64_ranges_and_fold_into_the_pools_range(ll
     assert draws(-1) == draws(2**63 - 1) == draws(2**64 - 1)  # all fold to 2^63 - 1, choice 1 to 0
     assert draws(-1)[1] == draws(0)[0] and draws(-2**63) == draws(0)
     assert draws(-1) != draws(5)  # the fold keeps seeds apart: not one stream for every negative seed
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm):
+    """As vLLM's: the prompt is cut from the left before it runs; the output and its prompt ids are
+    those of the kept tokens alone."""
+    long = [3 + (7 * i) % 60 for i in range(40)]  # longer than the model's 32 positions
+    greedy = dict(temperature=0.0, max_tokens=5, ignore_eos=True)
+    want = llm.generate({"prompt_token_ids": long[-9:]}, SamplingParams(**greedy))[0]
+    got = llm.generate({"prompt_token_ids": long}, SamplingParams(**greedy, truncate_prompt_tokens=9))[0]
+    assert got.prompt_token_ids == long[-9:] and got.outputs[0].token_ids == want.outputs[0].token_ids
+    short = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(**greedy, truncate_prompt_tokens=20))[0]
+    assert short.prompt_token_ids == PROMPT  # shorter than k: whole
+    with pytest.raises(ValueError, match="context"):  # -1 keeps the model's length: no room left to generate
+        llm.generate({"prompt_token_ids": long}, SamplingParams(**greedy, truncate_prompt_tokens=-1))
+    with pytest.raises(ValueError, match="greater than the model's length") as e:
+        llm.generate({"prompt_token_ids": long}, SamplingParams(**greedy, truncate_prompt_tokens=33))
+    assert e.value.__cause__ is None
+
+
+def test_a_truncated_text_prompt_reports_the_tokens_it_kept(llm):
+    out = llm.generate("w5 w6 w7 w8 w9", SamplingParams(temperature=0.0, max_tokens=2, truncate_prompt_tokens=2))[0]
+    assert len(out.prompt_token_ids) == 2 and out.prompt is None  # the text no longer spells the prompt
+
+
+@pytest.mark.parametrize("value", [0, -2, True, "5", 2.0])
+def test_a_bad_truncate_prompt_tokens_is_refused_by_name(value):
+    with pytest.raises(ValueError, match="^truncate_prompt_tokens must be") as e:
+        SamplingParams(truncate_prompt_tokens=value)
+    assert e.value.param == "truncate_prompt_tokens"

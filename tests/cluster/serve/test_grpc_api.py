@@ -221,3 +221,14 @@ def test_usage_counts_the_prompt_tokens_found_in_the_prefix_cache(client):
     first, second = (client.generate(prompt, **greedy()) for _ in range(2))
     assert first.usage.cached_tokens == 0 and first.choices[0].token_ids == second.choices[0].token_ids
     assert second.usage.cached_tokens == (second.usage.prompt_tokens - 1) // 16 * 16 > 0
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client, offline):
+    ids = offline.get_tokenizer().encode(PROMPT)
+    want = offline.generate({"prompt_token_ids": ids[-2:]}, GREEDY)[0].outputs[0]
+    got = client.generate(PROMPT, **greedy(truncate_prompt_tokens=2))
+    assert got.choices[0].token_ids == want.token_ids and got.usage.prompt_tokens == 2
+    with pytest.raises(InvalidArgumentError, match="truncate_prompt_tokens"):
+        client.generate(PROMPT, truncate_prompt_tokens=0)
+    with pytest.raises(InvalidArgumentError, match="truncate_prompt_tokens"):
+        client.generate(PROMPT, truncate_prompt_tokens=10**6)

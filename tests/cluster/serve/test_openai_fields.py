@@ -41,6 +41,7 @@ def test_a_refused_sampling_parameter_is_named_in_param(field, value):
     ({"messages": MESSAGES, "min_p": 2}, "min_p"),
     ({"messages": MESSAGES, "num_drafts": 4}, "num_drafts"),  # the server's settings were ignored
     ({"messages": MESSAGES, "speculative_config": {"method": "ngram"}}, "speculative_config"),
+    ({"messages": MESSAGES, "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
 ])
 def test_a_request_refused_names_its_field(served, body, param):
     resp = httpx.post(served[0].url + "/v1/chat/completions", json={"model": "tiny", "max_tokens": 2, **body},
@@ -57,6 +58,7 @@ def test_a_request_refused_names_its_field(served, body, param):
     ({"prompt": "w5", "logit_bias": {str(10**6): 1.0}}, "logit_bias"),
     ({"prompt": "w5", "allowed_token_ids": [5, 10**6]}, "allowed_token_ids"),
     ({"prompt": "w5", "bad_words": [" "]}, "bad_words"),
+    ({"prompt": "w5", "truncate_prompt_tokens": 10**6}, "truncate_prompt_tokens"),  # past the model's length
 ])
 def test_the_routers_refusals_name_their_field(served, body, param):
     resp = httpx.post(served[0].url + "/v1/completions", json={"model": "tiny", "max_tokens": 2, **body},
@@ -153,3 +155,20 @@ def test_penalties_and_min_tokens_answer_as_the_offline_api(served, offline):
                       json={"model": "tiny", "prompt": "w5 w6 w5 w6", "max_tokens": 12, "temperature": 0,
                             "ignore_eos": True, **penalties})
     assert resp.status_code == 200 and resp.json()["choices"][0]["text"] == want[0].outputs[0].text, resp.text
+
+
+def test_truncate_prompt_tokens_answers_as_the_offline_api(served, offline):
+    """vLLM's truncate_prompt_tokens: the completion of the prompt's last k tokens, k prompt tokens in
+    the usage, and a chat cut after its template is applied; a prompt past the context fits again."""
+    ids = offline.get_tokenizer().encode("w5 w6 w7 w8 w9 w10 w11")
+    params = dict(temperature=0, max_tokens=4, ignore_eos=True)
+    want = offline.generate({"prompt_token_ids": ids[-3:]}, SamplingParams(**params))[0].outputs[0]
+    headers = {"Authorization": f"Bearer {KEY}"}
+    resp = httpx.post(served[0].url + "/v1/completions", headers=headers,
+                      json={"model": "tiny", "prompt": ids, "truncate_prompt_tokens": 3, **params})
+    assert resp.status_code == 200 and resp.json()["choices"][0]["text"] == want.text, resp.text
+    assert resp.json()["usage"]["prompt_tokens"] == 3
+    resp = httpx.post(served[0].url + "/v1/chat/completions", headers=headers,
+                      json={"model": "tiny", "messages": [{"role": "user", "content": "w5 " * 600}],
+                            "truncate_prompt_tokens": 20, **params})
+    assert resp.status_code == 200 and resp.json()["usage"]["prompt_tokens"] == 20, resp.text
