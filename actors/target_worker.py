@@ -135,6 +135,7 @@ class TargetWorker:
             rules = [self._rule(i) for i in live]  # validated before any KV is written
             chunks = [self._chunk(i) for i in live]
             results = self._results(live, rules, chunks) if live else []
+            self._keep_features(live, chunks, results)  # before the commit: a failure here commits nothing
         except Exception:
             # Nothing was committed: the router retries the round without the request that broke
             # it, and seeded sequences draw again exactly what they drew this time.
@@ -144,7 +145,6 @@ class TargetWorker:
             self.cache.pool.stats = stats
             raise
         self._commit(live, chunks, results)
-        self._keep_features(live, chunks, results)
         computed = iter(results)
         results = [next(computed) if hit < len(item.new_token_ids) else VerifyResult.prompt_chunk()
                    for item, hit in zip(items, hits)]
@@ -224,7 +224,8 @@ class TargetWorker:
 
     def _keep_features(self, items: list[TargetItem], chunks: list[SeqChunk], results: list[VerifyResult]) -> None:
         """With prefix caching, each committed token's final hidden state stays in its slot beside its
-        KV, for a later sequence that takes the block (LongSpec's last-layer KV is the KV itself)."""
+        KV, for a later sequence that takes the block (LongSpec's last-layer KV is the KV itself).
+        Written at the positions the commit gives them (a tree's accepted path moves into place)."""
         if not self.cache.prefix_caching:
             return
         for item, chunk, res in zip(items, chunks, results, strict=True):

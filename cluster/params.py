@@ -149,13 +149,13 @@ class SamplingParams:
     def truncated(self, prompt_token_ids: list[int], max_model_len: int) -> list[int]:
         """The prompt's last `truncate_prompt_tokens` tokens (all of it where None), as vLLM cuts it
         (from the left); a bound past the model's length is refused, as vLLM does."""
-        keep = self.truncate_prompt_tokens
-        if keep is None:
+        if self.truncate_prompt_tokens is None:
             return prompt_token_ids
-        keep = max_model_len if keep == -1 else keep
-        check_param(keep <= max_model_len, "truncate_prompt_tokens",
-                    f"truncate_prompt_tokens={keep} is greater than the model's length ({max_model_len})")
-        return prompt_token_ids[-keep:]
+        check_param(self.truncate_prompt_tokens <= max_model_len, "truncate_prompt_tokens",
+                    f"truncate_prompt_tokens={self.truncate_prompt_tokens} is greater than the model's length "
+                    f"({max_model_len})")
+        keep = kept_length(len(prompt_token_ids), self.truncate_prompt_tokens, max_model_len)
+        return prompt_token_ids[len(prompt_token_ids) - keep:]
 
     def for_prompt(self, prompt_len: int, max_model_len: int) -> "SamplingParams":
         """A copy for one request: later changes to this object do not reach a running request, and
@@ -169,6 +169,13 @@ class SamplingParams:
                               tuple(sorted(set(self.allowed_token_ids or ()))),
                               float(self.repetition_penalty), float(self.frequency_penalty),
                               float(self.presence_penalty))
+
+
+def kept_length(prompt_len: int, truncate_prompt_tokens: int | None, max_model_len: int) -> int:
+    """Prompt tokens that run under `truncate_prompt_tokens` (-1: the model's length; None: all)."""
+    if truncate_prompt_tokens is None:
+        return prompt_len
+    return min(prompt_len, max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens)
 
 
 def is_no_op(value, no_ops: tuple) -> bool:

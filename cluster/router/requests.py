@@ -63,6 +63,7 @@ class RequestBook:
     def check_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """A request the engine could never run raises ValueError (the limits' check_request), its
         prompt as `truncate_prompt_tokens` leaves it."""
+        params.check()  # before the cut: a field changed since the parameters were built is refused by name
         self.config.check_request(params.truncated(prompt_token_ids, self.config.max_model_len), params,
                                   has_tokenizer=self.tokenizer is not None)
 

@@ -71,18 +71,20 @@ def chat_messages(chat: pb.ChatMessages) -> list[dict[str, str]]:
             for m in chat.messages]
 
 
-async def prompt_input(prompts: PromptEncoder, request: pb.GenerateRequest) -> tuple[str | None, list[int]]:
-    """(prompt text or None, prompt token ids) of a request; tokenised off the event loop."""
+async def prompt_input(prompts: PromptEncoder, request: pb.GenerateRequest,
+                       truncate: int | None = None) -> tuple[str | None, list[int]]:
+    """(prompt text or None, prompt token ids) of a request; tokenised off the event loop (`truncate`:
+    its truncate_prompt_tokens, which lifts the text's bound by the context)."""
     which = request.WhichOneof("prompt")
     if which is None:
         raise invalid("no prompt: set one of text, token_ids or chat")
     if which == "text":
-        return request.text, await prompts.text(request.text, "text")
+        return request.text, await prompts.text(request.text, "text", truncate)
     if which == "token_ids":
         return None, list(request.token_ids.ids)
     go_on = request.chat.continue_final_message
-    return None, await prompts.chat(chat_messages(request.chat), "chat.messages", add_generation_prompt=not go_on,
-                                    continue_final_message=go_on)
+    return None, await prompts.chat(chat_messages(request.chat), "chat.messages", truncate,
+                                    add_generation_prompt=not go_on, continue_final_message=go_on)
 
 
 # -- outputs --------------------------------------------------------------------------------

@@ -156,9 +156,9 @@ class GenerationService:
                                              f"this server serves {self.model_name!r}")
         try:
             params = conv.sampling_params(request.sampling, self.default_max_tokens)
-            prompt, ids = await conv.prompt_input(self.prompts, request)
+            prompt, ids = await conv.prompt_input(self.prompts, request, params.truncate_prompt_tokens)
             if request.sampling.HasField("max_tokens"):
-                self.prompts.check_room(len(ids), params.max_tokens)
+                self.prompts.check_room(len(ids), params.max_tokens, truncate=params.truncate_prompt_tokens)
         except GrpcAbort as e:
             raise self._fail(e.code, e.details) from None
         except PromptError as e:

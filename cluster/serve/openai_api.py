@@ -123,13 +123,14 @@ class OpenAIServer:
             raise ApiError.of(errors.NOT_FOUND, f"model {model!r} does not exist; this server serves "
                               f"{self.model_name!r}", "model")
 
-    async def _encode(self, prompt: str | list[int], param: str,
-                      max_tokens: int | None) -> tuple[str | None, list[int]]:
-        """The prompt's token ids; an explicit max_tokens must fit beside them."""
+    async def _encode(self, prompt: str | list[int], param: str, max_tokens: int | None,
+                      truncate: int | None) -> tuple[str | None, list[int]]:
+        """The prompt's token ids; an explicit max_tokens must fit beside them (beside the tokens
+        `truncate`, the request's truncate_prompt_tokens, keeps)."""
         try:
-            ids = prompt if not isinstance(prompt, str) else await self.prompts.text(prompt, param)
+            ids = prompt if not isinstance(prompt, str) else await self.prompts.text(prompt, param, truncate)
             if max_tokens is not None:
-                self.prompts.check_room(len(ids), max_tokens)
+                self.prompts.check_room(len(ids), max_tokens, truncate=truncate)
         except PromptError as e:
             raise ApiError(400, str(e), param=e.param) from None
         return (prompt if isinstance(prompt, str) else None), ids
@@ -211,7 +212,8 @@ class OpenAIServer:
             except ValueError as e:
                 raise ApiError.of(status_of(e), str(e), getattr(e, "param", "n")) from None
         names = ["prompt"] if len(prompts) == 1 else [f"prompt[{i}]" for i in range(len(prompts))]
-        inputs = [(*await self._encode(p, name, body.max_tokens), name) for p, name in zip(prompts, names)]
+        inputs = [(*await self._encode(p, name, body.max_tokens, params.truncate_prompt_tokens), name)
+                  for p, name in zip(prompts, names)]
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
             run = (lambda *a: prompts_only(self._run(*a))) if scoring else self._run
@@ -233,10 +235,11 @@ class OpenAIServer:
         params = body.sampling_params(self.default_max_tokens, body.top_n())
         try:
             ids = await self.prompts.chat([m.template_fields(i) for i, m in enumerate(body.messages)],
-                                          **body.template_options())
+                                          truncate=params.truncate_prompt_tokens, **body.template_options())
             if body.max_tokens is not None:
                 self.prompts.check_room(len(ids), body.max_tokens,
-                                        "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens")
+                                        "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens",
+                                        params.truncate_prompt_tokens)
         except PromptError as e:
             raise ApiError(400, str(e), param=e.param) from None
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
+from specray.cluster.params import kept_length
 from specray.kernels.chat import chat_token_ids
 from specray.kernels.ints import ceil_div
 
@@ -65,20 +66,30 @@ class PromptEncoder:
         """For a router's limits: its context, and a diffusion LM's canvas blocks (RouterLimits has none)."""
         return cls(tokenizer, limits.max_model_len, block=getattr(limits, "block_length", 1))
 
-    def check_room(self, prompt_tokens: int, max_tokens: int, param: str = "max_tokens") -> None:
-        check_room(prompt_tokens, max_tokens, self.max_model_len, param, self.block)
+    def check_room(self, prompt_tokens: int, max_tokens: int, param: str = "max_tokens",
+                   truncate: int | None = None) -> None:
+        """`truncate`: the request's truncate_prompt_tokens (the room is what the kept tokens leave)."""
+        kept = kept_length(prompt_tokens, truncate, self.max_model_len)
+        check_room(kept, max_tokens, self.max_model_len, param, self.block)
 
-    async def text(self, text: str, param: str = "prompt") -> list[int]:
-        check_text(text, param, self.max_chars)
+    def _max_chars(self, truncate: int | None) -> int | None:
+        """Text past the context is refused before tokenising, unless the request cuts its prompt
+        (then the body's size limit bounds it)."""
+        return self.max_chars if truncate is None else None
+
+    async def text(self, text: str, param: str = "prompt", truncate: int | None = None) -> list[int]:
+        check_text(text, param, self._max_chars(truncate))
         return await self._run(lambda: list(self.tokenizer(text).input_ids))
 
-    async def chat(self, messages: list[dict[str, str]], param: str = "messages", **template: bool) -> list[int]:
+    async def chat(self, messages: list[dict[str, str]], param: str = "messages", truncate: int | None = None,
+                   **template: bool) -> list[int]:
         """`template`: chat_token_ids' add_generation_prompt and continue_final_message."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise PromptError("this model has no chat template; send a completion prompt instead", param)
+        max_chars = self._max_chars(truncate)
         for i, m in enumerate(messages):
-            check_text(m["content"], f"{param}[{i}].content", self.max_chars)
-        if sum(len(m["content"]) for m in messages) > self.max_chars:
+            check_text(m["content"], f"{param}[{i}].content", max_chars)
+        if max_chars is not None and sum(len(m["content"]) for m in messages) > max_chars:
             raise PromptError(f"the conversation cannot fit the model's context; at most {self.max_chars} "
                               "characters", param)
         try:

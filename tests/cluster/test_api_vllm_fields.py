@@ -134,3 +134,10 @@ def test_a_bad_truncate_prompt_tokens_is_refused_by_name(value):
     with pytest.raises(ValueError, match="^truncate_prompt_tokens must be") as e:
         SamplingParams(truncate_prompt_tokens=value)
     assert e.value.param == "truncate_prompt_tokens"
+
+
+def test_a_truncate_prompt_tokens_changed_after_construction_is_refused_by_name(llm):
+    params = SamplingParams(max_tokens=2)
+    params.truncate_prompt_tokens = "5"
+    with pytest.raises(ValueError, match="truncate_prompt_tokens must be"):
+        llm.generate({"prompt_token_ids": PROMPT}, params)

@@ -77,6 +77,29 @@ def test_drafts_that_read_target_features_get_them_for_hits_too(tiny_target, tin
     assert any(o.metrics.num_accepted_tokens for o in warm)
 
 
+def test_a_step_whose_features_cannot_be_kept_commits_nothing(tiny_target, tiny_eagle, monkeypatch):
+    """Keeping the features (a store allocated at the first eagle request: an out-of-memory there)
+    fails before the step commits: the router retries the request alone, and its output is the one
+    without prefix caching."""
+    from specray.kernels.kv_cache import PagedKVCache
+
+    spec = {"method": "eagle", "model": str(tiny_eagle), "num_speculative_tokens": 3}
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=1)
+    write, calls = PagedKVCache.write_features, []
+
+    def flaky(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("out of memory (simulated)")
+        return write(self, *a, **k)
+
+    monkeypatch.setattr(PagedKVCache, "write_features", flaky)
+    got = engine(tiny_target, True, spec).generate([{"prompt_token_ids": p} for p in PROMPTS[:2]], params)
+    monkeypatch.undo()
+    want = engine(tiny_target, False, spec).generate([{"prompt_token_ids": p} for p in PROMPTS[:2]], params)
+    assert len(calls) > 2 and [signature(o) for o in got] == [signature(o) for o in want]
+
+
 def test_blocks_without_features_are_not_taken_where_features_are_read(tiny_target, tiny_eagle):
     """A request without speculation leaves blocks without the features an eagle request reads: the
     eagle request computes them (and keeps them), and a second one takes them."""

@@ -228,6 +228,10 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client, offline):
     want = offline.generate({"prompt_token_ids": ids[-2:]}, GREEDY)[0].outputs[0]
     got = client.generate(PROMPT, **greedy(truncate_prompt_tokens=2))
     assert got.choices[0].token_ids == want.token_ids and got.usage.prompt_tokens == 2
+    huge = "w5 " * 20000  # past the context: refused before tokenising unless the request cuts it
+    with pytest.raises(InvalidArgumentError, match="characters"):
+        client.generate(huge, max_tokens=2)
+    assert client.generate(huge, max_tokens=2, truncate_prompt_tokens=3).usage.prompt_tokens == 3
     with pytest.raises(InvalidArgumentError, match="truncate_prompt_tokens"):
         client.generate(PROMPT, truncate_prompt_tokens=0)
     with pytest.raises(InvalidArgumentError, match="truncate_prompt_tokens"):

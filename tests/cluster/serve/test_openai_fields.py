@@ -172,3 +172,21 @@ def test_truncate_prompt_tokens_answers_as_the_offline_api(served, offline):
                       json={"model": "tiny", "messages": [{"role": "user", "content": "w5 " * 600}],
                             "truncate_prompt_tokens": 20, **params})
     assert resp.status_code == 200 and resp.json()["usage"]["prompt_tokens"] == 20, resp.text
+
+
+def test_the_room_for_max_tokens_and_the_texts_bound_count_the_kept_prompt(served):
+    """A max_tokens that fits only beside the kept tokens is taken, and a text far past the context
+    (refused before tokenising without truncation) is cut, over both endpoints."""
+    context = served[1].router.config.max_model_len
+    headers, n = {"Authorization": f"Bearer {KEY}"}, context * 3 // 4
+    for path, prompt in (("/v1/completions", {"prompt": [5] * n}),
+                         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5 " * n}]})):
+        body = {"model": "tiny", "max_tokens": context // 2, "temperature": 0, "ignore_eos": True, **prompt}
+        assert httpx.post(served[0].url + path, headers=headers, json=body).status_code == 400
+        resp = httpx.post(served[0].url + path, headers=headers, json={**body, "truncate_prompt_tokens": 8})
+        assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == context // 2, resp.text
+    huge = "w5 " * context * 20
+    body = {"model": "tiny", "prompt": huge, "max_tokens": 2}
+    assert httpx.post(served[0].url + "/v1/completions", headers=headers, json=body).json()["error"]["param"] == "prompt"
+    resp = httpx.post(served[0].url + "/v1/completions", headers=headers, json={**body, "truncate_prompt_tokens": 8})
+    assert resp.status_code == 200 and resp.json()["usage"]["prompt_tokens"] == 8, resp.text
