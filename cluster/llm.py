@@ -103,7 +103,8 @@ class LLM:
                            max_num_seqs=max_num_seqs)
         self.draft = None if draft is None else DraftWorker(build_drafter(draft))
         config, eos = router_limits(target_model.config, self.tokenizer, spec, max_model_len, max_num_seqs,
-                                    blocks, block_size, pipelined, resolve_prefill_tokens(max_prefill_tokens, device))
+                                    blocks, block_size, pipelined, resolve_prefill_tokens(max_prefill_tokens, device),
+                                    enable_prefix_caching)
         draft_pool = None if self.draft is None else InProcessDraftPool(self.draft)
         self.router = Router(InProcessTargetPool(self.target), draft_pool, self.tokenizer, eos, config)
 

@@ -18,6 +18,7 @@ class Book(Protocol):
     """What admission reads and moves: the router's queues, limits and KV reservation."""
 
     config: RouterLimits
+    requests: dict  # request id -> its record (`.seqs`: its choices)
     running: list[Sequence]
     waiting: deque[Sequence]
     reserved_tokens: int
@@ -30,7 +31,7 @@ def admit(router: Book, limit: int | None = None) -> list[Sequence]:
     fit, while a prompt longer than the budget takes what is left and goes on next round (chunked
     prefill); a shorter one waits for a round it fits whole (cut, its first token would come no
     sooner and its round would be slower). So at most one prompt is part-prefilled at a time, and it
-    gets the budget first."""
+    gets the budget first. A prompt is charged the tokens it will compute (`prefill_cost`)."""
     budget = router.config.max_prefill_tokens
     left = _plan_running(router.running, budget)
     admitted: list[Sequence] = []
@@ -38,7 +39,8 @@ def admit(router: Book, limit: int | None = None) -> list[Sequence]:
         if limit is not None and len(admitted) >= limit:
             break
         seq = router.waiting[0]
-        if left is not None and left < len(seq.prompt_token_ids) <= budget:
+        cost = prefill_cost(router, seq)
+        if left is not None and left < cost <= budget:
             break
         need = router.config.reservation(len(seq.prompt_token_ids), seq.params.max_tokens)
         if router.reserved_tokens + need > router.config.kv_capacity_tokens:
@@ -47,9 +49,22 @@ def admit(router: Book, limit: int | None = None) -> list[Sequence]:
         router.reserved_tokens += need
         router.running.append(seq)
         admitted.append(seq)
-        seq.chunk = seq.next_chunk(left)
-        left = None if left is None else left - seq.chunk
+        seq.chunk = seq.next_chunk(left if cost == len(seq.prompt_token_ids) else None)
+        left = None if left is None else left - min(seq.chunk, cost)
     return admitted
+
+
+def prefill_cost(router: Book, seq: Sequence) -> int:
+    """Prompt tokens a waiting sequence's prefill computes: all of them, but for a later choice of a
+    request whose first choice has prefilled the same prompt, where the prefix cache holds it, only
+    what follows its last full block before the prompt's last token (n choices cost about one
+    prompt's budget, not n; should the blocks have gone, the round computes more, never less)."""
+    n, config = len(seq.prompt_token_ids), router.config
+    if not config.prefix_caching or seq.index == 0 or seq.params.prompt_logprobs is not None:
+        return n
+    if router.requests[seq.request_id].seqs[0].prefilling:
+        return n
+    return n - (n - 1) // config.block_size * config.block_size
 
 
 def _plan_running(running: list[Sequence], budget: int | None) -> int | None:

@@ -32,6 +32,7 @@ class RouterLimits:
     # token waits for the prompts ahead of it only, and running sequences decode between the chunks
     # of a long prompt; None: no bound, every prompt whole
     max_prefill_tokens: int | None = None
+    prefix_caching: bool = False  # the target shares full KV blocks of equal prefixes (admission counts on it)
 
     def __post_init__(self) -> None:
         assert self.max_model_len >= 2 and self.max_num_seqs >= 1 and self.num_speculative_tokens >= 0
@@ -118,7 +119,8 @@ def fit_context(max_model_len: int | None, limit: int, capacity: int, spec) -> i
 
 def router_limits(model_config, tokenizer, spec, max_model_len: int | None, max_num_seqs: int,
                   num_blocks: int, block_size: int, pipelined: bool = False,
-                  max_prefill_tokens: int | None = None) -> tuple[RouterLimits, set[int]]:
+                  max_prefill_tokens: int | None = None,
+                  prefix_caching: bool = False) -> tuple[RouterLimits, set[int]]:
     """The router's limits from the target's ModelConfig and the SpeculativeConfig (or None)."""
     limit = model_config.max_position_embeddings
     if max_prefill_tokens is not None and (type(max_prefill_tokens) is not int or max_prefill_tokens < 1):
@@ -138,7 +140,7 @@ def router_limits(model_config, tokenizer, spec, max_model_len: int | None, max_
         max_draft_tokens=spec.max_draft_tokens() if spec else 0, verify_rule=spec.verify if spec else "auto",
         draft_features=None if spec is None else registry.method(spec.method).target_features,
         adaptive=spec is not None and spec.adaptive, model_tokens=spec.model_tokens() if spec else None,
-        max_prefill_tokens=max_prefill_tokens), eos
+        max_prefill_tokens=max_prefill_tokens, prefix_caching=prefix_caching), eos
 
 
 @dataclass

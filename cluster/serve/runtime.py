@@ -69,7 +69,7 @@ def build_runtime(cfg: ServeConfig, wait_ready: bool = True) -> Runtime:
     r = cfg.router
     limits, eos = router_limits(model_config, tokenizer, cfg.speculative, r.max_model_len, r.max_num_seqs,
                                 num_blocks(r.kv_cache_tokens, r.block_size), r.block_size, cfg.pipelined,
-                                r.max_prefill_tokens)
+                                r.max_prefill_tokens, r.enable_prefix_caching)
     router = Router(target, draft, tokenizer, eos, limits)
     rounds = AsyncRouter(router, cfg.router.max_waiting, compute_thread.post, compute_thread.waiting)
     return Runtime(cfg, router, rounds, tokenizer, target, draft)

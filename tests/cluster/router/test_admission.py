@@ -154,3 +154,22 @@ def test_the_default_budget_follows_the_device(tiny_target):
     for given in (None, 7):
         cfg = ServeConfig.from_dict({"router": {"max_prefill_tokens": given}, "pools": {"target": {"device": "cuda"}}})
         assert cfg.router.max_prefill_tokens == given
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_a_requests_later_choices_are_charged_what_the_prefix_cache_leaves(tiny_target, caching):
+    """n = 4 choices of a 30-token prompt under a 40-token budget: the first prefills it; with prefix
+    caching the other three, which find its full blocks, start together in the next round (2 tokens
+    each to compute); without it they take a round each. Outputs are the same either way."""
+    prompt = {"prompt_token_ids": (prompts(1)[0]["prompt_token_ids"] * 8)[:30]}
+    params = SamplingParams(temperature=0.8, seed=3, n=4, max_tokens=4, ignore_eos=True)
+    llm = LLM(str(tiny_target), block_size=4, max_prefill_tokens=40, enable_prefix_caching=caching)
+    steps = record_steps(llm)
+    out = llm.generate(prompt, params)[0]
+    admitted = [sorted(seq_id for seq_id, _, _, spec in step if spec) for step in steps if step]
+    if caching:
+        assert [len(a) for a in admitted] == [1, 3] and out.num_cached_tokens == 28
+    else:
+        assert [len(a) for a in admitted] == [1, 1, 1, 1]
+    alone = LLM(str(tiny_target), block_size=4, enable_prefix_caching=False, max_prefill_tokens=None)
+    assert [c.token_ids for c in out.outputs] == [c.token_ids for c in alone.generate(prompt, params)[0].outputs]
