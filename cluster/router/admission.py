@@ -62,7 +62,8 @@ def prefill_cost(router: Book, seq: Sequence) -> int:
     n, config = len(seq.prompt_token_ids), router.config
     if not config.prefix_caching or seq.index == 0 or seq.params.prompt_logprobs is not None:
         return n
-    if router.requests[seq.request_id].seqs[0].prefilling:
+    request = router.requests.get(seq.request_id)
+    if request is None or request.seqs[0].prefilling:
         return n
     return n - (n - 1) // config.block_size * config.block_size
 
