@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from specray.cluster.outputs import RequestOutput, SpecMetrics
-from specray.cluster.params import SamplingParams
+from specray.cluster.params import SamplingParamError, SamplingParams
 from specray.cluster.router.bad_words import bad_words_token_ids
 from specray.cluster.router.failures import RequestFailed, request_failed
 from specray.cluster.router.sequence import Sequence
@@ -64,8 +64,14 @@ class RequestBook:
         """A request the engine could never run raises ValueError (the limits' check_request), its
         prompt as `truncate_prompt_tokens` leaves it."""
         params.check()  # before the cut: a field changed since the parameters were built is refused by name
-        self.config.check_request(params.truncated(prompt_token_ids, self.config.max_model_len), params,
-                                  has_tokenizer=self.tokenizer is not None)
+        kept = params.truncated(prompt_token_ids, self.config.max_model_len)
+        try:
+            self.config.check_request(kept, params, has_tokenizer=self.tokenizer is not None)
+        except SamplingParamError as e:
+            if e.param != "prompt" or len(kept) == len(prompt_token_ids):
+                raise
+            raise SamplingParamError("prompt", f"{e} (truncate_prompt_tokens={params.truncate_prompt_tokens} kept "
+                                               f"the last {len(kept)} of its {len(prompt_token_ids)})") from None
 
     def abort(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)

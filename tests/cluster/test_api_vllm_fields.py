@@ -117,8 +117,8 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm):
     assert got.prompt_token_ids == long[-9:] and got.outputs[0].token_ids == want.outputs[0].token_ids
     short = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(**greedy, truncate_prompt_tokens=20))[0]
     assert short.prompt_token_ids == PROMPT  # shorter than k: whole
-    with pytest.raises(ValueError, match="context"):  # -1 keeps the model's length: no room left to generate
-        llm.generate({"prompt_token_ids": long}, SamplingParams(**greedy, truncate_prompt_tokens=-1))
+    with pytest.raises(ValueError, match="context.*truncate_prompt_tokens=-1 kept the last 32 of its 40"):
+        llm.generate({"prompt_token_ids": long}, SamplingParams(**greedy, truncate_prompt_tokens=-1))  # no room left
     with pytest.raises(ValueError, match="greater than the model's length") as e:
         llm.generate({"prompt_token_ids": long}, SamplingParams(**greedy, truncate_prompt_tokens=33))
     assert e.value.__cause__ is None
