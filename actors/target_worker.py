@@ -212,15 +212,12 @@ class TargetWorker:
         results = self._verify(items, rules, verification_rows(items, logits))  # [sum(n + 1), vocab_size]
         if any(wants):
             features = {"hidden": out[1] if hidden else None,
-                        "last_kv": self._last_kv(batch) if "last_kv" in wants else None}
+                        "last_kv": last_kv_rows(self.cache, batch.slot_mapping, self.model.tp_group.size)
+                        if "last_kv" in wants else None}
             attach_features(items, results, wants, features)
         self._attach_logprobs(items, logits, results)
         attach_prompt_logprobs(items, logits, results, [self.seqs[i.seq_id].spec.prompt_logprobs for i in items])
         return results
-
-    def _last_kv(self, batch: RaggedBatch) -> torch.Tensor:
-        """The step's last-layer keys and values, as written: [num_tokens, 2 * kv_heads * head_dim]."""
-        return last_kv_rows(self.cache, batch.slot_mapping, self.model.tp_group.size)
 
     def _keep_features(self, items: list[TargetItem], chunks: list[SeqChunk], results: list[VerifyResult]) -> None:
         """With prefix caching, each committed token's final hidden state stays in its slot beside its
