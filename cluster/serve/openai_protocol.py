@@ -154,11 +154,11 @@ class _Common(BaseModel):
         """logit_bias with integer keys: JSON object keys are strings ("50256": -100)."""
         if not self.logit_bias:
             return None
-        try:
-            return {int(k): v for k, v in self.logit_bias.items()}
-        except ValueError:
-            raise ApiError(400, "logit_bias keys must be token ids (integers written as strings)",
-                           param="logit_bias") from None
+        bad = next((k for k in self.logit_bias if not (k.isascii() and k.isdigit())), None)
+        if bad is not None:  # int() would also take " 5", "5_0" and non-ASCII digits
+            raise ApiError(400, f"logit_bias keys must be token ids (integers written as strings), got {bad!r}",
+                           param="logit_bias")
+        return {int(k): v for k, v in self.logit_bias.items()}
 
     def target_prompt_logprobs(self) -> int | None:
         """The prompt logprobs the target computes (the completions API's echo adds its own)."""

@@ -43,6 +43,8 @@ HTTP_CASES = [
     ("/v1/chat/completions", {"messages": CHAT, "prompt_logprobs": 21}, 400, "prompt_logprobs"),
     ("/v1/completions", {"prompt": "w5", "presence_penalty": False}, 400, "presence_penalty"),
     ("/v1/completions", {"prompt": "w5", "logit_bias": {"5": 500}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "w5", "logit_bias": {" 5": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "w5", "logit_bias": {"5_0": 1}}, 400, "logit_bias"),
     ("/v1/completions", {"prompt": "w5", "best_of": 3}, 400, "best_of"),
     ("/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "json_object"}}, 400, "response_format"),
     ("/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function"}]}, 400, "tools"),
