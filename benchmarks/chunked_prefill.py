@@ -51,7 +51,7 @@ def one_run(llm, short: list[list[int]], long: list[int]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--budgets", default="none,512,256", help="max_prefill_tokens values, comma-separated; none: no bound")
+    ap.add_argument("--budgets", default="none,512,256", help="max_prefill_tokens values, comma-separated; none: no bound; auto: the default")
     ap.add_argument("--running", type=int, default=7, help="short sequences decoding when the long prompt arrives")
     ap.add_argument("--long-tokens", type=int, default=1500, help="the long prompt's tokens")
     ap.add_argument("--kernels", choices=["exact", "fast"], default="exact", help="the target's CPU kernels")
@@ -62,7 +62,7 @@ def main() -> None:
     from specray.cluster.bench.prompts import LONG_CONTEXT, SHARED_PROMPTS, load_prompts
     from specray.kernels.chat import prompt_token_ids
 
-    budgets = [None if b == "none" else int(b) for b in args.budgets.split(",")]
+    budgets = [None if b == "none" else b if b == "auto" else int(b) for b in args.budgets.split(",")]
     llms = {b: LLM("smollm2-135m", kernels=args.kernels, max_prefill_tokens=b, max_num_seqs=args.running + 1,
                     kv_cache_tokens=(args.running + 1) * (SHORT_TOKENS + args.long_tokens + 64),
                     enable_prefix_caching=False)  # the long prompt is prefilled again and again

@@ -26,7 +26,7 @@ def make_engine(target, draft, tiny_target, pipelined=False, max_prefill_tokens=
     tok = checkpoint.tokenizer()
     spec = config(tiny_target, tiny_target).speculative
     limits, eos = router_limits(ModelConfig.from_hf(checkpoint.hf_config()), tok, spec, None, 8, 512, 16, pipelined,
-                                max_prefill_tokens)
+                                (max_prefill_tokens, None))
     return Router(target, draft, tok, eos, limits)
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from specray.cluster.config.defaults import default_speculative_config, is_default_for_other, resolve_prefill_tokens
+from specray.cluster.config.defaults import default_speculative_config, is_default_for_other
 from specray.cluster.config.endpoints import GrpcConfig, HttpConfig
 from specray.cluster.config.pools import PoolsConfig, Strict
 from specray.cluster.config.speculative import SpeculativeConfig
@@ -29,8 +29,8 @@ class RouterConfig(Strict):
     max_prefill_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
         "auto", description="prompt tokens a round prefills at most, a longer prompt in chunks over several "
         "rounds (chunked prefill): a first token waits only for the prompts ahead of it, and running "
-        "sequences keep decoding beside a long prompt; auto: 256 on CPU, 512 on an accelerator; null: every "
-        "prompt that fits, whole")
+        "sequences keep decoding beside a long prompt; auto: 256 on CPU (64 while other sequences decode), 512 on "
+        "an accelerator; null: every prompt that fits, whole")
     max_waiting: int = Field(256, ge=1, description="queued requests before 429 / RESOURCE_EXHAUSTED")
     kv_cache_tokens: int = Field(16384, ge=16, description="target KV cache size in tokens")
     block_size: int = Field(16, ge=1)
@@ -91,14 +91,6 @@ class ServeConfig(Strict):
             if spec == "unset" or (spec != default and spec in is_default_for_other(model, device)):
                 raw = {**raw, "speculative_config": default}
         return raw
-
-    @model_validator(mode="after")
-    def _prefill_budget(self) -> "ServeConfig":
-        """router.max_prefill_tokens "auto" becomes the target device's budget."""
-        budget = resolve_prefill_tokens(self.router.max_prefill_tokens, self.pools.target.device)
-        if budget != self.router.max_prefill_tokens:
-            object.__setattr__(self, "router", self.router.model_copy(update={"max_prefill_tokens": budget}))
-        return self
 
     @model_validator(mode="after")
     def _spec(self) -> "ServeConfig":

@@ -32,7 +32,7 @@ def admit(router: Book, limit: int | None = None) -> list[Sequence]:
     prefill); a shorter one waits for a round it fits whole (cut, its first token would come no
     sooner and its round would be slower). So at most one prompt is part-prefilled at a time, and it
     gets the budget first. A prompt is charged the tokens it will compute (`prefill_cost`)."""
-    budget = router.config.max_prefill_tokens
+    budget = router.config.prefill_budget(decoding=any(not s.prefilling for s in router.running))
     left = _plan_running(router.running, budget)
     admitted: list[Sequence] = []
     while router.waiting and len(router.running) < router.config.max_num_seqs and (left is None or left > 0):

@@ -32,13 +32,23 @@ class RouterLimits:
     # token waits for the prompts ahead of it only, and running sequences decode between the chunks
     # of a long prompt; None: no bound, every prompt whole
     max_prefill_tokens: int | None = None
+    # the same while other sequences decode (each waits for the round: a smaller chunk bounds their
+    # inter-token gaps); None: max_prefill_tokens
+    decoding_prefill_tokens: int | None = None
     prefix_caching: bool = False  # the target shares full KV blocks of equal prefixes (admission counts on it)
 
     def __post_init__(self) -> None:
         assert self.max_model_len >= 2 and self.max_num_seqs >= 1 and self.num_speculative_tokens >= 0
         assert self.max_prefill_tokens is None or self.max_prefill_tokens >= 1
+        assert self.decoding_prefill_tokens is None or self.decoding_prefill_tokens >= 1
         thresholds = [t for t, _ in self.speculation_schedule]
         assert thresholds == sorted(set(thresholds)) and all(k >= 0 for _, k in self.speculation_schedule)
+
+    def prefill_budget(self, decoding: bool) -> int | None:
+        """A round's prompt tokens at most, `decoding`: beside sequences that decode (None: no bound)."""
+        if not decoding or self.decoding_prefill_tokens is None:
+            return self.max_prefill_tokens
+        return min(self.max_prefill_tokens or self.decoding_prefill_tokens, self.decoding_prefill_tokens)
 
     def reservation(self, prompt_len: int, max_tokens: int) -> int:
         """KV slots a request's sequence may use at worst, in whole blocks (a tree's nodes included),
@@ -119,10 +129,13 @@ def fit_context(max_model_len: int | None, limit: int, capacity: int, spec) -> i
 
 def router_limits(model_config, tokenizer, spec, max_model_len: int | None, max_num_seqs: int,
                   num_blocks: int, block_size: int, pipelined: bool = False,
-                  max_prefill_tokens: int | None = None,
+                  prefill_tokens: tuple[int | None, int | None] = (None, None),
                   prefix_caching: bool = False) -> tuple[RouterLimits, set[int]]:
-    """The router's limits from the target's ModelConfig and the SpeculativeConfig (or None)."""
+    """The router's limits from the target's ModelConfig and the SpeculativeConfig (or None);
+    `prefill_tokens`: a round's prompt tokens at most, alone and beside decoding sequences
+    (config/defaults.py `resolve_prefill_tokens`)."""
     limit = model_config.max_position_embeddings
+    max_prefill_tokens, decoding_prefill_tokens = prefill_tokens
     if max_prefill_tokens is not None and (type(max_prefill_tokens) is not int or max_prefill_tokens < 1):
         raise ValueError(f"max_prefill_tokens must be a positive integer, 'auto' or None, got {max_prefill_tokens!r}")
     max_model_len = fit_context(max_model_len, limit, num_blocks * block_size, spec)
@@ -140,7 +153,8 @@ def router_limits(model_config, tokenizer, spec, max_model_len: int | None, max_
         max_draft_tokens=spec.max_draft_tokens() if spec else 0, verify_rule=spec.verify if spec else "auto",
         draft_features=None if spec is None else registry.method(spec.method).target_features,
         adaptive=spec is not None and spec.adaptive, model_tokens=spec.model_tokens() if spec else None,
-        max_prefill_tokens=max_prefill_tokens, prefix_caching=prefix_caching), eos
+        max_prefill_tokens=max_prefill_tokens, decoding_prefill_tokens=decoding_prefill_tokens,
+        prefix_caching=prefix_caching), eos
 
 
 @dataclass

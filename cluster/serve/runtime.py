@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specray.cluster.config.defaults import resolve_prefill_tokens
 from specray.cluster.config.serve import ServeConfig
 from specray.cluster.config.worker_specs import num_blocks
 from specray.cluster.pools import compute_thread
@@ -69,7 +70,8 @@ def build_runtime(cfg: ServeConfig, wait_ready: bool = True) -> Runtime:
     r = cfg.router
     limits, eos = router_limits(model_config, tokenizer, cfg.speculative, r.max_model_len, r.max_num_seqs,
                                 num_blocks(r.kv_cache_tokens, r.block_size), r.block_size, cfg.pipelined,
-                                r.max_prefill_tokens, r.enable_prefix_caching)
+                                resolve_prefill_tokens(r.max_prefill_tokens, cfg.pools.target.device),
+                                r.enable_prefix_caching)
     router = Router(target, draft, tokenizer, eos, limits)
     rounds = AsyncRouter(router, cfg.router.max_waiting, compute_thread.post, compute_thread.waiting)
     return Runtime(cfg, router, rounds, tokenizer, target, draft)

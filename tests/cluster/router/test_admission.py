@@ -143,17 +143,55 @@ def test_a_bad_budget_is_a_clear_error(tiny_target, bad):
 
 
 def test_the_default_budget_follows_the_device(tiny_target):
-    """max_prefill_tokens "auto" (the default): CPU_PREFILL_TOKENS on a CPU, a larger budget on an
-    accelerator (whose step costs about the same for hundreds of rows); a number or None as given."""
-    from specray.cluster.config.defaults import ACCELERATOR_PREFILL_TOKENS, CPU_PREFILL_TOKENS
+    """max_prefill_tokens "auto" (the default): CPU_PREFILL_TOKENS on a CPU, CPU_DECODING_PREFILL_TOKENS
+    of them while other sequences decode; a larger budget on an accelerator (whose step costs about
+    the same for hundreds of rows); a number or None as given, for every round."""
+    from specray.cluster.config.defaults import (ACCELERATOR_PREFILL_TOKENS, CPU_DECODING_PREFILL_TOKENS,
+                                                 CPU_PREFILL_TOKENS, resolve_prefill_tokens)
     from specray.cluster.config.serve import ServeConfig
 
-    assert LLM(str(tiny_target)).router.config.max_prefill_tokens == CPU_PREFILL_TOKENS == 256
-    for device, budget in (("cpu", 256), ("cpu:0", 256), ("cuda", ACCELERATOR_PREFILL_TOKENS), ("cuda:1", 512)):
-        assert ServeConfig.from_dict({"pools": {"target": {"device": device}}}).router.max_prefill_tokens == budget
+    config = LLM(str(tiny_target)).router.config
+    assert (config.max_prefill_tokens, config.decoding_prefill_tokens) == (CPU_PREFILL_TOKENS,
+                                                                           CPU_DECODING_PREFILL_TOKENS) == (256, 64)
+    assert (config.prefill_budget(decoding=False), config.prefill_budget(decoding=True)) == (256, 64)
+    assert LLM(str(tiny_target), max_prefill_tokens=100).router.config.prefill_budget(decoding=True) == 100
+    for device, budgets in (("cpu", (256, 64)), ("cpu:0", (256, 64)), ("cuda", (ACCELERATOR_PREFILL_TOKENS, None)),
+                            ("cuda:1", (512, None))):
+        assert resolve_prefill_tokens("auto", device) == budgets
+    assert ServeConfig.from_dict({}).router.max_prefill_tokens == "auto"  # resolved where the router is built
     for given in (None, 7):
+        assert resolve_prefill_tokens(given, "cpu") == (given, None)
         cfg = ServeConfig.from_dict({"router": {"max_prefill_tokens": given}, "pools": {"target": {"device": "cuda"}}})
         assert cfg.router.max_prefill_tokens == given
+
+
+def test_a_round_beside_decoding_sequences_prefills_at_most_its_decoding_budget(tiny_target):
+    """With sequences decoding, a round prefills at most `decoding_prefill_tokens` (each of them waits
+    for the round); with none decoding, the whole budget. Outputs are those of whole prompts."""
+    import dataclasses
+
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    first, second = list(range(3, 60)), list(range(5, 62))  # 57 tokens each
+    whole = LLM(str(tiny_target), kv_cache_tokens=8192, max_prefill_tokens=None)
+    want = [o.outputs[0].token_ids for o in whole.generate([{"prompt_token_ids": p} for p in (first, second)],
+                                                           params)]
+    llm = LLM(str(tiny_target), kv_cache_tokens=8192)
+    router = llm.router
+    router.config = dataclasses.replace(router.config, max_prefill_tokens=30, decoding_prefill_tokens=8)
+    steps = record_steps(llm)
+    ids = [router.add_request(first, params)]
+    router.step()
+    router.step()  # 30 then 27 tokens: nothing decodes beside them
+    ids.append(router.add_request(second, params))  # the first decodes now: 8 a round
+    finals = {}
+    while router.has_unfinished():
+        finals.update((o.request_id, o) for o in router.step() if o.finished)
+    chunks: dict = {}
+    for step in steps:
+        for seq_id, tokens, _, _ in step:
+            chunks.setdefault(seq_id, []).append(len(tokens))
+    assert list(chunks.values()) == [[30, 27], [8] * 7 + [1]]
+    assert [finals[i].outputs[0].token_ids for i in ids] == want
 
 
 @pytest.mark.parametrize("caching", [True, False])

@@ -79,14 +79,15 @@ def test_bad_config_exits_2_with_the_reason(tmp_path, capsys, text, message):
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag, budget", [("auto", 256), ("64", 64)])
+@pytest.mark.parametrize("flag, budget", [("auto", "auto"), ("64", 64)])
 def test_prefill_budget_flag(flag, budget, capsys):
-    """--max-prefill-tokens: a number, or auto (the default: the target device's budget)."""
+    """--max-prefill-tokens: a number, or auto (the default: the target device's budgets, resolved
+    where the router is built)."""
     from specray.cluster.cli import build_parser
     from specray.cluster.serve.cli import resolve_config
 
     assert resolve_config(build_parser().parse_args(["serve", "--max-prefill-tokens", flag])).router.max_prefill_tokens == budget
-    assert resolve_config(build_parser().parse_args(["serve"])).router.max_prefill_tokens == 256
+    assert resolve_config(build_parser().parse_args(["serve"])).router.max_prefill_tokens == "auto"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--max-prefill-tokens", "many"])
     assert "expected an integer or 'auto', got 'many'" in capsys.readouterr().err
