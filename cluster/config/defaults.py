@@ -13,8 +13,8 @@ DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024  # HTTP body / gRPC message: far abo
 # grows with its prompt tokens, and every running sequence waits for it: served Spec-Bench at 8
 # concurrent requests, 256 kept 512's tokens/s with a lower TTFT p50 and an ITL p99 of 0.5 s
 # against 0.85. Beside decoding sequences a round prefills at most 64 of them: their ITL p99 fell
-# from 0.48 s to 0.15 for the same tokens/s (TTFT p50 0.62 -> 0.76 s); a round with nobody decoding
-# keeps 256 (docs/performance.md). An accelerator's step costs about the same up to hundreds of
+# about threefold for the same tokens/s; a round with nobody decoding has no gap to protect and
+# keeps 256 (docs/performance.md, Zen 4, 2026-11-28). An accelerator's step costs about the same up to hundreds of
 # rows, so it keeps fewer, larger chunks (not measured there).
 CPU_PREFILL_TOKENS = 256
 CPU_DECODING_PREFILL_TOKENS = 64
