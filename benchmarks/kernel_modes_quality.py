@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=128)
     args = ap.parse_args()
-    exact_llm, fast_llm = LLM(args.model), LLM(args.model, kernels="fast")
+    exact_llm, fast_llm = LLM(args.model, kernels="exact"), LLM(args.model, kernels="fast")
     prompts = [exact_llm.apply_chat_template([{"role": "user", "content": p["prompt"]}])
                for p in load_prompts(Path(args.dataset) if args.dataset else None, args.num_prompts)]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
