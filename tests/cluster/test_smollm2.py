@@ -1,6 +1,6 @@
 """Tier 4 on the real model: SmolLM2-135M greedy output with speculation, in the exact kernel mode,
 equals transformers' `generate(do_sample=False)` token for token (8 Spec-Bench prompts, 64 new tokens, batch 8; three of
-them at batch 1)."""
+them at batch 1); in the default (fast) mode it equals that mode's own plain decoding."""
 
 import pytest
 import torch
@@ -67,6 +67,21 @@ def test_speculative_greedy_equals_transformers(name, prompt_ids, transformers_g
     accepted = [o.metrics.num_accepted_tokens for o in batch8]
     drafted = sum(o.metrics.num_draft_tokens for o in batch8)
     assert 0 < sum(accepted) < drafted and len(set(accepted)) > 1, "acceptance must be ragged"
+
+
+def test_the_default_fast_kernels_speculate_losslessly(prompt_ids):
+    """The default engine on this GGUF (the fast kernels, a model of its own): greedy speculation at
+    batch 8 and batch 1 equals its own plain decoding at batch 8, token for token."""
+    sp = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
+    plain_llm = LLM("smollm2-135m", max_num_seqs=8)
+    assert plain_llm.target.model.kernel_mode == "fast"
+    plain = [o.outputs[0].token_ids for o in plain_llm.generate(prompts, sp)]
+    llm = LLM("smollm2-135m", speculative_config=CONFIGS["ngram"], max_num_seqs=8)
+    batch8 = llm.generate(prompts, sp)
+    assert [o.outputs[0].token_ids for o in batch8] == plain
+    assert [llm.generate(p, sp)[0].outputs[0].token_ids for p in prompts[:2]] == plain[:2]
+    assert sum(o.metrics.num_accepted_tokens for o in batch8) > 0
 
 
 def test_the_reference_is_greedy_itself(prompt_ids, hf_model, transformers_greedy):
