@@ -17,10 +17,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default="smollm2-135m", help="alias, HF checkpoint folder or .gguf file")
     g.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
     g.add_argument("--device", default="cpu")
-    g.add_argument("--kernels", default="auto", choices=["auto", "exact", "fast"],
+    g.add_argument("--kernels", default="exact", choices=["exact", "fast"],
                    help="the target's CPU kernels on GGUF weights: exact (the fp32 model) or fast (8-bit "
-                        "activations, a 16-bit KV cache); auto (default): fast for a GGUF model on a CPU in "
-                        "fp32, else exact")
+                        "activations, a 16-bit KV cache)")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--kv-cache-tokens", type=int, default=16384, help="target KV cache size in tokens")
     from specray.cluster.args import json_object

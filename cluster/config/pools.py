@@ -38,10 +38,10 @@ class PoolConfig(Strict):
 class TargetPoolConfig(PoolConfig):
     resources: dict[str, float] = Field(default_factory=lambda: {"target": 1.0},
                                         description="custom Ray resources the worker's node must advertise")
-    kernels: Literal["auto", "exact", "fast"] = Field(
-        "auto", description="numeric mode of the CPU kernels on GGUF weights: exact (the fp32 model, what "
-        "transformers computes) or fast (8-bit activations, integer dot products, a 16-bit KV cache, as "
-        "llama.cpp; lossless against itself); auto (default): fast for a GGUF model on a CPU in fp32, else exact")
+    kernels: Literal["exact", "fast"] = Field(
+        "exact", description="numeric mode of the CPU kernels on GGUF weights: exact (the fp32 model, what "
+        "transformers computes) or fast (8-bit activations, integer dot products, a 16-bit KV cache; "
+        "lossless against itself)")
 
 
 class DraftPoolConfig(PoolConfig):

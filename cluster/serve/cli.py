@@ -81,11 +81,10 @@ def add_serve_flags(p) -> None:
                    help="how the router calls a lone pool worker each round: a Unix socket where it runs on the "
                         "router's node (auto, default), or Ray actor calls always (ray)")
     p.add_argument("--tensor-parallel-size", type=int, help="target workers sharing the model")
-    p.add_argument("--kernels", choices=["auto", "exact", "fast"],
-                   help="the target's CPU kernels on GGUF weights: exact (the fp32 model, what transformers "
-                        "computes) or fast (8-bit activations, integer dot products, a 16-bit KV cache, as "
-                        "llama.cpp: a model of its own, speculation lossless against it); auto (default): fast for "
-                        "a GGUF model on a CPU in fp32, else exact")
+    p.add_argument("--kernels", choices=["exact", "fast"],
+                   help="the target's CPU kernels on GGUF weights: exact (default: the fp32 model) or fast (8-bit "
+                        "activations, integer dot products, a 16-bit KV cache: a model of its own, speculation "
+                        "lossless against it)")
     p.add_argument("--draft-workers", type=int, help="draft workers of one layer-parallel group (EasySpec across "
                                                      "devices; needs speculative_config layer_parallel >= it)")
     p.add_argument("--max-num-seqs", type=int, help="running sequences at most")

@@ -82,9 +82,9 @@ def test_draft_group_without_speculation_is_caught(rendered):
 
 
 def test_target_kernels_reach_the_serve_config():
-    """target.kernels: the target pool's CPU kernel mode (auto by default, exact or fast on request)."""
+    """target.kernels: the target pool's CPU kernel mode (exact by default, fast on request)."""
     from helm_render import render
 
-    assert ServeConfig.from_dict(app_config(render({}).rayservice)).pools.target.kernels == "auto"
+    assert ServeConfig.from_dict(app_config(render({}).rayservice)).pools.target.kernels == "exact"
     cfg = app_config(render({"target": {"kernels": "fast"}}).rayservice)
     assert cfg["pools"]["target"]["kernels"] == "fast" and ServeConfig.from_dict(cfg).pools.target.kernels == "fast"
