@@ -159,7 +159,8 @@ def test_lookup_sources_replays_greedy_acceptance_exactly(tiny_target, tmp_path)
     assert index.propose([0, 5, 6], 2) == [9]  # the latest answer's
     out, cache = tmp_path / "s.json", tmp_path / "answers.json"
     exact = ["--model", str(tiny_target), "--kernels", "exact"]  # a tiny HF model: no GGUF blocks to run fast
-    result = sources.main([*exact, "--num-prompts", "3", "--max-tokens", "12", "--answers", str(cache), "--out", str(out)])
+    result = sources.main([*exact, "--num-prompts", "3", "--max-tokens", "12", "--answers", str(cache),
+                           "--out", str(out)])
     assert json.loads(out.read_text()) == result and result["prompts"] == 3
     assert set(result["sources"]) == set(sources.SOURCES)
     assert all(r["tau"] >= 1.0 and r["speedup_bound"] > 0 for r in result["sources"].values())
