@@ -12,3 +12,6 @@ date -u
 # the exact mode's served figures in the same hour, for the choice of the default
 specray bench cluster --skip-transports --paths served --concurrency 1,8,16 --num-requests 16 --max-tokens 64 --repeats 2 --kernels exact --dataset $D --out $R/cluster-exact
 date -u
+# the default (exact) against llama-server, after the default was kept
+specray bench serve --against-llama-server --concurrency 1,8,16 --num-requests 16 --max-tokens 64 --ignore-eos --temperature 0 --llama-parallel 16 --llama-ctx 32768 --dataset $D --out $R/vs-llama-server-exact
+date -u
