@@ -161,7 +161,8 @@ def test_fast_mode_negative_control_detected(fast_sampling, monkeypatch):
     llm, want = fast_sampling
     torch.manual_seed(1)
     monkeypatch.setattr(verify, "residual_distribution", lambda q, p: q)
-    assert chi2(second_tokens(llm, N), want) < 1e-6
+    # a third of the lossless test's samples leaves the control's p-value many orders below the bar
+    assert chi2(second_tokens(llm, N // 3), want) < 1e-6
 
 
 def test_a_diffusion_lm_refuses_the_fast_kernels(tmp_path):

@@ -183,7 +183,7 @@ def test_negative_control_a_target_that_ignores_min_tokens_is_caught(processed, 
     llm, params, want = processed
     torch.manual_seed(4)
     monkeypatch.setattr(verify_batch_module, "apply_min_tokens", lambda logits, configs, rows: logits)
-    # a third of the lossless test's samples: about 1 % stop early without the mask (118 of 12,000)
+    # a third of the lossless test's samples: without the mask about 1 % of them stop early
     outs = [o.outputs[0].token_ids for o in llm.generate([PROMPT] * (N // 3), params)]
     stopped_early = sum(len(t) < MIN_TOKENS for t in outs)  # the stop token drawn first
     assert stopped_early > 10  # never under min_tokens (the lossless test checks none did)
@@ -247,7 +247,7 @@ def test_negative_control_a_target_that_ignores_bad_words_is_caught(processed, m
     llm, params, want = processed
     torch.manual_seed(5)
     monkeypatch.setattr(verify_batch_module, "apply_bad_words", lambda logits, configs, rows: logits)
-    # a quarter of the lossless test's samples: about 5 % draw the bad word without the ban (652 of 12,000)
+    # a quarter of the lossless test's samples: without the ban about 5 % of them draw the bad word
     outs = [o.outputs[0].token_ids for o in llm.generate([PROMPT] * (N // 4), params)]
     assert sum(5 in t[:2] for t in outs) > 10  # never with the bad word's ban
 

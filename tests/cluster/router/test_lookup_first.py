@@ -149,7 +149,8 @@ def test_lookup_first_negative_control_detected(lookup_llm, monkeypatch):
     torch.manual_seed(1)
     want = exact_second_token_distribution(lookup_llm, PROMPT["prompt_token_ids"])
     monkeypatch.setattr(verify, "residual_distribution", lambda q, p: q)
-    assert chi2(second_tokens(lookup_llm, N), want) < 1e-6
+    # a third of the lossless test's samples leaves the control's p-value many orders below the bar
+    assert chi2(second_tokens(lookup_llm, N // 3), want) < 1e-6
 
 
 def test_lookup_first_seeded_requests_reproduce(lookup_llm):

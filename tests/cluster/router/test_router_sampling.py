@@ -80,7 +80,8 @@ def test_engine_negative_control_detected(sampling_llm, monkeypatch):
     torch.manual_seed(1)
     want = exact_second_token_distribution(sampling_llm)
     monkeypatch.setattr(verify, "residual_distribution", lambda q, p: q)
-    assert chi2(second_tokens(sampling_llm, N), want) < 1e-6
+    # a third of the lossless test's samples leaves the control's p-value many orders below the bar
+    assert chi2(second_tokens(sampling_llm, N // 3), want) < 1e-6
 
 
 # -- feature-level (eagle) drafts -----------------------------------------------------------------
@@ -103,7 +104,8 @@ def test_eagle_negative_control_detected(eagle_llm, monkeypatch):
     torch.manual_seed(1)
     want = exact_second_token_distribution(eagle_llm)
     monkeypatch.setattr(verify, "residual_distribution", lambda q, p: q)
-    assert chi2(second_tokens(eagle_llm, N), want) < 1e-6
+    # a third of the lossless test's samples leaves the control's p-value many orders below the bar
+    assert chi2(second_tokens(eagle_llm, N // 3), want) < 1e-6
 
 
 def test_eagle_seeded_requests_reproduce_alone_or_in_a_batch(eagle_llm):
