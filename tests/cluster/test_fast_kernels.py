@@ -128,8 +128,8 @@ def test_seeded_sampling_repeats_alone_or_in_a_batch_in_the_fast_mode(peaky_gguf
     assert llm.generate(PROMPT, reseeded)[0].outputs[0].token_ids != alone
 
 
-def fast_second_token_distribution(folder) -> "numpy.ndarray":
-    """P(token 2) = sum_t1 q(t1 | prompt) q(t2 | prompt, t1) from the fast model's own logits."""
+def fast_second_token_distribution(folder):
+    """P(token 2) = sum_t1 q(t1 | prompt) q(t2 | prompt, t1) from the fast model's own logits (numpy [V])."""
     model = load_model(Checkpoint(folder, "t"), kernels="fast")
     ids = PROMPT["prompt_token_ids"]
     vocab = model.config.vocab_size
