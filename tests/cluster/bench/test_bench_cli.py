@@ -28,4 +28,6 @@ def test_every_method_has_its_own_colour_and_marker():
     assert method_style("hf") != method_style("specray_rsd_s")
     llama = method_style("llama_cpp")
     assert llama["color"] == "black" and llama["linestyle"] == "--"
+    batch1 = [method_style(m)["marker"] for m in ("llama_bench", "llama_lookup", "llama_speculative")]
+    assert len(set(batch1)) == 3  # llama.cpp's three batch-1 points do not hide one another
     assert method_style("some_new_method")["color"] not in {"black"}

@@ -41,6 +41,7 @@ def test_failures_and_missing_builds_are_clear(tmp_path, monkeypatch):
     args = SimpleNamespace(llama_cpp=None, batch_sizes=[1], temperatures=[0.0], model="smollm2-135m", max_tokens=8)
     assert llama_cells(args, 2, logged.append) == [] and "no llama-bench" in logged[0]
     assert "no llama-lookup" in logged[1] and "no llama-batched-bench" in logged[2]
+    assert "no llama-speculative-simple" in logged[3]
     logged.clear()
     args.model = str(tmp_path)  # a folder, not a GGUF file
     assert llama_cells(args, 2, logged.append) == [] and "no GGUF" in logged[0]
@@ -73,3 +74,33 @@ def test_lookup_and_batched_bench_rows(tmp_path, monkeypatch):
                            max_tokens=64, num_speculative_tokens=3)
     methods = [(c.method, c.batch_size) for c in llama_cells(args, 2, print, prompts=["a"])]
     assert methods == [("llama_bench", 1), ("llama_lookup", 1), ("llama_batched", 4), ("llama_batched", 8)]
+
+
+def test_draft_model_speculation_row(tmp_path, monkeypatch):
+    """llama-speculative-simple runs with the draft's GGUF and the draft-simple type; its log becomes a
+    batch-1 row as llama-lookup's does; without a standalone draft the row is said, not run."""
+    from specray.cluster.bench import llama_cpp
+    from specray.cluster.bench.report import decode_tokens_per_s
+
+    log = "decoded   32 tokens in    0.250 seconds, speed:  128.000 t/s\nn_drafted = 30\nn_accept  = 12"
+    spec = fake_tool(tmp_path, "llama-speculative-simple", log)
+    spec.write_text(spec.read_text().replace("#!/bin/sh\n", "#!/bin/sh\necho \"$@\" > " + str(tmp_path / "argv") + "\n"))
+    cell = llama_cpp.llama_speculative_cell(spec, tmp_path / "m.gguf", tmp_path / "d.gguf", ["a", "b"], 32, 2, 3)
+    assert (cell.method, cell.tokens, cell.seconds, cell.drafted, cell.accepted) == ("llama_speculative", 64, 0.5, 60, 24)
+    assert decode_tokens_per_s(cell) == 128.0
+    argv = (tmp_path / "argv").read_text().split()
+    assert argv[argv.index("-md") + 1].endswith("d.gguf") and argv[argv.index("--spec-type") + 1] == "draft-simple"
+    assert argv[argv.index("--spec-draft-n-max") + 1] == "3" and argv[-1] == "b"
+    fake_tool(tmp_path, "llama-speculative-simple", "no statistics here")
+    with pytest.raises(ValueError, match="llama-speculative-simple printed no decode statistics"):
+        llama_cpp.llama_speculative_cell(spec, tmp_path / "m.gguf", tmp_path / "d.gguf", ["a"], 32, 2, 3)
+    with pytest.raises(ValueError, match="no standalone draft"):
+        llama_cpp.draft_gguf(None, tmp_path / "m.gguf")
+    assert llama_cpp.draft_gguf(str(tmp_path / "d.gguf"), tmp_path / "m.gguf") == tmp_path / "d.gguf"
+    import specray.cluster.bench.side_by_side as sbs
+    monkeypatch.setattr(sbs, "gguf_of", lambda model: tmp_path / "m.gguf")
+    logged = []
+    args = SimpleNamespace(llama_cpp=str(tmp_path), batch_sizes=[1], temperatures=[0.0], model="x.gguf",
+                           max_tokens=32, num_speculative_tokens=3, draft_model=None)
+    assert llama_cells(args, 2, logged.append, prompts=["a"]) == []
+    assert any("llama-speculative-simple: no standalone draft" in line for line in logged)
