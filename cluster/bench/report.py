@@ -211,16 +211,29 @@ LLAMA_MARKERS = {"llama_bench": "x", "llama_lookup": "+", "llama_speculative": "
 def method_style(method: str) -> dict:
     """One look a method, the same in every plot: its own colour (tab20) and marker; a llama.cpp
     row is black and dashed with a cross of its own, so the peer stands out; a `_fast` method is its
-    base method dotted."""
+    base method dotted, its markers hollow."""
     import matplotlib
 
     if method.endswith(FAST):
-        return {**method_style(base_method(method)), "linestyle": ":", "label": method}
+        return {**method_style(base_method(method)), "linestyle": ":", "markerfacecolor": "none", "label": method}
     if method.startswith("llama"):
         return {"color": "black", "marker": LLAMA_MARKERS.get(method, "x"), "markersize": 9, "linestyle": "--",
                 "linewidth": 2.0, "label": method}
     i = METHODS.index(method) if method in METHODS else len(METHODS) + sum(map(ord, method))
     return {"color": matplotlib.colormaps["tab20"](i % 20), "marker": MARKERS[i % len(MARKERS)], "label": method}
+
+
+def plot_points(report: dict, temp: float) -> dict[str, list[tuple[int, float]]]:
+    """{method: [(batch size, tokens/s)]}, the run's methods and then llama.cpp's rows; at batch 1
+    decode tokens/s, as llama.cpp's batch-1 tools report, above it all tokens over the whole time."""
+    methods = dict.fromkeys([*report["config"]["methods"], *(r["method"] for r in report["cells"])])
+    out = {}
+    for method in methods:
+        pts = sorted((r["batch_size"], r.get("decode_tokens_per_s") or r["tokens_per_s"]) for r in report["cells"]
+                     if r["method"] == method and r["temperature"] == temp and not r["skipped"])
+        if pts:
+            out[method] = pts
+    return out
 
 
 def plot(report: dict, path: Path) -> None:
@@ -232,12 +245,9 @@ def plot(report: dict, path: Path) -> None:
     temps = report["config"]["temperatures"]
     fig, axes = plt.subplots(1, len(temps), figsize=(6 * len(temps), 4), squeeze=False)
     for ax, temp in zip(axes[0], temps):
-        for method in report["config"]["methods"]:
-            pts = sorted((r["batch_size"], r["tokens_per_s"]) for r in report["cells"]
-                         if r["method"] == method and r["temperature"] == temp and not r["skipped"])
-            if pts:
-                ax.plot(*zip(*pts), **method_style(method))
-        ax.set(title=f"temperature {temp}", xlabel="batch size", ylabel="tokens/s")
+        for method, pts in plot_points(report, temp).items():
+            ax.plot(*zip(*pts), **method_style(method))
+        ax.set(title=f"temperature {temp}", xlabel="batch size", ylabel="tokens/s (batch 1: decode only)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()

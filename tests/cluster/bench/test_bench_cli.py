@@ -31,3 +31,20 @@ def test_every_method_has_its_own_colour_and_marker():
     batch1 = [method_style(m)["marker"] for m in ("llama_bench", "llama_lookup", "llama_speculative")]
     assert len(set(batch1)) == 3  # llama.cpp's three batch-1 points do not hide one another
     assert method_style("some_new_method")["color"] not in {"black"}
+
+
+def test_the_plot_shows_llama_cpp_rows_and_batch_one_decode_speed():
+    from specray.cluster.bench.report import plot_points
+
+    cells = [{"method": "specray", "batch_size": 1, "temperature": 0.0, "skipped": False, "tokens_per_s": 100.0,
+              "decode_tokens_per_s": 150.0},
+             {"method": "specray", "batch_size": 8, "temperature": 0.0, "skipped": False, "tokens_per_s": 300.0,
+              "decode_tokens_per_s": None},
+             {"method": "llama_bench", "batch_size": 1, "temperature": 0.0, "skipped": False, "tokens_per_s": 120.0,
+              "decode_tokens_per_s": 120.0},
+             {"method": "llama_batched", "batch_size": 8, "temperature": 0.0, "skipped": False, "tokens_per_s": 90.0,
+              "decode_tokens_per_s": None}]
+    report = {"config": {"methods": ["specray"], "temperatures": [0.0]}, "cells": cells}
+    assert plot_points(report, 0.0) == {"specray": [(1, 150.0), (8, 300.0)], "llama_bench": [(1, 120.0)],
+                                        "llama_batched": [(8, 90.0)]}
+    assert plot_points(report, 1.0) == {}

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# 2026-11-29, 2-core AMD EPYC Zen 4: the commands behind docs/performance.md
+# "2026-11-29, early morning: llama.cpp's draft-model speculation in the side by side".
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+bash scripts/build_llama_cpp.sh >/dev/null  # llama.cpp 11434, with llama-speculative-simple
+specray bench offline --methods specray,specray_default,specray_fast,specray_default_fast,specray_draft_fast \
+  --num-prompts 26 --max-tokens 128 --batch-sizes 1 --temperatures 0 \
+  --dataset ../shared/data/spec_bench/question.jsonl --out docs/results/zen4-2026-11-29b/offline-b1
