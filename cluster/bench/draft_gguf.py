@@ -105,7 +105,7 @@ def write_draft_gguf(folder: str | Path, target_gguf: str | Path, out: str | Pat
     writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
     writer.add_vocab_size(vocab)
     tensors = _gguf_tensors(folder, config)
-    half = any(w.dtype in (torch.float16, torch.bfloat16) for w in tensors.values())
+    half = any(w.dtype == torch.float16 and w.dim() == 2 for w in tensors.values())
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if half else gguf.LlamaFileType.ALL_F32)
     for key, field in target.fields.items():
         if key.startswith("tokenizer."):
