@@ -181,10 +181,11 @@ def test_sampling_keeps_the_targets_law(peaky_llm):
 
 
 def test_negative_control_is_detected(peaky_llm, monkeypatch):
+    """A third of the lossless test's samples: p 3e-30 (1e-22 at a quarter)."""
     torch.manual_seed(1)
     want = exact_second_token_distribution(peaky_llm)
     monkeypatch.setattr(verify, "residual_distribution", lambda q, p: q)
-    assert chi2(second_tokens(peaky_llm, PEAKY_N), want) < 1e-6
+    assert chi2(second_tokens(peaky_llm, PEAKY_N // 3), want) < 1e-6
 
 
 @pytest.mark.parametrize("cfg, words", [
