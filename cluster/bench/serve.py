@@ -238,5 +238,7 @@ def add_serve_bench_parser(kinds) -> None:
                      help="llama-server's context, shared by its slots (-c; default 2048 a slot)")
     srv.add_argument("--threads", type=positive_int, default=None, help="llama-server's threads (default: this node's cores)")
     srv.add_argument("--specray-args", default="", help="extra `specray serve` flags, e.g. \"--colocate off\"")
+    srv.add_argument("--llama-args", default="", help="extra llama-server flags, e.g. its own speculation: "
+                     "\"--spec-type ngram-map-k\"")
     srv.add_argument("--out", type=out_folder, default="bench_out", help="folder for the report (JSON, Markdown, plot)")
     srv.set_defaults(func=cmd_bench_serve)

@@ -46,9 +46,11 @@ def gguf_of(model: str) -> Path:
     return path
 
 
-def llama_server_command(binary: Path, gguf: Path, port: int, threads: int, parallel: int, ctx: int) -> list[str]:
+def llama_server_command(binary: Path, gguf: Path, port: int, threads: int, parallel: int, ctx: int,
+                         extra: str = "") -> list[str]:
+    """llama-server on the GGUF, then the extra flags (e.g. its own speculation: "--spec-type ngram-map-k")."""
     return [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-            "-np", str(parallel), "-c", str(ctx)]
+            "-np", str(parallel), "-c", str(ctx), *shlex.split(extra)]
 
 
 def specray_command(model: str, port: int, grpc_port: int, extra: str) -> list[str]:
@@ -163,7 +165,8 @@ def run_side_by_side(args) -> int:
     threads = args.threads or len(os.sched_getaffinity(0))
     ports = {name: free_port() for name in SERVERS}
     ctx = args.llama_ctx or 2048 * args.llama_parallel
-    llama_cmd = llama_server_command(binary, gguf, ports["llama-server"], threads, args.llama_parallel, ctx)
+    llama_cmd = llama_server_command(binary, gguf, ports["llama-server"], threads, args.llama_parallel, ctx,
+                                     args.llama_args)
     commands = {"llama-server": llama_cmd, "specray": specray_command(model, ports["specray"], free_port(),
                                                                        args.specray_args)}
     urls = {name: f"http://127.0.0.1:{ports[name]}" for name in SERVERS}

@@ -34,6 +34,9 @@ def test_both_servers_load_the_same_gguf(tmp_path):
         gguf_of(str(tmp_path))
     cmd = llama_server_command(tmp_path / "llama-server", gguf_of("smollm2-135m"), 8080, 2, 8, 16384)
     assert cmd[cmd.index("-t") + 1] == "2" and cmd[cmd.index("-np") + 1] == "8" and cmd[cmd.index("-c") + 1] == "16384"
+    spec = llama_server_command(tmp_path / "llama-server", gguf_of("smollm2-135m"), 8080, 2, 8, 16384,
+                                "--spec-type ngram-map-k --spec-draft-n-max '4'")
+    assert spec == cmd + ["--spec-type", "ngram-map-k", "--spec-draft-n-max", "4"]
     serve = specray_command("smollm2-135m", 8000, 9000, "--colocate off --max-num-seqs 16")
     assert serve[-5:] == ["--no-enable-prefix-caching", "--colocate", "off", "--max-num-seqs", "16"] and "--port" in serve
     # the levels repeat the prompts: no cache answers them, unless the flags ask for one
