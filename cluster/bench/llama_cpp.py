@@ -143,12 +143,12 @@ def _rows(name: str, binary: Path, gguf: Path, args, threads: int, prompts: list
     elif name == "llama-batched-bench" and [b for b in args.batch_sizes if b > 1]:
         cells += llama_batched_cells(binary, gguf, [b for b in args.batch_sizes if b > 1], args.max_tokens, threads)
     elif name == "llama-speculative-simple" and prompts and 1 in args.batch_sizes:
-        cells.append(llama_speculative_cell(binary, gguf, draft_gguf(getattr(args, "draft_model", None), gguf), prompts,
+        cells.append(llama_speculative_cell(binary, gguf, llama_draft_file(getattr(args, "draft_model", None), gguf), prompts,
                                             args.max_tokens, threads, args.num_speculative_tokens))
     return cells
 
 
-def draft_gguf(draft: str | None, target: Path) -> Path:
+def llama_draft_file(draft: str | None, target: Path) -> Path:
     """The run's standalone draft as llama.cpp loads it: a .gguf as given, a checkpoint folder or
     alias written once into specray's cache with the target's tokenizer."""
     from specray.cluster.bench.draft_gguf import cached_draft_gguf

@@ -95,8 +95,8 @@ def test_draft_model_speculation_row(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="llama-speculative-simple printed no decode statistics"):
         llama_cpp.llama_speculative_cell(spec, tmp_path / "m.gguf", tmp_path / "d.gguf", ["a"], 32, 2, 3)
     with pytest.raises(ValueError, match="no standalone draft"):
-        llama_cpp.draft_gguf(None, tmp_path / "m.gguf")
-    assert llama_cpp.draft_gguf(str(tmp_path / "d.gguf"), tmp_path / "m.gguf") == tmp_path / "d.gguf"
+        llama_cpp.llama_draft_file(None, tmp_path / "m.gguf")
+    assert llama_cpp.llama_draft_file(str(tmp_path / "d.gguf"), tmp_path / "m.gguf") == tmp_path / "d.gguf"
     import specray.cluster.bench.side_by_side as sbs
     monkeypatch.setattr(sbs, "gguf_of", lambda model: tmp_path / "m.gguf")
     logged = []
