@@ -143,8 +143,9 @@ def _rows(name: str, binary: Path, gguf: Path, args, threads: int, prompts: list
     elif name == "llama-batched-bench" and [b for b in args.batch_sizes if b > 1]:
         cells += llama_batched_cells(binary, gguf, [b for b in args.batch_sizes if b > 1], args.max_tokens, threads)
     elif name == "llama-speculative-simple" and prompts and 1 in args.batch_sizes:
-        cells.append(llama_speculative_cell(binary, gguf, llama_draft_file(getattr(args, "draft_model", None), gguf), prompts,
-                                            args.max_tokens, threads, args.num_speculative_tokens))
+        draft = llama_draft_file(getattr(args, "draft_model", None), gguf)
+        cells.append(llama_speculative_cell(binary, gguf, draft, prompts, args.max_tokens, threads,
+                                            args.num_speculative_tokens))
     return cells
 
 
