@@ -77,8 +77,9 @@ def _speculation_cell(method: str, command: list[str], prompts: list[str]) -> Ce
 def llama_lookup_cell(binary: Path, gguf: Path, prompts: list[str], max_tokens: int, threads: int,
                       num_draft: int) -> Cell:
     """`llama-lookup --temp 0`: llama.cpp's prompt lookup."""
-    return _speculation_cell("llama_lookup", [str(binary), "-m", str(gguf), "-n", str(max_tokens), "-t", str(threads),
-                                              "--spec-draft-n-max", str(num_draft), "--temp", "0", "-c", "4096"], prompts)
+    return _speculation_cell("llama_lookup", [
+        str(binary), "-m", str(gguf), "-n", str(max_tokens), "-t", str(threads), "--spec-draft-n-max", str(num_draft),
+        "--temp", "0", "-c", "4096"], prompts)
 
 
 def llama_speculative_cell(binary: Path, gguf: Path, draft: Path, prompts: list[str], max_tokens: int,
