@@ -122,7 +122,7 @@ def llama_cells(args, threads: int, log=print, prompts: list[str] | None = None)
     folder = None if args.llama_cpp is None else Path(args.llama_cpp).expanduser()
     if folder is not None and not folder.is_dir():
         raise ValueError(f"--llama-cpp {args.llama_cpp}: not a folder (a llama.cpp build's bin folder)")
-    for name in ("llama-bench", "llama-lookup", "llama-batched-bench", "llama-speculative-simple"):
+    for name in ("llama-bench", "llama-lookup", "llama-speculative-simple", "llama-batched-bench"):
         binary = find_llama_binary(name, None) if folder is None else \
             (folder / name if os.access(folder / name, os.X_OK) else None)
         if binary is None:

@@ -40,8 +40,8 @@ def test_failures_and_missing_builds_are_clear(tmp_path, monkeypatch):
     logged = []
     args = SimpleNamespace(llama_cpp=None, batch_sizes=[1], temperatures=[0.0], model="smollm2-135m", max_tokens=8)
     assert llama_cells(args, 2, logged.append) == [] and "no llama-bench" in logged[0]
-    assert "no llama-lookup" in logged[1] and "no llama-batched-bench" in logged[2]
-    assert "no llama-speculative-simple" in logged[3]
+    assert "no llama-lookup" in logged[1] and "no llama-speculative-simple" in logged[2]
+    assert "no llama-batched-bench" in logged[3]
     logged.clear()
     args.model = str(tmp_path)  # a folder, not a GGUF file
     assert llama_cells(args, 2, logged.append) == [] and "no GGUF" in logged[0]
