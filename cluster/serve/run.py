@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 
 GRPC_SERVICERS = ["specray.protos.specray.v1.generate_pb2_grpc.add_GenerationServicer_to_server",
                   "grpc_health.v1.health_pb2_grpc.add_HealthServicer_to_server"]
@@ -29,8 +30,20 @@ def run_serve(cfg, app_name: str = "specray", proxy_location: str | None = None)
     http = HTTPOptions(host=cfg.http.host, port=cfg.http.port, keep_alive_timeout_s=cfg.http.keep_alive_timeout_s)
     serve.start(http_options=http, grpc_options=grpc_options, **extra)
     cfg = for_replicas(resolve_colocation(cfg))
-    serve.run(build_app({"config": cfg.model_dump()}), name=app_name, route_prefix="/")
+    serve_logger = logging.getLogger("ray.serve")
+    serve_logger.addFilter(quiet_reconnect)
+    try:
+        serve.run(build_app({"config": cfg.model_dump()}), name=app_name, route_prefix="/")
+    finally:
+        serve_logger.removeFilter(quiet_reconnect)
     return {"grpc": grpc, "api_key": cfg.http.api_key is not None, "colocated": cfg.pools.colocate}
+
+
+def quiet_reconnect(record: logging.LogRecord) -> bool:
+    """Drops `serve.run`'s note that it connects to the running Serve instance and that "new
+    http_options ... will not be applied": the instance is the one serve.start just started with
+    these very options, and the note read as if --port or --host had been ignored."""
+    return "Connecting to existing Serve app" not in record.getMessage()
 
 
 def for_replicas(cfg):

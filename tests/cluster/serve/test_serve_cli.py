@@ -219,6 +219,7 @@ def test_specray_serve_starts_and_answers(tiny_target, tmp_path):
         assert f"http://127.0.0.1:{port}/v1" in text and "curl" in text and "gRPC" in text
         assert "workers: in the replica" in text  # one node: --colocate auto puts them there
         assert "sk-file" not in text
+        assert "will not be applied" not in text  # serve.run's reconnect note, quietened (cluster/serve/run.py)
         body = {"prompt": [1, 5, 9, 5, 9], "max_tokens": 8, "temperature": 0}
         resp = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60, json=body,
                           headers={"Authorization": "Bearer sk-file"})
