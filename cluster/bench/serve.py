@@ -237,8 +237,9 @@ def add_serve_bench_parser(kinds) -> None:
     srv.add_argument("--llama-ctx", type=positive_int, default=None,
                      help="llama-server's context, shared by its slots (-c; default 2048 a slot)")
     srv.add_argument("--threads", type=positive_int, default=None, help="llama-server's threads (default: this node's cores)")
-    srv.add_argument("--specray-args", default="", help="extra `specray serve` flags, e.g. \"--colocate off\"")
+    srv.add_argument("--specray-args", default="", help="extra `specray serve` flags, e.g. \"--colocate off\" "
+                     "(a lone flag with =: --specray-args=--flag)")
     srv.add_argument("--llama-args", default="", help="extra llama-server flags, e.g. its own speculation: "
-                     "\"--spec-type ngram-map-k\"")
+                     "\"--spec-type ngram-map-k\" (a lone flag with =: --llama-args=--flag)")
     srv.add_argument("--out", type=out_folder, default="bench_out", help="folder for the report (JSON, Markdown, plot)")
     srv.set_defaults(func=cmd_bench_serve)

@@ -91,3 +91,12 @@ def test_a_server_is_up_only_once_it_lists_a_model(tmp_path, listing, up):
         with pytest.raises(RuntimeError, match="did not become healthy"):
             with server:
                 pass
+
+
+def test_extra_server_flags_parse_in_both_forms():
+    """A value of several flags after a space, a lone flag after `=` (argparse reads a lone "--x" as an option)."""
+    from specray.cluster.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "serve", "--against-llama-server", "--llama-args",
+                                      "--spec-type ngram-map-k", "--specray-args=--no-enable-prefix-caching"])
+    assert (args.llama_args, args.specray_args) == ("--spec-type ngram-map-k", "--no-enable-prefix-caching")
