@@ -48,31 +48,32 @@ def _config(folder: Path) -> dict:
                          f"{config.get('model_type')!r}")
     if config.get("rope_scaling") or config.get("attention_bias") or config.get("mlp_bias"):
         raise ValueError(f"{folder}: rope scaling and biases are not written to the draft's GGUF")
+    config.setdefault("num_key_value_heads", config["num_attention_heads"])
     return config
 
 
 def _gguf_tensors(folder: Path, config: dict) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
+    from specray.kernels.drafters.vocab_trim import VOCAB_TRIM_FILE
+
     state = {}
     for file in sorted(folder.glob("*.safetensors")):
-        if file.name != "vocab_trim.safetensors":  # VocabTrim's table is specray's, not the model's
+        if file.name != VOCAB_TRIM_FILE:  # VocabTrim's table is specray's, not the model's
             state.update(load_file(file))
-    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+    rope_heads = {"self_attn.q_proj.weight": config["num_attention_heads"],
+                  "self_attn.k_proj.weight": config["num_key_value_heads"]}
     out = {}
     for name, w in state.items():
         if name in _GLOBAL_NAMES:
             out[_GLOBAL_NAMES[name]] = w
             continue
         parts = name.split(".")  # model.layers.{i}.<rest>
-        if parts[:2] != ["model", "layers"] or ".".join(parts[3:]) not in _LAYER_NAMES:
-            raise ValueError(f"{folder}: unexpected tensor {name!r} for a Llama draft")
         rest = ".".join(parts[3:])
-        if rest == "self_attn.q_proj.weight":
-            w = rope_rows_interleaved(w, heads)
-        elif rest == "self_attn.k_proj.weight":
-            w = rope_rows_interleaved(w, kv_heads)
-        out[f"blk.{parts[2]}.{_LAYER_NAMES[rest]}"] = w
+        if parts[:2] != ["model", "layers"] or rest not in _LAYER_NAMES:
+            raise ValueError(f"{folder}: unexpected tensor {name!r} for a Llama draft")
+        out[f"blk.{parts[2]}.{_LAYER_NAMES[rest]}"] = rope_rows_interleaved(w, rope_heads[rest]) \
+            if rest in rope_heads else w
     if config.get("tie_word_embeddings", False):
         out.pop("output.weight", None)  # llama.cpp reads a missing head as the embedding
     return out
@@ -97,7 +98,7 @@ def write_draft_gguf(folder: str | Path, target_gguf: str | Path, out: str | Pat
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(heads)
-    writer.add_head_count_kv(config.get("num_key_value_heads", heads))
+    writer.add_head_count_kv(config["num_key_value_heads"])
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)

@@ -56,7 +56,7 @@ def llama_bench_cell(binary: Path, gguf: Path, max_tokens: int, threads: int, re
     return Cell("llama_bench", 1, 0.0, requests=repetitions, tokens=tokens, seconds=tokens / float(records[0]["avg_ts"]))
 
 
-def _speculation_cell(method: str, command: list[str], prompts: list[str]) -> Cell:
+def speculation_cell(method: str, command: list[str], prompts: list[str]) -> Cell:
     """`command -p PROMPT` (greedy) on each prompt -> a batch-1 row: decode time and drafts from its log."""
     cell = Cell(method, 1, 0.0)
     for prompt in prompts:
@@ -77,7 +77,7 @@ def _speculation_cell(method: str, command: list[str], prompts: list[str]) -> Ce
 def llama_lookup_cell(binary: Path, gguf: Path, prompts: list[str], max_tokens: int, threads: int,
                       num_draft: int) -> Cell:
     """`llama-lookup --temp 0`: llama.cpp's prompt lookup."""
-    return _speculation_cell("llama_lookup", [
+    return speculation_cell("llama_lookup", [
         str(binary), "-m", str(gguf), "-n", str(max_tokens), "-t", str(threads), "--spec-draft-n-max", str(num_draft),
         "--temp", "0", "-c", "4096"], prompts)
 
@@ -85,7 +85,7 @@ def llama_lookup_cell(binary: Path, gguf: Path, prompts: list[str], max_tokens: 
 def llama_speculative_cell(binary: Path, gguf: Path, draft: Path, prompts: list[str], max_tokens: int,
                            threads: int, num_draft: int) -> Cell:
     """`llama-speculative-simple --temp 0` with a draft GGUF: llama.cpp's draft-model speculation."""
-    return _speculation_cell("llama_speculative", [
+    return speculation_cell("llama_speculative", [
         str(binary), "-m", str(gguf), "-md", str(draft), "--spec-type", "draft-simple", "-n", str(max_tokens),
         "-t", str(threads), "--spec-draft-n-max", str(num_draft), "--temp", "0", "-c", "4096"], prompts)
 

@@ -4,12 +4,10 @@ decode tokens/s over all of them. A probe behind docs/performance.md "2026-11-29
 Usage: python docs/results/zen4-2026-11-29b/llama_spec_types.py TYPE ..."""
 
 import json
-import re
-import subprocess
 import sys
 from pathlib import Path
 
-from specray.cluster.bench.llama_cpp import find_llama_binary
+from specray.cluster.bench.llama_cpp import find_llama_binary, speculation_cell
 from specray.cluster.bench.side_by_side import gguf_of
 from specray.kernels.loader import resolve
 
@@ -28,14 +26,9 @@ def prompts() -> list[str]:
 
 
 def tokens_per_s(spec_type: str, texts: list[str]) -> float:
-    tokens = seconds = 0.0
-    for text in texts:
-        done = subprocess.run([str(BINARY), "-m", str(TARGET), "-n", "128", "-t", "2", "--temp", "0", "-c", "4096",
-                               "--spec-type", spec_type, "--spec-draft-n-max", "4", "-p", text],
-                              capture_output=True, text=True, check=True)
-        decoded = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", done.stderr + done.stdout)
-        tokens, seconds = tokens + int(decoded.group(1)), seconds + float(decoded.group(2))
-    return round(tokens / seconds, 1)
+    cell = speculation_cell(spec_type, [str(BINARY), "-m", str(TARGET), "-n", "128", "-t", "2", "--temp", "0", "-c",
+                                        "4096", "--spec-type", spec_type, "--spec-draft-n-max", "4"], texts)
+    return round(cell.tokens / cell.seconds, 1)
 
 
 if __name__ == "__main__":
