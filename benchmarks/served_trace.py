@@ -83,7 +83,7 @@ def measured_cpu(url: str, concurrency: int, args) -> dict:
     generator's), over the level."""
     procs = {**ray_processes(), **ray_daemons()}
     before, client = process_cpu(procs), time.process_time()
-    tokens, seconds = load(url, args.model, concurrency, args.num_requests, args.max_tokens)
+    tokens, seconds = load(url, concurrency, args)
     after, client = process_cpu(procs), time.process_time() - client
     per_process = {f"{name} ({pid})": round(after.get(pid, 0.0) - before.get(pid, 0.0), 2) for pid, name in procs.items()}
     per_process["load generator (this process)"] = round(client, 2)
@@ -110,16 +110,21 @@ def summarise(raw: Path) -> dict:
             "hops": {h: round(n / RATE, 3) for h, n in hops.most_common()}}
 
 
-def load(url: str, model: str, concurrency: int, num_requests: int, max_tokens: int) -> tuple[int, float]:
-    """The closed-loop load of `specray bench serve` (chat, streaming, greedy) -> (tokens, seconds)."""
+def load(url: str, concurrency: int, args) -> tuple[int, float]:
+    """The closed-loop load of `specray bench serve` (chat, streaming, greedy, `args.dataset`'s
+    prompts) over HTTP, or over specray's gRPC API at `args.grpc` -> (tokens, seconds)."""
     from specray.cluster.bench.prompts import load_prompts
-    from specray.cluster.bench.load import run_level
+    from specray.cluster.bench.load import run_level, run_level_grpc
 
-    prompts = [p["prompt"] for p in load_prompts(None, num_requests)]
-    bodies = [{"model": model, "messages": [{"role": "user", "content": p}], "max_tokens": max_tokens,
+    prompts = [p["prompt"] for p in load_prompts(Path(args.dataset) if args.dataset else None, args.num_requests)]
+    if len(prompts) < args.num_requests:
+        print(f"only {len(prompts)} prompts in the dataset: {len(prompts)} requests a level")
+    bodies = [{"model": args.model, "messages": [{"role": "user", "content": p}], "max_tokens": args.max_tokens,
                "temperature": 0.0, "stream": True, "ignore_eos": True,
                "stream_options": {"include_usage": True}} for p in prompts]
-    samples, seconds = asyncio.run(run_level(url, {}, bodies, True, concurrency, None, 0))
+    level = (run_level_grpc(args.grpc, None, bodies, True, concurrency, None, 0) if args.grpc
+             else run_level(url, {}, bodies, True, concurrency, None, 0))
+    samples, seconds = asyncio.run(level)
     return sum(s.tokens for s in samples), seconds
 
 
@@ -132,7 +137,7 @@ def trace_level(url: str, concurrency: int, args) -> dict:
                                         str(args.seconds), "-f", "raw", "--nonblocking", "-o", f"{tmp}/{pid}.txt"],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in procs}
         time.sleep(1.0)  # py-spy attached
-        tokens, seconds = load(url, args.model, concurrency, args.num_requests, args.max_tokens)
+        tokens, seconds = load(url, concurrency, args)
         for spy in spies.values():
             spy.wait(timeout=args.seconds + 60)
         per_process = {}
@@ -162,9 +167,15 @@ def markdown(levels: list[dict]) -> str:
 
 
 def main() -> None:
+    from specray.cluster.bench.prompts import SHARED_PROMPTS
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", default="http://127.0.0.1:8000", help="the server's root")
     ap.add_argument("--model", default="smollm2-135m", help="the served model name")
+    ap.add_argument("--dataset", default=str(SHARED_PROMPTS) if SHARED_PROMPTS.exists() else None,
+                    help="JSONL of prompts (default: Spec-Bench beside the repo, else the packaged subset)")
+    ap.add_argument("--grpc", default=None, metavar="HOST:PORT",
+                    help="drive specray's gRPC API at HOST:PORT instead of HTTP (e.g. 127.0.0.1:9000)")
     ap.add_argument("--concurrency", default="1,8", help="closed-loop levels, e.g. 1,8")
     ap.add_argument("--num-requests", type=int, default=16, help="requests a level")
     ap.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every request")
