@@ -12,8 +12,16 @@ def chat_token_ids(tokenizer, messages: list[dict[str, str]], add_generation_pro
     if add_generation_prompt and continue_final_message:
         raise ValueError("continue_final_message continues the last message, add_generation_prompt opens a new "
                          "one: set add_generation_prompt to false")
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
-                                        continue_final_message=continue_final_message)
+    try:
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
+                                            continue_final_message=continue_final_message)
+    except Exception as e:
+        from jinja2 import TemplateError  # transformers renders chat templates with jinja2
+
+        if not isinstance(e, TemplateError):
+            raise
+        # the template's own refusal (raise_exception: roles must alternate, no system role, ...)
+        raise ValueError(f"the chat template refused the conversation: {e}") from None
     if hasattr(out, "keys"):
         out = out["input_ids"]
     return [int(t) for t in out]

@@ -40,11 +40,20 @@ class InProcessTargetPool:
 
     def __init__(self, worker):
         self.worker = worker
+        self._submitted: Deferred | None = None  # the latest step, perhaps not run yet
 
     def submit_step(self, items: list[TargetItem]) -> Deferred[list[VerifyResult]]:
-        return Deferred(lambda: self.worker.step(items))
+        self._submitted = Deferred(lambda: self.worker.step(items))
+        return self._submitted
 
     def release(self, seq_id: object) -> None:
+        """After the submitted step has run: a sequence aborted between two pipelined slots would
+        otherwise be released before the step that creates its KV, which nothing frees later."""
+        if self._submitted is not None:
+            try:
+                self._submitted.result()
+            except Exception:  # noqa: BLE001 - kept for the step's collector, which raises it
+                pass
         self.worker.release(seq_id)
 
     def ready(self) -> bool:

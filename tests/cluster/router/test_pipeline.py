@@ -129,3 +129,21 @@ def test_rebalancing_never_takes_a_seeded_sampled_sequences_drafts():
     moved = Pipeline._rebalance(drafting, verifying)
     assert [s.name for s in moved] == [0, 1, 2] and verifying == moved
     assert Pipeline._rebalance([SimpleNamespace(reproducible=True)] * 4, []) == []
+
+
+def test_abort_between_pipelined_slots_frees_the_target_kv(tiny_target, tiny_draft):
+    """In process (and `pools.colocate`) a group's step runs when its result is first asked for,
+    after the next slot's submit: a sequence aborted in between is released before the step that
+    creates its KV runs, and nothing may keep that KV afterwards."""
+    llm = draft_llm(tiny_target, tiny_draft, pipelined=True)
+    router, worker = llm.router, llm.router.target.worker
+    free = worker.cache.num_free_blocks
+    ids = [router.add_request(p["prompt_token_ids"], GREEDY) for p in prompts(6)]
+    router.step()
+    router.step()
+    late = router.add_request(prompts(7)[6]["prompt_token_ids"], GREEDY)
+    router.step()  # the late request's first group is submitted, its step not yet run
+    router.abort(late)
+    while router.has_unfinished():
+        router.step()
+    assert not worker.seqs and worker.cache.num_free_blocks == free, (ids, worker.seqs.keys())

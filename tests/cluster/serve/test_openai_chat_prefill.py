@@ -77,3 +77,24 @@ def test_echo_of_another_role_adds_nothing_and_a_closed_turn_takes_its_role(serv
 def test_contradictory_or_mistyped_options_are_400(served, body, param):
     error = post(served, {"messages": PREFILL, **body}, status=400)["error"]
     assert param is None or error["param"] == param
+
+
+NO_SYSTEM = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('this model takes no "
+             "system message') }}{% endif %}{{ m['content'] }} {% endfor %}")
+
+
+def test_a_chat_template_that_refuses_the_conversation_is_a_400(served, offline):
+    """A template's own refusal (jinja2's raise_exception: Mistral's alternating roles, Gemma's system
+    role) is the request's fault, as vLLM answers it, not the server's: a 400 naming `messages`, and
+    a ValueError from the offline API."""
+    tok = served[1].router.tokenizer
+    kept, tok.chat_template = tok.chat_template, NO_SYSTEM
+    try:
+        messages = [{"role": "system", "content": "w1"}, *MESSAGES]
+        err = post(served, {"messages": messages}, status=400)["error"]
+        assert err["param"] == "messages" and "this model takes no system message" in err["message"], err
+        assert post(served, {"messages": MESSAGES})["choices"][0]["message"]["content"]
+        with pytest.raises(ValueError, match="refused the conversation: this model takes no system message"):
+            chat_token_ids(tok, messages)
+    finally:
+        tok.chat_template = kept
