@@ -72,7 +72,7 @@ class DraftSide:
             features = torch.cat(seq.draft_features) if seq.draft_features else None  # [rows, hidden_size]
             items.append(DraftItem(seq.seq_id, delta, k,
                                    seq.draft_spec() if seq.draft_sent == 0 else None, self.verify_budget(seq), features))
-            seq.draft_sent, seq.draft_features = seq.num_tokens, []
+            seq.draft_sent, seq.draft_features, seq.draft_known = seq.num_tokens, [], True
         start = time.perf_counter()
         try:
             return Drafted(self.draft.submit_propose(items), [s.seq_id for s, _ in drafting])

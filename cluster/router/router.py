@@ -201,5 +201,5 @@ class Router(DraftSide, RequestBook):
         self.reserved_tokens -= self.config.reservation(len(seq.prompt_token_ids), seq.params.max_tokens)
         if target_alive:
             self.target.release(seq.seq_id)
-        if self.draft is not None and seq.draft_sent:
+        if self.draft is not None and seq.draft_known:  # draft_sent is 0 again after a failed draft call
             self.draft.release(seq.seq_id)

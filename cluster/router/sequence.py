@@ -27,6 +27,7 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     draft_sent: int = 0  # committed tokens already sent to the draft worker
+    draft_known: bool = False  # the draft pool was ever sent this sequence: release it there at the end
     prefilled: int = 0  # prompt tokens the target has cached (chunked prefill: a long prompt takes rounds)
     chunk: int = 0  # prompt tokens this round's target step prefills (set when the round is planned)
     num_cached_tokens: int = 0  # prompt tokens the target took from its prefix cache
@@ -48,9 +49,11 @@ class Sequence:
             self.stop_tails = StopTails(self.params.stop)
 
     def fresh(self) -> "Sequence":
-        """The sequence as it was queued: its prompt and parameters, nothing computed."""
+        """The sequence as it was queued: its prompt and parameters, nothing computed (the draft pool
+        may still hold it: released at the end all the same)."""
         return Sequence(self.seq_id, self.request_id, self.index, self.prompt_token_ids, self.params,
-                        self.eos_token_ids, self.max_model_len, self.bad_words_ids, arrival_time=self.arrival_time)
+                        self.eos_token_ids, self.max_model_len, self.bad_words_ids, arrival_time=self.arrival_time,
+                        draft_known=self.draft_known)
 
     @property
     def token_ids(self) -> list[int]:

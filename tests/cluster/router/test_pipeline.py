@@ -147,3 +147,26 @@ def test_abort_between_pipelined_slots_frees_the_target_kv(tiny_target, tiny_dra
     while router.has_unfinished():
         router.step()
     assert not worker.seqs and worker.cache.num_free_blocks == free, (ids, worker.seqs.keys())
+
+
+def test_a_failed_draft_call_still_releases_its_sequences_on_the_draft_side(tiny_target, tiny_draft):
+    """After a draft call fails (a draft bug, not a restart) every running sequence resends its whole
+    history next time; one that finishes before drafting again must still be released where the draft
+    worker kept its state and cache."""
+    llm = draft_llm(tiny_target, tiny_draft)
+    router, worker = llm.router, llm.router.draft.worker
+    propose, calls = worker.propose, []
+
+    def failing_once(items):
+        calls.append(len(items))
+        if len(calls) == 3:
+            raise RuntimeError("a draft bug")
+        return propose(items)
+
+    worker.propose = failing_once
+    short = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    ids = [router.add_request(p["prompt_token_ids"], short) for p in prompts(3)]
+    while router.has_unfinished():
+        router.step()
+    assert router.stats.draft_fallbacks == 1 and len(calls) >= 3, calls
+    assert not worker.seqs, (ids, worker.seqs.keys())
