@@ -188,6 +188,9 @@ class AsyncRouter:
                                             request_id=command.request_id)
                 except ValueError as e:
                     self._deliver(command.request_id, e)
+                except Exception as e:  # noqa: BLE001 - a router bug on one request fails that request only
+                    self.router.abort(command.request_id)
+                    self._deliver(command.request_id, request_failed(command.request_id, e))
                 finally:  # after the add: the count never dips below what waits
                     with self._admission:
                         self._queued_seqs -= command.params.n

@@ -54,7 +54,7 @@ async def serve_grpc(service: GenerationService, port: int, host: str = "127.0.0
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes),
                                       ("grpc.so_reuseport", 0)], maximum_concurrent_rpcs=max_concurrent_rpcs)
     server.add_generic_rpc_handlers((_generation_handlers(GenerationServicer(service)),))
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = _Health(service)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     address = f"{host}:{port}"
@@ -65,6 +65,22 @@ async def serve_grpc(service: GenerationService, port: int, host: str = "127.0.0
     await _track_readiness(service, health_servicer)
     await server.start()
     return server
+
+
+class _Health(health.aio.HealthServicer):
+    """grpc.health.v1 with the statuses `_track_readiness` sets, and NOT_SERVING on Check once the
+    router stopped taking turns (as HTTP's /health turns 503)."""
+
+    def __init__(self, service: GenerationService):
+        super().__init__()
+        self._service = service
+
+    async def Check(self, request, context):
+        response = await super().Check(request, context)
+        if response is not None and response.status == health_pb2.HealthCheckResponse.SERVING \
+                and not self._service.serving:
+            return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING)
+        return response
 
 
 async def _track_readiness(service: GenerationService, servicer) -> None:

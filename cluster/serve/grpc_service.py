@@ -62,6 +62,11 @@ class GenerationService:
     def ready(self) -> bool:
         return self.router is not None
 
+    @property
+    def serving(self) -> bool:
+        """Ready, and the router still takes turns (HTTP's /health says 503 otherwise)."""
+        return self.router is not None and self.router.alive
+
     def attach(self, router: AsyncRouter, tokenizer, metrics: ServingMetrics | None = None) -> None:
         """Start serving with `router` (pass the HTTP app's ServingMetrics to share one registry)."""
         self.tokenizer, self.metrics = tokenizer, metrics or self.metrics or ServingMetrics(router)
@@ -120,7 +125,7 @@ class GenerationService:
         (the standalone server uses grpcio-health-checking's servicer instead)."""
         if request.service not in ("", SERVICE_NAME):
             raise GrpcAbort(Code.NOT_FOUND, f"unknown service {request.service!r}")
-        status = health_pb2.HealthCheckResponse.SERVING if self.ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        status = health_pb2.HealthCheckResponse.SERVING if self.serving else health_pb2.HealthCheckResponse.NOT_SERVING
         return health_pb2.HealthCheckResponse(status=status)
 
     # -- plumbing ---------------------------------------------------------------------------

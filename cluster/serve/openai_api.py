@@ -278,12 +278,13 @@ class OpenAIServer:
                 async for chunk in rest():
                     reason = next((c["finish_reason"] for c in chunk["choices"] if c.get("finish_reason")), reason)
                     yield f"data: {json.dumps(chunk)}\n\n"
-            except ApiError as e:  # errors after the headers went out travel in the stream
-                self.metrics.failed(e.status)
-                yield f"data: {json.dumps(e.body())}\n\n"
             except asyncio.CancelledError:  # the client hung up: the run was aborted
                 self.metrics.failed(errors.CANCELLED.http)
                 raise
+            except Exception as e:  # noqa: BLE001 - errors after the headers went out travel in the stream
+                error = e if isinstance(e, ApiError) else self._internal(e)
+                self.metrics.failed(error.status)
+                yield f"data: {json.dumps(error.body())}\n\n"
             else:
                 self.metrics.succeeded(reason)
             yield "data: [DONE]\n\n"

@@ -219,7 +219,9 @@ def test_unavailable_while_starting_then_retries_succeed(tiny_target):
         with Client(server.target, retry=patient, timeout=30) as c:
             assert c.generate(PROMPT, max_tokens=2).usage.completion_tokens == 2
             assert c.health() == "SERVING"
-    router.shutdown()
+            router.shutdown()  # the engine stopped: as HTTP's /health turns 503
+            assert c.health() == "NOT_SERVING"
+            assert asyncio.run(service.check_health(HealthCheckRequest(), CallInfo())).status == NOT_SERVING
 
 
 def test_retry_backoff_grows_and_is_capped():

@@ -253,3 +253,45 @@ def test_usage_and_metrics_count_the_prompt_tokens_found_in_the_prefix_cache(cli
     assert after["specray_prefix_cache_hits_total"] - before["specray_prefix_cache_hits_total"] == cached
     assert after["specray_prefix_cache_queries_total"] - before["specray_prefix_cache_queries_total"] == \
         2 * second.usage.prompt_tokens
+
+
+def test_a_server_error_after_the_headers_ends_the_stream_with_an_error_event(served, client, monkeypatch):
+    """A bug while a streamed chunk is built (here: the logprobs') reaches the client as an error
+    event and [DONE], as an API error there does, instead of a connection cut without either; the
+    server keeps serving."""
+    import json
+
+    from specray.cluster.serve import openai_chunks
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in a chunk")
+
+    monkeypatch.setattr(openai_chunks, "chat_logprobs", broken)
+    with httpx.stream("POST", served[0].url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                      timeout=60, json={"model": "tiny", "messages": MESSAGES, "max_tokens": 4, "stream": True,
+                                        "logprobs": True}) as r:
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    events = [json.loads(line[6:]) for line in lines[:-1]]
+    assert lines[-1] == "data: [DONE]" and events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert events[-1]["error"]["type"] == "internal_error" and "reference" in events[-1]["error"]["message"], events
+    monkeypatch.undo()
+    assert client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3).choices[0].message.content
+
+
+def test_a_router_error_on_one_request_fails_only_that_request(served, client, monkeypatch):
+    """An unexpected error while the router takes a request (not a refusal: a bug) is that request's
+    500 with a reference, not the end of every turn: the server stays alive and keeps serving."""
+    router = served[1].router
+    add = router.add_request
+
+    def picky(prompt_token_ids, *args, **kwargs):
+        if len(prompt_token_ids) > 40:
+            raise RuntimeError("a bug in admission")
+        return add(prompt_token_ids, *args, **kwargs)
+
+    monkeypatch.setattr(router, "add_request", picky)
+    with pytest.raises(openai.InternalServerError, match="reference"):
+        client.completions.create(model="tiny", prompt=" ".join(f"w{i}" for i in range(60)), max_tokens=3)
+    assert served[1].alive and not router.has_unfinished()
+    assert client.completions.create(model="tiny", prompt="w20 w21", max_tokens=3).choices[0].text
