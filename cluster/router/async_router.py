@@ -118,15 +118,17 @@ class AsyncRouter:
         self.check_size(params.n)
         request_id = f"req-{self._id_prefix}-{next(self._ids)}"
         stream: asyncio.Queue = asyncio.Queue()
-        with self._admission:
+        with self._admission:  # shutdown fails the streams it finds under this lock
+            if self._stopped:
+                raise RouterStopped("the router is shutting down; retry")
             if self.num_waiting + params.n > self.max_waiting:
                 raise QueueFullError(f"{self.num_waiting} sequences are already waiting (at most "
                                      f"{self.max_waiting}); retry later")
             self._streams[request_id] = (asyncio.get_running_loop(), stream)
             self._queued_seqs += params.n
-        self._submit(Add(request_id, prompt_token_ids, params, prompt))
         finished = False
         try:
+            self._submit(Add(request_id, prompt_token_ids, params, prompt))
             while not finished:
                 item = latest(stream, await stream.get())
                 if isinstance(item, Exception):
@@ -161,6 +163,10 @@ class AsyncRouter:
                 self._post(self._flush).result(timeout=timeout)
             except TimeoutError:
                 pass
+        with self._admission:  # no turn runs what still waits for one: it fails, retryably
+            streams = list(self._streams)
+        self._deliver_all([(request_id, RouterStopped("the router shut down before this request finished; retry"))
+                           for request_id in streams])
         if self._own is not None:
             self._own.shutdown(wait=False)
 

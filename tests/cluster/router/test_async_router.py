@@ -64,7 +64,7 @@ def test_a_turn_that_breaks_fails_its_requests_and_marks_the_router_dead(tiny_ta
     def broken(*args, **kwargs):
         raise RuntimeError("a router bug")
 
-    llm.router.add_request = broken  # outside the rounds' own error handling
+    llm.router.has_unfinished = broken  # outside the rounds' own error handling
 
     async def ask():
         return [o async for o in router.generate([5, 6, 7], SamplingParams(max_tokens=2))]
@@ -77,6 +77,54 @@ def test_a_turn_that_breaks_fails_its_requests_and_marks_the_router_dead(tiny_ta
             asyncio.run(ask())
     finally:
         router.shutdown()
+
+
+def test_an_error_taking_one_request_fails_that_request_only(tiny_target):
+    """`add_request` changes the router only once nothing can fail any more, so an unexpected error
+    there (a bug, not a refusal) fails that request and the router goes on serving the others."""
+    llm = LLM(str(tiny_target))
+    router = AsyncRouter(llm.router)
+    add = llm.router.add_request
+
+    def picky(prompt_token_ids, *args, **kwargs):
+        if prompt_token_ids[0] == 9:
+            raise RuntimeError("a router bug")
+        return add(prompt_token_ids, *args, **kwargs)
+
+    llm.router.add_request = picky
+
+    async def ask(prompt):
+        return [o async for o in router.generate(prompt, SamplingParams(max_tokens=8, ignore_eos=True))]
+
+    async def both():
+        return await asyncio.gather(ask([5, 6, 7]), ask([9, 6, 7]), return_exceptions=True)
+
+    try:
+        good, bad = asyncio.run(both())
+        assert isinstance(bad, RequestFailed) and router.alive, bad
+        assert good[-1].finished and len(good[-1].outputs[0].token_ids) == 8
+        assert not llm.router.has_unfinished() and not llm.router.requests
+    finally:
+        router.shutdown()
+
+
+def test_shutdown_fails_what_it_leaves_unfinished_instead_of_a_silent_wait(tiny_target):
+    llm = LLM(str(tiny_target))
+    router = AsyncRouter(llm.router)
+
+    async def ask():
+        outs = []
+        async for o in router.generate([5, 6, 7], SamplingParams(max_tokens=400, ignore_eos=True)):
+            outs.append(o)
+            if len(outs) == 2:
+                await asyncio.get_running_loop().run_in_executor(None, router.shutdown)
+        return outs
+
+    async def bounded():
+        return await asyncio.wait_for(ask(), timeout=30)
+
+    with pytest.raises(RouterStopped, match="shut down before this request finished"):
+        asyncio.run(bounded())
 
 
 def test_a_request_after_shutdown_gets_an_error_not_a_silent_wait(tiny_target):
