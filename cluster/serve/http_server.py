@@ -56,7 +56,9 @@ def bounded_protocol(header_timeout_s: float = HEADER_TIMEOUT_S):
 
         class Bounded(_HeadDeadline, HttpToolsProtocol):
             def _arm_head_deadline(self) -> None:
-                self._head_done = False
+                # a pipelined request whose head came during the last response runs now: arrived
+                cycle = getattr(self, "cycle", None)
+                self._head_done = cycle is not None and not cycle.response_complete
                 super()._arm_head_deadline()
 
             def on_headers_complete(self) -> None:

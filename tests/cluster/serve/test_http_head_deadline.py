@@ -1,0 +1,54 @@
+"""The replica's HTTP server closes a connection whose request head does not arrive in time, and
+only such a connection: a request pipelined behind another (its head sent with the first) runs to
+its end however long it takes."""
+
+import asyncio
+import socket
+import time
+
+from specray.cluster.serve.http_server import BackgroundServer
+
+DEADLINE_S = 0.5
+
+
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    if scope["path"] == "/slow":
+        await asyncio.sleep(3 * DEADLINE_S)
+    body = scope["path"].encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def exchange(url: str, payload: bytes, seconds: float = 5.0) -> bytes:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=seconds) as conn:
+        conn.sendall(payload)
+        got, end = b"", time.monotonic() + seconds
+        while time.monotonic() < end:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+    return got
+
+
+def request(path: str) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+
+
+def test_a_pipelined_request_outlives_the_head_deadline():
+    with BackgroundServer(app, header_timeout_s=DEADLINE_S) as server:
+        got = exchange(server.url, request("/fast") + request("/slow"))
+    assert got.count(b"HTTP/1.1 200") == 2 and got.endswith(b"/slow"), got
+
+
+def test_a_connection_without_a_whole_head_is_closed_at_the_deadline():
+    with BackgroundServer(app, header_timeout_s=DEADLINE_S) as server:
+        start = time.monotonic()
+        got = exchange(server.url, b"GET /fast HTTP/1.1\r\nHost: x\r\n")  # the head never ends
+        assert got == b"" and time.monotonic() - start < 4 * DEADLINE_S
+        got = exchange(server.url, request("/fast"), seconds=3 * DEADLINE_S)  # then idle: closed as well
+        assert got.count(b"HTTP/1.1 200") == 1 and got.endswith(b"/fast"), got
