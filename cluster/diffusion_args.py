@@ -59,6 +59,15 @@ def diffusion_configs(args) -> tuple[dict | None, dict] | None:
     if not is_diffusion_model(args.model):
         _refuse_for_autoregressive(args, args.model, given)
         return None
+    spec = _whole_spec(args, given)
+    diffusion = {k: v for k, v in given.items() if k != "num_drafts" and v is not None}
+    return (spec if spec is not None else _freedave(_num_drafts(args, given), args)), diffusion
+
+
+def _whole_spec(args, given: dict) -> dict | None:
+    """A diffusion LM's flags checked: an autoregressive model's speculation flags and a method but
+    FreeDave are errors, as is --speculative-config (FreeDave's whole config) beside the flags it
+    holds. -> that --speculative-config, or None."""
     wrong = [f"--{k.replace('_', '-')}" for k in AR_FLAGS if getattr(args, k, None) not in (None, False)]
     if wrong:
         raise ValueError(f"a diffusion LM takes none of {', '.join(wrong)} (FreeDave drafts from the model itself): "
@@ -66,14 +75,12 @@ def diffusion_configs(args) -> tuple[dict | None, dict] | None:
     method = getattr(args, "speculative_method", None)
     if method not in (None, FREEDAVE, "none"):
         raise ValueError(f"a diffusion LM speculates with freedave only, got --speculative-method {method}")
-    diffusion = {k: v for k, v in given.items() if k != "num_drafts" and v is not None}
     spec = getattr(args, "speculative_config", None)
-    if spec is not None:
-        if method is not None or given["num_drafts"] is not None or getattr(args, "adaptive", None) is not None:
-            raise ValueError("--speculative-config is the whole speculative_config: put num_drafts and adaptive "
-                             "inside it, without --speculative-method, --num-drafts or --fixed-drafts")
-        return spec, diffusion
-    return _freedave(_num_drafts(args, given), args), diffusion
+    if spec is not None and (method is not None or given["num_drafts"] is not None
+                             or getattr(args, "adaptive", None) is not None):
+        raise ValueError("--speculative-config is the whole speculative_config: put num_drafts and adaptive "
+                         "inside it, without --speculative-method, --num-drafts or --fixed-drafts")
+    return spec
 
 
 def _freedave(drafts: int, args) -> dict:
@@ -92,6 +99,8 @@ def serve_overrides(args, model: str, current: dict | None) -> dict:
         return {}
     if not diffusion_model:
         _refuse_for_autoregressive(args, model, given)
-    drafts = _num_drafts(args, given, (current or {}).get("num_drafts"))
+    spec = _whole_spec(args, given)
     diffusion = {k: v for k, v in given.items() if k != "num_drafts" and v is not None}
-    return {"speculative_config": _freedave(drafts, args), "diffusion_config": diffusion or None}
+    if spec is None:
+        spec = _freedave(_num_drafts(args, given, (current or {}).get("num_drafts")), args)
+    return {"speculative_config": spec, "diffusion_config": diffusion or None}

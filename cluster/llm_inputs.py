@@ -50,6 +50,9 @@ def check_engine_args(device: str, kv_cache_tokens: int, block_size: int, max_nu
     if kernels == "fast" and dev.type == "cpu" and dtype != torch.float32:
         raise ValueError(f"kernels='fast' runs the C kernels on fp32 weights; dtype {dtype_name(dtype)} "
                          "would run plain torch: use dtype float32 or kernels 'exact'")
+    if kernels == "fast" and dev.type != "cpu":
+        raise ValueError(f"kernels='fast' is the CPU kernels' mode; on {device!r} it would do nothing: "
+                         "use kernels 'exact'")
 
 
 def check_int_arg(name: str, value, least: int, optional: bool = False) -> None:

@@ -23,15 +23,35 @@ class PoolConfig(Strict):
                                         description="custom Ray resources the worker's node must advertise")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads per worker; unset: a target "
                                 "worker uses its node's cores / num_workers, a draft worker its num_cpus")
-    dtype: str = "float32"
-    device: str = "cpu"
+    dtype: str = Field("float32", description="weights' dtype: float32 | bfloat16 | float16 (fp32, bf16, "
+                       "fp16), or auto: float32")
+    device: str = Field("cpu", description="cpu, cuda or cuda:N (checked where the worker starts)")
 
     @field_validator("resources")
     @classmethod
     def _positive(cls, v: dict[str, float]) -> dict[str, float]:
-        bad = {k: x for k, x in v.items() if x <= 0}
+        bad = {k: x for k, x in v.items() if not x > 0}  # NaN too
         if bad:
             raise ValueError(f"resource amounts must be > 0, got {bad}")
+        return v
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, v: str) -> str:
+        from specray.kernels.loader import DTYPES
+
+        if v == "auto":  # vLLM's default; specray's is float32 (the CPU kernels read fp32 weights)
+            return "float32"
+        if v not in DTYPES:
+            raise ValueError(f"unknown dtype {v!r}; choose one of {sorted(DTYPES)} or 'auto'")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        kind, _, index = v.partition(":")
+        if kind not in ("cpu", "cuda") or (index and not (index.isdigit() and kind == "cuda")):
+            raise ValueError(f"unknown device {v!r}; use cpu, cuda or cuda:N")
         return v
 
 
@@ -42,6 +62,14 @@ class TargetPoolConfig(PoolConfig):
         "exact", description="numeric mode of the CPU kernels on GGUF weights: exact (the fp32 model, what "
         "transformers computes) or fast (8-bit activations, integer dot products, a 16-bit KV cache; "
         "lossless against itself)")
+
+
+    @model_validator(mode="after")
+    def _fast_on_cpu(self) -> "TargetPoolConfig":
+        if self.kernels == "fast" and (self.device != "cpu" or self.dtype not in ("float32", "fp32")):
+            raise ValueError(f"kernels 'fast' is the CPU kernels' mode on fp32 weights; device {self.device!r} with "
+                             f"dtype {self.dtype!r} would not use it: use kernels 'exact'")
+        return self
 
 
 class DraftPoolConfig(PoolConfig):

@@ -83,7 +83,7 @@ class ServeConfig(Strict):
     def _default_speculation(cls, raw: Any) -> Any:
         # Unset: the default for the target and the device it runs on (cluster/config/defaults.py).
         # A default made for another target (a --model override of the defaults) follows the model.
-        if isinstance(raw, dict):
+        if isinstance(raw, dict) and isinstance(raw.get("model", ""), str):  # else the field's check names it
             model = raw.get("model") or "smollm2-135m"
             device = _target_device(raw)
             spec = raw.get("speculative_config", "unset")
@@ -227,12 +227,27 @@ class ServeConfig(Strict):
         if not path.exists():
             raise ValueError(f"config file {path} does not exist")
         try:
-            raw = yaml.safe_load(path.read_text())
+            raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeys)
+        except (OSError, UnicodeDecodeError) as e:  # a folder, no permission, not text
+            raise ValueError(f"config file {path} cannot be read: {e}") from None
         except yaml.YAMLError as e:
             raise ValueError(f"config file {path} is not valid YAML: {e}") from None
         if raw is not None and not isinstance(raw, dict):
             raise ValueError(f"config file {path} must hold a mapping at the top level")
         return cls.from_dict(raw)
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (the last one silently won)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _explain(e: ValidationError) -> str:

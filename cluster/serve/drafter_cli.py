@@ -32,7 +32,8 @@ def add_drafter_parser(sub) -> None:
     p.add_argument("--prompt-lookup-min", type=int, default=1)
     p.add_argument("--prompt-lookup-max", type=int, default=4)
     p.add_argument("--lookup-first", action="store_true", help="draft_model / eagle: prompt lookup first: a draft model proposes only where the last tokens never occurred before")
-    p.add_argument("--dtype", default="float32", help="draft weights' dtype: float32 | bfloat16 | float16")
+    p.add_argument("--dtype", default="float32", help="draft weights' dtype: float32 | bfloat16 | float16 | auto "
+                   "(float32)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--kv-cache-tokens", type=positive_int, default=16384, help="the draft's KV cache, in tokens")
     p.add_argument("--host", default="127.0.0.1",
@@ -59,9 +60,11 @@ def drafter_spec(args):
     from specray.cluster.config.speculative import SpeculativeConfig
     from specray.cluster.config.worker_specs import draft_spec
 
-    from specray.cluster.llm_inputs import check_engine_args, parse_dtype
+    from specray.cluster.llm_inputs import check_engine_args, dtype_name, parse_dtype
 
-    check_engine_args(args.device, args.kv_cache_tokens, DRAFTER_BLOCK_SIZE, dtype=parse_dtype(args.dtype))
+    weights = parse_dtype(args.dtype)
+    check_engine_args(args.device, args.kv_cache_tokens, DRAFTER_BLOCK_SIZE, dtype=weights)
+    dtype = dtype_name(weights)  # "auto" -> float32, as the worker's spec names it
     if args.method == "aded" and not args.model:
         raise ValueError("--method aded needs --model: the target whose tokenizer the tri-gram table uses")
     draft = None if args.method == "aded" else args.model  # aded's --model is the target (its tokenizer), no draft
@@ -70,7 +73,7 @@ def drafter_spec(args):
                              tree=args.tree, aded=args.aded, longspec=args.longspec, draft_vocab_trim=args.vocab_trim,
                              draft_quantization=args.quantization, lookup_first=args.lookup_first or None,
                              layer_parallel=args.layer_parallel)
-    return draft_spec(spec, args.model, args.dtype, args.device, args.kv_cache_tokens, DRAFTER_BLOCK_SIZE)
+    return draft_spec(spec, args.model, dtype, args.device, args.kv_cache_tokens, DRAFTER_BLOCK_SIZE)
 
 
 def drafter_argv(spec, target: str) -> list[str]:

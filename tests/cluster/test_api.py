@@ -59,6 +59,17 @@ def test_engine_arguments_that_could_not_run_are_refused(tiny_target, kwargs, me
         LLM(str(tiny_target), **kwargs)
 
 
+def test_fast_kernels_on_a_gpu_are_refused_not_dropped(monkeypatch):
+    import torch
+
+    from specray.cluster.llm_inputs import check_engine_args
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the check, not a device, is under test
+    with pytest.raises(ValueError, match="kernels='fast' is the CPU kernels' mode; on 'cuda' it would do nothing"):
+        check_engine_args("cuda", 1024, 16, kernels="fast")
+    check_engine_args("cuda", 1024, 16, kernels="exact")
+
+
 def test_unknown_model():
     with pytest.raises(ModelNotFoundError, match="unknown model"):
         LLM("no-such-model-anywhere")

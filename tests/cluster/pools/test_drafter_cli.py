@@ -61,6 +61,13 @@ def test_an_aded_drafter_takes_the_targets_tokenizer(tiny_target):
     assert DraftEndpoint.from_spec(spec) is not None
 
 
+def test_a_drafter_with_dtype_auto_gets_float32(tiny_draft):
+    """vLLM's `auto` passed the check and reached the worker raw (a KeyError there)."""
+    args = build_parser().parse_args(["drafter", "--method", "draft_model", "--model", str(tiny_draft),
+                                      "--dtype", "auto"])
+    assert drafter_spec(args).dtype == "float32"
+
+
 def test_tree_flag_must_be_a_json_object(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["drafter", "--tree", "[1, 2]"])

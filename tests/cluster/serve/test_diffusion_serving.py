@@ -163,6 +163,14 @@ def test_serve_config_and_flags(dllm, tiny_target):
     for flags in (["--speculative-method", "none"], ["--speculative-method", "none", "--block-length", "8"]):
         assert resolve_config(parser.parse_args(["--model", str(dllm), *flags])).decode_options().num_drafts == 1
     for flags, words in ((["--num-drafts", "0"], "--num-drafts must be an integer >= 1"),
-                         (["--speculative-method", "none", "--num-drafts", "3"], "static decoding")):
+                         (["--speculative-method", "none", "--num-drafts", "3"], "static decoding"),
+                         # an autoregressive model's speculation flags were dropped in silence beside these
+                         (["--num-drafts", "2", "--num-speculative-tokens", "7"], "--num-speculative-tokens"),
+                         (["--block-length", "8", "--lookup-first"], "--lookup-first"),
+                         (["--speculative-config", '{"method": "freedave"}', "--num-drafts", "3"], "whole")):
         with pytest.raises(ValueError, match=words):
             resolve_config(parser.parse_args(["--model", str(dllm), *flags]))
+    # --speculative-config beside the block flags is FreeDave's whole config (its num_drafts was replaced)
+    cfg = resolve_config(parser.parse_args(["--model", str(dllm), "--speculative-config",
+                                            '{"method": "freedave", "num_drafts": 8}', "--block-length", "16"]))
+    assert cfg.decode_options().num_drafts == 8 and cfg.decode_options().block_length == 16

@@ -71,12 +71,33 @@ def test_pipeline_auto_pipelines_only_model_drafts(flags, pipelined):
     ("transport: {kind: inline, master_port: 29500}\n", "master_port is for transport.kind 'torch_distributed'"),
     ("served_model_name: ''\n", "served_model_name: String should have at least 1 character"),
     ("http: {host: ''}\n", "http.host: String should have at least 1 character"),
+    # were taken, then a worker failed on them (KeyError) or did nothing with them
+    ("pools: {target: {dtype: half}}\n", "pools.target.dtype: unknown dtype 'half'"),
+    ("pools: {draft: {device: tpu}}\n", "pools.draft.device: unknown device 'tpu'"),
+    ("pools: {target: {kernels: fast, device: cuda}}\n", "kernels 'fast' is the CPU kernels' mode"),
+    ("pools: {target: {kernels: fast, dtype: bfloat16}}\n", "kernels 'fast' is the CPU kernels' mode"),
+    ("pools: {draft: {resources: {x: .nan}}}\n", "resource amounts must be > 0"),
+    ("router: {max_num_seqs: 4}\nrouter: {block_size: 8}\n", "key 'router' given twice"),  # the last one won
+    ("model: 123\n", "model: Input should be a valid string"),  # was a TypeError's traceback
 ])
 def test_bad_config_exits_2_with_the_reason(tmp_path, capsys, text, message):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     assert main(["serve", "--config", str(path), "--dry-run"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_config_that_cannot_be_read_exits_2_naming_it(tmp_path, capsys):
+    (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe model")
+    for path in (tmp_path, tmp_path / "binary.yaml"):
+        assert main(["serve", "--config", str(path), "--dry-run"]) == 2
+        assert f"config file {path} cannot be read" in capsys.readouterr().err
+
+
+def test_auto_dtype_is_float32():
+    from specray.cluster.config.serve import ServeConfig
+
+    assert ServeConfig.from_dict({"pools": {"target": {"dtype": "auto"}}}).pools.target.dtype == "float32"
 
 
 @pytest.mark.parametrize("flag, budget", [("auto", "auto"), ("64", 64)])
