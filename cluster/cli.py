@@ -84,7 +84,7 @@ def speculative_config(args) -> dict | None:
     from specray.cluster.serve.cli import refuse_beside_none, refuse_beside_speculative_config
 
     if getattr(args, "speculative_config", None) is not None:  # callers' namespaces may predate the flag
-        refuse_beside_speculative_config(args, GENERATE_SPEC_FLAGS)
+        refuse_beside_speculative_config(args, GENERATE_SPEC_FLAGS + LOOKUP_FLAGS)
         return args.speculative_config
     if args.speculative_method == "none":
         refuse_beside_none(args, GENERATE_SPEC_FLAGS + LOOKUP_FLAGS)
@@ -96,6 +96,10 @@ def speculative_config(args) -> dict | None:
     if method == "ngram":  # a draft model's flags are refused, not dropped
         refuse_draft_flags(args, method)
     else:
+        lookup = [f"--{k.replace('_', '-')}" for k in LOOKUP_FLAGS if getattr(args, k, None) is not None]
+        if lookup:  # prompt lookup's own flags would be dropped
+            raise ValueError(f"{', '.join(lookup)} shape prompt lookup (--speculative-method ngram); "
+                             f"{method} ignores them (a draft model looks up first with --lookup-first)")
         # no draft named: the target's packaged draft for this method, else (draft_model) the target,
         # truncated; eagle and longspec need a draft of their own kind (refused, as serve does, without)
         fallback = args.model if method == "draft_model" else None

@@ -63,8 +63,10 @@ class LLM:
         an accelerator; None: every prompt that fits, whole), as `specray serve` does.
         `enable_prefix_caching`: a prompt's full KV blocks that an earlier request computed are taken,
         not computed again (outputs unchanged; docs/serving.md); an autoregressive target's only."""
-        if type(enable_prefix_caching) is not bool:
-            raise ValueError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
+        for name, flag in (("enable_prefix_caching", enable_prefix_caching), ("pipelined", pipelined),
+                           ("skip_tokenizer_init", skip_tokenizer_init)):
+            if type(flag) is not bool:  # "no" is truthy
+                raise ValueError(f"{name} must be True or False, got {flag!r}")
         torch_dtype = parse_dtype(dtype)
         check_engine_args(device, kv_cache_tokens, block_size, max_num_seqs, kernels, torch_dtype)
         check_int_arg("seed", seed, MIN_SEED, optional=True)
@@ -117,13 +119,27 @@ class LLM:
                 raise ValueError("this LLM has no tokenizer (skip_tokenizer_init=True): give token ids")
             check_text(prompt, "text")
             return prompt, self.tokenizer(prompt).input_ids
-        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            return prompt.get("prompt"), token_ids(prompt["prompt_token_ids"])
-        if isinstance(prompt, dict) and "prompt" in prompt:
-            return self.encode(prompt["prompt"])
+        if isinstance(prompt, dict):
+            return self._encode_dict(prompt)
         if isinstance(prompt, list) and all(is_token_id(t) for t in prompt):
             return None, token_ids(prompt)
         raise ValueError(f"a prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
+
+    def _encode_dict(self, prompt: dict) -> tuple[str | None, list[int]]:
+        """vLLM's TextPrompt or TokensPrompt; keys specray would ignore (multi_modal_data, cache_salt,
+        prompt_embeds, ...) are refused by name."""
+        unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
+        if unknown:
+            raise ValueError(f"prompt keys {unknown} are not supported; a prompt dict takes 'prompt' (text) or "
+                             "'prompt_token_ids'")
+        if "prompt_token_ids" in prompt:
+            ids = prompt["prompt_token_ids"]
+            if not (isinstance(ids, (list, tuple)) or (isinstance(ids, torch.Tensor) and ids.dim() == 1)):
+                raise ValueError(f"prompt_token_ids must be a list of token ids, got {type(ids).__name__}")
+            return prompt.get("prompt"), token_ids(ids)
+        if "prompt" in prompt:
+            return self.encode(prompt["prompt"])
+        raise ValueError("a prompt dict needs 'prompt' (text) or 'prompt_token_ids'")
 
     def generate(self, prompts: PromptLike | Seq[PromptLike],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
@@ -210,6 +226,9 @@ class LLM:
              add_generation_prompt: bool = True, continue_final_message: bool = False) -> list[RequestOutput]:
         """Apply the tokenizer's chat template, then generate. As vLLM's: `add_generation_prompt` opens
         the assistant's turn; `continue_final_message` (with it false) continues the last message."""
+        if isinstance(messages, dict):
+            raise ValueError("messages must be a list of {'role', 'content'} dicts (one conversation) or a list of "
+                             "conversations; got one message alone: put it in a list")
         if not messages:
             raise ValueError("messages is empty: a conversation needs at least one message")
         conversations = [messages] if isinstance(messages[0], dict) else messages

@@ -47,6 +47,8 @@ def check_engine_args(device: str, kv_cache_tokens: int, block_size: int, max_nu
         raise ValueError(f"kv_cache_tokens must be an integer >= block_size ({block_size}), got {kv_cache_tokens!r}")
     if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
         raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+    if kernels not in ("exact", "fast"):  # before the weights load
+        raise ValueError(f"kernels must be 'exact' or 'fast', got {kernels!r}")
     if kernels == "fast" and dev.type == "cpu" and dtype != torch.float32:
         raise ValueError(f"kernels='fast' runs the C kernels on fp32 weights; dtype {dtype_name(dtype)} "
                          "would run plain torch: use dtype float32 or kernels 'exact'")

@@ -140,6 +140,9 @@ class SamplingParams:
             self.truncate_prompt_tokens >= 1 or self.truncate_prompt_tokens == -1)), "truncate_prompt_tokens",
                     f"truncate_prompt_tokens must be an integer >= 1, -1 (the model's length) or None, got "
                     f"{self.truncate_prompt_tokens!r}")
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            value = getattr(self, name)  # "no" is truthy
+            check_param(type(value) is bool, name, f"{name} must be True or False, got {value!r}")
         for name, no_ops in NO_OP_FIELDS.items():
             value = getattr(self, name)
             check_param(is_no_op(value, no_ops), name,

@@ -22,6 +22,7 @@ INT_KEYS = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", 
             "draft_vocab_trim", "disable_by_batch_size", "verify_budget")  # layer_parallel: the registry's
 DRAFT_MODEL_KEYS = ("draft_num_layers", "draft_vocab_trim", "draft_quantization")  # a draft model's only
 MAX_SPECULATIVE_TOKENS = 256  # a chain's length or a tree's depth: far past where drafting pays
+MAX_ROUND_TOKENS = 4096  # a tree's nodes as grown or verified: past it the draft's KV could not be allocated
 VERIFY_CHOICES = ("auto", *SAMPLED_RULES)
 # keys no option class checks -> (their type, how an error names it); a wrong type failed later, far
 # from its key, as a TypeError (INT_KEYS are checked as integers; tree, aded, longspec by their classes)
@@ -106,6 +107,10 @@ class SpeculativeConfig:
             raise ValueError(f"disable_by_batch_size must be >= 1, got {self.disable_by_batch_size}")
         self._check_schedule()
         self._check_adaptive()
+        nodes = max(self.max_draft_tokens(), self.draft_scratch_tokens())
+        if nodes > MAX_ROUND_TOKENS:
+            raise ValueError(f"a round's draft holds up to {nodes} tokens a sequence; at most {MAX_ROUND_TOKENS}: "
+                             "a smaller tree (or num_speculative_tokens)")
 
     def _refuse_draft_model_keys(self) -> None:
         needs = f"draft models need method {registry.methods_where('needs_model')}"
@@ -205,4 +210,8 @@ class SpeculativeConfig:
             raise ValueError(f"unknown speculative_config keys {unknown}; known keys: {sorted(known)}")
         if "method" not in raw:  # vLLM: a draft model without a method means draft_model
             raw["method"] = "draft_model" if raw.get("model") else "ngram"
+        ignored = [k for k in ("prompt_lookup_min", "prompt_lookup_max") if raw.get(k) is not None]
+        if ignored and raw["method"] != "ngram":
+            raise ValueError(f"{ignored} shape prompt lookup (method 'ngram'); method {raw['method']!r} would ignore "
+                             "them (a draft model's lookup first: lookup_first {min_match, max_match})")
         return cls(**raw)

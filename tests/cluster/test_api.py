@@ -43,6 +43,10 @@ def test_bad_sampling_params(kwargs, message):
     ("ngram", "speculative_config must be a dict"),
     ({"method": "aded", "model": "smollm2-135m-draft"}, "method 'aded' drafts without a model: drop 'model'"),
     ({"method": "ngram", "model": "x"}, "method 'ngram' drafts without a model"),
+    ({"method": "draft_model", "model": "x", "num_speculative_tokens": 3,  # failed allocating the draft's KV
+      "tree": {"kind": "rsd_c", "branching": [1000, 1000, 1000]}}, "up to 1001001000 tokens a sequence; at most 4096"),
+    ({"method": "eagle", "model": "smollm2-135m-eagle", "prompt_lookup_max": 8},  # was ignored
+     r"\['prompt_lookup_max'\] shape prompt lookup \(method 'ngram'\); method 'eagle' would ignore them"),
 ])
 def test_bad_speculative_config(tiny_target, config, message):
     with pytest.raises(ValueError, match=message):
@@ -98,11 +102,39 @@ def test_bad_prompts_raise_before_anything_runs(llm):
     (["w3", "w4"], [SamplingParams()], "one per prompt: 1 for 2 prompts"),
     (None, None, "prompts must be .* got NoneType"), (5, None, "got int"),
     (["w3", "w4 \udcff"], None, "prompt 1: text: not valid Unicode text"),  # the tokenizer raised TypeError
+    # vLLM's prompt dicts: what specray would ignore is refused, a wrong type named with its index
+    ([{"prompt": "w3", "multi_modal_data": {"image": 1}}], None, r"prompt 0: prompt keys \['multi_modal_data'\]"),
+    ([{"prompt_embeds": [[0.1]]}], None, r"prompt 0: prompt keys \['prompt_embeds'\] are not supported"),
+    (["w3", {"prompt_token_ids": 5}], None, "prompt 1: prompt_token_ids must be a list of token ids, got int"),
+    ([{}], None, "prompt 0: a prompt dict needs 'prompt' .* or 'prompt_token_ids'"),
 ])
 def test_bad_arguments_are_one_value_error(llm, prompts, params, message):
     with pytest.raises(ValueError, match=message):
         llm.generate(prompts, params)
     assert not llm.router.has_unfinished()
+
+
+@pytest.mark.parametrize("name", ["ignore_eos", "include_stop_str_in_output", "skip_special_tokens"])
+def test_a_bool_option_takes_only_a_bool(name):
+    """A truthy string took effect: ignore_eos="no" ignored EOS."""
+    with pytest.raises(ValueError, match=f"{name} must be True or False, got 'no'"):
+        SamplingParams(**{name: "no"})
+
+
+def test_one_message_alone_is_not_a_conversation(llm):
+    """It raised KeyError: 0."""
+    with pytest.raises(ValueError, match="got one message alone: put it in a list"):
+        llm.chat({"role": "user", "content": "hi"})
+
+
+@pytest.mark.parametrize("kwargs, message", [(dict(pipelined="no"), "pipelined must be True or False, got 'no'"),
+                                             (dict(kernels="bogus"), "kernels must be 'exact' or 'fast'")])
+def test_engine_flags_of_the_wrong_kind_fail_before_the_weights_load(tiny_target, monkeypatch, kwargs, message):
+    import specray.cluster.llm as llm_module
+
+    monkeypatch.setattr(llm_module, "load_model", lambda *a, **k: pytest.fail("the target must not load"))
+    with pytest.raises(ValueError, match=message):
+        LLM(str(tiny_target), **kwargs)
 
 
 def test_chat_without_a_tokenizer_says_so(tiny_target):

@@ -84,7 +84,12 @@ def test_bad_input_is_a_clear_error(tiny_target, capsys):
                            "none turns speculation off; drop --num-speculative-tokens"],
                           [["--speculative-method", "ngram", "--draft-quantization", "q4_1"],
                            "--draft-quantization needs a method with a draft model"],
-                          [["--draft-model", "smollm2-135m-eagle"], "--draft-model needs a method with a draft model"]):
+                          [["--draft-model", "smollm2-135m-eagle"], "--draft-model needs a method with a draft model"],
+                          # prompt lookup's flags beside another method, or beside the whole config: were dropped
+                          [["--speculative-method", "eagle", "--prompt-lookup-max", "9"],
+                           "--prompt-lookup-max shape prompt lookup (--speculative-method ngram); eagle ignores them"],
+                          [["--speculative-config", '{"method": "ngram"}', "--prompt-lookup-max", "9"],
+                           "put --prompt-lookup-max inside it"]):
         assert main(["generate", "w3", "--model", str(tiny_target), *argv]) == 2
         assert message in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:  # argparse's own check of a choice
