@@ -86,5 +86,9 @@ def test_target_kernels_reach_the_serve_config():
     from helm_render import render
 
     assert ServeConfig.from_dict(app_config(render({}).rayservice)).pools.target.kernels == "exact"
-    cfg = app_config(render({"target": {"kernels": "fast"}}).rayservice)
+    cpu = {"gpus": 0, "dtype": "float32"}
+    cfg = app_config(render({"target": {**cpu, "kernels": "fast"}}).rayservice)
     assert cfg["pools"]["target"]["kernels"] == "fast" and ServeConfig.from_dict(cfg).pools.target.kernels == "fast"
+    # the fast mode where it would do nothing (a GPU, bf16 weights) is refused, not rendered into a no-op
+    with pytest.raises(ValueError, match="kernels 'fast' is the CPU kernels' mode"):
+        ServeConfig.from_dict(app_config(render({"target": {"kernels": "fast"}}).rayservice))

@@ -16,7 +16,7 @@ so the two cannot drift.
 {{- if $s.draftQuantization }}{{ $_ := set $c "draft_quantization" $s.draftQuantization }}{{ end }}
 {{- if not (kindIs "invalid" $s.draftVocabTrim) }}{{ $_ := set $c "draft_vocab_trim" (int $s.draftVocabTrim) }}{{ end }}
 {{- if $s.layerParallel }}{{ $_ := set $c "layer_parallel" (int $s.layerParallel) }}{{ end }}
-{{- else }}
+{{- else if eq $s.method "ngram" }}
 {{- $_ := set $c "prompt_lookup_min" (int $s.promptLookupMin) }}
 {{- $_ := set $c "prompt_lookup_max" (int $s.promptLookupMax) }}
 {{- end }}
