@@ -134,7 +134,7 @@ class LLM:
                              "'prompt_token_ids'")
         if "prompt_token_ids" in prompt:
             ids = prompt["prompt_token_ids"]
-            if not (isinstance(ids, (list, tuple)) or (isinstance(ids, torch.Tensor) and ids.dim() == 1)):
+            if not (isinstance(ids, (list, tuple)) or getattr(ids, "ndim", None) == 1):  # NumPy, torch too
                 raise ValueError(f"prompt_token_ids must be a list of token ids, got {type(ids).__name__}")
             return prompt.get("prompt"), token_ids(ids)
         if "prompt" in prompt:

@@ -272,4 +272,5 @@ class AsyncRouter:
             if target is not None:
                 by_loop.setdefault(target[0], []).append((target[1], item))
         for loop, puts in by_loop.items():
-            loop.call_soon_threadsafe(_put_all, puts)
+            if not loop.is_closed():  # a caller's loop that ended (at shutdown) takes nothing more
+                loop.call_soon_threadsafe(_put_all, puts)

@@ -169,6 +169,9 @@ def _speculative_override(args, current: dict | None, target: str):
         spec["lookup_first"] = True
     if adaptive is not None:
         spec["adaptive"] = adaptive == "on"
+    if spec.get("method") != "ngram":  # the flags moved off prompt lookup: its keys go with it
+        for key in ("prompt_lookup_min", "prompt_lookup_max"):
+            spec.pop(key, None)
     return spec
 
 

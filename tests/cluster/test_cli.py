@@ -31,7 +31,7 @@ def test_draft_quantization_reaches_the_speculative_config():
     from specray.cluster.cli import speculative_config
 
     base = dict(model="m", speculative_method="draft_model", draft_model="d", num_speculative_tokens=2,
-                draft_num_layers=None, draft_vocab_trim=None, prompt_lookup_min=1, prompt_lookup_max=4)
+                draft_num_layers=None, draft_vocab_trim=None, prompt_lookup_min=None, prompt_lookup_max=None)
     assert speculative_config(argparse.Namespace(**base, draft_quantization="none"))["draft_quantization"] == "none"
     assert "draft_quantization" not in speculative_config(argparse.Namespace(**base, draft_quantization=None))
 

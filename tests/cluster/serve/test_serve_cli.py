@@ -150,7 +150,8 @@ def test_speculation_flags(capsys):
         "num_speculative_tokens": 4, "method": "draft_model", "model": "d"}
     # a draft model without a method: its folder says which (the default's method is ngram)
     assert main(["serve", "--draft-model", "d", "--dry-run"]) == 0
-    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"]["method"] == "draft_model"
+    spec = yaml.safe_load(capsys.readouterr().out)["speculative_config"]
+    assert spec["method"] == "draft_model" and "prompt_lookup_min" not in spec  # the default's lookup keys stay behind
     assert main(["serve", "--draft-model", "smollm2-135m-draft", "--dry-run"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"]["method"] == "draft_model"
     assert main(["serve", "--speculative-method", "ngram", "--dry-run"]) == 0  # the CPU default itself
