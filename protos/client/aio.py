@@ -11,8 +11,8 @@ import grpc
 import grpc.aio
 
 from specray.client import _health
-from specray.client._common import (DEFAULT_TARGET, Deadline, RetryPolicy, call_metadata, channel_options,
-                                    credentials, should_retry)
+from specray.client._common import (DEFAULT_TARGET, Deadline, RetryPolicy, StreamOnce, call_metadata,
+                                    channel_options, check_timeout, credentials, retry_policy, retry_wait)
 from specray.client.errors import NotFoundError, from_rpc_error
 from specray.client.types import (Completion, Delta, Message, Model, Prompt, Sampling, StreamSummary, assemble,
                                   build_request, completion_from_proto, delta_from_proto, model_from_proto,
@@ -28,14 +28,18 @@ class AsyncStream:
     def __init__(self, start, policy: RetryPolicy, deadline: Deadline, model: str):
         self._start, self._policy, self._deadline, self._model = start, policy, deadline, model
         self._call, self._cancelled = None, False
+        self._once = StreamOnce()
         self.request_id = ""
         self.summary: StreamSummary | None = None
 
     def __aiter__(self) -> AsyncIterator[Delta]:
+        self._once.begin()
         return self._events()
 
     async def _events(self) -> AsyncIterator[Delta]:
         for attempt in itertools.count():
+            if self._cancelled:  # also during a retry's backoff
+                return
             self._call = self._start(self._deadline.remaining())
             received = False
             try:
@@ -44,7 +48,8 @@ class AsyncStream:
                     if msg.HasField("summary"):
                         self.summary = summary_from_proto(msg.request_id, msg.summary)
                     else:
-                        yield delta_from_proto(msg.delta)
+                        yield self._once.seen(delta_from_proto(msg.delta))
+                self._once.end()
                 return
             except asyncio.CancelledError:
                 if not self._cancelled:  # grpc.aio reports a local cancel() this way
@@ -53,16 +58,19 @@ class AsyncStream:
             except grpc.aio.AioRpcError as e:
                 if self._cancelled:
                     return  # cancel() ends the iteration quietly
-                wait = self._policy.backoff(attempt)
-                if received or not should_retry(e.code(), attempt, self._policy, self._deadline, wait):
+                wait = None if received else retry_wait(e.code(), attempt, self._policy, self._deadline)
+                if wait is None:
                     raise from_rpc_error(e) from None
             finally:
                 self._call.cancel()  # a no-op once the call ended
             await asyncio.sleep(wait)
 
     async def collect(self) -> Completion:
-        """Drain the stream into the full result."""
-        return assemble([d async for d in self], self.summary, self._model)
+        """The full result: the whole stream drained, or (after a loop that read it to its end)
+        the deltas that loop saw. A stream is one call: it never runs again."""
+        if not self._once.started:
+            return assemble([d async for d in self], self.summary, self._model)
+        return assemble(self._once.all(list), self.summary, self._model)
 
     def cancel(self) -> None:
         """Cancel the call; an iteration in progress ends without error."""
@@ -83,7 +91,7 @@ class AsyncClient:
 
     def __init__(self, target: str = DEFAULT_TARGET, *, api_key: str | None = None, tls: bool = False,
                  root_certificates: bytes | str | Path | None = None, server_name: str | None = None,
-                 timeout: float | None = None, retry: RetryPolicy = RetryPolicy(), model: str = "",
+                 timeout: float | None = None, retry: RetryPolicy | None = RetryPolicy(), model: str = "",
                  options: list[tuple[str, object]] | None = None):
         creds, opts = credentials(tls, root_certificates), channel_options(server_name, options)
         self._channel = (grpc.aio.secure_channel(target, creds, opts) if creds
@@ -92,7 +100,8 @@ class AsyncClient:
         self._check = self._channel.unary_unary(_health.CHECK_METHOD,
                                                 request_serializer=_health.HealthCheckRequest.SerializeToString,
                                                 response_deserializer=_health.HealthCheckResponse.FromString)
-        self._metadata, self.timeout, self.retry, self.model = call_metadata(api_key), timeout, retry, model
+        self._metadata, self.timeout = call_metadata(api_key), check_timeout(timeout)
+        self.retry, self.model = retry_policy(retry), model
 
     # -- the API ----------------------------------------------------------------------------
     async def generate(self, prompt: Prompt, *, sampling: Sampling | None = None, model: str | None = None,
@@ -116,7 +125,7 @@ class AsyncClient:
         """Stream a prompt's (or a conversation's) output as `Delta`s."""
         request = build_request(prompt, messages, self._model(model), sampling, continue_final_message,
                                 **sampling_kwargs)
-        deadline = Deadline(self.timeout if timeout is None else timeout)
+        deadline = Deadline(self.timeout if timeout is None else check_timeout(timeout))
         start = lambda left: self._stub.Generate(request, timeout=left, metadata=self._metadata)  # noqa: E731
         return AsyncStream(start, self.retry, deadline, request.model)
 
@@ -146,12 +155,12 @@ class AsyncClient:
         return self.model if model is None else model
 
     async def _unary(self, method, request, timeout: float | None):
-        deadline = Deadline(self.timeout if timeout is None else timeout)
+        deadline = Deadline(self.timeout if timeout is None else check_timeout(timeout))
         for attempt in itertools.count():
             try:
                 return await method(request, timeout=deadline.remaining(), metadata=self._metadata)
             except grpc.aio.AioRpcError as e:
-                wait = self.retry.backoff(attempt)
-                if not should_retry(e.code(), attempt, self.retry, deadline, wait):
+                wait = retry_wait(e.code(), attempt, self.retry, deadline)
+                if wait is None:
                     raise from_rpc_error(e) from None
             await asyncio.sleep(wait)

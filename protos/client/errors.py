@@ -12,6 +12,9 @@ class SpecrayError(Exception):
         super().__init__(f"{code.name}: {details}")
         self.code, self.details = code, details
 
+    def __reduce__(self):  # pickles (Ray, multiprocessing) by its two arguments, not its message
+        return type(self), (self.code, self.details)
+
 
 class InvalidArgumentError(SpecrayError):
     """Bad parameters or prompt; the details say which."""
@@ -26,7 +29,7 @@ class UnauthenticatedError(SpecrayError):
 
 
 class ResourceExhaustedError(SpecrayError):
-    """The server's queue is full; retry later."""
+    """The server's queue is full (retry later), or a message passed a size limit (the details say)."""
 
 
 class UnavailableError(SpecrayError):

@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 
 from specray.client import _health
-from specray.client._common import (DEFAULT_TARGET, Deadline, RetryPolicy, call_metadata, channel_options,
-                                    credentials, should_retry)
+from specray.client._common import (DEFAULT_TARGET, Deadline, RetryPolicy, StreamOnce, call_metadata,
+                                    channel_options, check_timeout, credentials, retry_policy, retry_wait)
 from specray.client.errors import NotFoundError, from_rpc_error
 from specray.client.types import (Completion, Delta, Message, Model, Prompt, Sampling, StreamSummary, assemble,
                                   build_request, completion_from_proto, delta_from_proto, model_from_proto,
@@ -28,11 +28,15 @@ class Stream:
     def __init__(self, start, policy: RetryPolicy, deadline: Deadline, model: str):
         self._start, self._policy, self._deadline, self._model = start, policy, deadline, model
         self._call, self._cancelled = None, False
+        self._once = StreamOnce()
         self.request_id = ""
         self.summary: StreamSummary | None = None
 
     def __iter__(self) -> Iterator[Delta]:
+        self._once.begin()
         for attempt in itertools.count():
+            if self._cancelled:  # also during a retry's backoff
+                return
             self._call = self._start(self._deadline.remaining())
             received = False
             try:
@@ -41,21 +45,23 @@ class Stream:
                     if msg.HasField("summary"):
                         self.summary = summary_from_proto(msg.request_id, msg.summary)
                     else:
-                        yield delta_from_proto(msg.delta)
+                        yield self._once.seen(delta_from_proto(msg.delta))
+                self._once.end()
                 return
             except grpc.RpcError as e:
                 if self._cancelled:
                     return  # cancel() ends the iteration quietly
-                wait = self._policy.backoff(attempt)
-                if received or not should_retry(e.code(), attempt, self._policy, self._deadline, wait):
+                wait = None if received else retry_wait(e.code(), attempt, self._policy, self._deadline)
+                if wait is None:
                     raise from_rpc_error(e) from None
             finally:
                 self._call.cancel()  # a no-op once the call ended
             time.sleep(wait)
 
     def collect(self) -> Completion:
-        """Drain the stream into the full result."""
-        return assemble(list(self), self.summary, self._model)
+        """The full result: the whole stream drained, or (after a loop that read it to its end)
+        the deltas that loop saw. A stream is one call: it never runs again."""
+        return assemble(self._once.all(lambda: list(self)), self.summary, self._model)
 
     def cancel(self) -> None:
         """Cancel the call; an iteration in progress ends without error."""
@@ -74,13 +80,13 @@ class Client:
     """Blocking client of a specray gRPC server.
 
     `timeout` is each call's default deadline in seconds (None: none); `retry` retries calls
-    that fail UNAVAILABLE; `api_key` is sent as `authorization: Bearer <key>`; `tls` or
-    `root_certificates` (PEM bytes or path) make the channel secure.
+    that fail UNAVAILABLE (None: never); `api_key` is sent as `authorization: Bearer <key>`; `tls` or
+    `root_certificates` (PEM bytes or text, or a path) make the channel secure.
     """
 
     def __init__(self, target: str = DEFAULT_TARGET, *, api_key: str | None = None, tls: bool = False,
                  root_certificates: bytes | str | Path | None = None, server_name: str | None = None,
-                 timeout: float | None = None, retry: RetryPolicy = RetryPolicy(), model: str = "",
+                 timeout: float | None = None, retry: RetryPolicy | None = RetryPolicy(), model: str = "",
                  options: list[tuple[str, object]] | None = None):
         creds, opts = credentials(tls, root_certificates), channel_options(server_name, options)
         self._channel = grpc.secure_channel(target, creds, opts) if creds else grpc.insecure_channel(target, opts)
@@ -88,7 +94,8 @@ class Client:
         self._check = self._channel.unary_unary(_health.CHECK_METHOD,
                                                 request_serializer=_health.HealthCheckRequest.SerializeToString,
                                                 response_deserializer=_health.HealthCheckResponse.FromString)
-        self._metadata, self.timeout, self.retry, self.model = call_metadata(api_key), timeout, retry, model
+        self._metadata, self.timeout = call_metadata(api_key), check_timeout(timeout)
+        self.retry, self.model = retry_policy(retry), model
 
     # -- the API ----------------------------------------------------------------------------
     def generate(self, prompt: Prompt, *, sampling: Sampling | None = None, model: str | None = None,
@@ -112,7 +119,7 @@ class Client:
         """Stream a prompt's (or a conversation's) output as `Delta`s."""
         request = build_request(prompt, messages, self._model(model), sampling, continue_final_message,
                                 **sampling_kwargs)
-        deadline = Deadline(self.timeout if timeout is None else timeout)
+        deadline = Deadline(self.timeout if timeout is None else check_timeout(timeout))
         start = lambda left: self._stub.Generate(request, timeout=left, metadata=self._metadata)  # noqa: E731
         return Stream(start, self.retry, deadline, request.model)
 
@@ -142,12 +149,12 @@ class Client:
         return self.model if model is None else model
 
     def _unary(self, method, request, timeout: float | None):
-        deadline = Deadline(self.timeout if timeout is None else timeout)
+        deadline = Deadline(self.timeout if timeout is None else check_timeout(timeout))
         for attempt in itertools.count():
             try:
                 return method(request, timeout=deadline.remaining(), metadata=self._metadata)
             except grpc.RpcError as e:
-                wait = self.retry.backoff(attempt)
-                if not should_retry(e.code(), attempt, self.retry, deadline, wait):
+                wait = retry_wait(e.code(), attempt, self.retry, deadline)
+                if wait is None:
                     raise from_rpc_error(e) from None
             time.sleep(wait)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -49,19 +50,28 @@ class Sampling:
         if self.allowed_token_ids is not None and len(self.allowed_token_ids) == 0:  # the wire's empty is "all"
             raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT,
                                        "allowed_token_ids: give at least one token id (leave it out for all)")
-        values = {"top_k": self.top_k, "ignore_eos": self.ignore_eos, "stop_token_ids": list(self.stop_token_ids),
-                  "min_p": self.min_p, "logit_bias": dict(self.logit_bias or {}),
+        values = {"top_k": self.top_k, "ignore_eos": self.ignore_eos, "stop_token_ids": self.stop_token_ids,
+                  "min_p": self.min_p, "logit_bias": self.logit_bias or {},
                   "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
-                  "min_tokens": self.min_tokens, "allowed_token_ids": list(self.allowed_token_ids or []),
-                  "bad_words": list(self.bad_words or []),
-                  "stop": [self.stop] if isinstance(self.stop, str) else list(self.stop or [])}
+                  "min_tokens": self.min_tokens, "allowed_token_ids": self.allowed_token_ids or [],
+                  "bad_words": self.bad_words or [],
+                  "stop": [self.stop] if isinstance(self.stop, str) else self.stop or []}
         for name in ("max_tokens", "temperature", "top_p", "n", "seed", "logprobs", "num_speculative_tokens",
                      "verify_budget", "prompt_logprobs", "repetition_penalty", "truncate_prompt_tokens"):
             values[name] = getattr(self, name)  # unset optionals (None) keep the server's default
         for name, value in values.items():
             if value is None:
                 continue
+            if isinstance(value, bool) != (name == "ignore_eos"):  # True is not 1.0, "no" is not false
+                want = "true or false" if name == "ignore_eos" else "not a bool"
+                raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {want}, got {value!r}")
+            many = name in ("stop_token_ids", "allowed_token_ids", "bad_words", "stop", "logit_bias")
+            if many and not isinstance(value, (list, tuple, dict)):
+                raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT,
+                                           f"{name}: a {'dict' if name == 'logit_bias' else 'list'}, got {value!r}")
             try:
+                if many:
+                    value = dict(value) if isinstance(value, dict) else list(value)
                 if isinstance(value, list):
                     getattr(msg, name).extend(value)
                 elif isinstance(value, dict):
@@ -98,6 +108,11 @@ def build_request(prompt: Prompt | None = None, messages: Sequence[Message] | No
         raise ValueError("continue_final_message continues the last of the messages: give messages")
     if (prompt is None) == (messages is None):
         raise ValueError("give exactly one of a prompt (text or token ids) or messages")
+    if sampling is not None and not isinstance(sampling, Sampling):
+        raise TypeError(f"sampling must be a Sampling (or its fields as keyword arguments), got "
+                        f"{type(sampling).__name__}")
+    if not isinstance(model, str):
+        raise TypeError(f"model must be a string, got {type(model).__name__}")
     if kwargs:
         sampling = Sampling(**{**(sampling.__dict__ if sampling else {}), **kwargs})
     req = pb.GenerateRequest(model=model, sampling=(sampling or Sampling()).to_proto())
@@ -109,11 +124,27 @@ def build_request(prompt: Prompt | None = None, messages: Sequence[Message] | No
         elif isinstance(prompt, str):
             req.text = prompt
         else:
-            req.token_ids.ids.extend(prompt)
+            req.token_ids.ids.extend(_token_ids(prompt))
     except UnicodeEncodeError as e:  # a lone surrogate: protobuf strings are UTF-8
         raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: not valid Unicode text "
                                    f"(unpaired surrogate at character {e.start})") from None
     return req
+
+
+def _token_ids(prompt) -> list[int]:
+    """A token-id prompt as ints: bytes (which iterate as ints), other element types and ids the
+    wire cannot hold are refused, naming the prompt."""
+    def refuse(message: str):
+        raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"prompt: {message}")
+
+    if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
+        refuse(f"a string or a sequence of token ids, got {type(prompt).__name__}")
+    if not prompt:
+        refuse("empty (no token ids)")
+    bad = next((t for t in prompt if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
+    if bad is not None or any(not 0 <= t < 2 ** 32 for t in prompt):
+        refuse(f"token ids are integers in [0, 2^32), got {bad if bad is not None else max(prompt)!r}")
+    return [int(t) for t in prompt]
 
 
 @dataclass
