@@ -131,8 +131,8 @@ def _top_p(logits: torch.Tensor, ps: list[float]) -> torch.Tensor:
     top_p = torch.tensor(ps, device=logits.device).unsqueeze(1)
     # Drop a token when the mass before it already reaches top_p; the first token always stays (a
     # top_p below float32's smallest value rounds to 0, which the rule alone would let drop it too).
-    drop_sorted = (cum - sorted_logits.softmax(-1)) >= top_p
-    drop_sorted[:, 0] = False
+    drop_sorted = ((cum - sorted_logits.softmax(-1)) >= top_p) & (top_p < 1.0)  # a row without top_p keeps its
+    drop_sorted[:, 0] = False  # tail, whose running sum rounds to 1.0 in float32, whatever its batch's rows ask
     drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 

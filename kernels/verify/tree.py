@@ -92,6 +92,13 @@ def residual_distribution(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return r / mass if mass > 0 else q
 
 
+def accept_prob(target: torch.Tensor, draft: torch.Tensor) -> float:
+    """min(1, target / draft); 0 where that is NaN (a row its processing emptied), as `min` would
+    have kept 1.0 and accepted the draft token that plain decoding never draws."""
+    ratio = float(target / draft)
+    return min(1.0, ratio) if ratio == ratio else 0.0
+
+
 def rrs_step(row, children, proposal, draws):
     """Recursive rejection sampling over siblings drawn without replacement."""
     q = row.double().clone()
@@ -99,7 +106,7 @@ def rrs_step(row, children, proposal, draws):
     for c in children:
         x = proposal.draft_token_ids[c]
         assert p[x] > 0, "a sibling was drawn with zero draft probability"
-        if draws.bernoulli(float(min(1.0, q[x] / p[x]))):
+        if draws.bernoulli(accept_prob(q[x], p[x])):
             return c, None
         q = residual_distribution(q, p)
         p[x] = 0.0  # the next sibling was drawn from p without the earlier ones
@@ -161,7 +168,7 @@ def kseq_step(row, children, proposal, draws):
         j = draws.categorical(remaining)
         remaining[j] -= 1
         x = proposal.draft_token_ids[children[j]]
-        if draws.bernoulli(float(min(1.0, q[x] / (rho * p[x])))):
+        if draws.bernoulli(accept_prob(q[x], rho * p[x])):
             return children[j], None
     return None, draws.categorical(kseq_residual(p, q, rho, k))
 

@@ -31,3 +31,15 @@ def test_the_shift_leaves_ordinary_temperatures_alone(logits):
     for t in (0.3, 1.0, 2.5):
         want = (logits.double() / t).softmax(-1).float()
         assert torch.allclose(processed_probs(logits, [SamplingConfig(t)] * 4), want, atol=1e-6)
+
+
+@pytest.mark.parametrize("other", [SamplingConfig(top_p=0.9), SamplingConfig(top_k=5), SamplingConfig(min_p=0.1)])
+def test_a_rows_distribution_does_not_depend_on_its_batchs_options(other):
+    """Another row's top_p ran the top-p cut on every row: a row without one lost the tail tokens
+    whose float32 running sum had rounded to 1.0 (46k of a 49k vocabulary at these logits), so a
+    request's target distribution depended on who shared its batch. Top-k and min-p as a check."""
+    logits = torch.randn(2, 49152, generator=torch.Generator().manual_seed(1)) * 8  # [rows, vocab_size]
+    alone = processed_probs(logits[:1], [SamplingConfig()])[0]
+    beside = processed_probs(logits, [SamplingConfig(), other])[0]
+    assert torch.equal(alone, beside)
+    assert (alone > 0).sum() == 49152

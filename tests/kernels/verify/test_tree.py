@@ -44,6 +44,19 @@ def test_rrs_rejects_a_zero_probability_sibling_and_accepts_the_next():
     assert res.accepted_nodes == [1] and res.is_bonus
 
 
+@pytest.mark.parametrize("rule, kind", [("rrs", "wor_tree"), ("kseq", "iid")])
+def test_a_row_its_processing_emptied_accepts_no_draft_token(rule, kind):
+    """An all -inf row after processing (allowed tokens all banned) is NaN once normalised: min(1,
+    NaN) kept 1.0 and the tree rules accepted the draft token every time, where plain decoding
+    and the chain rule never draw it."""
+    p = torch.tensor([0.0, 0.5, 0.5, 0.0, 0.0])
+    tree = Proposal([1, 2], p.repeat(2, 1), parents=[-1, -1], kind=kind, counts=[1, 1] if kind == "iid" else None)
+    rows = torch.full((3, 5), float("nan"))
+    for seed in range(20):
+        res = vt.verify_tree(rule, rows, tree, vt.GeneratorDraws(torch.Generator().manual_seed(seed)))
+        assert res.accepted_nodes == [] and res.accepted_token_ids == [], (seed, res)
+
+
 def test_rule_kind_mismatch_is_an_error():
     tree = Proposal([1, 2], parents=[-1, -1], kind="deterministic_tree")
     rows = torch.full((3, 5), 0.2)
