@@ -72,6 +72,16 @@ class RequestBook:
                 raise
             raise SamplingParamError("prompt", f"{e} (truncate_prompt_tokens={params.truncate_prompt_tokens} kept "
                                                f"the last {len(kept)} of its {len(prompt_token_ids)})") from None
+        self._check_drawable(params)
+
+    def _check_drawable(self, params: SamplingParams) -> None:
+        """allowed_token_ids that min_tokens bans at first (each an EOS or stop token id) leave no
+        token to draw: every path would emit an arbitrary one."""
+        if params.allowed_token_ids and params.min_tokens:
+            ending = (set() if params.ignore_eos else set(self.eos_token_ids)) | set(params.stop_token_ids)
+            if set(params.allowed_token_ids) <= ending:
+                raise SamplingParamError("allowed_token_ids", "every allowed token ends the output, which "
+                                         f"min_tokens={params.min_tokens} forbids at first: no token could be drawn")
 
     def abort(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)
