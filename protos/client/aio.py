@@ -86,20 +86,15 @@ class AsyncStream:
 
 
 class AsyncClient:
-    """asyncio client of a specray gRPC server; options as for `Client`. Create it inside the
-    event loop that uses it."""
+    """asyncio client of a specray gRPC server; options as for `Client`. Its channel opens in the
+    event loop of its first call and serves that loop only (grpc.aio channels belong to one loop)."""
 
     def __init__(self, target: str = DEFAULT_TARGET, *, api_key: str | None = None, tls: bool = False,
                  root_certificates: bytes | str | Path | None = None, server_name: str | None = None,
                  timeout: float | None = None, retry: RetryPolicy | None = RetryPolicy(), model: str = "",
                  options: list[tuple[str, object]] | None = None):
-        creds, opts = credentials(tls, root_certificates), channel_options(server_name, options)
-        self._channel = (grpc.aio.secure_channel(target, creds, opts) if creds
-                         else grpc.aio.insecure_channel(target, opts))
-        self._stub = GenerationStub(self._channel)
-        self._check = self._channel.unary_unary(_health.CHECK_METHOD,
-                                                request_serializer=_health.HealthCheckRequest.SerializeToString,
-                                                response_deserializer=_health.HealthCheckResponse.FromString)
+        self._open = (target, credentials(tls, root_certificates), channel_options(server_name, options))
+        self._channel = self._loop = None
         self._metadata, self.timeout = call_metadata(api_key), check_timeout(timeout)
         self.retry, self.model = retry_policy(retry), model
 
@@ -142,7 +137,8 @@ class AsyncClient:
         return _health.status_name(reply)
 
     async def close(self) -> None:
-        await self._channel.close()
+        if self._channel is not None:
+            await self._channel.close()
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -153,6 +149,29 @@ class AsyncClient:
     # -- plumbing ---------------------------------------------------------------------------
     def _model(self, model: str | None) -> str:
         return self.model if model is None else model
+
+    @property
+    def _stub(self) -> GenerationStub:
+        """The stub of this loop's channel, opened at the first call (one built outside the loop that
+        uses it failed with grpc's "attached to a different loop")."""
+        loop = asyncio.get_running_loop()
+        if self._channel is None:
+            target, creds, opts = self._open
+            self._channel = (grpc.aio.secure_channel(target, creds, opts) if creds
+                             else grpc.aio.insecure_channel(target, opts))
+            self._loop, self._generation = loop, GenerationStub(self._channel)
+            self._health = self._channel.unary_unary(
+                _health.CHECK_METHOD, request_serializer=_health.HealthCheckRequest.SerializeToString,
+                response_deserializer=_health.HealthCheckResponse.FromString)
+        elif loop is not self._loop:
+            raise RuntimeError("this AsyncClient's channel belongs to the event loop of its first call; "
+                               "create an AsyncClient in each event loop")
+        return self._generation
+
+    @property
+    def _check(self):
+        self._stub  # noqa: B018 - opens the channel in this loop, or refuses another loop
+        return self._health
 
     async def _unary(self, method, request, timeout: float | None):
         deadline = Deadline(self.timeout if timeout is None else check_timeout(timeout))

@@ -114,3 +114,17 @@ def test_errors_pickle_and_the_channel_takes_large_answers():
     assert channel_options(None, [("grpc.max_receive_message_length", 1024)]).count(RECEIVE_UNLIMITED) == 0
     pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
     assert credentials(False, pem) is not None  # the PEM text itself, not a file named after it
+
+
+def test_an_async_client_made_outside_its_loop_works_and_a_second_loop_is_told():
+    """Built before asyncio.run, its first call failed with grpc's "attached to a different loop";
+    reused in a second loop, with "Event loop is closed"."""
+    import asyncio
+
+    from specray.client import AsyncClient
+
+    client = AsyncClient("localhost:1", retry=None, timeout=2)
+    with pytest.raises(UnavailableError):  # the server's absence, not the loop
+        asyncio.run(client.health())
+    with pytest.raises(RuntimeError, match="create an AsyncClient in each event loop"):
+        asyncio.run(client.generate("w1", max_tokens=2))
