@@ -37,11 +37,15 @@ class HttpConfig(Strict):
             return self.api_key
         if self.api_key_file:
             try:
-                key = Path(self.api_key_file).read_text().strip()
+                key = Path(self.api_key_file).read_text(encoding="utf-8").strip()
             except OSError as e:
                 raise ValueError(f"http.api_key_file: cannot read {self.api_key_file}: {e.strerror}") from None
+            except UnicodeDecodeError:
+                raise ValueError(f"http.api_key_file: {self.api_key_file} is not UTF-8 text") from None
             if not key:
                 raise ValueError(f"http.api_key_file: {self.api_key_file} is empty")
+            if "\n" in key:  # the key would hold a newline, and every request would be a 401
+                raise ValueError(f"http.api_key_file: {self.api_key_file} holds more than one line; the key alone")
             return key
         # stripped as the file's is: a Kubernetes Secret made --from-file ends in a newline
         return (os.environ.get(self.api_key_env, "").strip() if self.api_key_env else None) or None
@@ -73,6 +77,20 @@ class GrpcConfig(Strict):
         if not self.tls_cert_file:
             return None
         try:
-            return Path(self.tls_key_file).read_bytes(), Path(self.tls_cert_file).read_bytes()
+            pair = Path(self.tls_key_file).read_bytes(), Path(self.tls_cert_file).read_bytes()
         except OSError as e:
             raise ValueError(f"grpc TLS: cannot read {e.filename}: {e.strerror}") from None
+        check_tls_pair(self.tls_cert_file, self.tls_key_file)
+        return pair
+
+
+def check_tls_pair(cert_file: str, key_file: str) -> None:
+    """A certificate chain and its private key that load together (gRPC says only "Failed to bind to
+    address" for a key that does not match)."""
+    import ssl
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_file, key_file)
+    except (ssl.SSLError, ValueError) as e:
+        raise ValueError(f"grpc TLS: {cert_file} and {key_file} are not a certificate chain and its private key "
+                         f"({e})") from None

@@ -14,9 +14,15 @@ def key_hint(http) -> str:
     return f"${http.api_key_env}"
 
 
+def _bracketed(host: str) -> str:
+    """An IPv6 address as a URL or a gRPC target writes it."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
 def endpoint_banner(cfg, handle) -> str:
     everywhere = cfg.http.host in ("0.0.0.0", "::", "[::]")
     host = "127.0.0.1" if everywhere else cfg.http.host
+    host = _bracketed(host)
     url = f"http://{host}:{cfg.http.port}"
     auth = f' -H "Authorization: Bearer {key_hint(cfg.http)}"' if handle.get("api_key") else ""
     lines = [
@@ -28,7 +34,8 @@ def endpoint_banner(cfg, handle) -> str:
     ]
     if handle.get("grpc"):
         tls = ", TLS" if cfg.grpc.tls_cert_file else ""
-        lines.append(f"  gRPC (specray.v1.Generation{tls}): {cfg.grpc.host or host}:{cfg.grpc.port}")
+        lines.append(f"  gRPC (specray.v1.Generation{tls}): {_bracketed(cfg.grpc.host) if cfg.grpc.host else host}:"
+                     f"{cfg.grpc.port}")
     if everywhere:
         lines.append(f"  listening on every interface ({cfg.http.host}): reachable from other machines")
     lines += ["  try:",

@@ -245,30 +245,49 @@ def cmd_serve(args) -> int:
         print("specray serve: --api-key is visible in the process list; prefer --api-key-file or SPECRAY_API_KEY",
               file=sys.stderr)
     cfg.http.resolved_api_key()  # an unreadable key file fails here, before anything starts
-    if cfg.ray_address is None:  # a local cluster's workers see this machine's files, and listen here
-        from specray.cluster.serve.ports import check_drafter, check_listening
-
-        check_listening(cfg)
-        check_model_and_context(cfg)
-        check_drafter(cfg)
-    from specray.cluster.serve.local_ray import start_ray
-    from specray.cluster.serve.run import run_serve
-
-    start_ray(cfg)
-    # SIGTERM (docker stop, kill, a supervisor) stops it as Ctrl-C does, while it deploys too: Ray's
-    # driver would otherwise print a crash trace and abort (exit 134) with the requests in flight
+    # SIGTERM (docker stop, kill, a supervisor) stops it as Ctrl-C does, while it checks and deploys
+    # too: Ray's driver would otherwise print a crash trace and abort (exit 134) with requests in flight
     signal.signal(signal.SIGTERM, _interrupt)
     try:
+        if cfg.ray_address is None:  # a local cluster's workers see this machine's files, and listen here
+            from specray.cluster.serve.ports import check_drafter, check_listening
+
+            cfg.grpc.tls_pair()  # files that cannot be read, or a key that is not the certificate's
+            check_listening(cfg)
+            check_model_and_context(cfg)
+            check_drafter(cfg)
+        from specray.cluster.serve.local_ray import start_ray
+        from specray.cluster.serve.run import run_serve
+
+        start_ray(cfg)
+        signal.signal(signal.SIGTERM, _interrupt)  # again: ray.init installs a handler of its own
         handle = run_serve(cfg)
         print(endpoint_banner(cfg, handle), flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         print("specray serve: shutting down", file=sys.stderr)
-        from ray import serve
-
-        serve.shutdown()
+        _stop_serve(cfg)
         return 0
+    except RuntimeError as e:  # the replica failed to start: Serve's error holds its whole traceback
+        reason = (str(e).strip().splitlines() or ["unknown error"])[-1]
+        print(f"specray serve: the deployment failed: {reason} (the replica's log has the rest)", file=sys.stderr)
+        _stop_serve(cfg)
+        return 1
+
+
+def _stop_serve(cfg) -> None:
+    """Ends what this process deployed: on a cluster it joined, its own application only."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    from ray import serve
+
+    if cfg.ray_address:
+        serve.delete("specray")
+    else:
+        serve.shutdown()
 
 
 def _interrupt(signum, frame) -> None:

@@ -31,7 +31,10 @@ def start_ray(cfg) -> None:
     if ray.is_initialized():  # embedded in a process that already joined a cluster
         return
     if cfg.ray_address:
-        ray.init(address=cfg.ray_address)
+        try:
+            ray.init(address=cfg.ray_address)
+        except ConnectionError as e:
+            raise ValueError(f"--address {cfg.ray_address}: no Ray cluster answers there ({e})") from None
         return
     pools = [cfg.pools.target] * cfg.pools.target.num_workers + [cfg.pools.draft] * cfg.pools.draft.num_workers
     cpus = max(os.cpu_count() or 1, int(sum(p.num_cpus for p in pools) + 0.999))
