@@ -60,7 +60,7 @@ def diffusion_configs(args) -> tuple[dict | None, dict] | None:
         _refuse_for_autoregressive(args, args.model, given)
         return None
     spec = _whole_spec(args, given)
-    diffusion = {k: v for k, v in given.items() if k != "num_drafts" and v is not None}
+    diffusion = _block_options(given)
     return (spec if spec is not None else _freedave(_num_drafts(args, given), args)), diffusion
 
 
@@ -83,6 +83,11 @@ def _whole_spec(args, given: dict) -> dict | None:
     return spec
 
 
+def _block_options(given: dict) -> dict:
+    """The diffusion_config the block flags ask for (block_length, steps_per_block)."""
+    return {k: v for k, v in given.items() if k != "num_drafts" and v is not None}
+
+
 def _freedave(drafts: int, args) -> dict:
     spec = {"method": FREEDAVE, "num_drafts": drafts}
     if getattr(args, "adaptive", None) is not None:
@@ -100,7 +105,7 @@ def serve_overrides(args, model: str, current: dict | None) -> dict:
     if not diffusion_model:
         _refuse_for_autoregressive(args, model, given)
     spec = _whole_spec(args, given)
-    diffusion = {k: v for k, v in given.items() if k != "num_drafts" and v is not None}
+    diffusion = _block_options(given)
     if spec is None:
         spec = _freedave(_num_drafts(args, given, (current or {}).get("num_drafts")), args)
     return {"speculative_config": spec, "diffusion_config": diffusion or None}

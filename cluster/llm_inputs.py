@@ -28,19 +28,26 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def parse_device(device: str) -> torch.device:
+    """cpu, cuda or cuda:N as a torch.device (whether this machine has it is the caller's question);
+    ValueError otherwise."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: specray runs on cpu or cuda")
+    return dev
+
+
 def check_engine_args(device: str, kv_cache_tokens: int, block_size: int, max_num_seqs: int = 1,
                       kernels: str = "exact", dtype: torch.dtype = torch.float32) -> None:
     """The in-process engine's device must be here, its KV cache hold a block, its batch a sequence,
     and the fast kernels get fp32 weights on a CPU: ValueError saying why (torch's RuntimeError, a
     bare assertion, or plain torch in silence, otherwise)."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
+    dev = parse_device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r}: this machine or torch build has no CUDA device")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device {device!r}: specray runs on cpu or cuda")
     if not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
     if not isinstance(kv_cache_tokens, int) or kv_cache_tokens < block_size:

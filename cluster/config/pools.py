@@ -38,20 +38,16 @@ class PoolConfig(Strict):
     @field_validator("dtype")
     @classmethod
     def _dtype(cls, v: str) -> str:
-        from specray.kernels.loader import DTYPES
+        from specray.cluster.llm_inputs import dtype_name, parse_dtype
 
-        if v == "auto":  # vLLM's default; specray's is float32 (the CPU kernels read fp32 weights)
-            return "float32"
-        if v not in DTYPES:
-            raise ValueError(f"unknown dtype {v!r}; choose one of {sorted(DTYPES)} or 'auto'")
-        return v
+        return dtype_name(parse_dtype(v))  # auto (vLLM's default) is float32, as in LLM
 
     @field_validator("device")
     @classmethod
     def _device(cls, v: str) -> str:
-        kind, _, index = v.partition(":")
-        if kind not in ("cpu", "cuda") or (index and not (index.isdigit() and kind == "cuda")):
-            raise ValueError(f"unknown device {v!r}; use cpu, cuda or cuda:N")
+        from specray.cluster.llm_inputs import parse_device
+
+        parse_device(v)  # whether the worker's node has it is checked where the worker starts
         return v
 
 
@@ -63,10 +59,9 @@ class TargetPoolConfig(PoolConfig):
         "transformers computes) or fast (8-bit activations, integer dot products, a 16-bit KV cache; "
         "lossless against itself)")
 
-
     @model_validator(mode="after")
     def _fast_on_cpu(self) -> "TargetPoolConfig":
-        if self.kernels == "fast" and (self.device != "cpu" or self.dtype not in ("float32", "fp32")):
+        if self.kernels == "fast" and (not self.device.startswith("cpu") or self.dtype != "float32"):
             raise ValueError(f"kernels 'fast' is the CPU kernels' mode on fp32 weights; device {self.device!r} with "
                              f"dtype {self.dtype!r} would not use it: use kernels 'exact'")
         return self

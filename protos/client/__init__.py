@@ -13,8 +13,9 @@ from specray.client.aio import AsyncClient, AsyncStream
 from specray.client.errors import (CallCancelledError, DeadlineExceededError, InvalidArgumentError, NotFoundError,
                                    ResourceExhaustedError, SpecrayError, UnauthenticatedError, UnavailableError)
 from specray.client.sync import Client, Stream
-from specray.client.types import (Choice, Completion, Delta, Model, Sampling, SpeculativeMetrics, StreamSummary,
-                                  TokenLogprob, TopLogprob, Usage)
+from specray.client.request import Sampling
+from specray.client.types import (Choice, Completion, Delta, Model, SpeculativeMetrics, StreamSummary, TokenLogprob,
+                                  TopLogprob, Usage)
 
 __all__ = [
     "Client", "AsyncClient", "Stream", "AsyncStream", "RetryPolicy", "Sampling",

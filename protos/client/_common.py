@@ -128,10 +128,8 @@ class StreamOnce:
     def end(self) -> None:
         self.ended = True
 
-    def all(self, drain) -> list:
-        """Every delta: `drain()` reads the whole stream if nothing did yet."""
-        if not self.started:
-            return drain()
+    def all(self) -> list:
+        """Every delta, once an iteration read the stream to its end."""
         if not self.ended:
             raise RuntimeError("the stream was left (or cancelled) before its end: its whole result is not here")
         return self.deltas

@@ -14,9 +14,9 @@ from specray.client import _health
 from specray.client._common import (DEFAULT_TARGET, Deadline, RetryPolicy, StreamOnce, call_metadata,
                                     channel_options, check_timeout, credentials, retry_policy, retry_wait)
 from specray.client.errors import NotFoundError, from_rpc_error
-from specray.client.types import (Completion, Delta, Message, Model, Prompt, Sampling, StreamSummary, assemble,
-                                  build_request, completion_from_proto, delta_from_proto, model_from_proto,
-                                  summary_from_proto)
+from specray.client.request import Message, Prompt, Sampling, build_request
+from specray.client.types import (Completion, Delta, Model, StreamSummary, assemble, completion_from_proto,
+                                  delta_from_proto, model_from_proto, summary_from_proto)
 from specray.protos.specray.v1 import generate_pb2 as pb
 from specray.protos.specray.v1.generate_pb2_grpc import GenerationStub
 
@@ -68,9 +68,8 @@ class AsyncStream:
     async def collect(self) -> Completion:
         """The full result: the whole stream drained, or (after a loop that read it to its end)
         the deltas that loop saw. A stream is one call: it never runs again."""
-        if not self._once.started:
-            return assemble([d async for d in self], self.summary, self._model)
-        return assemble(self._once.all(list), self.summary, self._model)
+        deltas = self._once.all() if self._once.started else [d async for d in self]
+        return assemble(deltas, self.summary, self._model)
 
     def cancel(self) -> None:
         """Cancel the call; an iteration in progress ends without error."""

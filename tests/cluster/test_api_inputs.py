@@ -1,5 +1,6 @@
 """The Python API's inputs as vLLM users pass them: SamplingParams changed after construction are held
-to the same rules, engine arguments of the wrong type are refused by name, NumPy token ids work."""
+to the same rules, engine arguments and bool options of the wrong type are refused by name, NumPy
+token ids work, a lone chat message and options that leave no token to draw are clear errors."""
 
 import numpy as np
 import pytest
@@ -64,3 +65,41 @@ def test_stop_token_ids_none_is_none(llm):
     params = SamplingParams(**GREEDY, stop_token_ids=None)
     assert params.stop_token_ids == []
     assert llm.generate({"prompt_token_ids": PROMPT}, params)[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("name", ["ignore_eos", "include_stop_str_in_output", "skip_special_tokens"])
+def test_a_bool_option_takes_only_a_bool(name):
+    """A truthy string took effect: ignore_eos="no" ignored EOS."""
+    with pytest.raises(ValueError, match=f"{name} must be True or False, got 'no'"):
+        SamplingParams(**{name: "no"})
+
+
+def test_one_message_alone_is_not_a_conversation(llm):
+    """It raised KeyError: 0."""
+    with pytest.raises(ValueError, match="got one message alone: put it in a list"):
+        llm.chat({"role": "user", "content": "hi"})
+
+
+@pytest.mark.parametrize("kwargs, message", [(dict(pipelined="no"), "pipelined must be True or False, got 'no'"),
+                                             (dict(kernels="bogus"), "kernels must be 'exact' or 'fast'")])
+def test_engine_flags_of_the_wrong_kind_fail_before_the_weights_load(tiny_target, monkeypatch, kwargs, message):
+    import specray.cluster.llm as llm_module
+
+    monkeypatch.setattr(llm_module, "load_model", lambda *a, **k: pytest.fail("the target must not load"))
+    with pytest.raises(ValueError, match=message):
+        LLM(str(tiny_target), **kwargs)
+
+
+def test_allowed_tokens_that_min_tokens_bans_all_are_refused(llm):
+    """Every allowed token an EOS or stop token id, with min_tokens: the first row has no token left,
+    and every path emitted an arbitrary one (the tree rules even accepted a draft's)."""
+    eos = sorted(llm.router.eos_token_ids)[0]
+    for params in (SamplingParams(allowed_token_ids=[7], stop_token_ids=[7], min_tokens=1, max_tokens=3),
+                   SamplingParams(allowed_token_ids=[eos], min_tokens=2, max_tokens=3)):
+        with pytest.raises(ValueError, match="no token could be drawn"):
+            llm.generate({"prompt_token_ids": [5, 6]}, params)
+    assert not llm.router.has_unfinished()
+    other = SamplingParams(allowed_token_ids=[7, 8], stop_token_ids=[7], min_tokens=1, max_tokens=3, temperature=0)
+    assert llm.generate({"prompt_token_ids": [5, 6]}, other)[0].outputs[0].token_ids[0] == 8  # the one left
+    kept = SamplingParams(allowed_token_ids=[eos], min_tokens=2, max_tokens=3, ignore_eos=True)  # EOS ends nothing
+    assert llm.generate({"prompt_token_ids": [5, 6]}, kept)[0].outputs[0].token_ids == [eos] * 3

@@ -11,7 +11,7 @@ from specray.client import Client, RetryPolicy
 from specray.client._common import RECEIVE_UNLIMITED, Deadline, channel_options, credentials
 from specray.client.errors import InvalidArgumentError, UnavailableError
 from specray.client.sync import Stream
-from specray.client.types import build_request
+from specray.client.request import build_request
 from specray.protos.specray.v1 import generate_pb2 as pb
 
 

@@ -38,7 +38,7 @@ def test_every_sampling_field_of_the_wire_is_the_sdks_and_the_servers():
 def test_a_chat_message_s_name_reaches_the_template_as_over_http():
     """The SDK sent a message's `name` nowhere (the wire had no field); the server gives it to the
     chat template, as the HTTP API does."""
-    from specray.client.types import build_request
+    from specray.client.request import build_request
     from specray.cluster.serve.grpc_convert import chat_messages
 
     request = build_request(messages=[{"role": "user", "content": "hi", "name": "bob"}, {"role": "user", "content": "x"}])

@@ -21,7 +21,7 @@ from specray.client import (
     UnauthenticatedError,
     UnavailableError,
 )
-from specray.client.types import build_request
+from specray.client.request import build_request
 from specray.cluster.router.async_router import AsyncRouter
 from specray.cluster.serve.grpc_convert import GrpcAbort
 from specray.cluster.serve.grpc_server import GrpcServerThread
