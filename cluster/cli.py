@@ -41,14 +41,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "lossless whichever")
     s.add_argument("--num-speculative-tokens", type=int, default=None,
                    help="draft tokens per round, at most with --adaptive-speculation (default 4 with the default "
-                        "speculation, adaptive; else 2)")
+                        "speculation or eagle, adaptive; else 2)")
     s.add_argument("--disable-by-batch-size", type=int, default=None,
-                   help="speculation off once this many sequences run (default: 2 with the default speculation, "
-                        "where batches of 2+ decode faster without it on CPU; else never)")
+                   help="speculation off once this many sequences run (default: 2 with the default speculation "
+                        "or eagle, where batches of 2+ decode faster without it on CPU; else never)")
     s.add_argument("--adaptive-speculation", choices=["on", "off"], default=None,
                    help="each round, each sequence drafts the length (at most --num-speculative-tokens) that "
                         "maximises expected tokens per cost, from its acceptance and this machine's measured "
-                        "step costs (default: on with the default speculation, else off)")
+                        "step costs (default: on with the default speculation or eagle, else off)")
     s.add_argument("--lookup-first", action="store_true", help="draft_model / eagle: prompt lookup first: a draft model proposes only where the last tokens never occurred before")
     s.add_argument("--prompt-lookup-min", type=int, default=None,
                    help="ngram: the shortest trailing match that drafts (default 2 with the default speculation, else 1)")

@@ -63,7 +63,7 @@ def add_serve_flags(p) -> None:
     p.add_argument("--adaptive-speculation", choices=["on", "off"],
                    help="speculative_config.adaptive: each round, each sequence drafts the length (at most "
                         "--num-speculative-tokens) that maximises expected tokens per cost, from its acceptance "
-                        "and this machine's measured step costs (default: on)")
+                        "and this machine's measured step costs (default: on with the default speculation and eagle, else off)")
     p.add_argument("--pipeline", dest="pipelined", choices=["auto", "on", "off"],
                    help="two groups in flight (on), one (off), or two only with a draft model (auto, default)")
     p.add_argument("--no-pipeline", dest="pipelined", action="store_const", const="off",

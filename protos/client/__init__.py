@@ -2,7 +2,7 @@
 `specray.v1.Generation` gRPC API. Needs only grpcio and protobuf (never torch or ray).
 
     from specray.client import Client
-    with Client("localhost:50051") as client:
+    with Client("localhost:9000") as client:
         print(client.generate("Hello", max_tokens=16, temperature=0).text)
         for delta in client.stream("Hello", max_tokens=16):
             print(delta.text, end="")

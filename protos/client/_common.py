@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 
-DEFAULT_TARGET = "localhost:50051"
+DEFAULT_TARGET = "localhost:9000"  # specray serve's gRPC port
 
 
 @dataclass(frozen=True)
