@@ -66,6 +66,7 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
 # -- fast paths -----------------------------------------------------------------------------------
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [rows, n] -> [rows, n]: weight * (x * rsqrt(mean(x^2) + eps))."""
+    _check_norm(x, weight)
     y = torch.empty_like(x)
     cpu_kernels.library().specray_rms_norm(_ptr(x), x.shape[0], x.shape[1], _ptr(weight), eps, _ptr(y))
     return y
@@ -73,18 +74,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """h += delta (in place, the residual stream), then -> rms_norm(h) [rows, n]."""
-    assert h.shape == delta.shape
+    assert h.shape == delta.shape and delta.dtype == torch.float32
+    _check_norm(h, weight)
     y = torch.empty_like(h)
     cpu_kernels.library().specray_add_rms_norm(_ptr(h), _ptr(delta), h.shape[0], h.shape[1], _ptr(weight),
                                                 eps, _ptr(y))
     return y
 
 
+def _check_norm(x: torch.Tensor, weight: torch.Tensor) -> None:
+    assert x.dim() == 2 and x.dtype == weight.dtype == torch.float32 and weight.shape == (x.shape[1],)
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up [rows, 2 * n] (gate first) -> silu(gate) * up [rows, n], as the decoder layers compute it."""
     assert gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0 and gate_up.dtype == torch.float32
     gate_up = gate_up.contiguous()
-    act = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2)  # [rows, n]
+    act = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=torch.float32)  # [rows, n]
     cpu_kernels.library().specray_silu_mul(_ptr(gate_up), act.shape[0], act.shape[1], _ptr(act))
     return act
 
@@ -107,6 +113,7 @@ def rope_store_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots
     rows, width, dim = qkv.shape
     num_kv_heads = (width - num_heads) // 2
     assert cos.shape == sin.shape == (rows, dim) and slots.shape == (rows,) and slots.dtype == torch.int64
+    assert qkv.dtype == cos.dtype == sin.dtype == torch.float32
     assert layer_kv.shape[0] == 2 * num_kv_heads and layer_kv.shape[2] == dim
     cpu_kernels.library().specray_rope_store_kv(
         _ptr(qkv), rows, num_heads, num_kv_heads, dim, _ptr(cos), _ptr(sin), _ptr(slots), _ptr(layer_kv),
@@ -164,12 +171,12 @@ def attention(qkv: torch.Tensor, num_heads: int, layer_kv: torch.Tensor, key_slo
     `split`: the hybrid split where HYBRID says; off, every row goes the per-row way (`split_rule`)."""
     num_tokens, width, dim = qkv.shape
     num_kv_heads = layer_kv.shape[0] // 2
-    assert width == num_heads + 2 * num_kv_heads and key_slots.dtype == torch.int64
-    out = torch.empty(num_tokens, num_heads * dim)
+    assert width == num_heads + 2 * num_kv_heads and key_slots.dtype == torch.int64 and qkv.dtype == torch.float32
+    out = torch.empty(num_tokens, num_heads * dim, dtype=torch.float32)
     lib = cpu_kernels.library()
     split_floats = lib.specray_attention_split_scratch(num_tokens, num_heads, num_kv_heads, dim, rows.new_mask.shape[1])
     scores = lib.specray_attention_score_floats(num_heads // num_kv_heads, rows.max_keys)  # per thread
-    scratch = torch.empty(scores + split_floats)  # scores, then the split tasks'
+    scratch = torch.empty(scores + split_floats, dtype=torch.float32)  # scores, then the split tasks'
     split_rule(split)
     (lib.specray_attention_f16 if _kv_half(layer_kv) else lib.specray_attention)(
         _ptr(qkv), width * dim, num_tokens, num_heads, num_kv_heads, dim, _ptr(layer_kv), layer_kv.shape[1],
@@ -243,8 +250,8 @@ def decoder_logits(h: torch.Tensor, picked: torch.Tensor, norm: torch.Tensor, ep
     n, (rows, hidden) = picked.shape[0], h.shape
     assert picked.dtype == torch.int64 and head.in_features == hidden and norm.shape == (hidden,)
     lib = cpu_kernels.library()
-    logits = torch.empty(n, head.out_features)  # [n, vocab]
-    every = torch.empty(rows, hidden) if features else None  # [rows, hidden]
+    logits = torch.empty(n, head.out_features, dtype=torch.float32)  # [n, vocab]
+    every = torch.empty(rows, hidden, dtype=torch.float32) if features else None  # [rows, hidden]
     work = workspace(lib.specray_decoder_logits_workspace(n, hidden))
     lib.specray_decoder_logits(_ptr(h), rows, _ptr(picked), n, hidden, _ptr(norm), eps, head.blocks.data_ptr(),
                                DecoderTable.kind(head), head.out_features, _ptr(logits),
@@ -257,7 +264,7 @@ def workspace(floats: int) -> torch.Tensor:
     faults every step (about 7 % of a batch-1 decode's samples)."""
     buf = getattr(_SCRATCH, "buf", None)
     if buf is None or buf.numel() < floats:
-        buf = _SCRATCH.buf = torch.empty(max(floats, 2 * (0 if buf is None else buf.numel())))
+        buf = _SCRATCH.buf = torch.empty(max(floats, 2 * (0 if buf is None else buf.numel())), dtype=torch.float32)
     return buf
 
 

@@ -147,7 +147,7 @@ class LlamaModel(CpuWeights, nn.Module):
             h = self.embed_tokens[batch.input_ids]  # [num_tokens, hidden_size]
         else:
             assert inputs_embeds.shape == (batch.num_tokens, self.config.hidden_size)
-            h = inputs_embeds.to(self.dtype).contiguous()
+            h = inputs_embeds.to(self.dtype, copy=True).contiguous()  # the C layers write the residual stream into h
         table = self.decoder_table() if rows is not None else None
         if table is not None and len(self.layers) == cache.kv.shape[0]:
             cos, sin = self.rotary.cos[batch.positions], self.rotary.sin[batch.positions]  # [num_tokens, head_dim]

@@ -42,6 +42,7 @@ class PackedWeight:
     def __post_init__(self):
         assert self.kind in BLOCK_BYTES, self.kind
         assert self.blocks.dtype == torch.uint8 and self.blocks.is_contiguous()
+        assert self.in_features > 0 and self.in_features % QK == 0, "rows of whole 32-blocks"
         assert self.blocks.shape == (self.out_features, self.in_features // QK, BLOCK_BYTES[self.kind])
 
     @property

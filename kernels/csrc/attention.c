@@ -167,6 +167,12 @@ int64_t specray_attention_score_floats(int64_t group, int64_t max_keys) {
 }
 #endif
 
+// Floats of the caller's scratch that hold a step's task and tile indices (int64), kept off the
+// stack: a long unchunked prefill has ~100k rows.
+static inline int64_t attention_index_floats(int64_t rows, int64_t group) {
+    return 2 * (3 * (rows * group + 1) + 2 * (rows + 1)) + 2;  // + 2: room to align them to 8 bytes
+}
+
 #include "attention_hybrid.h"
 
 typedef struct {  // specray_attention's arguments, as specray_parallel's chunks see them
@@ -263,8 +269,10 @@ void KV_NAME(specray_attention)(const float* q, int64_t q_stride, int64_t rows, 
     int64_t group = heads / kv_heads, chunks = (group + MAX_GROUP - 1) / MAX_GROUP;
     int64_t work = rows * heads * max_keys * dim;
     // split tasks: (sequence start row, vector tile) per KV head; other rows go the per-row way
-    int64_t task_t0[rows * group + 1], task_v0[rows * group + 1], task_num[rows * group + 1];
-    int64_t tile_t0[rows + 1], tile_n[rows + 1];  // the other rows' tiles
+    float* indices = scratch + SCORE_THREADS * score_rows(group) * max_keys;  // the split's part starts with them
+    int64_t* index = (int64_t*)(((uintptr_t)indices + 7) & ~(uintptr_t)7);
+    int64_t *task_t0 = index, *task_v0 = task_t0 + rows * group + 1, *task_num = task_v0 + rows * group + 1;
+    int64_t *tile_t0 = task_num + rows * group + 1, *tile_n = tile_t0 + rows + 1;  // the other rows' tiles
     int64_t tasks = 0, tiles = 0;
     for (int64_t t = 0; t < rows;) {
         int64_t n = num_new[t], m = n * group;
@@ -286,7 +294,7 @@ void KV_NAME(specray_attention)(const float* q, int64_t q_stride, int64_t rows, 
     AttentionJob job = {q, q_stride, heads, kv_heads, dim, kv, num_slots, key_slots, key_start, num_ctx, num_new,
                         num_pad, new_mask, max_new, scale, out, scratch, max_keys, group, chunks, tile_t0, tile_n,
                         task_t0, task_v0, task_num, per_task,
-                        scratch + SCORE_THREADS * score_rows(group) * max_keys};  // the caller sizes scratch for both
+                        indices + attention_index_floats(rows, group)};  // the caller sizes scratch for all three
     specray_parallel(tiles * kv_heads * chunks, 1, threads, row_chunk, &job);
     specray_parallel(tasks * kv_heads, 1, threads, split_chunk, &job);
 }

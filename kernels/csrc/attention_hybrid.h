@@ -134,6 +134,6 @@ static void split_task(const float* q, int64_t q_stride, int64_t heads, int64_t 
 int64_t specray_attention_split_scratch(int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, int64_t max_new) {
     int64_t group = heads / kv_heads;
     int64_t tasks = (rows * group + SPLIT_TILE - 1) / SPLIT_TILE + rows;  // at most one partial tile per sequence
-    return tasks * kv_heads * (SPLIT_TILE * SPLIT_BLOCK + MAX_GROUP * dim + max_new);
+    return attention_index_floats(rows, group) + tasks * kv_heads * (SPLIT_TILE * SPLIT_BLOCK + MAX_GROUP * dim + max_new);
 }
 #endif

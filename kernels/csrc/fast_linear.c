@@ -195,7 +195,7 @@ __attribute__((unused)) static void scalar_feature(const uint8_t* feature, int64
 
 // Each path defines FAST_ROW_CHUNK, features_per_call(rows) and fast_features(...): y for `nf`
 // adjacent features (from `first`, `stride` bytes apart) and `nr` <= FAST_ROW_CHUNK rows.
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && defined(__FMA__) && defined(__F16C__)
 #include "fast_linear_avx512.h"
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "fast_linear_avx2.h"
