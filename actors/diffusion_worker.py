@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 import time
 from dataclasses import dataclass
 
@@ -55,7 +54,7 @@ class DiffusionWorker:
         start = time.perf_counter()
         try:
             for item in new:
-                seed = random.getrandbits(62) if item.seed is None else item.seed
+                seed = _draw_seed() if item.seed is None else item.seed
                 sampler = StepSampler(item.sampling, seed, self.model.config.mask_token_id)
                 self.engine.add(item.seq_id, item.prompt_token_ids,
                                 self.plan(len(item.prompt_token_ids), item.max_tokens), sampler, item.stop_token_ids)
@@ -74,3 +73,9 @@ class DiffusionWorker:
 
     def ping(self) -> bool:
         return True
+
+
+def _draw_seed() -> int:
+    """An unseeded request's seed, from torch's generator: `LLM(seed=...)` seeds it, as it does every
+    autoregressive draw (Python's `random` left such runs different every time)."""
+    return int(torch.randint(0, 2**62, (1,)).item())

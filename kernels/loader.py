@@ -182,8 +182,11 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     print(f"specray: converting {gguf.name} to fp32 safetensors (once; cached in {out})", file=sys.stderr)
     tmp = Path(tempfile.mkdtemp(dir=out.parent if out.parent.exists() else None, prefix=".convert-"))
     try:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        try:
+            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        except Exception as e:  # a truncated file fails deep in the reader, without its name
+            raise ValueError(f"cannot read the GGUF file {gguf}: {e} (is it truncated or corrupt?)") from e
         config = hf.config.to_dict()
         config.pop("quantization_config", None)
         config["architectures"] = ["LlamaForCausalLM"]

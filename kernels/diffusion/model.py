@@ -12,13 +12,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specray.kernels import invariant
 from specray.kernels.diffusion.config import DiffusionConfig
 from specray.kernels.rope import RotaryTable, apply_rotary
 
-# A forward pads its rows to a multiple of ROW_TILE so that every projection computes a row the same
-# way whatever the other rows are: MKL's fp32 GEMM changes the last bits of a few rows when the row
-# count is below 12 or off a multiple of 4. FreeDave's exactness rests on this row independence
-# (a canvas forwarded alone or among drafts gives bit-identical logits); tests check it.
+# FreeDave's exactness rests on row independence: a canvas forwarded alone or among drafts gives
+# bit-identical logits (tests check it). A forward pads its rows to a multiple of ROW_TILE: MKL's fp32
+# GEMM changes the last bits of a few rows when the row count is below 12 or off a multiple of 4.
+# Elsewhere (16-bit weights, a GPU) the library picks its algorithm by the shape, so projections run
+# at kernels/invariant.py's fixed shapes; and on a CPU the SiLU runs on one thread (below).
 ROW_TILE = 16
 
 
@@ -48,6 +50,7 @@ class DiffusionModel(nn.Module):
                         else nn.Parameter(torch.empty(c.vocab_size, c.hidden_size)))
         self.to(dtype=dtype, device=device)
         self.rotary = RotaryTable(c, dtype, device)
+        self.fixed_shapes = not (self.device.type == "cpu" and dtype == torch.float32)  # see ROW_TILE
 
     @property
     def device(self) -> torch.device:
@@ -72,12 +75,23 @@ class DiffusionModel(nn.Module):
         for layer in self.layers:
             h = self._layer(layer, h, num_tokens, lengths, cos, sin)
         rows = self._window_rows(lengths, windows)  # [num_logits]
-        logits = F.linear(self._padded(_rms_norm(h[rows], self.norm, self.eps)), self.lm_head)
+        logits = self._linear(self._padded(self._norm(h[rows], self.norm)), self.lm_head)
         return list(logits[: rows.shape[0]].float().split([int(w.shape[0]) for w in windows]))
 
     @property
     def eps(self) -> float:
         return self.config.model.rms_norm_eps
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [rows, in] -> [rows, out], each row's bits whatever the other rows (x padded to ROW_TILE)."""
+        if not self.fixed_shapes:
+            return F.linear(x, weight, bias)
+        y = invariant.linear(x, weight)  # [rows, out]
+        return y if bias is None else y + bias
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm of x [rows, hidden]; at fixed shapes where a reduction's order may follow the row count."""
+        return invariant.rms_norm(x, weight, self.eps) if self.fixed_shapes else _rms_norm(x, weight, self.eps)
 
     def _padded(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, d] -> [rows rounded up to ROW_TILE, d], zero rows appended."""
@@ -98,16 +112,16 @@ class DiffusionModel(nn.Module):
     def _layer(self, layer: DiffusionLayer, h: torch.Tensor, num_tokens: int, lengths: list[int],
                cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         c = self.config.model
-        qkv = F.linear(_rms_norm(h, layer.attn_norm, self.eps), layer.qkv_proj, layer.qkv_bias)[:num_tokens]
+        qkv = self._linear(self._norm(h, layer.attn_norm), layer.qkv_proj, layer.qkv_bias)[:num_tokens]
         q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
         q = apply_rotary(q.view(num_tokens, c.num_heads, c.head_dim), cos, sin)
         k = apply_rotary(k.view(num_tokens, c.num_kv_heads, c.head_dim), cos, sin)
         v = v.view(num_tokens, c.num_kv_heads, c.head_dim)
         attn = torch.cat([_full_attention(qi, ki, vi) for qi, ki, vi in
                           zip(q.split(lengths), k.split(lengths), v.split(lengths))])  # [num_tokens, q_size]
-        h = h + F.linear(self._padded(attn), layer.o_proj)
-        gate, up = F.linear(_rms_norm(h, layer.ffn_norm, self.eps), layer.gate_up_proj).chunk(2, dim=-1)
-        return h + F.linear(F.silu(gate) * up, layer.down_proj)
+        h = h + self._linear(self._padded(attn), layer.o_proj)
+        gate, up = self._linear(self._norm(h, layer.ffn_norm), layer.gate_up_proj).chunk(2, dim=-1)
+        return h + self._linear(_silu_mul(gate, up), layer.down_proj)
 
     def reference_logits(self, canvas: torch.Tensor) -> torch.Tensor:
         """canvas [length] -> logits [length, vocab_size] in float64, one canvas, plain math: the
@@ -132,6 +146,20 @@ class DiffusionModel(nn.Module):
             h = h + (F.silu(gate) * up) @ w["down_proj"].T
         logits = _rms_norm(h, self.norm.detach().to(f64), self.eps) @ self.lm_head.detach().to(f64).T
         return torch.cat([logits[:1], logits[:-1]]) if self.config.shift_logits else logits
+
+
+def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up [rows, n]. On a CPU on one thread: torch splits an elementwise op's elements
+    between threads anywhere, and an element at the end of a thread's part takes the scalar exp, whose
+    last bit differs from the vector one's, so at 3+ threads a row's bits followed the row count."""
+    if gate.device.type != "cpu" or torch.get_num_threads() == 1:
+        return F.silu(gate) * up
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return F.silu(gate) * up
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

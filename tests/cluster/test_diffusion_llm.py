@@ -63,6 +63,14 @@ def test_sampled_requests_repeat_with_a_seed_and_choices_differ(folder):
         assert a.outputs[choice].token_ids == ref
 
 
+def test_the_engine_seed_makes_unseeded_requests_repeat(folder):
+    """LLM(seed=...) seeds unseeded requests' draws, as it does for an autoregressive model."""
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    runs = [[o.outputs[0].token_ids for o in LLM(str(folder), seed=seed, diffusion_config={"block_length": 8})
+             .generate([{"prompt_token_ids": p} for p in PROMPTS], params)] for seed in (5, 5, 6)]
+    assert runs[0] == runs[1] != runs[2]
+
+
 def test_stop_tokens_strings_and_chat(folder):
     llm = LLM(str(folder), diffusion_config={"block_length": 8})
     free = llm.generate([{"prompt_token_ids": PROMPTS[2]}], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))

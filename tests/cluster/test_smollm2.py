@@ -103,3 +103,17 @@ def test_text_cut_inside_a_character_equals_plain_decodings():
     plain, spec = (LLM("smollm2-135m", speculative_config=c).generate([prompt], sp)[0].outputs[0]
                    for c in (None, {"method": "ngram", "num_speculative_tokens": 4}))
     assert spec.token_ids == plain.token_ids and spec.text == plain.text and "😀" in plain.text
+
+
+def test_a_truncated_gguf_is_named_in_its_error(tmp_path, monkeypatch):
+    """The reader's own message (a numpy reshape) said nothing of which file failed."""
+    from specray.kernels.loader import ALIASES, _packaged_file
+
+    whole = _packaged_file(*ALIASES["smollm2-135m"])
+    cut = tmp_path / "cut.gguf"
+    with open(whole, "rb") as f:
+        cut.write_bytes(f.read(5_000_000))  # the header and part of the first tensor
+    monkeypatch.setenv("SPECRAY_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match=f"cannot read the GGUF file {cut}.*truncated or corrupt"):
+        resolve(str(cut))
+    assert not list((tmp_path / "cache" / "converted").glob("cut-*"))  # nothing half-written is kept

@@ -63,6 +63,36 @@ def test_a_canvas_gives_bit_identical_logits_alone_or_among_others(layout_model)
         assert torch.equal(model.forward([canvas], [(window[1] - 1, window[1])])[0], logits[-1:])
 
 
+@pytest.fixture
+def many_threads():
+    """16 threads on any box: torch splits an elementwise op's elements by the thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(16)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_row_independence_holds_in_16_bit_weights(tmp_path, dtype, many_threads):
+    """In 16 bits the library picks a GEMM's and a norm's reduction order by the shape: 92 of 220
+    rows moved between a canvas alone and among others, and FreeDave then drifted from static decoding."""
+    model = load_diffusion_model(save_tiny_dllm(tmp_path / "m", "llada", scale=6.0), dtype)
+    canvases = [_canvas(s, n, n // 3) for s, n in [(4, 37), (5, 53), (6, 29), (7, 61), (8, 45)]]
+    windows = [(1, c.shape[0]) for c in canvases]
+    together = model.forward(canvases, windows)
+    for canvas, window, logits in zip(canvases, windows, together):
+        assert torch.equal(model.forward([canvas], [window])[0], logits)
+
+
+def test_silu_rows_do_not_follow_the_thread_split(many_threads):
+    """At 3+ threads the elements at the end of a thread's part took the scalar exp: rows of a wide
+    batch differed from the same rows computed alone."""
+    from specray.kernels.diffusion.model import _silu_mul
+
+    gate, up = torch.randn(1120, 5632, generator=torch.Generator().manual_seed(0)).chunk(2, -1)
+    assert torch.equal(_silu_mul(gate, up)[:112], _silu_mul(gate[:112], up[:112]))
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda c: c.pop("mask_token_id"), "mask_token_id"),
     (lambda c: c.update(alibi=True), "alibi"),

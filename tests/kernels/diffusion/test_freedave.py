@@ -130,6 +130,21 @@ def test_freedave_equals_static_decoding_token_for_token(dllm, temperature):
                 assert calls <= static_calls and (k > 1 or calls == static_calls)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_freedave_equals_static_decoding_in_16_bit_weights(tmp_path, dtype):
+    """Greedy, K = 4, ragged batches: a canvas's rows no longer depend on the call's other rows in 16
+    bits either (they did, and FreeDave drifted from static decoding at the first near-tie)."""
+    model = load_diffusion_model(save_tiny_dllm(tmp_path / "m", "llada", scale=6.0), dtype)
+    greedy = SamplingConfig(0.0)
+    for batch in (1, 6):
+        prompts = _prompts(batch, batch)
+        out, _ = _run(model, DecodeOptions(8, num_drafts=4), prompts, 32, greedy, [0] * batch)
+        for i, p in enumerate(prompts):
+            static, _ = static_decode(model, p, CanvasPlan.for_request(len(p), 32, DecodeOptions(8)),
+                                      StepSampler(greedy, 0, MASK))
+            assert out[i] == static[len(p):].tolist(), (batch, i)
+
+
 def test_freedave_saves_calls_where_drafts_hold(dllm):
     """Sampling a peaky model: later drafts often agree, so the calls fall strictly below static's."""
     prompts = _prompts(7, 4)
