@@ -11,6 +11,7 @@ and a near-tie flips a greedy token. Here every shape a row meets is fixed:
 - the step's rows are padded to a multiple of `chunk_rows(device)` once, and every row-wise op
   (projections, RMSNorm) runs on chunks of exactly that many rows;
 - RoPE is elementwise (a batched matmul per token would vary with the step's token count);
+- on a CPU the SiLU runs on one thread (`silu_mul`: a thread's last elements take the scalar exp);
 - attention gathers each row's visible keys (context, then its own ancestry) into a compacted list
   and walks it in blocks of KEY_BLOCK keys with an online softmax, chunks of `attention_rows(device)`
   rows at a time, every block one fixed-shape call: a row's result depends on its keys alone, and a
@@ -66,6 +67,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of x [rows, hidden]."""
     return per_chunk(lambda part: F.rms_norm(part, (part.shape[-1],), weight, eps), x)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up [rows, n]. On a CPU on one thread: torch splits an elementwise op's elements
+    between threads anywhere, and an element at the end of a thread's part takes the scalar exp, whose
+    last bit differs from the vector one's, so at 3+ threads a row's bits followed the row count."""
+    if gate.device.type != "cpu" or torch.get_num_threads() == 1:
+        return F.silu(gate) * up
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return F.silu(gate) * up
+    finally:
+        torch.set_num_threads(threads)
 
 
 def compact(slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -205,7 +220,7 @@ def layer_loop(model, batch: RaggedBatch, cache, h: torch.Tensor) -> torch.Tenso
         h = h + tp.all_reduce(linear(attn, layer.o_proj))
         x = rms_norm(h, layer.post_attention_norm, eps)
         gate, up = linear(x, layer.gate_up_proj).chunk(2, dim=-1)
-        h = h + tp.all_reduce(linear(F.silu(gate) * up, layer.down_proj))
+        h = h + tp.all_reduce(linear(silu_mul(gate, up), layer.down_proj))
         if i + 1 < len(model.layers):
             x = rms_norm(h, model.layers[i + 1].input_norm, eps)
     return h[:rows]

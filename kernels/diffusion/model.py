@@ -20,7 +20,7 @@ from specray.kernels.rope import RotaryTable, apply_rotary
 # bit-identical logits (tests check it). A forward pads its rows to a multiple of ROW_TILE: MKL's fp32
 # GEMM changes the last bits of a few rows when the row count is below 12 or off a multiple of 4.
 # Elsewhere (16-bit weights, a GPU) the library picks its algorithm by the shape, so projections run
-# at kernels/invariant.py's fixed shapes; and on a CPU the SiLU runs on one thread (below).
+# at kernels/invariant.py's fixed shapes; and on a CPU the SiLU runs on one thread (invariant.silu_mul).
 ROW_TILE = 16
 
 
@@ -121,7 +121,7 @@ class DiffusionModel(nn.Module):
                           zip(q.split(lengths), k.split(lengths), v.split(lengths))])  # [num_tokens, q_size]
         h = h + self._linear(self._padded(attn), layer.o_proj)
         gate, up = self._linear(self._norm(h, layer.ffn_norm), layer.gate_up_proj).chunk(2, dim=-1)
-        return h + self._linear(_silu_mul(gate, up), layer.down_proj)
+        return h + self._linear(invariant.silu_mul(gate, up), layer.down_proj)
 
     def reference_logits(self, canvas: torch.Tensor) -> torch.Tensor:
         """canvas [length] -> logits [length, vocab_size] in float64, one canvas, plain math: the
@@ -146,20 +146,6 @@ class DiffusionModel(nn.Module):
             h = h + (F.silu(gate) * up) @ w["down_proj"].T
         logits = _rms_norm(h, self.norm.detach().to(f64), self.eps) @ self.lm_head.detach().to(f64).T
         return torch.cat([logits[:1], logits[:-1]]) if self.config.shift_logits else logits
-
-
-def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up [rows, n]. On a CPU on one thread: torch splits an elementwise op's elements
-    between threads anywhere, and an element at the end of a thread's part takes the scalar exp, whose
-    last bit differs from the vector one's, so at 3+ threads a row's bits followed the row count."""
-    if gate.device.type != "cpu" or torch.get_num_threads() == 1:
-        return F.silu(gate) * up
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return F.silu(gate) * up
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

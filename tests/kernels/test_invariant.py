@@ -243,3 +243,15 @@ def test_the_split_rule_is_per_thread(tiny_gguf_target, monkeypatch):
     monkeypatch.setattr(cpu_ops, "split_rule", rule_then_another_thread_flips_it)
     with hybrid_settings(c_min_context=1):
         assert all(same_rows(model))
+
+
+def test_silu_rows_do_not_follow_the_thread_split():
+    """At 3+ threads the elements at the end of a thread's part took the scalar exp: rows of a wide
+    batch differed from the same rows computed alone."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(16)  # any box: torch splits an elementwise op's elements by the thread count
+    try:
+        gate, up = torch.randn(1120, 5632, generator=torch.Generator().manual_seed(0)).chunk(2, -1)
+        assert torch.equal(invariant.silu_mul(gate, up)[:112], invariant.silu_mul(gate[:112], up[:112]))
+    finally:
+        torch.set_num_threads(threads)
