@@ -57,9 +57,14 @@ def test_the_split_reference_is_the_reference(seed):
 
 @pytest.mark.parametrize("rows,ctx,tree", [(2, 1, False), (4, 17, True), (16, 300, True), (33, 40, False),
                                            (64, 2100, True), (5, 2100, False)])
-def test_the_torch_split_matches_the_reference(rows, ctx, tree):
+def test_the_torch_split_matches_the_reference(rows, ctx, tree, monkeypatch):
     """One sequence's round (chain or tree) through `ragged_attention`'s split: the bmm prefix part
     and, past FLASH_MIN_WORK, the fused kernel's."""
+    from specray.kernels import attention as attention_module
+
+    calls = []
+    split = attention_module.hybrid_attention
+    monkeypatch.setattr(attention_module, "hybrid_attention", lambda *a: calls.append(1) or split(*a))
     rng = random.Random(rows * 1000 + ctx)
     heads, kv_heads, dim = 9, 3, 64
     cache = PagedKVCache(config(heads, kv_heads, dim), num_blocks=256, block_size=16)
@@ -72,6 +77,7 @@ def test_the_torch_split_matches_the_reference(rows, ctx, tree):
     with hybrid_settings(**ALWAYS_SPLIT):
         got = ragged_attention(q, kv, build_attention_mask(batch), 0.125, context_len=ctx)
     torch.testing.assert_close(got, reference_attention(q, kv, batch, 0.125), atol=2e-5, rtol=1e-4)
+    assert calls == [1]  # the split ran, not the one masked pass
 
 
 @pytest.mark.parametrize("seed", range(3))
