@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field, replace
 
 from specray.kernels.sampling import SamplingConfig
@@ -21,6 +22,11 @@ NO_OP_FIELDS: dict[str, tuple] = {
     "logits_processors": (None, []), "detokenize": (True,), "spaces_between_special_tokens": (True,),
     "structured_outputs": (None,), "guided_decoding": (None,),
 }
+
+
+SCALAR_FIELDS = ("n", "temperature", "top_p", "top_k", "seed", "max_tokens", "logprobs", "prompt_logprobs",
+                 "num_speculative_tokens", "verify_budget", "min_p", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty", "min_tokens", "truncate_prompt_tokens")
 
 
 @dataclass
@@ -63,10 +69,21 @@ class SamplingParams:
     def __post_init__(self) -> None:
         self.check()
 
+    def _plain_numbers(self) -> None:
+        """NumPy scalars (`max_tokens=np.int64(5)`, token ids from an array) as Python numbers."""
+        for f in SCALAR_FIELDS:
+            setattr(self, f, _plain(getattr(self, f)))
+        for f in ("stop_token_ids", "allowed_token_ids"):
+            if isinstance(getattr(self, f), (list, tuple)):
+                setattr(self, f, [_plain(t) for t in getattr(self, f)])
+        if isinstance(self.logit_bias, dict):
+            self.logit_bias = {_plain(t): _plain(b) for t, b in self.logit_bias.items()}
+
     def check(self) -> None:
         """Validate (and normalise: a stop string becomes a list of one, top_k -1 becomes 0); the
         router runs it again when a request is added, so fields changed after construction are
         held to the same rules."""
+        self._plain_numbers()
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop_token_ids is None:  # vLLM's default
@@ -190,6 +207,16 @@ def is_no_op(value, no_ops: tuple) -> bool:
         except (TypeError, ValueError, RuntimeError):  # an array compared elementwise
             pass
     return False
+
+
+def _plain(x):
+    """A NumPy or other registered integer or real as Python's int or float (JSON, protobuf and the
+    pools take those); anything else (bools included) as it is, for the checks to judge."""
+    if isinstance(x, bool) or isinstance(x, (int, float)) and type(x) in (int, float):
+        return x
+    if isinstance(x, numbers.Integral):
+        return int(x)
+    return float(x) if isinstance(x, numbers.Real) else x
 
 
 def _is_int(x) -> bool:

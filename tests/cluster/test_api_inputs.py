@@ -60,6 +60,19 @@ def test_numpy_token_ids_are_token_ids(llm):
         assert all(type(t) is int for t in out.prompt_token_ids)
 
 
+def test_numpy_numbers_are_sampling_numbers(llm):
+    """`max_tokens=np.int64(8)` (a length from an array) was refused; such numbers become Python's."""
+    want = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(**GREEDY))[0].outputs[0].token_ids
+    numpy = SamplingParams(**{**GREEDY, "max_tokens": np.int64(GREEDY["max_tokens"]), "temperature": np.float32(0)},
+                           seed=np.uint64(3), top_k=np.int32(5), logit_bias={np.int64(7): np.float32(0.0)},
+                           stop_token_ids=list(np.array([96])))
+    assert type(numpy.max_tokens) is int and type(numpy.temperature) is float and type(numpy.seed) is int
+    assert type(numpy.stop_token_ids[0]) is int and list(numpy.logit_bias.items()) == [(7, 0.0)]
+    assert llm.generate({"prompt_token_ids": PROMPT}, numpy)[0].outputs[0].token_ids == want
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=np.bool_(True))  # a bool stays refused
+
+
 def test_stop_token_ids_none_is_none(llm):
     """vLLM's default for stop_token_ids is None."""
     params = SamplingParams(**GREEDY, stop_token_ids=None)
