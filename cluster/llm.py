@@ -73,6 +73,9 @@ class LLM:
         if seed is not None and seed > MAX_API_SEED:
             raise ValueError(f"seed must be an integer in [{MIN_SEED}, {MAX_API_SEED}] or None, got {seed!r}")
         check_int_arg("max_model_len", max_model_len, 1, optional=True)
+        if not (max_prefill_tokens is None or isinstance(max_prefill_tokens, str) and max_prefill_tokens == "auto"
+                or type(max_prefill_tokens) is int and max_prefill_tokens >= 1):  # before the weights load
+            raise ValueError(f"max_prefill_tokens must be a positive integer, 'auto' or None, got {max_prefill_tokens!r}")
         # open streams' requests, and the latest output of each that another call's rounds produced
         self._streamed: set[str] = set()
         self._held: dict[str, RequestOutput] = {}
