@@ -93,14 +93,28 @@ class TargetWorker:
     def busy(self) -> float:
         return self.busy_seconds
 
-    def row_costs(self) -> tuple[float, ...]:
+    def row_costs(self, measure: bool = False) -> tuple[float, ...]:
         """Seconds of a forward step by rows, 1..row_costs.ROWS (kernels/row_costs.py): measured on
-        this machine at the first call, and cached per machine where `cost_key` names the setup."""
-        if self._row_costs is None:
-            measure = functools.partial(row_costs.measure, self.model, self.cache)
-            self._row_costs = measure() if self.cost_key is None else row_costs.cached_costs(
-                row_costs.cache_key(*self.cost_key), measure, cache_root())
+        this machine at the first call, and cached per machine where `cost_key` names the setup.
+        `measure`: measure now, cached or not (tensor-parallel ranks measure together or not at all:
+        a rank's steps wait for the others' collectives)."""
+        if self._row_costs is None or measure:
+            measure_now = functools.partial(row_costs.measure, self.model, self.cache)
+            if self.cost_key is None:
+                self._row_costs = measure_now()
+            elif measure:
+                self._row_costs = measure_now()
+                row_costs.store_costs(row_costs.cache_key(*self.cost_key), self._row_costs, cache_root())
+            else:
+                self._row_costs = row_costs.cached_costs(row_costs.cache_key(*self.cost_key), measure_now,
+                                                         cache_root())
         return self._row_costs.seconds
+
+    def stored_row_costs(self) -> tuple[float, ...] | None:
+        """This node's cached costs for the setup, without measuring; None where there are none."""
+        if self._row_costs is None and self.cost_key is not None:
+            self._row_costs = row_costs.stored_costs(row_costs.cache_key(*self.cost_key), cache_root())
+        return None if self._row_costs is None else self._row_costs.seconds
 
     def tp_info(self) -> tuple[int, int]:
         """(tensor-parallel rank, size) of this worker; (0, 1) without TP."""

@@ -111,15 +111,17 @@ def cache_key(*parts: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def cached_costs(key: str, measure_now, cache_dir: Path) -> RowCosts:
-    """The costs stored under `key`, else `measure_now()` stored there (an unwritable cache only
-    means measuring again next start)."""
-    path = cache_dir / "row_costs" / f"{key}.json"
+def stored_costs(key: str, cache_dir: Path) -> RowCosts | None:
+    """The costs stored under `key`, or None."""
     try:
-        return RowCosts.from_json(path.read_text())
+        return RowCosts.from_json((cache_dir / "row_costs" / f"{key}.json").read_text())
     except (OSError, ValueError, KeyError, AssertionError):
-        pass
-    costs = measure_now()
+        return None
+
+
+def store_costs(key: str, costs: RowCosts, cache_dir: Path) -> None:
+    """Store `costs` under `key` (an unwritable cache only means measuring again next start)."""
+    path = cache_dir / "row_costs" / f"{key}.json"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -127,4 +129,12 @@ def cached_costs(key: str, measure_now, cache_dir: Path) -> RowCosts:
         tmp.replace(path)
     except OSError:
         pass
+
+
+def cached_costs(key: str, measure_now, cache_dir: Path) -> RowCosts:
+    """The costs stored under `key`, else `measure_now()` stored there."""
+    costs = stored_costs(key, cache_dir)
+    if costs is None:
+        costs = measure_now()
+        store_costs(key, costs, cache_dir)
     return costs

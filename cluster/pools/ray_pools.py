@@ -142,7 +142,7 @@ class RayTargetPool:
         """Seconds of a step by rows on the target's node (TargetWorker.row_costs); every rank steps."""
         if self.tp_size == 1:
             return self.calls.call(self.actors[0], "row_costs")
-        return ray.get([a.call.remote("row_costs") for a in self.actors])[0]
+        return agreed_row_costs(lambda *call: ray.get([a.call.remote(*call) for a in self.actors]))
 
     def worker_names(self) -> list[str]:
         return [f"{self.name}-s{self.starts}-r{r}" for r in range(len(self.actors))]
@@ -295,3 +295,13 @@ class RayDraftPool:
         for actor in self.actors:
             kill_worker(actor)
         release_group(self.group)
+
+
+def agreed_row_costs(every_rank) -> tuple[float, ...]:
+    """Tensor-parallel ranks' step costs: the cached ones where every rank's node has them, else
+    measured by all together (a rank measuring alone waits forever in its steps' collectives).
+    `every_rank(method, *args)` calls a TargetWorker method on every rank -> the results by rank."""
+    stored = every_rank("stored_row_costs")
+    if all(s is not None for s in stored):
+        return stored[0]
+    return every_rank("row_costs", True)[0]

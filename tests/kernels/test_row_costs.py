@@ -103,3 +103,39 @@ def test_the_target_worker_caches_its_costs(tiny_target, tmp_path, monkeypatch):
     fresh = TargetWorker(worker.model, 64, 16, cost_key=(str(tiny_target), "exact"))
     monkeypatch.setattr(row_costs, "measure", lambda *a, **k: pytest.fail("measured again"))
     assert fresh.row_costs() == seconds
+
+
+def test_a_worker_tells_its_stored_costs_and_measures_when_asked(tiny_target, tmp_path, monkeypatch):
+    from specray.actors.target_worker import TargetWorker
+    from specray.kernels.loader import load_model, resolve
+
+    monkeypatch.setenv("SPECRAY_CACHE", str(tmp_path))
+    monkeypatch.setattr(row_costs, "ROWS", 3)
+    model = load_model(resolve(str(tiny_target)))
+    worker = TargetWorker(model, 64, 16, cost_key=(str(tiny_target), "exact"))
+    assert worker.stored_row_costs() is None  # nothing on this node: never measures here
+    seconds = worker.row_costs()
+    assert TargetWorker(model, 64, 16, cost_key=(str(tiny_target), "exact")).stored_row_costs() == seconds
+    measured = []
+    monkeypatch.setattr(row_costs, "measure", lambda *a, **k: measured.append(1) or RowCosts((1.0, 2.0, 3.0)))
+    assert worker.row_costs(True) == (1.0, 2.0, 3.0) and measured == [1]  # cached or not
+    assert TargetWorker(model, 64, 16, cost_key=(str(tiny_target), "exact")).stored_row_costs() == (1.0, 2.0, 3.0)
+
+
+def test_tensor_parallel_ranks_measure_together_or_not_at_all():
+    """A rank whose node lacks the cached costs measured alone, its steps' collectives waiting for
+    ranks that had returned theirs: the start-up hung."""
+    from specray.cluster.pools.ray_pools import agreed_row_costs
+
+    def ranks(stored):
+        calls = []
+
+        def every_rank(method, *args):
+            calls.append((method, *args))
+            return stored if method == "stored_row_costs" else [(2.0, 3.0)] * len(stored)
+        return every_rank, calls
+
+    every_rank, calls = ranks([(1.0, 1.5), (1.0, 1.6)])
+    assert agreed_row_costs(every_rank) == (1.0, 1.5) and calls == [("stored_row_costs",)]
+    every_rank, calls = ranks([(1.0, 1.5), None])
+    assert agreed_row_costs(every_rank) == (2.0, 3.0) and calls == [("stored_row_costs",), ("row_costs", True)]

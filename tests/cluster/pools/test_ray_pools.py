@@ -143,6 +143,9 @@ def test_tensor_parallel_target_pool_equals_single_worker(ray_cluster, tiny_targ
         assert [o.outputs[0].token_ids for o in outs] == reference[0]
         sampled = run(make_engine(pool, draft_pool, tiny_target), [PROMPTS[0]] * 3, SAMPLED)
         assert [o.outputs[0].token_ids for o in sampled] == reference[1]
+        assert len(pool.row_costs()) > 1  # the ranks' step costs: cached on every rank, or measured by all
+        measured = ray.get([a.call.remote("row_costs", True) for a in pool.actors])  # together: their collectives meet
+        assert len(measured) == 2 and all(len(m) > 1 for m in measured)
     finally:
         pool.close()
 
