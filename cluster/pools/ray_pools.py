@@ -64,7 +64,7 @@ class _RayPending:
         """Rank 0's value once every rank answered (they agree). A rank that died raises at once:
         the others may be waiting for it in a collective and would only time out."""
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
-        waiting = list(self.refs)
+        waiting, succeeded = list(self.refs), 0
         while waiting:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready, waiting = ray.wait(waiting, num_returns=1, timeout=left)
@@ -72,18 +72,28 @@ class _RayPending:
                 raise GetTimeoutError(f"no answer within {self.timeout_s}s")
             try:
                 ray.get(ready[0])
+                succeeded += 1
             except RayTaskError:
-                self._check_in_step(waiting)
+                self._check_in_step(waiting, succeeded)
                 raise
         return ray.get(self.refs[0])
 
     @staticmethod
-    def _check_in_step(waiting: list) -> None:
+    def _check_in_step(waiting: list, succeeded: int) -> None:
         """A rank raised. Ranks that run the same code on the same input raise alike (a bad request:
-        the router isolates it); a rank still busy after a grace period is stuck in a collective the
-        failed rank left (a rank-local fault such as OOM): the group must restart."""
+        the router isolates it). A rank still busy after a grace period is stuck in a collective the
+        failed rank left, and a rank that succeeded has committed what the failed one has not (a
+        rank-local fault such as OOM after the last collective): either way the group must restart."""
         if waiting and ray.wait(waiting, num_returns=len(waiting), timeout=RANK_GRACE_S)[1]:
             raise GetTimeoutError("one rank failed while the others wait for it")
+        for ref in waiting:
+            try:
+                ray.get(ref)
+                succeeded += 1
+            except RayTaskError:
+                pass
+        if succeeded:
+            raise GetTimeoutError("one rank failed where another succeeded: their caches differ")
 
 
 class RayTargetPool:

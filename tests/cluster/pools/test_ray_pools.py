@@ -257,3 +257,24 @@ def test_draft_group_config_errors(tiny_target, tiny_draft, draft, message):
         raw["speculative_config"]["layer_parallel"] = 3
     with pytest.raises(ValueError, match=message):
         ServeConfig.from_dict(raw)
+
+
+@ray.remote(num_cpus=0)
+def _rank_step(fails: bool, seconds: float = 0.0) -> int:
+    """A rank's step: it raises, or it commits and answers."""
+    time.sleep(seconds)
+    if fails:
+        raise ValueError("a bad request, or a fault of this rank alone")
+    return 1
+
+
+@pytest.mark.parametrize("fails, lost", [((True, True), False), ((True, False), True), ((False, True), True)])
+def test_ranks_that_disagree_on_a_step_restart_the_group(ray_cluster, fails, lost):
+    """Ranks that all raise: a bad request (the router fails it alone). One rank raising where another
+    committed the step: their KV caches now differ, so the group counts as lost and restarts."""
+    from specray.cluster.pools.ray_pools import _RayPending
+
+    refs = [_rank_step.remote(f, 0.3 * r) for r, f in enumerate(fails)]  # the second rank answers last
+    pending = _RayPending(refs, on_failure=lambda e: RuntimeError(f"lost: {e}"))
+    with pytest.raises(RuntimeError if lost else ValueError, match="their caches differ" if lost else "bad request"):
+        pending.result()
