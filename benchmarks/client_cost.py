@@ -42,8 +42,8 @@ async def via_aiohttp(url: str, requests: list[dict]) -> int:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         for body in requests:
             async with session.post(url, json=body) as resp:
-                async for _ in sse_events(resp):
-                    events += 1
+                async for event in sse_events(resp):
+                    events += event is not None  # None: the closing [DONE]
     return events
 
 

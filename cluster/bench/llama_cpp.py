@@ -57,7 +57,8 @@ def llama_bench_cell(binary: Path, gguf: Path, max_tokens: int, threads: int, re
 
 
 def speculation_cell(method: str, command: list[str], prompts: list[str]) -> Cell:
-    """`command -p PROMPT` (greedy) on each prompt -> a batch-1 row: decode time and drafts from its log."""
+    """`command -p PROMPT` (greedy, past EOS as specray's rows) on each chat-templated prompt -> a
+    batch-1 row: decode time and drafts from its log."""
     cell = Cell(method, 1, 0.0)
     for prompt in prompts:
         done = _run([*command, "-p", prompt])
@@ -67,7 +68,7 @@ def speculation_cell(method: str, command: list[str], prompts: list[str]) -> Cel
         if not (decoded and drafted and accepted):
             raise ValueError(f"{Path(command[0]).name} printed no decode statistics: {log.strip()[-300:]}")
         cell.requests += 1
-        cell.tokens += int(decoded.group(1))
+        cell.tokens += int(decoded.group(1)) - 1  # its count includes the token the prompt's pass drew
         cell.seconds += float(decoded.group(2))
         cell.drafted += int(drafted.group(1))
         cell.accepted += int(accepted.group(1))
@@ -79,7 +80,7 @@ def llama_lookup_cell(binary: Path, gguf: Path, prompts: list[str], max_tokens: 
     """`llama-lookup --temp 0`: llama.cpp's prompt lookup."""
     return speculation_cell("llama_lookup", [
         str(binary), "-m", str(gguf), "-n", str(max_tokens), "-t", str(threads), "--spec-draft-n-max", str(num_draft),
-        "--temp", "0", "-c", "4096"], prompts)
+        "--temp", "0", "-c", "4096", "--ignore-eos"], prompts)
 
 
 def llama_speculative_cell(binary: Path, gguf: Path, draft: Path, prompts: list[str], max_tokens: int,
@@ -87,7 +88,7 @@ def llama_speculative_cell(binary: Path, gguf: Path, draft: Path, prompts: list[
     """`llama-speculative-simple --temp 0` with a draft GGUF: llama.cpp's draft-model speculation."""
     return speculation_cell("llama_speculative", [
         str(binary), "-m", str(gguf), "-md", str(draft), "--spec-type", "draft-simple", "-n", str(max_tokens),
-        "-t", str(threads), "--spec-draft-n-max", str(num_draft), "--temp", "0", "-c", "4096"], prompts)
+        "-t", str(threads), "--spec-draft-n-max", str(num_draft), "--temp", "0", "-c", "4096", "--ignore-eos"], prompts)
 
 
 def llama_batched_cells(binary: Path, gguf: Path, batch_sizes: list[int], max_tokens: int, threads: int) -> list[Cell]:

@@ -43,7 +43,11 @@ async def one_request(session, url: str, body: dict, chat: bool, start: float | 
                 s.error = f"HTTP {resp.status}"
                 await resp.read()
                 return s
+            done = False
             async for event in sse_events(resp):
+                if event is None:  # [DONE]
+                    done = True
+                    continue
                 if "error" in event:
                     s.error = event["error"].get("message", "error in stream")
                     return s
@@ -54,6 +58,9 @@ async def one_request(session, url: str, body: dict, chat: bool, start: float | 
                     if text:
                         chunks += 1
                         s.chunk()
+            if not done:  # a stream cut short (a proxy, a crashed server): its tokens are not a whole answer
+                s.error = "the stream ended without [DONE]"
+                return s
         s.ok = True
     except Exception as e:  # a refused connection or a timeout counts as an error, not a crash
         s.error = f"{type(e).__name__}: {e}"
@@ -64,13 +71,15 @@ async def one_request(session, url: str, body: dict, chat: bool, start: float | 
 
 
 async def sse_events(resp):
-    """The JSON of each SSE data line of a streamed response, up to the closing [DONE]."""
+    """The JSON of each SSE data line of a streamed response, then None for the closing [DONE]."""
     pending = b""
     async for data in resp.content.iter_any():
         *lines, pending = (pending + data).split(b"\n")
         for line in lines:
             line = line.rstrip(b"\r")
-            if line.startswith(b"data: ") and line != b"data: [DONE]":
+            if line == b"data: [DONE]":
+                yield None
+            elif line.startswith(b"data: "):
                 yield json.loads(line[6:])
 
 

@@ -229,6 +229,15 @@ def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
     return cells, prompts, runner
 
 
+def chat_texts(model: str, prompts: list[dict]) -> list[str]:
+    """Each prompt as the chat-templated text of the token ids specray's rows run (special tokens
+    spelled out), for llama.cpp's tools, which tokenize `-p` as given."""
+    from specray.kernels.loader import resolve
+
+    tok = resolve(model).tokenizer()
+    return [tok.decode(prompt_token_ids(tok, p["prompt"]), skip_special_tokens=False) for p in prompts]
+
+
 def cmd_bench_offline(args) -> int:
     from specray.cluster.bench.long_context import long_context_rows
     from specray.cluster.bench.long_context import markdown as long_markdown
@@ -250,7 +259,7 @@ def cmd_bench_offline(args) -> int:
 
     import torch
 
-    cells += llama_cells(args, torch.get_num_threads(), prompts=[p["prompt"] for p in prompts])
+    cells += llama_cells(args, torch.get_num_threads(), prompts=chat_texts(args.model, prompts))
     final = report(cells, prompts, runner, False)
     for path in write_outputs(final, Path(args.out)):
         print(f"wrote {path}")

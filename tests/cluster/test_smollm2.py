@@ -117,3 +117,15 @@ def test_a_truncated_gguf_is_named_in_its_error(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=f"cannot read the GGUF file {cut}.*truncated or corrupt"):
         resolve(str(cut))
     assert not list((tmp_path / "cache" / "converted").glob("cut-*"))  # nothing half-written is kept
+
+
+def test_llama_cpps_rows_get_the_token_ids_specray_runs():
+    """llama.cpp's tools tokenize `-p` as given: the text they get is the chat-templated prompt, so its
+    tokens are specray's (they got the bare question before, about half as many tokens)."""
+    from specray.cluster.bench.offline import chat_texts
+    from specray.kernels.chat import prompt_token_ids
+
+    tok = resolve("smollm2-135m").tokenizer()
+    prompts = [{"prompt": "What is 2 + 2?"}, {"prompt": "Write a haiku about the sea.\nThen explain it."}]
+    for text, p in zip(chat_texts("smollm2-135m", prompts), prompts):
+        assert tok(text, add_special_tokens=False)["input_ids"] == prompt_token_ids(tok, p["prompt"])

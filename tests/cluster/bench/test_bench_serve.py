@@ -110,3 +110,42 @@ def test_a_run_with_failed_requests_fails_the_command(capsys):
     assert failed([level]) == 1 and "48 of 60 requests failed, e.g. ['HTTP 503: restarting']" in capsys.readouterr().err
     assert failed([{**level, "completed": 0, "errors": 60}]) == 1 and "every request failed" in capsys.readouterr().err
     assert failed([{**level, "completed": 60, "errors": 0, "error_examples": []}]) == 0
+
+
+def test_a_stream_cut_short_is_an_error_not_a_request_done():
+    """A server or proxy that closed a stream after 3 of 64 tokens counted as a completed request."""
+    import asyncio
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import aiohttp
+
+    from specray.cluster.bench.load import one_request
+
+    class Streams(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the stdlib's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for t in ("a", "b", "c"):
+                self.wfile.write(b"data: " + json.dumps({"choices": [{"text": t}]}).encode() + b"\n\n")
+            if self.path == "/whole":
+                self.wfile.write(b"data: [DONE]\n\n")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Streams)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    async def both():
+        async with aiohttp.ClientSession() as session:
+            base = f"http://127.0.0.1:{server.server_port}"
+            return [await one_request(session, f"{base}/{path}", {}, chat=False) for path in ("whole", "cut")]
+    try:
+        whole, cut = asyncio.run(both())
+    finally:
+        server.shutdown()
+    assert whole.ok and whole.tokens == 3 and whole.error is None
+    assert not cut.ok and cut.error == "the stream ended without [DONE]"

@@ -61,7 +61,7 @@ def test_lookup_and_batched_bench_rows(tmp_path, monkeypatch):
     lookup = fake_tool(tmp_path, "llama-lookup", "decoded   64 tokens in    0.500 seconds, speed:  128.000 t/s\n"
                        "n_drafted    = 40\nn_accept     = 22")
     cell = llama_cpp.llama_lookup_cell(lookup, tmp_path / "m.gguf", ["a", "b"], 64, 2, 3)
-    assert (cell.tokens, cell.seconds, cell.drafted, cell.accepted) == (128, 1.0, 80, 44)
+    assert (cell.tokens, cell.seconds, cell.drafted, cell.accepted) == (126, 1.0, 80, 44)  # less the prefill's token
     lines = "\n".join(json.dumps({"pp": 128, "tg": 64, "pl": b, "t": 64 / 50.0}) for b in (4, 8))
     batched = fake_tool(tmp_path, "llama-batched-bench", lines, stream="stdout")
     cells = llama_cpp.llama_batched_cells(batched, tmp_path / "m.gguf", [4, 8], 64, 2)
@@ -88,9 +88,10 @@ def test_draft_model_speculation_row(tmp_path, monkeypatch):
     spec.write_text(spec.read_text().replace("#!/bin/sh\n", record_argv))
     cell = llama_cpp.llama_speculative_cell(spec, tmp_path / "m.gguf", tmp_path / "d.gguf", ["a", "b"], 32, 2, 3)
     assert cell.method == "llama_speculative"
-    assert (cell.tokens, cell.seconds, cell.drafted, cell.accepted) == (64, 0.5, 60, 24)
-    assert decode_tokens_per_s(cell) == 128.0
+    assert (cell.tokens, cell.seconds, cell.drafted, cell.accepted) == (62, 0.5, 60, 24)
+    assert decode_tokens_per_s(cell) == 124.0
     argv = (tmp_path / "argv").read_text().split()
+    assert "--ignore-eos" in argv  # past EOS, as specray's rows
     assert argv[argv.index("-md") + 1].endswith("d.gguf") and argv[argv.index("--spec-type") + 1] == "draft-simple"
     assert argv[argv.index("--spec-draft-n-max") + 1] == "3" and argv[-1] == "b"
     fake_tool(tmp_path, "llama-speculative-simple", "no statistics here")
