@@ -79,3 +79,9 @@ def save_word_tokenizer(folder: Path, vocab_size: int) -> None:
     tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     tok.chat_template = "{% for m in messages %}w3 {{ m['content'] }} w4 {% endfor %}w5"
     tok.save_pretrained(folder)
+
+
+def text_after(tokenizer, prompt_ids: list[int], ids: list[int], skip_special_tokens: bool = True) -> str:
+    """What `ids` read as after the prompt (a first word's leading space included), as vLLM's text."""
+    head = tokenizer.decode(prompt_ids, skip_special_tokens=skip_special_tokens)
+    return tokenizer.decode(prompt_ids + ids, skip_special_tokens=skip_special_tokens)[len(head):]

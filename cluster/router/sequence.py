@@ -12,6 +12,9 @@ from specray.cluster.router.adaptive import Acceptance
 from specray.cluster.router.stops import StopTails
 
 
+DETOKENIZE_PRIMER = 5  # prompt tokens decoded before the first output token's (as vLLM)
+
+
 @dataclass
 class Sequence:
     seq_id: str
@@ -33,7 +36,9 @@ class Sequence:
     num_cached_tokens: int = 0  # prompt tokens the target took from its prefix cache
     # target features (VerifyResult.features) not sent to the draft worker yet; eagle drafts only
     draft_features: list = field(default_factory=list)
-    prefix_offset: int = 0  # incremental detokenisation window over output_token_ids
+    # incremental detokenisation window over output_token_ids; negative: the prompt's last tokens
+    # (set in __post_init__), so the first token's text is what it is after the prompt (its leading space)
+    prefix_offset: int = 0
     read_offset: int = 0
     logprobs: list[dict[int, float]] | None = None
     prompt_logprobs: list[dict[int, float]] | None = None  # the prompt's second token's on, as prefill gives them
@@ -45,6 +50,7 @@ class Sequence:
 
     def __post_init__(self) -> None:
         assert len(self.prompt_token_ids) >= 1
+        self.prefix_offset = -min(DETOKENIZE_PRIMER, len(self.prompt_token_ids))
         if self.params.stop and not self.params.include_stop_str_in_output:
             self.stop_tails = StopTails(self.params.stop)
 
@@ -165,13 +171,18 @@ class Sequence:
     def _new_text(self, tokenizer) -> str:
         """Decode only a short window: text of [prefix_offset:] minus text of [prefix_offset:read_offset].
         Holds back text ending in an incomplete UTF-8 sequence until the next token completes it."""
-        ids, skip = self.output_token_ids, self.params.skip_special_tokens
-        prefix = tokenizer.decode(ids[self.prefix_offset:self.read_offset], skip_special_tokens=skip)
-        full = tokenizer.decode(ids[self.prefix_offset:], skip_special_tokens=skip)
+        skip = self.params.skip_special_tokens
+        prefix = tokenizer.decode(self._window(self.prefix_offset, self.read_offset), skip_special_tokens=skip)
+        full = tokenizer.decode(self._window(self.prefix_offset, None), skip_special_tokens=skip)
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""
-        self.prefix_offset, self.read_offset = max(self.read_offset - 4, 0), len(ids)
+        self.prefix_offset, self.read_offset = max(self.read_offset - 4, 0), len(self.output_token_ids)
         return full[len(prefix):]
+
+    def _window(self, start: int, end: int | None) -> list[int]:
+        """Output tokens [start:end]; a negative start takes the prompt's last -start tokens first."""
+        head = self.prompt_token_ids[len(self.prompt_token_ids) + start:] if start < 0 else []
+        return head + self.output_token_ids[max(start, 0):end]
 
     def streamable_text(self) -> str:
         """The text no later token can take back: while the sequence runs, a tail that a stop string

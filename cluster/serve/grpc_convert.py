@@ -8,7 +8,7 @@ import grpc
 from specray.cluster.outputs import CompletionOutput, RequestOutput, SpecMetrics, most_likely
 from specray.cluster.params import SamplingParams
 from specray.cluster.serve.deltas import ChoiceDeltas
-from specray.cluster.serve.openai_logprobs import pieces
+from specray.cluster.serve.openai_logprobs import in_context, pieces
 from specray.cluster.serve.prompts import CHAT_ROLES, PromptEncoder
 from specray.protos.specray.v1 import generate_pb2 as pb
 
@@ -89,15 +89,17 @@ async def prompt_input(prompts: PromptEncoder, request: pb.GenerateRequest,
 
 # -- outputs --------------------------------------------------------------------------------
 def token_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, float]] | None,
-                   n: int | None, start: int = 0) -> list[pb.TokenLogprob]:
+                   n: int | None, start: int = 0, prompt_ids=None) -> list[pb.TokenLogprob]:
     """Tokens [start:] of a choice (`logprobs` holds positions start onwards): each one's logprob
     and the `n` most likely tokens at its position (the drawn one among them where it ranks there).
     Token texts are decoded in context, as the HTTP API's, so they add up to the choice's text (a
-    token alone loses a leading space or a multi-byte character's other bytes)."""
+    token alone loses a leading space or a multi-byte character's other bytes; `prompt_ids`: the
+    first token's read after the prompt, as the choice's text)."""
     if not logprobs:
         return []
+    token_ids, shift = in_context(prompt_ids, token_ids)
     out = []
-    for i, lp in enumerate(logprobs, start):
+    for i, lp in enumerate(logprobs, start + shift):
         tok, top = token_ids[i], most_likely(lp, n or 0)
         texts = pieces(tokenizer, token_ids, i, [tok] + [t for t, _ in top])
         out.append(pb.TokenLogprob(token_id=tok, token=texts[0], logprob=lp[tok],
@@ -137,7 +139,8 @@ def prompt_logprobs(tokenizer, out: RequestOutput, params: SamplingParams) -> li
 def complete_response(tokenizer, request_id: str, model: str, out: RequestOutput,
                       params: SamplingParams) -> pb.CompleteResponse:
     choices = [pb.Choice(index=c.index, text=c.text, token_ids=c.token_ids, finish=choice_finish(c),
-                         logprobs=token_logprobs(tokenizer, c.token_ids, c.logprobs, params.logprobs))
+                         logprobs=token_logprobs(tokenizer, c.token_ids, c.logprobs, params.logprobs,
+                                                 prompt_ids=out.prompt_token_ids))
                for c in out.outputs]
     return pb.CompleteResponse(request_id=request_id, model=model, choices=choices, usage=usage(out),
                                speculative=speculative(out.metrics),
@@ -165,7 +168,7 @@ class DeltaTracker:
             text, k0 = new
             tokens = c.token_ids[k0:]
             lps = token_logprobs(self.tokenizer, c.token_ids, c.logprobs[k0:] if c.logprobs else None, self.top_n,
-                                 start=k0)
+                                 start=k0, prompt_ids=out.prompt_token_ids)
             msgs.append(pb.GenerateResponse(request_id=self.request_id, delta=pb.ChoiceDelta(
                 index=c.index, text=text, token_ids=tokens, logprobs=lps,
                 finish_reason=FINISH.get(c.finish_reason, pb.FINISH_REASON_UNSPECIFIED))))

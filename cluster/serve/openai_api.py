@@ -251,7 +251,7 @@ class OpenAIServer:
         choices = [{"index": c.index, "message": {"role": role, "content": echoed + c.text},
                     "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
                     "logprobs": chat_logprobs(self.tokenizer, c.token_ids, c.logprobs, params.logprobs,
-                                              skip=params.skip_special_tokens)}
+                                              skip=params.skip_special_tokens, prompt_ids=out.prompt_token_ids)}
                    for c in out.outputs]
         self.metrics.succeeded(out.outputs[0].finish_reason)
         prompt_logprobs = {} if body.prompt_logprobs is None else {

@@ -48,7 +48,8 @@ async def completion_chunks(run, tokenizer, model_name: str, rid: str, created: 
             yield {**head, "choices": [{"index": i * n + c.index, "text": delta, "finish_reason": c.finish_reason,
                                         "stop_reason": c.stop_reason,
                                         "logprobs": deltas[i].completion_logprobs(tokenizer, c, k0,
-                                                                                  params.skip_special_tokens)}],
+                                                                                  params.skip_special_tokens,
+                                                                                  out.prompt_token_ids)}],
                    **usage}
     if include_usage and finals:
         yield {**head, "choices": [], "usage": usage_body(finals)}
@@ -77,7 +78,8 @@ async def chat_chunks(run, tokenizer, model_name: str, rid: str, created: int, i
             yield {**head, "choices": [{"index": c.index, "delta": {"content": delta} if delta else {},
                                         "logprobs": chat_logprobs(tokenizer, c.token_ids, lps,
                                                                   params.logprobs, k0,
-                                                                  params.skip_special_tokens),
+                                                                  params.skip_special_tokens,
+                                                                  out.prompt_token_ids),
                                         "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]}
     if include_usage and last is not None:
         yield {**head, "choices": [], "usage": usage_body([last])}

@@ -59,7 +59,8 @@ def completion_choice(tokenizer, body, params, base: int, out: RequestOutput, c:
     """Choice `base + c.index` of an unstreamed completions response."""
     echo = Echo.of(body, tokenizer, params.skip_special_tokens)
     prefix = "" if echo is None else echo.text(out)
-    logprobs, _ = completion_logprobs(tokenizer, c.token_ids, c.logprobs, 0, len(prefix), params.skip_special_tokens)
+    logprobs, _ = completion_logprobs(tokenizer, c.token_ids, c.logprobs, 0, len(prefix), params.skip_special_tokens,
+                                      out.prompt_token_ids)
     choice = {"index": base + c.index, "text": prefix + c.text, "finish_reason": c.finish_reason,
               "stop_reason": c.stop_reason,
               "logprobs": logprobs if echo is None else joined(echo.prompt_logprobs(out), logprobs)}

@@ -11,6 +11,13 @@ from specray.kernels.proposal import PositionLogprobs
 CONTEXT_TOKENS = 4  # tokens decoded before a position's token, so its text keeps its leading space
 
 
+def in_context(prompt_ids, token_ids: list[int]) -> tuple[list[int], int]:
+    """A choice's tokens after the prompt's last CONTEXT_TOKENS * 2 (its first token's text is read
+    after the prompt, as the choice's text is) -> (those ids, how far the choice's tokens moved)."""
+    head = list(prompt_ids[-2 * CONTEXT_TOKENS:]) if prompt_ids is not None else []
+    return head + list(token_ids), len(head)
+
+
 def context(tokenizer, ids: list[int], i: int, skip: bool = True) -> list[int]:
     """The tokens before ids[i] that its text is decoded after: CONTEXT_TOKENS of them, or a few
     more where those begin inside a character (which would decode as U+FFFD)."""
@@ -34,13 +41,14 @@ def pieces(tokenizer, ids: list[int], i: int, toks: list[int], skip: bool = True
 
 
 def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, float]] | None, n: int,
-                  start: int = 0, skip: bool = True) -> dict | None:
+                  start: int = 0, skip: bool = True, prompt_ids=None) -> dict | None:
     """{"content": [...]}: tokens [start:] with their logprobs and the `n` most likely tokens there
-    (`logprobs` holds positions start onwards)."""
+    (`logprobs` holds positions start onwards; `prompt_ids`: the texts read after the prompt)."""
     if logprobs is None:
         return None
+    token_ids, shift = in_context(prompt_ids, token_ids)
     content = []
-    for i, lp in enumerate(logprobs, start):
+    for i, lp in enumerate(logprobs, start + shift):
         top = most_likely(lp, n)
         texts = pieces(tokenizer, token_ids, i, [token_ids[i]] + [t for t, _ in top], skip)
         content.append({"token": texts[0], "logprob": lp[token_ids[i]],
@@ -90,14 +98,16 @@ def advance(tokenizer, ids: list[int], i: int, skip: bool = True) -> int:
 
 
 def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, float]] | None,
-                        start: int = 0, offset: int = 0, skip: bool = True) -> tuple[dict | None, int]:
+                        start: int = 0, offset: int = 0, skip: bool = True,
+                        prompt_ids=None) -> tuple[dict | None, int]:
     """The legacy shape for tokens [start:]: each one's text, logprob, the most likely tokens with
     the drawn one (up to logprobs + 1, as OpenAI says; two that read alike keep the likelier) and
     its character offset, counted on from `offset`. -> (that, the offset after the last token)."""
     if logprobs is None:
         return None, offset
+    token_ids, shift = in_context(prompt_ids, token_ids)
     tokens, offsets, tops = [], [], []
-    for i, lp in enumerate(logprobs, start):
+    for i, lp in enumerate(logprobs, start + shift):
         ranked = most_likely(lp, len(lp))
         texts = pieces(tokenizer, token_ids, i, [token_ids[i]] + [t for t, _ in ranked], skip)
         tokens.append(texts[0])
@@ -107,7 +117,7 @@ def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int
         for x, (_, v) in zip(texts[1:], ranked):
             top.setdefault(x, v)
         tops.append(top)
-    token_logprobs = [lp[token_ids[i]] for i, lp in enumerate(logprobs, start)]
+    token_logprobs = [lp[token_ids[i]] for i, lp in enumerate(logprobs, start + shift)]
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}, offset
 
 
@@ -118,11 +128,11 @@ class CompletionDeltas(ChoiceDeltas):
         super().__init__()
         self.offsets: dict[int, int] = {}  # the text_offset after the tokens sent
 
-    def completion_logprobs(self, tokenizer, c, k0: int, skip: bool) -> dict | None:
+    def completion_logprobs(self, tokenizer, c, k0: int, skip: bool, prompt_ids=None) -> dict | None:
         """The completions API's logprobs of choice c's tokens [k0:], offsets carried over chunks."""
         lps = None if c.logprobs is None else c.logprobs[k0:]
         out, self.offsets[c.index] = completion_logprobs(tokenizer, c.token_ids, lps, k0,
-                                                         self.offsets.get(c.index, 0), skip)
+                                                         self.offsets.get(c.index, 0), skip, prompt_ids)
         return out
 
 
