@@ -35,10 +35,10 @@ def verification_rows(items: list[TargetItem], logits: torch.Tensor) -> torch.Te
 
 def logprob_entries(logits: torch.Tensor, token_ids: list[int], n: int) -> list[PositionLogprobs]:
     """logits [rows, vocab_size], a token each -> {token: its logprob, and the top n's} a row, with
-    the token's rank in the vocabulary."""
+    the token's rank in the vocabulary (the last of its ties)."""
     logp = logits.log_softmax(-1)  # [rows, vocab_size]
     chosen = logp.gather(1, torch.tensor(token_ids, dtype=torch.long, device=logp.device)[:, None])  # [rows, 1]
-    ranks = ((logp > chosen).sum(-1) + 1).tolist()  # [rows]
+    ranks = (logp >= chosen).sum(-1).tolist()  # [rows]; tied tokens all rank ahead of it, as vLLM counts
     top = logp.topk(n, dim=-1) if n > 0 else None
     entries = []
     for j, tok in enumerate(token_ids):

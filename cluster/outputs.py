@@ -72,12 +72,17 @@ class Logprob(float):
 
 def ranked(logprobs: dict[int, float], n: int, decode) -> dict[int, Logprob]:
     """One position's logprobs (the top n and the drawn token) as `Logprob`s, most likely first;
-    `decode(token_id)` gives each one's text (None: no tokenizer). The drawn (or prompt) token's
-    rank is the worker's (kernels/proposal.py PositionLogprobs), the top n's their place."""
+    `decode(token_id)` gives each one's text (None: no tokenizer). The top n rank by their place
+    among themselves; the drawn (or prompt) token, where it is not one of them, takes the worker's
+    rank (kernels/proposal.py PositionLogprobs), as vLLM's: a drawn token tied with the n-th no
+    longer pushes a top-n token out of its rank."""
     order = most_likely(logprobs, len(logprobs))
     own, own_rank = getattr(logprobs, "token", None), getattr(logprobs, "rank", None)
-    return {t: Logprob(lp, own_rank if t == own and own_rank is not None else i + 1 if i < n else None, decode(t))
-            for i, (t, lp) in enumerate(order)}
+    top = [t for t, _ in order if t != own] if len(logprobs) > n else [t for t, _ in order]
+    ranks = {t: i + 1 for i, t in enumerate(top[:n])}
+    if own is not None and own not in ranks:
+        ranks[own] = own_rank
+    return {t: Logprob(lp, ranks.get(t), decode(t)) for t, lp in order}
 
 
 @dataclass

@@ -77,6 +77,27 @@ def test_logprobs_are_vllm_logprobs(llm):
     assert again == out.logprobs[0] and [lp.rank for lp in again.values()] == [lp.rank for lp in out.logprobs[0].values()]
 
 
+def test_ties_rank_as_vllm_ranks_them():
+    """Three tokens tied (common in bf16): the top 2 rank 1 and 2 and the drawn one outside them 3;
+    the drawn token ranked 1 and, sorting first by id, pushed a top-2 token to rank None."""
+    import torch
+
+    from specray.actors.step_rows import logprob_entries
+    from specray.cluster.outputs import ranked
+
+    tied = torch.tensor([[0.0, -2.0, 1.0, 1.0, 1.0]])  # tokens 2, 3, 4 tied; topk(2) takes two of them
+    entry = logprob_entries(tied, [2], 2)[0]
+    assert entry.rank == 3
+    got = {t: lp.rank for t, lp in ranked(entry, 2, lambda t: None).items()}
+    top = [t for t in entry if t != 2]
+    if len(entry) == 2:  # topk took the drawn token: the places rank
+        assert sorted(got.values()) == [1, 2]
+    else:
+        assert got[2] == 3 and sorted(got[t] for t in top) == [1, 2]
+    inside = logprob_entries(torch.tensor([[0.0, -2.0, 3.0, 1.0]]), [2], 2)[0]  # drawn, the most likely
+    assert inside.rank == 1 and {t: lp.rank for t, lp in ranked(inside, 2, lambda t: None).items()} == {2: 1, 3: 2}
+
+
 def test_streamed_logprobs_are_converted_once_and_forgotten(llm):
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=2)
     first = None
