@@ -2,7 +2,7 @@
 (the Serve replica with the router, the target and draft worker actors, Serve's proxy and
 controller) while a closed-loop load runs, summed per process and per hop.
 
-    specray serve &                     # or with --kernels fast, --colocate on, ...
+    specray serve --no-enable-prefix-caching &   # or with --kernels fast, --colocate on, ...
     python benchmarks/served_trace.py --concurrency 1,8 --num-requests 16 --max-tokens 64 \\
         --out bench_out/served_trace.json
 
@@ -11,13 +11,15 @@ Needs py-spy (`pip install py-spy`; benchmarks only) and permission to attach to
 first match in HOPS, in that order). Samples are meant to be of running threads, but a thread
 blocked in a socket read counts as running, and sampling slows the server: `--cpu-only` skips
 py-spy and reads each process's exact CPU seconds from /proc (Ray's daemons and the load
-generator included).
+generator included). Every level sends the same prompts: serve without prefix caching, or every
+level after the first measures cached prompts.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import os
 import re
@@ -125,7 +127,10 @@ def load(url: str, concurrency: int, args) -> tuple[int, float]:
     level = (run_level_grpc(args.grpc, None, bodies, True, concurrency, None, 0) if args.grpc
              else run_level(url, {}, bodies, True, concurrency, None, 0))
     samples, seconds = asyncio.run(level)
-    return sum(s.tokens for s in samples), seconds
+    failed = [s for s in samples if not s.ok]
+    if failed:
+        print(f"{len(failed)} of {len(samples)} requests failed (not counted), e.g. {failed[0].error}")
+    return sum(s.tokens for s in samples if s.ok), seconds
 
 
 def trace_level(url: str, concurrency: int, args) -> dict:
@@ -182,8 +187,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=20, help="how long py-spy samples each level")
     ap.add_argument("--cpu-only", action="store_true",
                     help="no py-spy: each process's exact CPU seconds from /proc (sampling slows the server)")
-    ap.add_argument("--out", default="bench_out/served_trace.json")
+    ap.add_argument("--out", default="bench_out/served_trace.json", help="the JSON results (a .md beside it)")
     args = ap.parse_args()
+    # the load generator's modules (aiohttp, grpc) load here, not inside the first level's CPU window
+    for module in ("specray.cluster.bench.load", *(("specray.client",) if args.grpc else ())):
+        importlib.import_module(module)
     level = measured_cpu if args.cpu_only else trace_level
     levels = [level(args.url.rstrip("/"), int(c), args) for c in args.concurrency.split(",")]
     out = Path(args.out)

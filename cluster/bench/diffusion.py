@@ -61,6 +61,9 @@ def bench_model(name: str, model, prompts: list[list[int]], max_tokens: int, bat
                 drafts: list[tuple[int, bool]], block_length: int, eos: frozenset[int], log=print) -> list[dict]:
     """`drafts`: (num_drafts, adaptive) variants, static decoding (1, False) first."""
     rows = []
+    for k in drafts:  # warm-up: the first calls pay one-off allocations, and with one group static always went first
+        decode(model, prompts[:1], min(max_tokens, block_length), DecodeOptions(block_length, num_drafts=k[0],
+                                                                                adaptive=k[1]), eos)
     for b in batch_sizes:
         groups = [prompts[i:i + b] for i in range(0, len(prompts), b)]
         cells = {k: Cell(name, b, k[0], k[1], 0, 0.0, 0, 0, 0) for k in drafts}
