@@ -49,6 +49,11 @@ class Pipeline:
         self.drafting: tuple[list[Sequence], Pending | None] | None = None  # group on the draft pool
 
     def reset(self) -> None:
+        """Forget both groups (the target was lost). The draft reply still due is read first: over a
+        transport that speaks in turns (torch.distributed) the next call's sends would otherwise meet
+        the draft side blocked sending it, both ends waiting until the draft timeout."""
+        if self.drafting is not None:
+            self.router.collect_proposals(*self.drafting)  # a failed draft call costs speed, never raises
         self.verifying = self.drafting = None
 
     def slot(self) -> list[RequestOutput]:
