@@ -101,6 +101,7 @@ class DraftSide:
         start = time.perf_counter()
         try:
             drafted = pending.result()
+            self._check_vocabulary(drafted.values())
         except Exception as e:  # noqa: BLE001 - a lost or failing draft pool costs speed, never a request
             self._lose_draft_state(e)
             return proposals
@@ -109,6 +110,15 @@ class DraftSide:
         proposals.update((seq_id, p) for seq_id, p in drafted.items() if seq_id in proposals)
         self._draft_down = False
         return proposals
+
+    def _check_vocabulary(self, proposals) -> None:
+        """A draft's distributions over another vocabulary (a gRPC drafter started with another
+        model) failed every sampled request in verification: DraftUnavailable instead."""
+        vocab = self.config.vocab_size
+        for p in proposals:
+            if p.draft_probs is not None and p.draft_probs.shape[-1] != vocab:
+                raise DraftUnavailable(f"the draft proposes over {p.draft_probs.shape[-1]} tokens, the target's "
+                                       f"vocabulary has {vocab}: a draft of another model is not used")
 
     def _lose_draft_state(self, error: Exception) -> None:
         """Target-only decoding this round; the draft side is rebuilt from the full history

@@ -170,3 +170,23 @@ def test_a_failed_draft_call_still_releases_its_sequences_on_the_draft_side(tiny
         router.step()
     assert router.stats.draft_fallbacks == 1 and len(calls) >= 3, calls
     assert not worker.seqs, (ids, worker.seqs.keys())
+
+
+def test_a_draft_over_another_vocabulary_costs_speed_not_requests(tiny_target, tiny_draft):
+    """A gRPC drafter started with another model passed its ping; its distributions, narrower than
+    the target's vocabulary, failed every sampled request at the first rejection."""
+    from dataclasses import replace
+
+    llm = draft_llm(tiny_target, tiny_draft)
+    router, worker = llm.router, llm.router.draft.worker
+    propose = worker.propose
+
+    def narrower(items):
+        return [replace(p, draft_probs=None if p.draft_probs is None else p.draft_probs[:, :-2])
+                for p in propose(items)]
+
+    worker.propose = narrower
+    sampled = SamplingParams(temperature=1.0, seed=5, max_tokens=8, ignore_eos=True)
+    outs = llm.generate(prompts(3), sampled)
+    assert all(len(o.outputs[0].token_ids) == 8 for o in outs)
+    assert router.stats.draft_fallbacks >= 1 and sum(o.metrics.num_draft_tokens for o in outs) == 0
