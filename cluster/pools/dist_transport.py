@@ -168,8 +168,9 @@ class DistDraftPool:
             raise DraftUnavailable(f"draft worker not reachable yet: {e}") from None
 
     def release(self, seq_id) -> None:
-        if self.channel is not None:
-            self._released.append(seq_id)
+        """Sent before the next propose, after a reconnect too: a worker that timed out is still
+        alive, with the sequence's state (a restarted one ignores ids it never saw)."""
+        self._released.append(seq_id)
 
     def node_id(self) -> str:
         return ray.get(self.actor.node_id.remote())

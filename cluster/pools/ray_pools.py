@@ -184,6 +184,8 @@ class RayDraftPool:
         self.stats = TransportStats()
         self._revival = None  # a pending ping while the worker (group) is down
         self._rendezvous = None  # a group's pending rendezvous address while it restarts
+        # sequences that ended while the worker was down: one that timed out is still alive, with their state
+        self._held_releases: list = []
 
     def _start(self, address: str | None) -> list:
         """One actor Ray restarts by itself, or a group started afresh (a new rendezvous `address`)
@@ -207,7 +209,7 @@ class RayDraftPool:
         address is known, so the router's thread never waits for a worker process to start."""
         for actor in self.actors:
             kill_worker(actor)
-        self.actors, self._revival = [], None
+        self.actors, self._revival, self._held_releases = [], None, []
         self._rendezvous = rendezvous_probe(self.group)
 
     def _down(self) -> bool:
@@ -261,6 +263,10 @@ class RayDraftPool:
     def submit_propose(self, items) -> _RayPending:
         if not self.healthy:
             raise DraftUnavailable("draft worker is restarting")
+        if self._held_releases:
+            held, self._held_releases = self._held_releases, []
+            for actor in self.actors:
+                self.calls.send_no_reply(actor, "release_many", held)
         payload, start = wire.encode_items(items), time.perf_counter()
 
         def decode(reply: bytes):
@@ -281,9 +287,11 @@ class RayDraftPool:
         return DraftUnavailable("draft worker is restarting")
 
     def release(self, seq_id) -> None:
-        if not self._down():
-            for actor in self.actors:
-                self.calls.send_no_reply(actor, "release_many", [seq_id])
+        if self._down():
+            self._held_releases.append(seq_id)
+            return
+        for actor in self.actors:
+            self.calls.send_no_reply(actor, "release_many", [seq_id])
 
     def node_id(self) -> str:
         return ray.get(self.actor.node_id.remote())
