@@ -43,10 +43,17 @@ def build_draft_pool(cfg: ServeConfig, colocated: bool = False):
     if kind == "grpc":
         from specray.cluster.pools.grpc_transport import GrpcDraftPool
 
-        return GrpcDraftPool(cfg.transport.drafter_address, timeout, cfg.speculative.method)
+        return GrpcDraftPool(cfg.transport.drafter_address, timeout, cfg.speculative.method, target_vocab(cfg))
     if kind == "torch_distributed":
         from specray.cluster.pools.dist_transport import DistDraftPool
 
         return DistDraftPool(spec, placement(cfg.pools.draft), timeout, cfg.transport.master_port)
     return RayDraftPool(spec, placement(cfg.pools.draft), timeout, cfg.pools.draft.num_workers,
                         channel=cfg.pools.channel == "auto")
+
+
+def target_vocab(cfg) -> int:
+    """The target's vocabulary size, which an external drafter's distributions must cover."""
+    from specray.kernels.loader import hf_config, resolve
+
+    return int(hf_config(resolve(cfg.model).path).vocab_size)

@@ -30,15 +30,16 @@ class TransportStats:
 
 
 class DraftEndpoint:
-    def __init__(self, worker: DraftWorker, method: str = "draft"):
+    def __init__(self, worker: DraftWorker, method: str = "draft", vocab_size: int = 0):
         self.worker, self.method = worker, method
+        self.vocab_size = vocab_size  # its proposal distributions' width; 0: a model-free method
         self.lock = threading.Lock()  # gRPC serves calls on a thread pool; the worker is single-threaded
         self.compute_seconds = 0.0
 
     @classmethod
     def from_spec(cls, spec: DraftSpec) -> "DraftEndpoint":
         """The worker on the process's compute thread: gRPC answers on a pool of threads."""
-        return cls(OnComputeThread(DraftWorker.from_spec, spec), spec.method)
+        return cls(OnComputeThread(DraftWorker.from_spec, spec), spec.method, proposal_vocab(spec))
 
     def ping(self) -> str:
         return self.method
@@ -58,3 +59,13 @@ class DraftEndpoint:
         with self.lock:
             for seq_id in seq_ids:
                 self.worker.release(seq_id)
+
+
+def proposal_vocab(spec: DraftSpec) -> int:
+    """The vocabulary a drafter's distributions cover: its draft model's; 0 for a model-free method."""
+    from specray.kernels.drafters.registry import METHODS
+    from specray.kernels.loader import hf_config, resolve
+
+    if not METHODS[spec.method].needs_model or spec.model is None:
+        return 0
+    return int(hf_config(resolve(spec.model).path).vocab_size)

@@ -126,7 +126,7 @@ class DrafterServicer(pb_grpc.DrafterServicer):
         return pb.ReleaseResponse()
 
     def Ping(self, request, context):
-        return pb.PingResponse(method=self.endpoint.method)
+        return pb.PingResponse(method=self.endpoint.method, vocab_size=self.endpoint.vocab_size)
 
 
 def serve_drafter(endpoint: DraftEndpoint, address: str = "[::]:0") -> tuple[grpc.Server, int]:
@@ -163,8 +163,9 @@ class _GrpcPending:
 
 
 class GrpcDraftPool:
-    def __init__(self, address: str, timeout_s: float = 60.0, method: str | None = None):
+    def __init__(self, address: str, timeout_s: float = 60.0, method: str | None = None, vocab_size: int = 0):
         self.address, self.timeout_s, self.method = address, timeout_s, method
+        self.vocab_size = vocab_size  # the target's; 0: not checked
         # a restarted drafter is found within seconds (gRPC's default backoff grows to two minutes)
         self.channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 256 << 20),
                                                                ("grpc.max_send_message_length", 256 << 20),
@@ -180,13 +181,19 @@ class GrpcDraftPool:
         """The drafter answers, serving `method`: ValueError saying which is not so (a wrong address
         held start-up five minutes; a drafter of another method drafted unnoticed)."""
         try:
-            served = self.stub.Ping(pb.PingRequest(), timeout=timeout_s, wait_for_ready=True).method
+            pong = self.stub.Ping(pb.PingRequest(), timeout=timeout_s, wait_for_ready=True)
         except grpc.RpcError as e:
             raise ValueError(f"no specray drafter answers at {self.address} ({e.code().name} within {timeout_s:g} "
                              "s): start `specray drafter` there, or fix transport.drafter_address") from None
-        if self.method is not None and served != self.method:
-            raise ValueError(f"the drafter at {self.address} serves method {served!r}; speculative_config asks for "
-                             f"{self.method!r}: start it with --method {self.method}")
+        if self.method is not None and pong.method != self.method:
+            raise ValueError(f"the drafter at {self.address} serves method {pong.method!r}; speculative_config asks "
+                             f"for {self.method!r}: start it with --method {self.method}")
+        if self._other_vocabulary(pong):
+            raise ValueError(f"the drafter at {self.address} proposes over {pong.vocab_size} tokens, the target's "
+                             f"vocabulary has {self.vocab_size}: start it with a draft of the target's tokenizer")
+
+    def _other_vocabulary(self, pong) -> bool:
+        return bool(self.vocab_size and pong.vocab_size and pong.vocab_size != self.vocab_size)
 
     def _check_back(self) -> None:
         """While down, one Ping at a time, never waited on: DraftUnavailable until it answers with
@@ -197,12 +204,15 @@ class GrpcDraftPool:
             raise DraftUnavailable(f"drafter at {self.address} does not answer")
         probe, self._probe = self._probe, None
         try:
-            served = probe.result().method
+            pong = probe.result()
         except grpc.RpcError as e:
             raise DraftUnavailable(f"drafter at {self.address}: {e.code().name}") from None
-        if self.method is not None and served != self.method:
-            raise DraftUnavailable(f"the drafter at {self.address} now serves method {served!r}, not "
+        if self.method is not None and pong.method != self.method:
+            raise DraftUnavailable(f"the drafter at {self.address} now serves method {pong.method!r}, not "
                                    f"{self.method!r}: not used")
+        if self._other_vocabulary(pong):
+            raise DraftUnavailable(f"the drafter at {self.address} now proposes over {pong.vocab_size} tokens: "
+                                   "not used")
         self.down = False
 
     def submit_propose(self, items) -> _GrpcPending:

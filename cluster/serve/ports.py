@@ -53,7 +53,9 @@ def check_drafter(cfg) -> None:
         return
     from specray.cluster.pools.grpc_transport import GrpcDraftPool
 
-    pool = GrpcDraftPool(cfg.transport.drafter_address, method=cfg.speculative.method)
+    from specray.cluster.pools.build import target_vocab
+
+    pool = GrpcDraftPool(cfg.transport.drafter_address, method=cfg.speculative.method, vocab_size=target_vocab(cfg))
     try:
         pool.ready(timeout_s=DRAFTER_WAIT_S)
     finally:

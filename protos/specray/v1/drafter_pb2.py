@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18specray/v1/drafter.proto\x12\nspecray.v1\"]\n\x0c\x44raftSeqSpec\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\xe2\x01\n\tDraftItem\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63ommitted_delta\x18\x02 \x03(\x05\x12\x18\n\x10num_draft_tokens\x18\x03 \x01(\x05\x12&\n\x04spec\x18\x04 \x01(\x0b\x32\x18.specray.v1.DraftSeqSpec\x12\x1a\n\rverify_budget\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12\x10\n\x08\x66\x65\x61tures\x18\x06 \x01(\x0c\x12\x19\n\x0c\x66\x65\x61ture_rows\x18\x07 \x01(\x05H\x01\x88\x01\x01\x42\x10\n\x0e_verify_budgetB\x0f\n\r_feature_rows\"F\n\x0eProposeRequest\x12$\n\x05items\x18\x01 \x03(\x0b\x32\x15.specray.v1.DraftItem\x12\x0e\n\x06method\x18\x02 \x01(\t\"e\n\nDraftProbs\x12\x12\n\nvocab_size\x18\x01 \x01(\x05\x12\r\n\x05\x64\x65nse\x18\x02 \x01(\x0c\x12\x13\n\x0brow_offsets\x18\x03 \x03(\x05\x12\x0f\n\x07indices\x18\x04 \x03(\x05\x12\x0e\n\x06values\x18\x05 \x03(\x02\"\x98\x01\n\rDraftProposal\x12\x17\n\x0f\x64raft_token_ids\x18\x01 \x03(\x05\x12%\n\x05probs\x18\x02 \x01(\x0b\x32\x16.specray.v1.DraftProbs\x12&\n\x04kind\x18\x03 \x01(\x0e\x32\x18.specray.v1.ProposalKind\x12\x0f\n\x07parents\x18\x04 \x03(\x05\x12\x0e\n\x06\x63ounts\x18\x05 \x03(\x05\"?\n\x0fProposeResponse\x12,\n\tproposals\x18\x01 \x03(\x0b\x32\x19.specray.v1.DraftProposal\"!\n\x0eReleaseRequest\x12\x0f\n\x07seq_ids\x18\x01 \x03(\t\"\x11\n\x0fReleaseResponse\"\r\n\x0bPingRequest\"\x1e\n\x0cPingResponse\x12\x0e\n\x06method\x18\x01 \x01(\t*\x80\x01\n\x0cProposalKind\x12\x17\n\x13PROPOSAL_KIND_CHAIN\x10\x00\x12\x1a\n\x16PROPOSAL_KIND_WOR_TREE\x10\x01\x12\x15\n\x11PROPOSAL_KIND_IID\x10\x02\x12$\n PROPOSAL_KIND_DETERMINISTIC_TREE\x10\x03\x32\xcc\x01\n\x07\x44rafter\x12\x42\n\x07Propose\x12\x1a.specray.v1.ProposeRequest\x1a\x1b.specray.v1.ProposeResponse\x12\x42\n\x07Release\x12\x1a.specray.v1.ReleaseRequest\x1a\x1b.specray.v1.ReleaseResponse\x12\x39\n\x04Ping\x12\x17.specray.v1.PingRequest\x1a\x18.specray.v1.PingResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18specray/v1/drafter.proto\x12\nspecray.v1\"]\n\x0c\x44raftSeqSpec\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\xe2\x01\n\tDraftItem\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63ommitted_delta\x18\x02 \x03(\x05\x12\x18\n\x10num_draft_tokens\x18\x03 \x01(\x05\x12&\n\x04spec\x18\x04 \x01(\x0b\x32\x18.specray.v1.DraftSeqSpec\x12\x1a\n\rverify_budget\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12\x10\n\x08\x66\x65\x61tures\x18\x06 \x01(\x0c\x12\x19\n\x0c\x66\x65\x61ture_rows\x18\x07 \x01(\x05H\x01\x88\x01\x01\x42\x10\n\x0e_verify_budgetB\x0f\n\r_feature_rows\"F\n\x0eProposeRequest\x12$\n\x05items\x18\x01 \x03(\x0b\x32\x15.specray.v1.DraftItem\x12\x0e\n\x06method\x18\x02 \x01(\t\"e\n\nDraftProbs\x12\x12\n\nvocab_size\x18\x01 \x01(\x05\x12\r\n\x05\x64\x65nse\x18\x02 \x01(\x0c\x12\x13\n\x0brow_offsets\x18\x03 \x03(\x05\x12\x0f\n\x07indices\x18\x04 \x03(\x05\x12\x0e\n\x06values\x18\x05 \x03(\x02\"\x98\x01\n\rDraftProposal\x12\x17\n\x0f\x64raft_token_ids\x18\x01 \x03(\x05\x12%\n\x05probs\x18\x02 \x01(\x0b\x32\x16.specray.v1.DraftProbs\x12&\n\x04kind\x18\x03 \x01(\x0e\x32\x18.specray.v1.ProposalKind\x12\x0f\n\x07parents\x18\x04 \x03(\x05\x12\x0e\n\x06\x63ounts\x18\x05 \x03(\x05\"?\n\x0fProposeResponse\x12,\n\tproposals\x18\x01 \x03(\x0b\x32\x19.specray.v1.DraftProposal\"!\n\x0eReleaseRequest\x12\x0f\n\x07seq_ids\x18\x01 \x03(\t\"\x11\n\x0fReleaseResponse\"\r\n\x0bPingRequest\"2\n\x0cPingResponse\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x03*\x80\x01\n\x0cProposalKind\x12\x17\n\x13PROPOSAL_KIND_CHAIN\x10\x00\x12\x1a\n\x16PROPOSAL_KIND_WOR_TREE\x10\x01\x12\x15\n\x11PROPOSAL_KIND_IID\x10\x02\x12$\n PROPOSAL_KIND_DETERMINISTIC_TREE\x10\x03\x32\xcc\x01\n\x07\x44rafter\x12\x42\n\x07Propose\x12\x1a.specray.v1.ProposeRequest\x1a\x1b.specray.v1.ProposeResponse\x12\x42\n\x07Release\x12\x1a.specray.v1.ReleaseRequest\x1a\x1b.specray.v1.ReleaseResponse\x12\x39\n\x04Ping\x12\x17.specray.v1.PingRequest\x1a\x18.specray.v1.PingResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specray.protos.specray.v1.drafter_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PROPOSALKIND']._serialized_start=861
-  _globals['_PROPOSALKIND']._serialized_end=989
+  _globals['_PROPOSALKIND']._serialized_start=881
+  _globals['_PROPOSALKIND']._serialized_end=1009
   _globals['_DRAFTSEQSPEC']._serialized_start=40
   _globals['_DRAFTSEQSPEC']._serialized_end=133
   _globals['_DRAFTITEM']._serialized_start=136
@@ -52,7 +52,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PINGREQUEST']._serialized_start=813
   _globals['_PINGREQUEST']._serialized_end=826
   _globals['_PINGRESPONSE']._serialized_start=828
-  _globals['_PINGRESPONSE']._serialized_end=858
-  _globals['_DRAFTER']._serialized_start=992
-  _globals['_DRAFTER']._serialized_end=1196
+  _globals['_PINGRESPONSE']._serialized_end=878
+  _globals['_DRAFTER']._serialized_start=1012
+  _globals['_DRAFTER']._serialized_end=1216
 # @@protoc_insertion_point(module_scope)

@@ -105,7 +105,9 @@ class PingRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PingResponse(_message.Message):
-    __slots__ = ("method",)
+    __slots__ = ("method", "vocab_size")
     METHOD_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     method: str
-    def __init__(self, method: _Optional[str] = ...) -> None: ...
+    vocab_size: int
+    def __init__(self, method: _Optional[str] = ..., vocab_size: _Optional[int] = ...) -> None: ...

@@ -115,3 +115,33 @@ def test_request_ids_differ_between_routers(tiny_target):
         for r in routers:
             r.shutdown()
     assert ids[0] != ids[1] and all(i.startswith("req-") for i in ids)
+
+
+def test_a_drafter_over_another_vocabulary_is_refused(drafter, tiny_target, tiny_draft):
+    """Its ping said its method only: a drafter started with another model's draft passed, and every
+    sampled request failed at its first rejection."""
+    from specray.cluster.pools.draft_endpoint import proposal_vocab
+    from specray.cluster.pools.grpc_transport import GrpcDraftPool
+
+    pool, _, endpoint = drafter
+    spec = drafter_spec(build_parser().parse_args(["drafter", "--method", "draft_model", "--model", str(tiny_draft)]))
+    assert proposal_vocab(spec) == 97 and endpoint.vocab_size == 0  # ngram's proposals name no vocabulary
+    endpoint.vocab_size = 96  # as a draft of another tokenizer would say
+    other = GrpcDraftPool(pool.address, method="ngram", vocab_size=97)
+    try:
+        with pytest.raises(ValueError, match="proposes over 96 tokens, the target's vocabulary has 97"):
+            other.ready(timeout_s=10)
+        other.down = True  # and a drafter back with it after a lost call is not used
+        deadline = time.monotonic() + 5
+        while "now proposes over 96 tokens" not in _refusal(other):
+            assert time.monotonic() < deadline, "the other vocabulary was not named"
+            time.sleep(0.05)
+    finally:
+        other.close()
+    GrpcDraftPool.ready(pool)  # the pool that does not check (vocab_size 0) still takes it
+
+
+def _refusal(pool) -> str:
+    with pytest.raises(DraftUnavailable) as e:
+        pool.submit_propose([_item("v")])
+    return str(e.value)
