@@ -13,7 +13,8 @@ from specray.actors.diffusion_worker import DiffusionWorker
 from specray.actors.specs import DiffusionSpec
 from specray.cluster.pools.api import TargetUnavailable
 from specray.cluster.pools.builder import kill_worker, release_group, reserve, start_worker
-from specray.cluster.pools.ray_pools import Placement, _RayPending
+from specray.cluster.pools.ray_pending import RayPending
+from specray.cluster.pools.ray_pools import Placement
 
 log = logging.getLogger("specray.pools")
 
@@ -31,8 +32,8 @@ class RayDiffusionPool:
         return start_worker(DiffusionWorker.from_spec, self.spec, self.group, self.placement,
                             name=f"{self.name}-s{self.starts}")
 
-    def submit_step(self, new, seq_ids: list[object]) -> _RayPending:
-        return _RayPending([self.actor.call.remote("step", new, seq_ids)], self._failed)
+    def submit_step(self, new, seq_ids: list[object]) -> RayPending:
+        return RayPending([self.actor.call.remote("step", new, seq_ids)], self._failed)
 
     def _failed(self, error: Exception) -> TargetUnavailable:
         kill_worker(self.actor)

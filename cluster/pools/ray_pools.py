@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass, replace
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import RayTaskError
 
 from specray.actors.specs import DraftSpec, TargetSpec
 from specray.actors.target_worker import TargetWorker
@@ -28,10 +28,9 @@ from specray.cluster.pools.builder import (all_of, kill_worker, release_group, r
                                           reserve, start_worker)
 from specray.cluster.pools.draft_endpoint import DraftEndpoint, TransportStats
 from specray.cluster.pools.local_channel import ChannelPending, dumps
+from specray.cluster.pools.ray_pending import ActorFailure, RayPending
 from specray.cluster.pools.worker_calls import WorkerCalls
 
-ActorFailure = (RayActorError, GetTimeoutError)
-RANK_GRACE_S = 5.0  # a rank still busy this long after another raised is stuck in a collective
 log = logging.getLogger("specray.pools")
 
 
@@ -45,55 +44,6 @@ class Placement:
     def bundle(self) -> dict:
         gpus = {"GPU": self.num_gpus} if self.num_gpus else {}
         return {"CPU": self.num_cpus, **gpus, **self.resources}
-
-
-class _RayPending:
-    """An ObjectRef (or several, one per tensor-parallel rank) and what a failure means."""
-
-    def __init__(self, refs: list, on_failure, timeout_s: float | None = None, on_result=None):
-        self.refs, self.on_failure, self.timeout_s, self.on_result = refs, on_failure, timeout_s, on_result
-
-    def result(self):
-        try:
-            value = self._first_rank()
-        except ActorFailure as e:
-            raise self.on_failure(e) from None
-        return value if self.on_result is None else self.on_result(value)
-
-    def _first_rank(self):
-        """Rank 0's value once every rank answered (they agree). A rank that died raises at once:
-        the others may be waiting for it in a collective and would only time out."""
-        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
-        waiting, succeeded = list(self.refs), 0
-        while waiting:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, waiting = ray.wait(waiting, num_returns=1, timeout=left)
-            if not ready:
-                raise GetTimeoutError(f"no answer within {self.timeout_s}s")
-            try:
-                ray.get(ready[0])
-                succeeded += 1
-            except RayTaskError:
-                self._check_in_step(waiting, succeeded)
-                raise
-        return ray.get(self.refs[0])
-
-    @staticmethod
-    def _check_in_step(waiting: list, succeeded: int) -> None:
-        """A rank raised. Ranks that run the same code on the same input raise alike (a bad request:
-        the router isolates it). A rank still busy after a grace period is stuck in a collective the
-        failed rank left, and a rank that succeeded has committed what the failed one has not (a
-        rank-local fault such as OOM after the last collective): either way the group must restart."""
-        if waiting and ray.wait(waiting, num_returns=len(waiting), timeout=RANK_GRACE_S)[1]:
-            raise GetTimeoutError("one rank failed while the others wait for it")
-        for ref in waiting:
-            try:
-                ray.get(ref)
-                succeeded += 1
-            except RayTaskError:
-                pass
-        if succeeded:
-            raise GetTimeoutError("one rank failed where another succeeded: their caches differ")
 
 
 class RayTargetPool:
@@ -119,14 +69,14 @@ class RayTargetPool:
         return [start_worker(TargetWorker.from_spec, s, self.group, self.placement, bundle_index=r,
                              name=f"{self.name}-s{self.starts}-r{r}") for r, s in enumerate(specs)]
 
-    def submit_step(self, items) -> _RayPending | ChannelPending:
+    def submit_step(self, items) -> RayPending | ChannelPending:
         pending = self.calls.submit(self.actors[0], "step", items, on_failure=self._failed,
                                     timeout_s=self.timeout_s)
         if pending is not None:
             return pending
         payload = dumps((items,))  # the results' tensors as raw bytes, as over a channel
         ref = ray.put(payload) if self.tp_size > 1 else payload
-        return _RayPending([a.call_packed.remote("step", ref) for a in self.actors], self._failed, self.timeout_s,
+        return RayPending([a.call_packed.remote("step", ref) for a in self.actors], self._failed, self.timeout_s,
                            on_result=pickle.loads)
 
     def _failed(self, error: Exception) -> TargetUnavailable:
@@ -260,7 +210,7 @@ class RayDraftPool:
         return self.actor.call.remote("ping") if self.group_size == 1 else \
             all_of([a.call.remote("ping") for a in self.actors])
 
-    def submit_propose(self, items) -> _RayPending:
+    def submit_propose(self, items) -> RayPending:
         if not self.healthy:
             raise DraftUnavailable("draft worker is restarting")
         if self._held_releases:
@@ -278,7 +228,7 @@ class RayDraftPool:
         if pending is not None:
             return pending
         refs = [a.call.remote("propose_bytes", payload) for a in self.actors]
-        return _RayPending(refs, self._failed, self.propose_timeout_s, decode)
+        return RayPending(refs, self._failed, self.propose_timeout_s, decode)
 
     def _failed(self, error: Exception) -> DraftUnavailable:
         self.calls.reset()

@@ -272,9 +272,9 @@ def _rank_step(fails: bool, seconds: float = 0.0) -> int:
 def test_ranks_that_disagree_on_a_step_restart_the_group(ray_cluster, fails, lost):
     """Ranks that all raise: a bad request (the router fails it alone). One rank raising where another
     committed the step: their KV caches now differ, so the group counts as lost and restarts."""
-    from specray.cluster.pools.ray_pools import _RayPending
+    from specray.cluster.pools.ray_pending import RayPending
 
     refs = [_rank_step.remote(f, 0.3 * r) for r, f in enumerate(fails)]  # the second rank answers last
-    pending = _RayPending(refs, on_failure=lambda e: RuntimeError(f"lost: {e}"))
+    pending = RayPending(refs, on_failure=lambda e: RuntimeError(f"lost: {e}"))
     with pytest.raises(RuntimeError if lost else ValueError, match="their caches differ" if lost else "bad request"):
         pending.result()
