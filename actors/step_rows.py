@@ -49,6 +49,17 @@ def logprob_entries(logits: torch.Tensor, token_ids: list[int], n: int) -> list[
     return entries
 
 
+def attach_logprobs(items: list[TargetItem], logits: torch.Tensor, results: list[VerifyResult],
+                    top_n: list[int | None]) -> None:
+    """Each emitted token's logprobs, from the row that drew it (past the item's prompt rows)."""
+    row0 = 0
+    for item, res, n in zip(items, results, top_n, strict=True):
+        if n is not None and item.emits:
+            rows = torch.tensor([0] + [1 + node for node in res.path_nodes()]) + row0 + num_prompt_rows(item)
+            res.logprobs = logprob_entries(logits[rows], res.emitted_token_ids, n)  # rows [emitted]
+        row0 += num_logits(item)
+
+
 def attach_prompt_logprobs(items: list[TargetItem], logits: torch.Tensor, results: list[VerifyResult],
                             top_n: list[int | None]) -> None:
     """Each prompt row's logprobs of the prompt token after it (the item's first rows of logits)."""

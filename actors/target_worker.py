@@ -12,8 +12,8 @@ import torch
 
 from specray.actors.messages import SeqSpec, TargetItem
 from specray.actors.specs import TargetSpec
-from specray.actors.step_rows import (attach_features, attach_prompt_logprobs, last_kv_rows, logprob_entries,
-                                      num_logits, num_prompt_rows, verification_rows)
+from specray.actors.step_rows import (attach_features, attach_logprobs, attach_prompt_logprobs, last_kv_rows,
+                                      num_logits, verification_rows)
 from specray.kernels import row_costs
 from specray.kernels.batch import RaggedBatch, SeqChunk, pad_uniform
 from specray.kernels.loader import DTYPES, cache_root, load_model, resolve
@@ -100,14 +100,8 @@ class TargetWorker:
         a rank's steps wait for the others' collectives)."""
         if self._row_costs is None or measure:
             measure_now = functools.partial(row_costs.measure, self.model, self.cache)
-            if self.cost_key is None:
-                self._row_costs = measure_now()
-            elif measure:
-                self._row_costs = measure_now()
-                row_costs.store_costs(row_costs.cache_key(*self.cost_key), self._row_costs, cache_root())
-            else:
-                self._row_costs = row_costs.cached_costs(row_costs.cache_key(*self.cost_key), measure_now,
-                                                         cache_root())
+            self._row_costs = measure_now() if self.cost_key is None else row_costs.cached_costs(
+                row_costs.cache_key(*self.cost_key), measure_now, cache_root(), fresh=measure)
         return self._row_costs.seconds
 
     def stored_row_costs(self) -> tuple[float, ...] | None:
@@ -229,8 +223,9 @@ class TargetWorker:
                         "last_kv": last_kv_rows(self.cache, batch.slot_mapping, self.model.tp_group.size)
                         if "last_kv" in wants else None}
             attach_features(items, results, wants, features)
-        self._attach_logprobs(items, logits, results)
-        attach_prompt_logprobs(items, logits, results, [self.seqs[i.seq_id].spec.prompt_logprobs for i in items])
+        specs = [self.seqs[i.seq_id].spec for i in items]
+        attach_logprobs(items, logits, results, [spec.logprobs for spec in specs])
+        attach_prompt_logprobs(items, logits, results, [spec.prompt_logprobs for spec in specs])
         return results
 
     def _keep_features(self, items: list[TargetItem], chunks: list[SeqChunk], results: list[VerifyResult]) -> None:
@@ -296,16 +291,6 @@ class TargetWorker:
             return None
         p = item.proposal
         return history.rows(item.new_token_ids, p.tree_parents(), p.draft_token_ids)
-
-    def _attach_logprobs(self, items, logits, results) -> None:
-        row0 = 0
-        for item, res in zip(items, results, strict=True):
-            n = self.seqs[item.seq_id].spec.logprobs
-            if n is not None and item.emits:
-                emitted = res.emitted_token_ids
-                rows = torch.tensor([0] + [1 + node for node in res.path_nodes()]) + row0 + num_prompt_rows(item)
-                res.logprobs = logprob_entries(logits[rows], emitted, n)  # rows [emitted]
-            row0 += num_logits(item)
 
     def release(self, seq_id: object) -> None:
         self.seqs.pop(seq_id, None)

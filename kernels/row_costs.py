@@ -131,9 +131,9 @@ def store_costs(key: str, costs: RowCosts, cache_dir: Path) -> None:
         pass
 
 
-def cached_costs(key: str, measure_now, cache_dir: Path) -> RowCosts:
-    """The costs stored under `key`, else `measure_now()` stored there."""
-    costs = stored_costs(key, cache_dir)
+def cached_costs(key: str, measure_now, cache_dir: Path, fresh: bool = False) -> RowCosts:
+    """The costs stored under `key`, else (or with `fresh`) `measure_now()` stored there."""
+    costs = None if fresh else stored_costs(key, cache_dir)
     if costs is None:
         costs = measure_now()
         store_costs(key, costs, cache_dir)
