@@ -73,9 +73,7 @@ class LLM:
         if seed is not None and seed > MAX_API_SEED:
             raise ValueError(f"seed must be an integer in [{MIN_SEED}, {MAX_API_SEED}] or None, got {seed!r}")
         check_int_arg("max_model_len", max_model_len, 1, optional=True)
-        if not (max_prefill_tokens is None or isinstance(max_prefill_tokens, str) and max_prefill_tokens == "auto"
-                or type(max_prefill_tokens) is int and max_prefill_tokens >= 1):  # before the weights load
-            raise ValueError(f"max_prefill_tokens must be a positive integer, 'auto' or None, got {max_prefill_tokens!r}")
+        prefill_tokens = resolve_prefill_tokens(max_prefill_tokens, device)  # checked before the weights load
         # open streams' requests, and the latest output of each that another call's rounds produced
         self._streamed: set[str] = set()
         self._held: dict[str, RequestOutput] = {}
@@ -108,7 +106,7 @@ class LLM:
                            max_num_seqs=max_num_seqs)
         self.draft = None if draft is None else DraftWorker(build_drafter(draft))
         config, eos = router_limits(target_model.config, self.tokenizer, spec, max_model_len, max_num_seqs,
-                                    blocks, block_size, pipelined, resolve_prefill_tokens(max_prefill_tokens, device),
+                                    blocks, block_size, pipelined, prefill_tokens,
                                     enable_prefix_caching)
         draft_pool = None if self.draft is None else InProcessDraftPool(self.draft)
         self.router = Router(InProcessTargetPool(self.target), draft_pool, self.tokenizer, eos, config)

@@ -55,8 +55,10 @@ def default_prefill_tokens(device: str) -> int:
 def resolve_prefill_tokens(value: int | str | None, device: str) -> tuple[int | None, int | None]:
     """A max_prefill_tokens setting as the router takes it: (a round's prompt tokens at most, the
     same beside decoding sequences, None: as many). "auto" -> this device's defaults; a number or
-    None holds for every round."""
+    None holds for every round; anything else is a ValueError."""
     if value != "auto":
+        if value is not None and (type(value) is not int or value < 1):
+            raise ValueError(f"max_prefill_tokens must be a positive integer, 'auto' or None, got {value!r}")
         return value, None
     cpu = str(device).split(":")[0] == "cpu"
     return default_prefill_tokens(device), CPU_DECODING_PREFILL_TOKENS if cpu else None

@@ -136,8 +136,6 @@ def router_limits(model_config, tokenizer, spec, max_model_len: int | None, max_
     (config/defaults.py `resolve_prefill_tokens`)."""
     limit = model_config.max_position_embeddings
     max_prefill_tokens, decoding_prefill_tokens = prefill_tokens
-    if max_prefill_tokens is not None and (type(max_prefill_tokens) is not int or max_prefill_tokens < 1):
-        raise ValueError(f"max_prefill_tokens must be a positive integer, 'auto' or None, got {max_prefill_tokens!r}")
     max_model_len = fit_context(max_model_len, limit, num_blocks * block_size, spec)
     if spec is not None and spec.method == "longspec":  # its window against the context served
         from specray.kernels.drafters.longspec_folder import check_pairing
