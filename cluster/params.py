@@ -212,7 +212,7 @@ def is_no_op(value, no_ops: tuple) -> bool:
 def _plain(x):
     """A NumPy or other registered integer or real as Python's int or float (JSON, protobuf and the
     pools take those); anything else (bools included) as it is, for the checks to judge."""
-    if isinstance(x, bool) or isinstance(x, (int, float)) and type(x) in (int, float):
+    if type(x) in (bool, int, float):
         return x
     if isinstance(x, numbers.Integral):
         return int(x)

@@ -54,6 +54,6 @@ def build_draft_pool(cfg: ServeConfig, colocated: bool = False):
 
 def target_vocab(cfg) -> int:
     """The target's vocabulary size, which an external drafter's distributions must cover."""
-    from specray.kernels.loader import hf_config, resolve
+    from specray.kernels.loader import resolve
 
-    return int(hf_config(resolve(cfg.model).path).vocab_size)
+    return int(resolve(cfg.model).hf_config().vocab_size)

@@ -64,8 +64,8 @@ class DraftEndpoint:
 def proposal_vocab(spec: DraftSpec) -> int:
     """The vocabulary a drafter's distributions cover: its draft model's; 0 for a model-free method."""
     from specray.kernels.drafters.registry import METHODS
-    from specray.kernels.loader import hf_config, resolve
+    from specray.kernels.loader import resolve
 
     if not METHODS[spec.method].needs_model or spec.model is None:
         return 0
-    return int(hf_config(resolve(spec.model).path).vocab_size)
+    return int(resolve(spec.model).hf_config().vocab_size)
