@@ -160,7 +160,9 @@ class Sequence:
         self.text += new
         if self.stop_tails is not None:
             self.stop_tails.feed(new)
-        for stop in self.params.stop if len(self.output_token_ids) >= self.params.min_tokens else ():
+        # as vLLM: the first min_tokens tokens never finish the output, so a stop string counts from
+        # the token after them on (it may begin in their text)
+        for stop in self.params.stop if len(self.output_token_ids) > self.params.min_tokens else ():
             # a stop string may straddle the old and new text
             at = self.text.find(stop, max(0, start - len(stop) + 1))
             if at >= 0:

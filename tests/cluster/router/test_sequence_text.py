@@ -106,3 +106,15 @@ def test_a_round_ending_inside_a_character_keeps_the_characters_before_it(rounds
     plain = run([[t] for r in rounds for t in r])
     assert plain.text == "\U0001F600\U0001F600" and plain.finish_reason == "length"
     assert run(rounds).text == plain.text and run(rounds).output_token_ids == plain.output_token_ids
+
+
+@pytest.mark.parametrize("min_tokens, stop, text", [
+    (0, ["e"], "on"), (1, ["e"], "one two thr"), (2, ["e"], "one two thr"), (3, ["e"], "one two three four fiv"),
+    (1, ["e t"], "on"),  # vLLM's search reaches back into the held tokens' text by the stop's length
+])
+def test_stop_strings_count_from_the_token_after_min_tokens(min_tokens, stop, text):
+    """vLLM's rule (its detokenizer's `len(output) > min_tokens`): the first min_tokens tokens never
+    end the output, as stop tokens cannot (they are masked while fewer than min_tokens are out)."""
+    for rounds in ([[0], [1], [2], [3], [4]], [[0, 1, 2, 3, 4]]):
+        seq = _committed(rounds, stop=stop, min_tokens=min_tokens)
+        assert seq.text == text and seq.stop_reason == stop[0]
