@@ -214,7 +214,7 @@ class OpenAIServer:
         names = ["prompt"] if len(prompts) == 1 else [f"prompt[{i}]" for i in range(len(prompts))]
         inputs = [(*await self._encode(p, name, body.max_tokens, params.truncate_prompt_tokens), name)
                   for p, name in zip(prompts, names)]
-        rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        rid, created = f"cmpl-{body.request_id or uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
             run = (lambda *a: prompts_only(self._run(*a))) if scoring else self._run
             chunks = completion_chunks(run, self.tokenizer, self.model_name, rid, created, inputs, params, body.n,
@@ -242,7 +242,7 @@ class OpenAIServer:
                                         params.truncate_prompt_tokens)
         except PromptError as e:
             raise ApiError(400, str(e), param=e.param) from None
-        rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        rid, created = f"chatcmpl-{body.request_id or uuid.uuid4().hex[:24]}", int(time.time())
         role, echoed = body.reply_role(), body.echoed()
         if body.stream:
             return await self._sse(request, chat_chunks(self._run, self.tokenizer, self.model_name, rid, created, ids, params,

@@ -75,7 +75,15 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     # OpenAI's newer options
     "modalities": _off(["text"]), "audio": _off(), "web_search_options": _off(), "verbosity": _off(),
     "prediction": _off(),
+    # vLLM's serving options: each would change the response or how the request is served
+    "priority": _off(0), "cache_salt": _off(), "documents": _off([]), "return_token_ids": _off(False),
+    "prompt_embeds": _off(), "vllm_xargs": _off({}), "mm_processor_kwargs": _off({}), "kv_transfer_params": _off(),
 }
+# what a refused field would have done, where that is not the output's text
+EFFECTS = {"priority": "it would schedule the request by priority",
+           "cache_salt": "it would keep the request's prefix-cache entries apart from other requests'",
+           "return_token_ids": "it would add token ids to the response",
+           "kv_transfer_params": "it would move the request's KV cache between servers"}
 
 # the server's settings a request may try to send -> where they are set
 SERVER_SETTINGS = {"speculative_config": "specray serve --speculative-config",
@@ -112,6 +120,7 @@ class _Common(BaseModel):
     bad_words: list[str] | None = None  # vLLM extension
     truncate_prompt_tokens: int | None = None  # vLLM extension: keep the prompt's last k tokens (-1: the model's length)
     logit_bias: dict[str, float] | None = None  # OpenAI's: token ids (as strings) -> a bias in [-100, 100]
+    request_id: str | None = None  # vLLM extension: the response's id is built from it (else a random one)
 
     @model_validator(mode="before")
     @classmethod
@@ -147,8 +156,8 @@ class _Common(BaseModel):
                                "request; leave it out", param=name)
             no_op = self.NO_OPS.get(name, UNSUPPORTED.get(name))
             if no_op is not None and not no_op(value):
-                raise ApiError(400, f"{name} is not supported by specray (it would change the output); "
-                               "leave it out", param=name)
+                effect = EFFECTS.get(name, "it would change the output")
+                raise ApiError(400, f"{name} is not supported by specray ({effect}); leave it out", param=name)
 
     def token_bias(self) -> dict[int, float] | None:
         """logit_bias with integer keys: JSON object keys are strings ("50256": -100)."""
@@ -231,11 +240,13 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None  # a participant's name: the chat template gets it, as vLLM's does
     tool_calls: list[Any] | None = None  # refused unless empty: specray has no tools
+    function_call: Any = None  # the legacy form of tool_calls: refused unless null
 
     def template_fields(self, i: int) -> dict[str, str]:
         """The message as the chat template takes it; `i` names it in errors (messages[i])."""
-        if self.tool_calls:
-            raise ApiError(400, "tool calls are not supported by specray", param=f"messages[{i}].tool_calls")
+        if self.tool_calls or self.function_call is not None:
+            field = "tool_calls" if self.tool_calls else "function_call"
+            raise ApiError(400, "tool calls are not supported by specray", param=f"messages[{i}].{field}")
         fields = {"role": self.role, "content": self.text(f"messages[{i}].content")}
         if self.name is None:
             return fields

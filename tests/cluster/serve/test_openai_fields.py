@@ -42,6 +42,14 @@ def test_a_refused_sampling_parameter_is_named_in_param(field, value):
     ({"messages": MESSAGES, "num_drafts": 4}, "num_drafts"),  # the server's settings were ignored
     ({"messages": MESSAGES, "speculative_config": {"method": "ngram"}}, "speculative_config"),
     ({"messages": MESSAGES, "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    # vLLM's serving options it would act on: refused, not dropped
+    ({"messages": MESSAGES, "cache_salt": "tenant-a"}, "cache_salt"),
+    ({"messages": MESSAGES, "priority": 5}, "priority"),
+    ({"messages": MESSAGES, "documents": [{"text": "w7"}]}, "documents"),
+    ({"messages": MESSAGES, "return_token_ids": True}, "return_token_ids"),
+    ({"messages": MESSAGES, "vllm_xargs": {"a": 1}}, "vllm_xargs"),
+    ({"messages": [{"role": "assistant", "content": None, "function_call": {"name": "f"}}]},
+     "messages[0].function_call"),
 ])
 def test_a_request_refused_names_its_field(served, body, param):
     resp = httpx.post(served[0].url + "/v1/chat/completions", json={"model": "tiny", "max_tokens": 2, **body},
@@ -100,7 +108,8 @@ def test_no_op_values_of_vllms_and_openais_options_are_taken(served):
     """top_logprobs 0 without logprobs asks for nothing (clients send it by default), modalities
     ["text"] is the only output there is, and a participant's name goes to the chat template."""
     headers = {"Authorization": f"Bearer {KEY}"}
-    for extra in ({"top_logprobs": 0}, {"modalities": ["text"]}, {"detokenize": True},
+    for extra in ({"top_logprobs": 0}, {"modalities": ["text"]}, {"detokenize": True}, {"priority": 0},
+                  {"cache_salt": None}, {"return_token_ids": False},
                   {"messages": [{"role": "user", "content": "w5", "name": "ann"}]}):
         resp = httpx.post(served[0].url + "/v1/chat/completions", headers=headers,
                           json={"model": "tiny", "messages": MESSAGES, "max_tokens": 2, **extra})
@@ -190,3 +199,13 @@ def test_the_room_for_max_tokens_and_the_texts_bound_count_the_kept_prompt(serve
     assert httpx.post(served[0].url + "/v1/completions", headers=headers, json=body).json()["error"]["param"] == "prompt"
     resp = httpx.post(served[0].url + "/v1/completions", headers=headers, json={**body, "truncate_prompt_tokens": 8})
     assert resp.status_code == 200 and resp.json()["usage"]["prompt_tokens"] == 8, resp.text
+
+
+def test_a_requests_id_names_its_response(served):
+    """vLLM's request_id: the response's id is built from it (chatcmpl-ID, cmpl-ID)."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    chat = httpx.post(served[0].url + "/v1/chat/completions", headers=headers,
+                      json={"model": "tiny", "messages": MESSAGES, "max_tokens": 2, "request_id": "abc-1"})
+    completion = httpx.post(served[0].url + "/v1/completions", headers=headers,
+                            json={"model": "tiny", "prompt": "w5", "max_tokens": 2, "request_id": "abc-2"})
+    assert chat.json()["id"] == "chatcmpl-abc-1" and completion.json()["id"] == "cmpl-abc-2"
