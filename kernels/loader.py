@@ -103,8 +103,24 @@ def hf_config(folder: str | Path):
 
     raw = json.loads((Path(folder) / "config.json").read_text())
     if raw.get("model_type") == "llama" and raw.get("head_dim") and raw["hidden_size"] % raw["num_attention_heads"]:
-        return llama_config(**raw)
-    return AutoConfig.from_pretrained(folder)
+        config = llama_config(**raw)
+    else:
+        config = AutoConfig.from_pretrained(folder)
+    config.eos_token_id = with_generation_eos(config.eos_token_id, Path(folder) / "generation_config.json")
+    return config
+
+
+def with_generation_eos(eos, generation_config: Path):
+    """config.json's eos_token_id and those of generation_config.json beside it (an instruct model's
+    end of turn is often only there: Llama 3's <|eot_id|>), as vLLM stops at both."""
+    import json
+
+    ids = list(eos) if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos])
+    if generation_config.exists():
+        more = json.loads(generation_config.read_text()).get("eos_token_id")
+        more = more if isinstance(more, list) else ([] if more is None else [more])
+        ids += [i for i in more if isinstance(i, int) and i not in ids]
+    return ids[0] if len(ids) == 1 else (ids or eos)
 
 
 def llama_config(**kw):
