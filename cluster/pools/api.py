@@ -51,7 +51,13 @@ class DiffusionPool(Protocol):
 
 
 class DraftUnavailable(RuntimeError):
-    """The draft pool cannot propose right now (a worker died or is restarting)."""
+    """The draft pool cannot propose right now (a worker died or is restarting). `sent`: False where
+    the pool refused before sending anything (it knew it was down), so the drafter never saw the call's
+    sequences and has nothing of theirs to release."""
+
+    def __init__(self, message: str, sent: bool = True):
+        super().__init__(message)
+        self.sent = sent
 
 
 class TargetUnavailable(RuntimeError):

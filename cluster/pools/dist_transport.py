@@ -158,14 +158,14 @@ class DistDraftPool:
             self._probe = self.actor.call.remote("ping")
         done, _ = ray.wait([self._probe], timeout=0)
         if not done:
-            raise DraftUnavailable("draft worker is restarting")
+            raise DraftUnavailable("draft worker is restarting", sent=False)
         self._probe = None
         try:
             ray.get(done[0])
             self._connect()
         except Exception as e:  # noqa: BLE001 - any failure means: not yet
             self.channel = None
-            raise DraftUnavailable(f"draft worker not reachable yet: {e}") from None
+            raise DraftUnavailable(f"draft worker not reachable yet: {e}", sent=False) from None
 
     def release(self, seq_id) -> None:
         """Sent before the next propose, after a reconnect too: a worker that timed out is still

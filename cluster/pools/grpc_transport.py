@@ -201,18 +201,18 @@ class GrpcDraftPool:
         if self._probe is None:
             self._probe = self.stub.Ping.future(pb.PingRequest(), timeout=PROBE_TIMEOUT_S)
         if not self._probe.done():
-            raise DraftUnavailable(f"drafter at {self.address} does not answer")
+            raise DraftUnavailable(f"drafter at {self.address} does not answer", sent=False)
         probe, self._probe = self._probe, None
         try:
             pong = probe.result()
         except grpc.RpcError as e:
-            raise DraftUnavailable(f"drafter at {self.address}: {e.code().name}") from None
+            raise DraftUnavailable(f"drafter at {self.address}: {e.code().name}", sent=False) from None
         if self.method is not None and pong.method != self.method:
             raise DraftUnavailable(f"the drafter at {self.address} now serves method {pong.method!r}, not "
-                                   f"{self.method!r}: not used")
+                                   f"{self.method!r}: not used", sent=False)
         if self._other_vocabulary(pong):
             raise DraftUnavailable(f"the drafter at {self.address} now proposes over {pong.vocab_size} tokens: "
-                                   "not used")
+                                   "not used", sent=False)
         self.down = False
 
     def submit_propose(self, items) -> _GrpcPending:

@@ -212,7 +212,7 @@ class RayDraftPool:
 
     def submit_propose(self, items) -> RayPending:
         if not self.healthy:
-            raise DraftUnavailable("draft worker is restarting")
+            raise DraftUnavailable("draft worker is restarting", sent=False)
         if self._held_releases:
             held, self._held_releases = self._held_releases, []
             for actor in self.actors:

@@ -55,13 +55,18 @@ class Abort:
 Command = Add | Abort
 
 
-def latest(stream: asyncio.Queue, item):
-    """Coalesce: outputs are cumulative snapshots, so a consumer that fell behind needs only the
-    newest queued one (one chunk instead of one per round). Failures and the final output are
-    never skipped: they end the queue."""
-    while not stream.empty() and isinstance(item, RequestOutput) and not item.finished:
-        item = stream.get_nowait()
-    return item
+class Snapshots(asyncio.Queue):
+    """A request's stream. Outputs are cumulative snapshots, so an output replaces an unfinished one
+    still queued: a consumer that fell behind gets one chunk, not one a round, and one that stopped
+    reading holds one output, not every round's (memory grew with rounds x length until the client
+    left). Failures are never replaced, and end the stream."""
+
+    def _put(self, item) -> None:
+        queued = self._queue[-1] if self._queue else None
+        if isinstance(item, RequestOutput) and isinstance(queued, RequestOutput) and not queued.finished:
+            self._queue[-1] = item
+        else:
+            self._queue.append(item)
 
 
 def _put_all(puts: list[tuple[asyncio.Queue, object]]) -> None:
@@ -117,7 +122,7 @@ class AsyncRouter:
         self.router.check_prompt(prompt_token_ids, params)
         self.check_size(params.n)
         request_id = f"req-{self._id_prefix}-{next(self._ids)}"
-        stream: asyncio.Queue = asyncio.Queue()
+        stream = Snapshots()
         with self._admission:  # shutdown fails the streams it finds under this lock
             if self._stopped:
                 raise RouterStopped("the router is shutting down; retry")
@@ -130,7 +135,7 @@ class AsyncRouter:
         try:
             self._submit(Add(request_id, prompt_token_ids, params, prompt))
             while not finished:
-                item = latest(stream, await stream.get())
+                item = await stream.get()
                 if isinstance(item, Exception):
                     raise item
                 finished = item.finished
@@ -157,10 +162,10 @@ class AsyncRouter:
             return
         self._stopped = True
         if self._turning is threading.current_thread():
-            self._flush()
+            self._end_all()
         else:
             try:
-                self._post(self._flush).result(timeout=timeout)
+                self._post(self._end_all).result(timeout=timeout)
             except TimeoutError:
                 pass
         with self._admission:  # no turn runs what still waits for one: it fails, retryably
@@ -248,6 +253,13 @@ class AsyncRouter:
         self._held = [(out.request_id, out) for out in outputs] + self.router.take_failures()
         if not self._hold:
             self._flush()
+
+    def _end_all(self) -> None:
+        """At shutdown: the held outputs go out, and every request still in the router is aborted, so
+        the pools release its sequences (a drafter that outlives this server would keep their state)."""
+        self._flush()
+        for request_id in list(self.router.requests):
+            self.router.abort(request_id)
 
     def _flush(self) -> None:
         held, self._held = self._held, []

@@ -66,7 +66,7 @@ class DraftSide:
             self._draft_caught_up = any(seq.num_tokens - seq.draft_sent > most for seq, _ in drafting)
         if not drafting:
             return None
-        items = []
+        items, unknown = [], [seq for seq, _ in drafting if not seq.draft_known]
         for seq, k in drafting:
             delta = seq.token_ids[seq.draft_sent:]
             features = torch.cat(seq.draft_features) if seq.draft_features else None  # [rows, hidden_size]
@@ -77,6 +77,9 @@ class DraftSide:
         try:
             return Drafted(self.draft.submit_propose(items), [s.seq_id for s, _ in drafting])
         except Exception as e:  # noqa: BLE001 - a lost or failing draft pool costs speed, never a request
+            if getattr(e, "sent", True) is False:  # refused unsent: the drafter has none of them to release
+                for seq in unknown:
+                    seq.draft_known = False
             self._lose_draft_state(e)
             return None
         finally:  # in-process pools compute here; remote ones only send

@@ -76,7 +76,9 @@ class Router(DraftSide, RequestBook):
         # prefill (the round's chunk of the prompt): the first token comes from the prompt's last position
         start, end = seq.prefilled, seq.prefilled + seq.chunk
         assert seq.chunk >= 1, "a prefilling sequence in a step has its chunk planned"
-        spec = dataclasses.replace(seq.spec(), features=self.config.draft_features) if start == 0 else None
+        # a request that never drafts (num_speculative_tokens 0) would collect features nothing reads
+        features = None if seq.params.num_speculative_tokens == 0 else self.config.draft_features
+        spec = dataclasses.replace(seq.spec(), features=features) if start == 0 else None
         prompt = seq.prompt_token_ids
         targets = None if seq.params.prompt_logprobs is None else prompt[start + 1:end + 1]  # each row's next token
         rest = prompt[end:] if start == 0 and end < len(prompt) else None  # what the prefix cache may hold too

@@ -145,3 +145,60 @@ def _refusal(pool) -> str:
     with pytest.raises(DraftUnavailable) as e:
         pool.submit_propose([_item("v")])
     return str(e.value)
+
+
+def test_sequences_served_while_the_drafter_is_down_queue_no_releases(drafter, tiny_target):
+    """A pool that refuses unsent while down: the drafter never saw those sequences, so nothing of
+    theirs is queued for release (one id a sequence piled up for as long as the outage lasted)."""
+    import torch
+
+    from pool_helpers import PROMPTS, make_engine, run
+    from specray.cluster.pools.in_process import InProcessTargetPool
+    from specray.actors.target_worker import TargetWorker
+    from specray.kernels.loader import load_model, resolve
+
+    pool, _, _ = drafter
+    target = InProcessTargetPool(TargetWorker(load_model(resolve(str(tiny_target)), torch.float32, "cpu"), 512, 16))
+    router = make_engine(target, pool, tiny_target)
+    pool.down, pool._probe = True, _never_answers()  # an outage: every round is refused before sending
+    outputs = run(router, PROMPTS * 3)
+    assert len(outputs) == 18 and pool._released == []
+
+
+def _never_answers():
+    class Pending:
+        def done(self):
+            return False
+    return Pending()
+
+
+def test_a_shut_down_router_releases_its_sequences_on_the_drafter(drafter, tiny_target):
+    """Requests still running when the server stops: their state and draft KV stayed in a drafter
+    that outlives the server (shared by replicas, or restarted servers)."""
+    import asyncio
+
+    import torch
+
+    from pool_helpers import make_engine
+    from specray import SamplingParams
+    from specray.actors.target_worker import TargetWorker
+    from specray.cluster.pools.in_process import InProcessTargetPool
+    from specray.cluster.router.async_router import AsyncRouter
+    from specray.kernels.loader import load_model, resolve
+
+    pool, _, endpoint = drafter
+    target = InProcessTargetPool(TargetWorker(load_model(resolve(str(tiny_target)), torch.float32, "cpu"), 512, 16))
+    router = AsyncRouter(make_engine(target, pool, tiny_target))
+
+    async def start():
+        stream = router.generate([1, 3, 17, 40, 9] * 2, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+        for _ in range(3):
+            await stream.__anext__()
+        return stream
+
+    stream = asyncio.run(start())
+    assert endpoint.worker.seqs  # the drafter holds the running sequence
+    router.shutdown()
+    pool.close()
+    assert not endpoint.worker.seqs
+    del stream

@@ -10,7 +10,7 @@ import pytest
 
 from specray import LLM, SamplingParams
 from specray.client import AsyncClient
-from specray.cluster.router.async_router import AsyncRouter, latest
+from specray.cluster.router.async_router import AsyncRouter, Snapshots
 from specray.cluster.outputs import RequestOutput
 from specray.cluster.serve.grpc_server import GrpcServerThread
 from specray.cluster.serve.grpc_service import GenerationService
@@ -115,21 +115,22 @@ def test_slow_consumers_get_coalesced_snapshots_with_the_same_text(served, want)
     assert any(chunks < rounds for _, chunks, rounds in results), "no consumer fell behind: the test needs one"
 
 
-def test_latest_never_skips_a_failure_or_the_final_output():
+def test_a_stream_keeps_the_newest_snapshot_and_never_skips_a_failure_or_the_final_output():
+    """An unfinished output queued is replaced by the next (a consumer that stopped reading holds one
+    output, not one a round); a failure and the final output are never replaced."""
     def snap(n, finished=False):
         return RequestOutput("r", None, [n], [], finished)
 
-    async def main():
-        q = asyncio.Queue()
-        for item in (snap(2), snap(3), snap(4, finished=True), snap(5)):
+    async def drain(items):
+        q = Snapshots()
+        for item in items:
             q.put_nowait(item)
-        first = latest(q, snap(1))
-        error = ValueError("broke")
-        q2 = asyncio.Queue()
-        for item in (snap(2), error, snap(3)):
-            q2.put_nowait(item)
-        return first, q.qsize(), latest(q2, snap(1)), q2.qsize(), latest(asyncio.Queue(), error)
+        return [q.get_nowait() for _ in range(q.qsize())]
 
-    first, left, failed, left2, alone = asyncio.run(main())
-    assert first.finished and left == 1
-    assert isinstance(failed, ValueError) and left2 == 1 and isinstance(alone, ValueError)
+    def shown(items):
+        return [i if isinstance(i, Exception) else (i.prompt_token_ids[0], i.finished) for i in items]
+
+    error = ValueError("broke")
+    assert shown(asyncio.run(drain([snap(n) for n in range(1, 200)]))) == [(199, False)]
+    assert shown(asyncio.run(drain([snap(2), snap(3), snap(4, finished=True), snap(5)]))) == [(4, True), (5, False)]
+    assert shown(asyncio.run(drain([snap(2), error, snap(3)]))) == [(2, False), error, (3, False)]

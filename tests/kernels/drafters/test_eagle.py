@@ -188,3 +188,25 @@ def test_eagle_trees_stay_lossless_and_reproducible(tiny_target, tiny_eagle, tre
         assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in want]
     else:
         assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp)] == [o.outputs[0].token_ids for o in outs]
+
+
+def test_a_request_that_never_drafts_collects_no_features(tiny_target, tiny_eagle):
+    """num_speculative_tokens 0 beside drafting requests: the target's features for every token of its
+    life piled up on the router (and crossed the wire each step), though no draft would read them;
+    its tokens are still the target's."""
+    llm = LLM(str(tiny_target), speculative_config={"method": "eagle", "model": str(tiny_eagle),
+                                                    "num_speculative_tokens": 3})
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS[:2]]
+    off = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, num_speculative_tokens=0)
+    on = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    request_ids = [llm.router.add_request(p["prompt_token_ids"], sp) for p, sp in zip(prompts, (off, on))]
+    done = {}
+    for i in range(200):
+        done.update((o.request_id, o.outputs[0].token_ids) for o in llm.router.step() if o.finished)
+        if i == 8:
+            kept = {s.request_id: sum(f.shape[0] for f in s.draft_features) for s in llm.router.running}
+            assert set(kept) == set(request_ids) and kept[request_ids[0]] == 0
+        if not llm.router.has_unfinished():
+            break
+    want = [o.outputs[0].token_ids for o in LLM(str(tiny_target)).generate(prompts, on)]
+    assert [done[r] for r in request_ids] == want
