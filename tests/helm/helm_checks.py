@@ -165,6 +165,28 @@ def pool_resource_problems(rayservice: dict[str, Any]) -> list[str]:
     return problems
 
 
+def kuberay_serve_service(rayservice: dict[str, Any], cluster: str = "demo-specray-abcde") -> dict[str, Any]:
+    """The Service KubeRay (v1.6+, as v1.7.0's BuildServeService) makes of spec.serveService for the
+    active RayCluster `cluster`: its own selector (the active cluster's pods that serve), the head
+    container's ports named "serve"/"serve-*", each in the serveService's form where it names one too
+    (any other port is dropped), its own labels over the chart's."""
+    svc = copy.deepcopy(rayservice["spec"]["serveService"])
+    head = rayservice["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    auto = [p for p in head.get("ports") or [] if p["name"] == "serve" or p["name"].startswith("serve-")]
+    given = {p["name"]: p for p in svc["spec"].get("ports") or []}
+    if auto:
+        svc["spec"]["ports"] = [given.get(p["name"], {"name": p["name"], "port": p["containerPort"]}) for p in auto]
+    else:
+        svc["spec"]["ports"] = [p for p in given.values() if p["name"] == "serve" or p["name"].startswith("serve-")]
+    svc["spec"]["selector"] = {"ray.io/cluster": cluster, "ray.io/serve": "true"}
+    name = rayservice["metadata"]["name"]
+    svc["metadata"]["labels"] = {**svc["metadata"].get("labels", {}), "ray.io/originated-from-cr-name": name,
+                                 "ray.io/originated-from-crd": "RayService", "ray.io/serve": f"{name}-serve"}
+    svc["metadata"].setdefault("name", f"{name}-serve-svc")
+    svc["spec"].setdefault("type", "ClusterIP")
+    return {"apiVersion": "v1", "kind": "Service", **svc}
+
+
 def with_app_config(rayservice: dict[str, Any], edit) -> dict[str, Any]:
     """A copy of the RayService whose Serve app config went through `edit(config_dict)`."""
     out = copy.deepcopy(rayservice)

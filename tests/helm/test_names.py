@@ -19,8 +19,9 @@ def test_names_fit(name, values):
               "monitoring": {"serviceMonitor": {"enabled": True}},
               "modelStorage": {"type": "pvc", "pvc": {"create": True}}}
     r = render(values, name=name)
-    names = [o["metadata"]["name"] for o in r.objects]
-    assert len(names) == len(set(names)) == 7  # RayService, 2 Services, Secret, PVC, ServiceMonitor, test Pod
+    # RayService, its serveService (KubeRay creates it), Secret, PVC, ServiceMonitor, test Pod
+    names = [o["metadata"]["name"] for o in r.objects] + [r.rayservice["spec"]["serveService"]["metadata"]["name"]]
+    assert len(names) == len(set(names)) == 6
     for n in names:
         assert len(n) <= 63 and DNS_1035.match(n), n
     assert len(r.rayservice["metadata"]["name"]) <= 47  # KubeRay appends "-<5 chars>" and "-head-svc"
@@ -31,5 +32,5 @@ def test_names_fit(name, values):
 
 def test_default_names():
     r = render(name="prod")
-    assert sorted(o["metadata"]["name"] for o in r.objects) == [
-        "prod-specray", "prod-specray-grpc", "prod-specray-http", "prod-specray-test-health"]
+    assert sorted(o["metadata"]["name"] for o in r.objects) == ["prod-specray", "prod-specray-test-health"]
+    assert r.rayservice["spec"]["serveService"]["metadata"]["name"] == "prod-specray-http"

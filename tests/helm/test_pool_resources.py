@@ -89,6 +89,7 @@ def test_target_kernels_reach_the_serve_config():
     cpu = {"gpus": 0, "dtype": "float32"}
     cfg = app_config(render({"target": {**cpu, "kernels": "fast"}}).rayservice)
     assert cfg["pools"]["target"]["kernels"] == "fast" and ServeConfig.from_dict(cfg).pools.target.kernels == "fast"
-    # the fast mode where it would do nothing (a GPU, bf16 weights) is refused, not rendered into a no-op
+    # the fast mode where it would do nothing (a GPU, bf16 weights) is refused by the server: the chart
+    # rendered it, and the RayService retried a config the server refused (tests/helm/test_values_errors.py)
     with pytest.raises(ValueError, match="kernels 'fast' is the CPU kernels' mode"):
-        ServeConfig.from_dict(app_config(render({"target": {"kernels": "fast"}}).rayservice))
+        ServeConfig.from_dict({**cfg, "pools": {**cfg["pools"], "target": {**cfg["pools"]["target"], "device": "cuda"}}})

@@ -3,7 +3,7 @@ Kubernetes schemas, serveConfigV2 against Ray Serve's and specray's own config m
 
 import pytest
 import yaml
-from helm_checks import app_config, schema_errors, serve_deploy_config
+from helm_checks import app_config, kuberay_serve_service, schema_errors, serve_deploy_config
 from helm_scenarios import SCENARIOS
 
 from specray.cluster.config.serve import ServeConfig
@@ -11,7 +11,9 @@ from specray.cluster.config.serve import ServeConfig
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_objects_match_their_schemas(rendered, scenario):
-    errors = [e for obj in rendered[scenario].objects for e in schema_errors(obj)]
+    # with the Service KubeRay makes of spec.serveService (the CRD checks only its fields' types)
+    objects = rendered[scenario].objects + [kuberay_serve_service(rendered[scenario].rayservice)]
+    errors = [e for obj in objects for e in schema_errors(obj)]
     assert errors == []
 
 
@@ -33,7 +35,7 @@ def test_crd_check_catches_a_typo(rendered):
 
 
 def test_core_check_catches_a_bad_service(rendered):
-    service = yaml.safe_load(yaml.safe_dump(rendered["default"].of_kind("Service")[0]))
+    service = kuberay_serve_service(rendered["default"].rayservice)
     service["spec"]["ports"][0]["port"] = "eight thousand"
     assert schema_errors(service)
 

@@ -74,8 +74,52 @@ def test_schema_rejects(values, message):
     ({"extraEnv": [{"name": "SPECRAY_API_KEY", "value": "k"}]}, "extraEnv SPECRAY_API_KEY would be ignored"),
     ({"modelStorage": {"type": "pvc"}}, "modelStorage.type pvc needs modelStorage.pvc.claimName"),
     ({"modelStorage": {"type": "initContainer"}}, "modelStorage.type initContainer needs modelStorage.initContainer.command"),
+    # each rendered and was refused by the server at deploy time, or deployed broken (2026-12 chart review)
+    ({"target": {"kernels": "fast"}},
+     "target.kernels fast is the CPU kernels' mode on fp32 weights; the target's device cuda with dtype bfloat16"),
+    ({"target": {"kernels": "fast", "gpus": 0}}, "the target's device cpu with dtype bfloat16 would not use it"),
+    ({"target": {"kernels": "fast", "gpus": 0, "dtype": "float32", "device": "cuda:0"}},
+     "the target's device cuda:0 with dtype float32 would not use it"),
+    ({"model": {"target": "smollm2-135m-dllm"}, "target": {"kernels": "fast", "gpus": 0, "dtype": "float32"}},
+     "target.kernels fast applies to autoregressive GGUF models; smollm2-135m-dllm is a diffusion LM"),
+    ({"target": {"gpus": 0, "device": "cuda"}}, "target.device cuda needs a GPU in the target pods"),
+    ({"speculation": {"method": "eagle", "draftModel": "d"}, "draft": {"device": "cuda", "gpus": 0}},
+     "draft.device cuda needs a GPU in the draft pods, but draft.gpus resolves to 0"),
+    ({"speculation": {"method": "eagle", "draftModel": "d"}, "target": {"gpus": 0}, "draft": {"device": "cuda"}},
+     "draft.device cuda needs a GPU in the draft pods, but draft.gpus resolves to 0"),  # null: none beside a CPU target
+    ({"draft": {"device": "cuda"}},  # the default method drafts in the replica
+     "draft.device cuda: transport inline runs the draft inside the Serve replica, which reserves no GPU"),
+    ({"speculation": {"method": "draft_model", "draftModel": "d", "layerParallel": 2}, "autoscaling": {"enabled": True},
+      "draft": {"groupSize": 2, "replicas": 2, "maxReplicas": 2}},
+     "draft.minReplicas (1) must be at least draft.groupSize (2) when autoscaling"),
+    ({"serve": {"configOverrides": {"http": {"port": 8001}}}}, "serve.configOverrides.http.port is the chart's own setting: set http.port"),
+    ({"serve": {"configOverrides": {"grpc": {"port": 9001}}}}, "serve.configOverrides.grpc.port is the chart's own setting: set grpc.port"),
+    ({"serve": {"configOverrides": {"grpc": {"enabled": False}}}},
+     "serve.configOverrides.grpc.enabled is the chart's own setting: set grpc.enabled"),
+    ({"serve": {"configOverrides": {"http": {"keep_alive_timeout_s": 30}}}},
+     "serve.configOverrides.http.keep_alive_timeout_s is the chart's own setting: set http.keepAliveTimeoutS"),
+    ({"serve": {"configOverrides": {"http": {"server": "replica"}}}},
+     "serve.configOverrides.http.server is the chart's own setting: the chart serves through Ray Serve's proxies"),
 ])
 def test_templates_reject(values, message):
     with pytest.raises(helm_python.HelmRenderError) as e:
         render(values)
     assert message in str(e.value)
+
+
+@pytest.mark.parametrize("values", [
+    {"target": {"kernels": "fast", "gpus": 0, "dtype": "fp32"}},
+    {"target": {"kernels": "fast", "gpus": 0, "dtype": "float32", "device": "cpu"}},
+    {"speculation": {"method": "eagle", "draftModel": "d"}, "draft": {"device": "cuda:0"}},  # null: one GPU
+    {"speculation": {"method": "ngram"}, "transport": {"kind": "ray"}, "draft": {"device": "cuda", "gpus": 1}},
+    {"serve": {"configOverrides": {"http": {"max_request_bytes": 4096}, "grpc": {"max_message_bytes": 4096}}}},
+])
+def test_what_the_checks_let_through_the_server_takes(values):
+    """The render-time checks mirror the server's rules (cluster/config/pools.py, serve.py), no stricter."""
+    from helm_checks import app_config, pool_resource_problems
+
+    from specray.cluster.config.serve import ServeConfig
+
+    rayservice = render(values).rayservice
+    ServeConfig.from_dict(app_config(rayservice))
+    assert pool_resource_problems(rayservice) == []

@@ -54,7 +54,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* The draft group's values with its GPUs resolved: gpus null means one per pod when the target
 group has GPUs and the draft is a model (draft_model, eagle or longspec) in its own pods, else none
-(inline, the draft runs in the Serve replica, which reserves no GPU: on the CPU). */}}
+(inline, the draft runs in the Serve replica, which reserves no GPU: on the CPU). Pods with GPUs and
+no tolerations of their own get the GPU toleration the target has by default (GPU nodes are commonly
+tainted nvidia.com/gpu: the draft pod stayed Pending there). */}}
 {{- define "specray.draftGroup" -}}
 {{- $v := .Values }}
 {{- $g := deepCopy $v.draft }}
@@ -62,7 +64,17 @@ group has GPUs and the draft is a model (draft_model, eagle or longspec) in its 
 {{- $neural := and (has $v.speculation.method (list "draft_model" "eagle" "longspec")) (not (include "specray.draftInline" .)) }}
 {{- $_ := set $g "gpus" (ternary 1 0 (and $neural (gt (int $v.target.gpus) 0))) }}
 {{- end }}
+{{- if and (gt (int $g.gpus) 0) (not $g.tolerations) }}
+{{- $_ := set $g "tolerations" (list (include "specray.gpuToleration" . | fromYaml)) }}
+{{- end }}
 {{- toYaml $g }}
+{{- end }}
+
+{{/* The toleration of the target group's default values (values.yaml), for a draft group with GPUs. */}}
+{{- define "specray.gpuToleration" -}}
+key: nvidia.com/gpu
+operator: Exists
+effect: NoSchedule
 {{- end }}
 
 {{/* Image "repo:tag" for a group: (list . .Values.draft.image). Empty fields fall back to image.*. */}}
@@ -77,6 +89,11 @@ group has GPUs and the draft is a model (draft_model, eagle or longspec) in its 
 {{/* Secret holding the API key: an existing one, or the chart's. */}}
 {{- define "specray.apiKeySecretName" -}}
 {{- .Values.apiKey.existingSecret | default (include "specray.suffixed" (list . "api-key")) }}
+{{- end }}
+
+{{/* The data of the chart's API key Secret; the pod templates carry its checksum. */}}
+{{- define "specray.apiKeySecretData" -}}
+{{ .Values.apiKey.secretKey }}: {{ .Values.apiKey.value | b64enc | quote }}
 {{- end }}
 
 {{/* Is the draft worker group rendered? Returns "true" or "". Not where the draft runs in the

@@ -13,10 +13,15 @@ metadata:
   # Selector labels only: a changed pod template makes KubeRay roll a whole new cluster,
   # so chart/app version labels stay off it.
   labels:
-    {{- /* the Services select by these: a podLabels key of the same name does not replace them */}}
+    {{- /* selectors (kubectl -l, affinity rules) rely on these: a podLabels key of the same name does not replace them */}}
     {{- $own := set (include "specray.selectorLabels" $ctx | fromYaml) "app.kubernetes.io/component" $role }}
     {{- toYaml (merge $own (deepCopy ($g.podLabels | default dict))) | nindent 4 }}
-  {{- with $g.podAnnotations }}
+  {{- $annotations := deepCopy ($g.podAnnotations | default dict) }}
+  {{- if and $v.apiKey.enabled (not $v.apiKey.existingSecret) }}
+  {{- /* the key reaches the containers as a variable at start: a new key must roll a new cluster */}}
+  {{- $_ := set $annotations "checksum/api-key" (include "specray.apiKeySecretData" $ctx | sha256sum) }}
+  {{- end }}
+  {{- with $annotations }}
   annotations:
     {{- toYaml . | nindent 4 }}
   {{- end }}
@@ -36,6 +41,10 @@ spec:
   initContainers:
     - name: fetch-models
       image: {{ $storage.initContainer.image }}
+      {{- with $v.securityContext }}
+      securityContext:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
       command:
         {{- toYaml $storage.initContainer.command | nindent 8 }}
       env:

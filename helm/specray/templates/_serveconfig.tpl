@@ -42,7 +42,7 @@ so the two cannot drift.
 {{- $transport := dict "kind" $v.transport.kind }}
 {{- if $v.transport.drafterAddress }}{{ $_ := set $transport "drafter_address" $v.transport.drafterAddress }}{{ end }}
 {{- if $v.transport.masterPort }}{{ $_ := set $transport "master_port" (int $v.transport.masterPort) }}{{ end }}
-{{- $http := dict "server" "proxy" "host" "0.0.0.0" "port" (int $v.http.port) "default_max_tokens" (int $v.http.defaultMaxTokens) "api_key_env" nil }}
+{{- $http := dict "server" "proxy" "host" "0.0.0.0" "port" (int $v.http.port) "keep_alive_timeout_s" (int $v.http.keepAliveTimeoutS) "default_max_tokens" (int $v.http.defaultMaxTokens) "api_key_env" nil }}
 {{- if $v.apiKey.enabled }}{{ $_ := set $http "api_key_env" $v.apiKey.envName }}{{ end }}
 {{- $pools := dict "target" (include "specray.poolConfig" (list $v.target $v.target.tensorParallel) | fromYaml) "draft" (include "specray.poolConfig" (list (include "specray.draftGroup" . | fromYaml) $v.draft.groupSize) | fromYaml) }}
 {{- /* the chart runs each pool in its own pods: never the workers inside the Serve replica */}}
@@ -67,7 +67,9 @@ so the two cannot drift.
 {{- $v := .Values }}
 {{- $app := dict "name" $v.serve.appName "route_prefix" $v.serve.routePrefix "import_path" $v.serve.importPath }}
 {{- $_ := set $app "args" (dict "config" (include "specray.serveConfig" . | fromYaml)) }}
-{{- $cfg := dict "proxy_location" $v.serve.proxyLocation "http_options" (dict "host" "0.0.0.0" "port" (int $v.http.port)) "applications" (list $app) }}
+{{- /* what `specray serve` passes Serve's HTTPOptions (cluster/serve/run.py), from the same values */}}
+{{- $httpOptions := dict "host" "0.0.0.0" "port" (int $v.http.port) "keep_alive_timeout_s" (int $v.http.keepAliveTimeoutS) }}
+{{- $cfg := dict "proxy_location" $v.serve.proxyLocation "http_options" $httpOptions "applications" (list $app) }}
 {{- if $v.grpc.enabled }}
 {{- $_ := set $cfg "grpc_options" (dict "port" (int $v.grpc.port) "grpc_servicer_functions" $v.grpc.servicerFunctions) }}
 {{- end }}

@@ -52,6 +52,9 @@ Cross-field checks that values.schema.json cannot express; each fails the render
 {{- if and $v.autoscaling.enabled (lt (int $v.target.minReplicas) (int $v.target.tensorParallel)) }}
 {{- fail (printf "target.minReplicas (%d) must be at least target.tensorParallel (%d) when autoscaling" (int $v.target.minReplicas) (int $v.target.tensorParallel)) }}
 {{- end }}
+{{- if and $v.autoscaling.enabled (include "specray.draftGroupEnabled" .) (lt (int $v.draft.minReplicas) (int $v.draft.groupSize)) }}
+{{- fail (printf "draft.minReplicas (%d) must be at least draft.groupSize (%d) when autoscaling" (int $v.draft.minReplicas) (int $v.draft.groupSize)) }}
+{{- end }}
 {{- if and $v.speculation.adaptive (eq $v.speculation.method "aded") }}
 {{- fail "speculation.adaptive applies to chains (ngram, draft_model, eagle, longspec); aded drafts trees of a fixed shape" }}
 {{- end }}
@@ -94,5 +97,42 @@ Cross-field checks that values.schema.json cannot express; each fails the render
 {{- end }}
 {{- if and (eq $v.modelStorage.type "pvc") (not $v.modelStorage.pvc.claimName) (not $v.modelStorage.pvc.create) }}
 {{- fail "modelStorage.type pvc needs modelStorage.pvc.claimName or modelStorage.pvc.create=true" }}
+{{- end }}
+{{- /* Keys of the Serve config the chart owns: the containers' ports, the Service and Serve's own
+proxies (http_options, grpc_options) follow the values, so an override would move only the app's copy. */}}
+{{- $proxies := "the chart serves through Ray Serve's proxies, which the Service points at: remove it" }}
+{{- $owned := dict
+      "http.port" "set http.port"
+      "http.keep_alive_timeout_s" "set http.keepAliveTimeoutS"
+      "http.api_key_env" "set apiKey.enabled and apiKey.envName"
+      "http.host" "the chart binds Serve's proxies to all interfaces: remove it"
+      "http.server" $proxies
+      "grpc.port" "set grpc.port"
+      "grpc.enabled" "set grpc.enabled"
+      "grpc.server" $proxies }}
+{{- range $path, $instead := $owned }}
+{{- $section := get $v.serve.configOverrides (first (splitList "." $path)) }}
+{{- if and (kindIs "map" $section) (hasKey $section (last (splitList "." $path))) }}
+{{- fail (printf "serve.configOverrides.%s is the chart's own setting: %s" $path $instead) }}
+{{- end }}
+{{- end }}
+{{- /* The pools as the server gets them (configOverrides merged): cluster/config/pools.py and serve.py refuse these. */}}
+{{- $pools := (include "specray.serveConfig" . | fromYaml).pools }}
+{{- with $pools.target }}
+{{- if and (eq .kernels "fast") (or (not (hasPrefix "cpu" .device)) (not (has .dtype (list "float32" "fp32" "auto")))) }}
+{{- fail (printf "target.kernels fast is the CPU kernels' mode on fp32 weights; the target's device %s with dtype %s would not use it: set target.kernels exact, or target.gpus 0 and target.dtype float32" .device .dtype) }}
+{{- end }}
+{{- if and $diffusion (ne .kernels "exact") }}
+{{- fail (printf "target.kernels %s applies to autoregressive GGUF models; %s is a diffusion LM: set target.kernels exact" .kernels $v.model.target) }}
+{{- end }}
+{{- if and (hasPrefix "cuda" .device) (lt (float64 .num_gpus) 1.0) }}
+{{- fail (printf "target.device %s needs a GPU in the target pods: set target.gpus to 1 or more, or target.device cpu (or empty)" .device) }}
+{{- end }}
+{{- end }}
+{{- if and $speculating (ne $v.transport.kind "grpc") (hasPrefix "cuda" $pools.draft.device) (lt (float64 $pools.draft.num_gpus) 1.0) }}
+{{- if include "specray.draftInline" . }}
+{{- fail (printf "draft.device %s: transport inline runs the draft inside the Serve replica, which reserves no GPU: set draft.device cpu (or empty), or transport.kind ray" $pools.draft.device) }}
+{{- end }}
+{{- fail (printf "draft.device %s needs a GPU in the draft pods, but draft.gpus resolves to 0: set draft.gpus to 1 or more, or draft.device cpu (or empty)" $pools.draft.device) }}
 {{- end }}
 {{- end }}
