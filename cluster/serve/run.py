@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 
 GRPC_SERVICERS = ["specray.protos.specray.v1.generate_pb2_grpc.add_GenerationServicer_to_server",
                   "grpc_health.v1.health_pb2_grpc.add_HealthServicer_to_server"]
@@ -11,6 +12,12 @@ GRPC_SERVICERS = ["specray.protos.specray.v1.generate_pb2_grpc.add_GenerationSer
 
 def grpc_available() -> bool:
     return importlib.util.find_spec("specray.protos.specray.v1.generate_pb2_grpc") is not None
+
+
+def proxy_keep_alive(http) -> int:
+    """Serve's proxy takes whole seconds (a fraction failed serve.start); the replica's own server
+    keeps the configured value."""
+    return math.ceil(http.keep_alive_timeout_s)
 
 
 def run_serve(cfg, app_name: str = "specray", proxy_location: str | None = None) -> dict:
@@ -27,7 +34,7 @@ def run_serve(cfg, app_name: str = "specray", proxy_location: str | None = None)
     if not proxy and cfg.http.server == "replica":  # the replica serves both APIs: no Serve proxy at all
         proxy_location = "Disabled"
     extra = {"proxy_location": proxy_location} if proxy_location else {}
-    http = HTTPOptions(host=cfg.http.host, port=cfg.http.port, keep_alive_timeout_s=cfg.http.keep_alive_timeout_s)
+    http = HTTPOptions(host=cfg.http.host, port=cfg.http.port, keep_alive_timeout_s=proxy_keep_alive(cfg.http))
     serve.start(http_options=http, grpc_options=grpc_options, **extra)
     cfg = for_replicas(resolve_colocation(cfg))
     serve_logger = logging.getLogger("ray.serve")

@@ -64,3 +64,14 @@ def test_the_banner_example_says_where_the_key_comes_from(tmp_path):
     assert f"Bearer $(cat {tmp_path / 'k'})" in auth_line({"api_key_file": str(tmp_path / "k")})
     line = auth_line({"api_key": "sk-secret"})
     assert "sk-secret" not in line and "$SPECRAY_API_KEY" not in line and "--api-key" in line
+
+
+def test_a_fractional_keep_alive_reaches_serves_proxy_in_whole_seconds():
+    """Serve's HTTPOptions takes an integer: keep_alive_timeout_s 5.5 failed `specray serve` at start."""
+    from ray.serve.config import HTTPOptions
+
+    from specray.cluster.config.endpoints import HttpConfig
+    from specray.cluster.serve.run import proxy_keep_alive
+
+    assert HTTPOptions(keep_alive_timeout_s=proxy_keep_alive(HttpConfig(keep_alive_timeout_s=5.5))).keep_alive_timeout_s == 6
+    assert proxy_keep_alive(HttpConfig(keep_alive_timeout_s=0.2)) == 1
