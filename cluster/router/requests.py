@@ -75,13 +75,24 @@ class RequestBook:
         self._check_drawable(params)
 
     def _check_drawable(self, params: SamplingParams) -> None:
-        """allowed_token_ids that min_tokens bans at first (each an EOS or stop token id) leave no
-        token to draw: every path would emit an arbitrary one."""
-        if params.allowed_token_ids and params.min_tokens:
-            ending = (set() if params.ignore_eos else set(self.eos_token_ids)) | set(params.stop_token_ids)
-            if set(params.allowed_token_ids) <= ending:
-                raise SamplingParamError("allowed_token_ids", "every allowed token ends the output, which "
-                                         f"min_tokens={params.min_tokens} forbids at first: no token could be drawn")
+        """allowed_token_ids that one-token bad_words ban always, with those min_tokens bans at first
+        (each an EOS or stop token id), leave no token to draw: every path would emit an arbitrary one."""
+        if not params.allowed_token_ids:
+            return
+        allowed = set(params.allowed_token_ids)
+        banned = {ids[0] for ids in self._bad_words(params) if len(ids) == 1}  # a longer word bans after its prefix only
+        if allowed <= banned:
+            raise SamplingParamError("bad_words", "bad_words ban every allowed token: no token could be drawn")
+        ending = (set() if params.ignore_eos else set(self.eos_token_ids)) | set(params.stop_token_ids)
+        if params.min_tokens and allowed <= ending | banned:
+            raise SamplingParamError("allowed_token_ids", "every allowed token ends the output, which "
+                                     f"min_tokens={params.min_tokens} forbids at first, or is a bad word: "
+                                     "no token could be drawn")
+
+    def _bad_words(self, params: SamplingParams) -> tuple[tuple[int, ...], ...]:
+        if not params.bad_words or self.tokenizer is None:
+            return ()
+        return bad_words_token_ids(self.tokenizer, params.bad_words)
 
     def abort(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)

@@ -118,3 +118,16 @@ def test_allowed_tokens_that_min_tokens_bans_all_are_refused(llm):
     assert llm.generate({"prompt_token_ids": [5, 6]}, other)[0].outputs[0].token_ids[0] == 8  # the one left
     kept = SamplingParams(allowed_token_ids=[eos], min_tokens=2, max_tokens=3, ignore_eos=True)  # EOS ends nothing
     assert llm.generate({"prompt_token_ids": [5, 6]}, kept)[0].outputs[0].token_ids == [eos] * 3
+
+
+def test_allowed_tokens_that_bad_words_ban_all_are_refused(llm):
+    """One-token bad words that ban every allowed token (or every one min_tokens leaves): every path
+    emitted a token outside allowed_token_ids (the processed row was all -inf)."""
+    for params, message in ((SamplingParams(allowed_token_ids=[5], bad_words=["w5"], max_tokens=3), "bad_words ban"),
+                            (SamplingParams(allowed_token_ids=[7, 8], stop_token_ids=[7], min_tokens=1,
+                                            bad_words=["w8"], max_tokens=3), "or is a bad word")):
+        with pytest.raises(ValueError, match=f"{message}.*no token could be drawn"):
+            llm.generate({"prompt_token_ids": [5, 6]}, params)
+    assert not llm.router.has_unfinished()
+    left = SamplingParams(allowed_token_ids=[5, 6], bad_words=["w5"], max_tokens=3, temperature=0)
+    assert llm.generate({"prompt_token_ids": [5, 6]}, left)[0].outputs[0].token_ids == [6, 6, 6]
