@@ -31,7 +31,7 @@ class GeneratorDraws:
         self.generator = generator
 
     def bernoulli(self, prob: float) -> bool:
-        return bool(torch.rand(1, generator=self.generator).item() < prob)
+        return bool(torch.rand(1, generator=self.generator, dtype=torch.float64).item() < prob)
 
     def categorical(self, weights: torch.Tensor) -> int:
         return int(sample_rows(weights.reshape(1, -1).cpu(), self.generator)[0])

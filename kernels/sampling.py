@@ -144,16 +144,18 @@ def make_generator(seed: int | None, device: str | torch.device = "cpu") -> torc
 
 
 def uniforms(counts: list[int], generators: Generators, device="cpu") -> torch.Tensor:
-    """[sum(counts)] U(0, 1) draws; sequence i's `counts[i]` draws come from its own generator."""
+    """[sum(counts)] float64 U(0, 1) draws; sequence i's `counts[i]` draws come from its own generator.
+    float64: float32's 24-bit uniforms drew a token under 2^-24 with probability 0 or 2^-24, and
+    quantised the acceptance test the same way."""
     total = sum(counts)
     if not isinstance(generators, list):
         gen_device = device if generators is None else generators.device
-        return torch.rand(total, generator=generators, device=gen_device).to(device)
+        return torch.rand(total, generator=generators, device=gen_device, dtype=torch.float64).to(device)
     # A seeded sequence draws on its generator's device (the host), so its draws are the same
     # whether the model runs on CPU or GPU; one small copy per round.
-    parts = [torch.rand(n, generator=g, device=device if g is None else g.device).to(device)
+    parts = [torch.rand(n, generator=g, device=device if g is None else g.device, dtype=torch.float64).to(device)
              for n, g in zip(counts, generators, strict=True)]
-    return torch.cat(parts) if parts else torch.empty(0, device=device)
+    return torch.cat(parts) if parts else torch.empty(0, device=device, dtype=torch.float64)
 
 
 def sample_rows(probs: torch.Tensor, generators: Generators) -> torch.Tensor:
@@ -166,7 +168,7 @@ def sample_rows(probs: torch.Tensor, generators: Generators) -> torch.Tensor:
     rows, vocab = probs.shape
     if rows == 0:
         return torch.empty(0, dtype=torch.long, device=probs.device)
-    u = uniforms([1] * rows, generators, device=probs.device).double()  # [rows]
+    u = uniforms([1] * rows, generators, device=probs.device)  # [rows] float64
     cdf = probs.double().cumsum(-1)  # [rows, vocab_size]
     point = (u * cdf[:, -1]).unsqueeze(1)  # [rows, 1], strictly below the total since u < 1
     return torch.searchsorted(cdf, point, right=True).squeeze(1).clamp_max(vocab - 1)

@@ -43,3 +43,13 @@ def test_a_rows_distribution_does_not_depend_on_its_batchs_options(other):
     beside = processed_probs(logits, [SamplingConfig(), other])[0]
     assert torch.equal(alone, beside)
     assert (alone > 0).sum() == 49152
+
+
+def test_uniforms_are_finer_than_float32s_grid():
+    """float32's uniforms sit on a 2^-24 grid: a token under 2^-24 of the mass was drawn with
+    probability 0 or 2^-24, and the acceptance test u * p < q was quantised the same way."""
+    from specray.kernels.sampling import make_generator, uniforms
+
+    for generators in (make_generator(3), [make_generator(4), None]):
+        u = uniforms([500, 500] if isinstance(generators, list) else [1000], generators)
+        assert u.dtype == torch.float64 and ((u * 2**24) % 1 != 0).float().mean() > 0.9
