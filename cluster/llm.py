@@ -15,6 +15,7 @@ from specray.cluster.config.diffusion import decode_options
 from specray.cluster.config.speculative import SpeculativeConfig
 from specray.cluster.config.worker_specs import draft_spec, num_blocks
 from specray.cluster.llm_inputs import (
+    OneThread,
     PromptLike,
     as_list,
     check_conversation,
@@ -77,6 +78,7 @@ class LLM:
         # open streams' requests, and the latest output of each that another call's rounds produced
         self._streamed: set[str] = set()
         self._held: dict[str, RequestOutput] = {}
+        self._one_thread = OneThread()
         if seed is not None:  # None: unseeded requests draw differently every run
             torch.manual_seed(seed)
         checkpoint = resolve(model)
@@ -150,8 +152,9 @@ class LLM:
         Every prompt is validated before any runs: a bad one raises ValueError naming its index.
         """
         prompts = as_list(prompts)
-        ids = self._add_all(prompts, params_list(sampling_params, len(prompts)))
-        return self._run(ids, use_tqdm)
+        with self._one_thread.held():
+            ids = self._add_all(prompts, params_list(sampling_params, len(prompts)))
+            return self._run(ids, use_tqdm)
 
     def stream(self, prompts: PromptLike | Seq[PromptLike], sampling_params: SamplingParams | None = None):
         """Yield every `RequestOutput` as its request advances (one per request per round). Bad prompts
@@ -161,6 +164,10 @@ class LLM:
         return self._stream(self._encode_all(prompts, params), params)
 
     def _stream(self, encoded: list[tuple[str | None, list[int]]], params: list[SamplingParams]):
+        with self._one_thread.held():  # from the first next() until the stream ends or is closed
+            yield from self._stream_held(encoded, params)
+
+    def _stream_held(self, encoded: list[tuple[str | None, list[int]]], params: list[SamplingParams]):
         ids = self._add_encoded(encoded, params)
         own, finished = set(ids), set()
         self._streamed |= own

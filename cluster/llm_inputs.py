@@ -5,6 +5,8 @@ prompt, and chat conversations; a ValueError naming what is wrong, before anythi
 from __future__ import annotations
 
 import numbers
+import threading
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -122,3 +124,30 @@ def check_conversation(messages, index: int) -> None:
             raise ValueError(f"conversation {index}, message {j}: role must be one of {list(CHAT_ROLES)}, "
                              f"got {m['role']!r}")
         check_text(m["content"], f"conversation {index}, message {j}, content")
+
+
+class OneThread:
+    """The in-process engine runs its rounds on its caller's thread: a call from a second thread
+    while one is under way would step the router at the same time and take the other's outputs
+    (a request went missing from its results). Refused by name instead; one thread may interleave
+    its own calls and open streams."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._calls: dict[int, int] = {}  # thread id -> its calls and open streams
+
+    @contextmanager
+    def held(self):
+        me = threading.get_ident()
+        with self._lock:
+            if any(thread != me for thread in self._calls):
+                raise RuntimeError("this LLM is generating on another thread; an LLM serves one thread at a time "
+                                   "(give each thread its own LLM, or serve with AsyncRouter / specray serve)")
+            self._calls[me] = self._calls.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._calls[me] -= 1
+                if not self._calls[me]:
+                    del self._calls[me]

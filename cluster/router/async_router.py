@@ -17,6 +17,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
 from specray.cluster.outputs import RequestOutput
@@ -123,9 +124,11 @@ class AsyncRouter:
         self.check_size(params.n)
         request_id = f"req-{self._id_prefix}-{next(self._ids)}"
         stream = Snapshots()
-        with self._admission:  # shutdown fails the streams it finds under this lock
+        with self._admission:  # shutdown and a broken turn fail the streams they find under this lock
             if self._stopped:
                 raise RouterStopped("the router is shutting down; retry")
+            if self._broken is not None:
+                raise RouterStopped("the router stopped after an internal error; the replica restarts") from self._broken
             if self.num_waiting + params.n > self.max_waiting:
                 raise QueueFullError(f"{self.num_waiting} sequences are already waiting (at most "
                                      f"{self.max_waiting}); retry later")
@@ -166,7 +169,7 @@ class AsyncRouter:
         else:
             try:
                 self._post(self._end_all).result(timeout=timeout)
-            except TimeoutError:
+            except (TimeoutError, FutureTimeout):  # the same class from Python 3.11 on, not on 3.10
                 pass
         with self._admission:  # no turn runs what still waits for one: it fails, retryably
             streams = list(self._streams)
@@ -182,7 +185,7 @@ class AsyncRouter:
 
     def _queue_turn(self) -> None:
         with self._turns:
-            if self._turn_queued or self._stopped:
+            if self._turn_queued or self._stopped or self._broken is not None:  # no turn on a broken router
                 return
             self._turn_queued = True
         self._post(self._turn)
@@ -233,8 +236,10 @@ class AsyncRouter:
             else:
                 self._flush()
         except BaseException as e:  # noqa: BLE001 - the health check reports it; Serve restarts us
-            self._broken = e
-            for request_id in list(self._streams):  # no request waits on turns that stopped
+            with self._admission:  # a request admitted from now on is refused: no turn would run it
+                self._broken = e
+                streams = list(self._streams)
+            for request_id in streams:  # no request waits on turns that stopped
                 self._deliver(request_id, request_failed(request_id, e))
             raise
         finally:
@@ -284,5 +289,7 @@ class AsyncRouter:
             if target is not None:
                 by_loop.setdefault(target[0], []).append((target[1], item))
         for loop, puts in by_loop.items():
-            if not loop.is_closed():  # a caller's loop that ended (at shutdown) takes nothing more
+            try:  # a caller's loop that ended (at shutdown) takes nothing more: the others' still go out
                 loop.call_soon_threadsafe(_put_all, puts)
+            except RuntimeError:  # closed, also between a check and the call
+                continue

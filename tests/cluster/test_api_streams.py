@@ -59,3 +59,31 @@ def test_a_held_stream_gets_its_outputs_after_another_call_ran_its_rounds(llm):
     assert {o.request_id for o in other} == {other[-1].request_id} != {first.request_id}
     finals = {o.request_id: o.outputs[0].token_ids for o in [first, *held] if o.finished}
     assert sorted(finals.values()) == sorted(want) and not llm.router.has_unfinished()
+
+
+def test_a_second_thread_is_refused_while_one_generates(llm):
+    """Two threads' calls stepped the router at once and took each other's outputs (a request went
+    missing from its results): the second is refused by name; one thread's own calls interleave."""
+    import threading
+
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    stream = llm.stream({"prompt_token_ids": [5, 6]}, greedy)
+    next(stream)  # open on this thread
+    errors = []
+
+    def other():
+        try:
+            llm.generate({"prompt_token_ids": [7, 8]}, greedy)
+        except RuntimeError as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert errors and "another thread" in str(errors[0])
+    assert len(llm.generate({"prompt_token_ids": [7, 8]}, greedy)[0].outputs[0].token_ids) == 4  # this thread's
+    assert list(stream)[-1].finished
+    thread = threading.Thread(target=lambda: llm.generate({"prompt_token_ids": [7, 8]}, greedy))
+    thread.start()
+    thread.join()  # free again: another thread may use it once this one is done
+    assert not llm.router.has_unfinished()

@@ -235,3 +235,45 @@ def test_a_call_for_the_compute_thread_runs_between_two_rounds_of_a_turn(tiny_ta
     assert 3 <= seen <= after and seen <= 6  # served after the round under way (not after the 30th)
     assert out.finished and len(out.outputs[0].token_ids) == 30
 
+
+
+def test_a_closed_callers_loop_takes_nothing_and_the_others_still_get_theirs(tiny_target):
+    """A loop closed between the check and the call (a server stopping while the router serves)
+    raised out of the delivery: every running request failed, and the other loops' outputs were lost."""
+    class Closed:
+        def call_soon_threadsafe(self, *args):
+            raise RuntimeError("Event loop is closed")
+
+    class Open:
+        def __init__(self):
+            self.calls = []
+
+        def call_soon_threadsafe(self, fn, puts):
+            self.calls.append(puts)
+
+    router = AsyncRouter(LLM(str(tiny_target)).router)
+    try:
+        open_loop, queue = Open(), asyncio.Queue()
+        router._streams.update({"a": (Closed(), asyncio.Queue()), "b": (open_loop, queue)})
+        router._deliver_all([("a", "for a"), ("b", "for b")])
+        assert open_loop.calls == [[(queue, "for b")]]
+    finally:
+        router.shutdown()
+
+
+def test_no_request_is_admitted_once_a_turn_broke(tiny_target):
+    """A broken router queues no turn (it would run on a router left halfway through a step), so
+    admission refuses under the lock the failure delivery takes: no request waits on turns that stopped."""
+    router = AsyncRouter(LLM(str(tiny_target)).router)
+    router._broken = RuntimeError("a router bug")
+    router._queue_turn()
+    assert not router._turn_queued
+
+    async def ask():
+        return [o async for o in router.generate([5, 6, 7], SamplingParams(max_tokens=2))]
+
+    try:
+        with pytest.raises(RouterStopped, match="internal error"):
+            asyncio.run(ask())
+    finally:
+        router.shutdown()
