@@ -14,6 +14,9 @@ MIN_SEED, MAX_API_SEED = -2**63, 2**64 - 1  # what clients send: int64 (vLLM, Op
 MAX_TOP_K = 2**31 - 1  # top_k travels as int32
 MAX_LOGIT_BIAS, MAX_BIAS = 1024, 100  # token ids a request may bias; OpenAI's range of a bias
 MAX_STOPS = 64  # stop strings and stop token ids each: every round scans them for every sequence
+# characters of one stop string or bad word: each is tokenized or indexed on the rounds' thread when
+# its request is added, which stalls every stream (a body's 6 MB of bad words took seconds)
+MAX_STOP_CHARS = 4096
 
 # vLLM SamplingParams fields specray does not implement -> the values that leave the output unchanged
 # (the first is the default); the HTTP API's table of refused fields starts from it
@@ -119,6 +122,8 @@ class SamplingParams:
         check_param(len(self.stop) <= MAX_STOPS and len(self.stop_token_ids) <= MAX_STOPS,
                     "stop" if len(self.stop) > MAX_STOPS else "stop_token_ids",
                     f"at most {MAX_STOPS} stop strings and {MAX_STOPS} stop_token_ids")
+        check_param(all(len(s) <= MAX_STOP_CHARS for s in self.stop), "stop",
+                    f"a stop string has at most {MAX_STOP_CHARS} characters")
         check_param(self.num_speculative_tokens is None or (_is_int(self.num_speculative_tokens)
                                                             and self.num_speculative_tokens >= 0),
                     "num_speculative_tokens",
@@ -150,8 +155,10 @@ class SamplingParams:
                     f"allowed_token_ids must be a non-empty list of token ids (integers >= 0) or None, got "
                     f"{_short(self.allowed_token_ids)}")
         check_param(self.bad_words is None or (isinstance(self.bad_words, (list, tuple)) and len(self.bad_words) <=
-                                                MAX_STOPS and all(isinstance(w, str) and w.strip() for w in self.bad_words)),
-                    "bad_words", f"bad_words must be a list of at most {MAX_STOPS} non-blank strings, got "
+                                                MAX_STOPS and all(isinstance(w, str) and w.strip() and len(w) <= MAX_STOP_CHARS
+                                                                  for w in self.bad_words)),
+                    "bad_words", f"bad_words must be a list of at most {MAX_STOPS} non-blank strings of at most "
+                    f"{MAX_STOP_CHARS} characters, got "
                     f"{_short(self.bad_words)}")
         check_param(self.truncate_prompt_tokens is None or (_is_int(self.truncate_prompt_tokens) and (
             self.truncate_prompt_tokens >= 1 or self.truncate_prompt_tokens == -1)), "truncate_prompt_tokens",

@@ -35,3 +35,15 @@ def test_a_token_id_outside_the_vocabulary_is_refused(tiny_target):
 def test_bad_penalties_are_refused_by_name(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
+
+
+@pytest.mark.parametrize("field", ["stop", "bad_words"])
+def test_a_stop_string_or_bad_word_past_its_length_is_refused_by_name(field):
+    """Each is tokenized or indexed on the rounds' thread when its request is added: megabytes of
+    them stalled every other stream."""
+    from specray.cluster.params import MAX_STOP_CHARS
+
+    SamplingParams(**{field: ["w" * MAX_STOP_CHARS]})
+    with pytest.raises(ValueError, match=f"{field}.*{MAX_STOP_CHARS} characters") as e:
+        SamplingParams(**{field: ["w" * (MAX_STOP_CHARS + 1)]})
+    assert e.value.param == field
