@@ -95,17 +95,37 @@ def _freedave(drafts: int, args) -> dict:
     return spec
 
 
-def serve_overrides(args, model: str, current: dict | None) -> dict:
-    """ServeConfig overrides of the diffusion flags (`specray serve`); {} when none was given."""
+def serve_overrides(args, model: str, current: dict | None, current_diffusion: dict | None = None) -> dict:
+    """ServeConfig overrides of the diffusion flags (`specray serve`), each over the config's own
+    (`current`, `current_diffusion`: a flag changes its key, the file keeps the rest); {} when none
+    was given."""
     given, method = _given(args), getattr(args, "speculative_method", None)
     diffusion_model = is_diffusion_model(model)
+    autoregressive_flags = any(getattr(args, k, None) not in (None, False) for k in AR_FLAGS)
     if all(v is None for v in given.values()) and method != FREEDAVE and getattr(args, "adaptive", None) is None \
-            and not (method == "none" and diffusion_model):
+            and not (method == "none" and diffusion_model) and not (autoregressive_flags and diffusion_model):
         return {}
     if not diffusion_model:
         _refuse_for_autoregressive(args, model, given)
     spec = _whole_spec(args, given)
-    diffusion = _block_options(given)
     if spec is None:
-        spec = _freedave(_num_drafts(args, given, (current or {}).get("num_drafts")), args)
+        # the file's FreeDave (or its static decoding, None); an autoregressive model's default is not one
+        base = current if current is None or current.get("method") == FREEDAVE else \
+            {"method": FREEDAVE, "num_drafts": DEFAULT_NUM_DRAFTS}
+        spec = _over(base, args, given)
+    diffusion = {**(current_diffusion or {}), **_block_options(given)}
     return {"speculative_config": spec, "diffusion_config": diffusion or None}
+
+
+def _over(base: dict | None, args, given: dict) -> dict | None:
+    """FreeDave's config with the flags' drafts over `base`; `base` itself when they name none."""
+    method = getattr(args, "speculative_method", None)
+    if method == "none":
+        return _freedave(_num_drafts(args, given), args)
+    if given["num_drafts"] is None and getattr(args, "adaptive", None) is None and method is None:
+        return base
+    spec = dict(base or {"method": FREEDAVE})
+    spec["num_drafts"] = _num_drafts(args, given, spec.get("num_drafts"))
+    if getattr(args, "adaptive", None) is not None:
+        spec["adaptive"] = args.adaptive
+    return spec

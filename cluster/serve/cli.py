@@ -112,7 +112,7 @@ def resolve_config(args):
     from specray.cluster.diffusion_args import serve_overrides
 
     model = args.model or cfg.model
-    whole = serve_overrides(args, model, cfg.speculative_config)  # diffusion LMs: FreeDave, blocks
+    whole = serve_overrides(args, model, cfg.speculative_config, cfg.diffusion_config)  # diffusion LMs: FreeDave, blocks
     spec = False if whole else _speculative_override(args, cfg.speculative_config, model)
     if spec is not False:
         whole["speculative_config"] = spec

@@ -174,3 +174,28 @@ def test_serve_config_and_flags(dllm, tiny_target):
     cfg = resolve_config(parser.parse_args(["--model", str(dllm), "--speculative-config",
                                             '{"method": "freedave", "num_drafts": 8}', "--block-length", "16"]))
     assert cfg.decode_options().num_drafts == 8 and cfg.decode_options().block_length == 16
+
+
+def test_serve_flags_change_their_keys_of_the_config_file_only(dllm, tmp_path):
+    """--num-drafts or --block-length rebuilt the file's FreeDave and block settings from the flags
+    alone (its block of 16 served as 32, its static decoding turned FreeDave on): outputs changed."""
+    from specray.cluster.serve.cli import add_serve_flags, resolve_config
+
+    parser = argparse.ArgumentParser()
+    add_serve_flags(parser)
+    tuned, static = tmp_path / "tuned.yaml", tmp_path / "static.yaml"
+    tuned.write_text(f"model: {dllm}\nspeculative_config: {{method: freedave, num_drafts: 8, adaptive: false}}\n"
+                     "diffusion_config: {block_length: 16, steps_per_block: 8}\n")
+    static.write_text(f"model: {dllm}\nspeculative_config: null\n")
+
+    def served(path, *flags):
+        cfg = resolve_config(parser.parse_args(["--config", str(path), *flags]))
+        return cfg.speculative_config, cfg.diffusion_config
+
+    assert served(tuned, "--num-drafts", "2") == ({"method": "freedave", "num_drafts": 2, "adaptive": False},
+                                                  {"block_length": 16, "steps_per_block": 8})
+    assert served(tuned, "--block-length", "32") == ({"method": "freedave", "num_drafts": 8, "adaptive": False},
+                                                     {"block_length": 32, "steps_per_block": 8})
+    assert served(static, "--block-length", "16") == (None, {"block_length": 16})
+    with pytest.raises(ValueError, match="takes none of --num-speculative-tokens"):  # not "got method 'ngram'"
+        resolve_config(parser.parse_args(["--model", str(dllm), "--num-speculative-tokens", "3"]))
