@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -38,7 +39,7 @@ from specray.kernels.chat import chat_token_ids
 from specray.kernels.drafters.loading import check_draft, refuse_partial_draft
 from specray.kernels.drafters.registry import build_drafter
 from specray.kernels.diffusion.config import is_diffusion_folder
-from specray.kernels.diffusion.weights import load_diffusion_model
+from specray.kernels.diffusion.weights import load_diffusion_model, read_config
 from specray.kernels.loader import load_model, resolve
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
@@ -91,6 +92,11 @@ class LLM:
             if kernels != "exact":
                 raise ValueError(f"kernels={kernels!r} applies to autoregressive GGUF models; {model!r} is a "
                                  "diffusion LM")
+            set_ = [name for name, value in (("pipelined", pipelined), ("kv_cache_tokens", kv_cache_tokens),
+                                             ("block_size", block_size), ("max_prefill_tokens", max_prefill_tokens))
+                    if value != _DEFAULTS[name]]
+            if set_:  # a diffusion LM has no KV cache, draft pool or prefill chunks: they were ignored
+                raise ValueError(f"{', '.join(set_)} apply to autoregressive models; {model!r} is a diffusion LM")
             self.router = diffusion_router(checkpoint, self.tokenizer, speculative_config, diffusion_config,
                                            torch_dtype, device, max_model_len, max_num_seqs)
             self.target, self.draft = self.router.target.worker, None
@@ -278,11 +284,15 @@ class LLM:
         return [done[i] for i in request_ids if i in done]
 
 
+_DEFAULTS = {name: p.default for name, p in inspect.signature(LLM.__init__).parameters.items()}
+
+
 def diffusion_router(checkpoint, tokenizer, speculative_config, diffusion_config, dtype, device: str,
                      max_model_len: int | None, max_num_seqs: int) -> DiffusionRouter:
     """A DiffusionRouter over an in-process DiffusionWorker of `checkpoint` (the offline API's engine)."""
     options = decode_options(speculative_config, diffusion_config)
+    config = read_config(checkpoint.path)
+    limits = diffusion_limits(config, options.block_length, max_model_len, max_num_seqs)  # before the weights load
     model = load_diffusion_model(checkpoint.path, dtype, device)
-    limits = diffusion_limits(model.config, options.block_length, max_model_len, max_num_seqs)
-    eos = set(model.config.model.eos_token_ids) or ({tokenizer.eos_token_id} if tokenizer is not None else set())
+    eos = set(config.model.eos_token_ids) or ({tokenizer.eos_token_id} if tokenizer is not None else set())
     return DiffusionRouter(InProcessDiffusionPool(DiffusionWorker(model, options)), tokenizer, eos, limits)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral")
@@ -100,3 +102,14 @@ def _check_rope_scaling(rope_scaling: dict[str, Any] | None) -> dict[str, Any] |
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedModelError(f"rope scaling {rope_type!r} is not supported ({SUPPORTED_ROPE_TYPES})")
     return {**rope_scaling, "rope_type": rope_type}
+
+
+def with_generation_eos(eos, generation_config: Path):
+    """config.json's eos_token_id and those of generation_config.json beside it (an instruct model's
+    end of turn is often only there: Llama 3's <|eot_id|>), as vLLM stops at both."""
+    ids = list(eos) if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos])
+    if generation_config.exists():
+        more = json.loads(generation_config.read_text()).get("eos_token_id")
+        more = more if isinstance(more, list) else ([] if more is None else [more])
+        ids += [i for i in more if isinstance(i, int) and i not in ids]
+    return ids[0] if len(ids) == 1 else (ids or eos)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from specray.kernels.config import ModelConfig
+from specray.kernels.config import ModelConfig, with_generation_eos
 from specray.kernels.diffusion.config import is_diffusion_folder
 from specray.kernels.cpu_weights import check_kernel_mode
 from specray.kernels.fast_linear import FastWeight
@@ -108,19 +108,6 @@ def hf_config(folder: str | Path):
         config = AutoConfig.from_pretrained(folder)
     config.eos_token_id = with_generation_eos(config.eos_token_id, Path(folder) / "generation_config.json")
     return config
-
-
-def with_generation_eos(eos, generation_config: Path):
-    """config.json's eos_token_id and those of generation_config.json beside it (an instruct model's
-    end of turn is often only there: Llama 3's <|eot_id|>), as vLLM stops at both."""
-    import json
-
-    ids = list(eos) if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos])
-    if generation_config.exists():
-        more = json.loads(generation_config.read_text()).get("eos_token_id")
-        more = more if isinstance(more, list) else ([] if more is None else [more])
-        ids += [i for i in more if isinstance(i, int) and i not in ids]
-    return ids[0] if len(ids) == 1 else (ids or eos)
 
 
 def llama_config(**kw):

@@ -145,7 +145,12 @@ class DiffusionRouter(RequestBook):
 
 
 def diffusion_limits(config, block_length: int, max_model_len: int | None, max_num_seqs: int) -> DiffusionLimits:
+    """Read from the model's config alone: callers check them before the weights load."""
     limit = config.model.max_position_embeddings
     if max_model_len is not None and not 2 <= max_model_len <= limit:
         raise ValueError(f"max_model_len must be in [2, {limit}], got {max_model_len}")
-    return DiffusionLimits(max_model_len or limit, config.model.vocab_size, block_length, max_num_seqs)
+    context = max_model_len or limit
+    if block_length > context - 1:  # a prompt token and one block: else every request is refused
+        raise ValueError(f"block_length {block_length} leaves no room for a prompt in the context of {context} "
+                         "tokens (max_model_len): at most max_model_len - 1")
+    return DiffusionLimits(context, config.model.vocab_size, block_length, max_num_seqs)

@@ -223,9 +223,13 @@ def check_model_and_context(cfg) -> None:
 
     checkpoint = resolve(cfg.model)
     refuse_partial_draft(checkpoint.path, cfg.model)
-    if is_diffusion_model(cfg.model):  # its router checks its own context (cluster/router/diffusion_router.py)
-        return
     r = cfg.router
+    if is_diffusion_model(cfg.model):  # its context and block against the model's config
+        from specray.cluster.router.diffusion_router import diffusion_limits
+        from specray.kernels.diffusion.weights import read_config
+
+        diffusion_limits(read_config(checkpoint.path), cfg.decode_options().block_length, r.max_model_len, r.max_num_seqs)
+        return
     limit = ModelConfig.from_hf(checkpoint.hf_config()).max_position_embeddings
     fit_context(r.max_model_len, limit, num_blocks(r.kv_cache_tokens, r.block_size) * r.block_size, cfg.speculative)
     check_draft(checkpoint.path, cfg.speculative)

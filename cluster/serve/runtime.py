@@ -91,13 +91,13 @@ def build_diffusion_runtime(cfg: ServeConfig, checkpoint, tokenizer, wait_ready:
     options, p, r = cfg.decode_options(), cfg.pools.target, cfg.router
     spec = DiffusionSpec(cfg.model, p.dtype, p.device, options.block_length, options.steps_per_block,
                          options.num_drafts, p.threads, options.adaptive)
+    config = read_config(checkpoint.path)
+    limits = diffusion_limits(config, options.block_length, r.max_model_len, r.max_num_seqs)  # before any worker
     colocated = resolve_colocation(cfg).pools.colocate
     pool = InProcessDiffusionPool(compute_thread.OnComputeThread(DiffusionWorker.from_spec, spec)) if colocated \
         else RayDiffusionPool(spec, placement(p))
     if wait_ready:
         pool.ready()
-    config = read_config(checkpoint.path)
-    limits = diffusion_limits(config, options.block_length, r.max_model_len, r.max_num_seqs)
     eos = set(config.model.eos_token_ids) or {tokenizer.eos_token_id}
     router = DiffusionRouter(pool, tokenizer, eos, limits)
     rounds = AsyncRouter(router, r.max_waiting, compute_thread.post, compute_thread.waiting)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from specray.kernels.config import UnsupportedModelError
+from specray.kernels.config import UnsupportedModelError, with_generation_eos
 from specray.kernels.diffusion.config import DiffusionConfig, diffusion_config
 from specray.kernels.diffusion.model import DiffusionModel
 
@@ -31,7 +31,10 @@ def read_config(folder: str | Path) -> DiffusionConfig:
     path = Path(folder) / "config.json"
     if not path.exists():
         raise UnsupportedModelError(f"{folder} has no config.json")
-    return diffusion_config(json.loads(path.read_text()))
+    raw = json.loads(path.read_text())
+    # an instruct model's end of turn may be only in generation_config.json, as for autoregressive ones
+    raw["eos_token_id"] = with_generation_eos(raw.get("eos_token_id"), Path(folder) / "generation_config.json")
+    return diffusion_config(raw)
 
 
 def load_diffusion_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> DiffusionModel:

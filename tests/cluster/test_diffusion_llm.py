@@ -111,8 +111,16 @@ def test_a_stream_yields_only_when_a_request_has_new_tokens_or_ends(folder):
     (dict(speculative_config={"method": "freedave", "num_drafts": 0}), "num_drafts"),
     (dict(diffusion_config={"block_length": 8, "steps_per_block": 9}), "steps_per_block"),
     (dict(diffusion_config={"blocks": 8}), "unknown diffusion_config"),
+    # engine options a diffusion LM has no use for were ignored in silence
+    (dict(pipelined=True), "pipelined apply to autoregressive models"),
+    (dict(kv_cache_tokens=4096, max_prefill_tokens=64), "kv_cache_tokens, max_prefill_tokens apply"),
+    # a block the context cannot hold beside a prompt: every request was refused, after the weights loaded
+    (dict(max_model_len=16, diffusion_config={"block_length": 16}), "no room for a prompt"),
 ])
-def test_bad_diffusion_configs_are_clear_errors(folder, kwargs, message):
+def test_bad_diffusion_configs_are_clear_errors(folder, kwargs, message, monkeypatch):
+    import specray.cluster.llm as llm_module
+
+    monkeypatch.setattr(llm_module, "load_diffusion_model", lambda *a, **k: pytest.fail("the weights must not load"))
     with pytest.raises(ValueError, match=message):
         LLM(str(folder), **kwargs)
 

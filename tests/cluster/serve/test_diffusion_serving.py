@@ -199,3 +199,22 @@ def test_serve_flags_change_their_keys_of_the_config_file_only(dllm, tmp_path):
     assert served(static, "--block-length", "16") == (None, {"block_length": 16})
     with pytest.raises(ValueError, match="takes none of --num-speculative-tokens"):  # not "got method 'ngram'"
         resolve_config(parser.parse_args(["--model", str(dllm), "--num-speculative-tokens", "3"]))
+
+
+def test_a_block_the_context_cannot_hold_fails_before_ray_starts(dllm, tmp_path):
+    """It loaded the weights in the replica first, then failed the deployment after Serve's retries;
+    and a generation_config.json's end of turn counts as EOS, as for autoregressive models."""
+    import json
+    import shutil
+
+    from specray.cluster.serve.cli import check_model_and_context
+    from specray.kernels.diffusion.weights import read_config
+
+    cfg = ServeConfig.from_dict({"model": str(dllm), "router": {"max_model_len": 16},
+                                 "diffusion_config": {"block_length": 16}})
+    with pytest.raises(ValueError, match="no room for a prompt"):
+        check_model_and_context(cfg)
+    folder = shutil.copytree(dllm, tmp_path / "with_generation_config")
+    eos = read_config(folder).model.eos_token_ids
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))
+    assert read_config(folder).model.eos_token_ids == (*eos, 7)
