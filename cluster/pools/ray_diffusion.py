@@ -20,8 +20,10 @@ log = logging.getLogger("specray.pools")
 
 
 class RayDiffusionPool:
-    def __init__(self, spec: DiffusionSpec, placement: Placement = Placement({"target": 1})):
+    def __init__(self, spec: DiffusionSpec, placement: Placement = Placement({"target": 1}),
+                 timeout_s: float | None = None):
         self.spec, self.placement = spec, placement
+        self.timeout_s = timeout_s  # a call past it: the worker counts as lost (hung, or its node gone)
         self.name = f"specray-diffusion-{uuid.uuid4().hex[:8]}"
         self.group = reserve([placement.bundle()])
         self.starts = 0
@@ -33,7 +35,7 @@ class RayDiffusionPool:
                             name=f"{self.name}-s{self.starts}")
 
     def submit_step(self, new, seq_ids: list[object]) -> RayPending:
-        return RayPending([self.actor.call.remote("step", new, seq_ids)], self._failed)
+        return RayPending([self.actor.call.remote("step", new, seq_ids)], self._failed, self.timeout_s)
 
     def _failed(self, error: Exception) -> TargetUnavailable:
         kill_worker(self.actor)

@@ -115,7 +115,7 @@ class DiffusionRouter(RequestBook):
             for request_id in dict.fromkeys(s.request_id for s in group):
                 self.fail_request(request_id, error)
             return []
-        self.stats.model_calls += 1
+        self.stats.model_calls += any(u.forwarded for u in updates)  # a call that only finished canvases ran none
         by_id = {s.seq_id: s for s in group}
         changed = [by_id[u.seq_id] for u in updates if self._commit(by_id[u.seq_id], u)]
         return self.outputs(changed)  # a call that finalised no token of a request has nothing to stream

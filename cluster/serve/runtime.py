@@ -95,7 +95,7 @@ def build_diffusion_runtime(cfg: ServeConfig, checkpoint, tokenizer, wait_ready:
     limits = diffusion_limits(config, options.block_length, r.max_model_len, r.max_num_seqs)  # before any worker
     colocated = resolve_colocation(cfg).pools.colocate
     pool = InProcessDiffusionPool(compute_thread.OnComputeThread(DiffusionWorker.from_spec, spec)) if colocated \
-        else RayDiffusionPool(spec, placement(p))
+        else RayDiffusionPool(spec, placement(p), timeout_s=r.target_timeout_s)
     if wait_ready:
         pool.ready()
     eos = set(config.model.eos_token_ids) or {tokenizer.eos_token_id}

@@ -180,3 +180,11 @@ def test_cli_generate_streams_a_diffusion_model(folder, capsys):
         assert cli_main(["generate", "--model", str(folder), *flags, "w5"]) == 2
         assert words in capsys.readouterr().err
     torch.manual_seed(0)
+
+
+def test_model_calls_count_forwards_only(folder):
+    """The round that only hands a finished canvas back ran no forward: it counted as a model call
+    (a request alone showed one more call than it took part in)."""
+    llm = LLM(str(folder), diffusion_config={"block_length": 8})
+    out = llm.generate({"prompt_token_ids": [5, 6]}, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0]
+    assert llm.router.stats.model_calls == out.metrics.num_rounds > 0

@@ -51,6 +51,8 @@ def test_served_runtime_on_ray_equals_in_process_and_recovers(ray_cluster, dllm)
     runtime = build_runtime(config(dllm))
     try:
         assert runtime.draft_pool is None and type(runtime.target_pool).__name__ == "RayDiffusionPool"
+        # a hung worker counts as lost after the router's timeout (it blocked every request for good)
+        assert runtime.target_pool.timeout_s == config(dllm).router.target_timeout_s
         for params, tokens in zip(PARAMS, want):
             assert asyncio.run(served(runtime, params)) == tokens
         router = runtime.router
