@@ -29,7 +29,7 @@ class SpecrayServer:
                                  cfg.http.max_request_bytes, self._max_calls())
         self.generation = GenerationService(rt.async_router, rt.tokenizer, cfg.model_name, api_key=rt.api_key,
                                             metrics=self.http.metrics, default_max_tokens=cfg.http.default_max_tokens,
-                                            speculative_method=cfg.speculative_method or "")
+                                            speculative_method=cfg.speculative_method or "", max_calls=self._max_calls())
         self.grpc_server = self._start_grpc() if cfg.grpc.enabled and cfg.grpc.server == "replica" else None
         self.http_server = self._start_http() if cfg.http.server == "replica" else None
         freeze_startup_heap()
@@ -51,11 +51,12 @@ class SpecrayServer:
         pair = g.tls_pair()
         credentials = grpc.ssl_server_credentials([pair]) if pair else None
         return GrpcServerThread(self.generation, g.host or self.config.http.host, g.port, credentials,
-                                g.max_message_bytes, self._max_calls()).__enter__()
+                                g.max_message_bytes).__enter__()  # the service bounds its calls
 
     def _max_calls(self) -> int:
         """Calls each API takes at once (as Serve's proxy would queue): what the router may run and
-        queue, and some; more are refused at once (HTTP's health checks and metrics never are)."""
+        queue, and some; more are refused at once with 503 / UNAVAILABLE (health checks, metrics and
+        model lists never are)."""
         r = self.config.router
         return r.max_num_seqs + 2 * r.max_waiting + 16
 

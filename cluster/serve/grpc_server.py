@@ -45,14 +45,13 @@ def _generation_handlers(servicer: GenerationServicer) -> grpc.GenericRpcHandler
 
 async def serve_grpc(service: GenerationService, port: int, host: str = "127.0.0.1",
                      credentials: grpc.ServerCredentials | None = None,
-                     max_message_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                     max_concurrent_rpcs: int | None = None) -> grpc.aio.Server:
+                     max_message_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> grpc.aio.Server:
     """Start serving `service` on host:port (TLS with `credentials`); returns the started server.
-    Call it inside the event loop that runs the server; `await server.stop(grace)` ends it. More than
-    `max_concurrent_rpcs` calls at once get RESOURCE_EXHAUSTED."""
+    Call it inside the event loop that runs the server; `await server.stop(grace)` ends it. The
+    service bounds its own calls in flight (GenerationService.max_calls)."""
     # gRPC sets SO_REUSEPORT by default on Linux: a second server on a taken port would share it
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes),
-                                      ("grpc.so_reuseport", 0)], maximum_concurrent_rpcs=max_concurrent_rpcs)
+                                      ("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((_generation_handlers(GenerationServicer(service)),))
     health_servicer = _Health(service)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -102,10 +101,9 @@ class GrpcServerThread:
 
     def __init__(self, service: GenerationService, host: str = "127.0.0.1", port: int | None = None,
                  credentials: grpc.ServerCredentials | None = None,
-                 max_message_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_concurrent_rpcs: int | None = None):
+                 max_message_bytes: int = DEFAULT_MAX_REQUEST_BYTES):
         self.service, self.host, self.port = service, host, port or free_port(host)
         self.credentials, self.max_message_bytes = credentials, max_message_bytes
-        self.max_concurrent_rpcs = max_concurrent_rpcs
         self.loop = asyncio.new_event_loop()
         self.server: grpc.aio.Server | None = None
         self.thread = threading.Thread(target=self.loop.run_forever, name="specray-grpc", daemon=True)
@@ -118,8 +116,7 @@ class GrpcServerThread:
     def __enter__(self) -> "GrpcServerThread":
         self.thread.start()
         started = asyncio.run_coroutine_threadsafe(
-            serve_grpc(self.service, self.port, self.host, self.credentials, self.max_message_bytes,
-                       self.max_concurrent_rpcs), self.loop)
+            serve_grpc(self.service, self.port, self.host, self.credentials, self.max_message_bytes), self.loop)
         self.server = started.result(timeout=30)
         return self
 

@@ -49,8 +49,10 @@ class GenerationService:
 
     def __init__(self, router: AsyncRouter | None, tokenizer, model_name: str, api_key: str | None = None,
                  metrics: ServingMetrics | None = None, default_max_tokens: int = 256,
-                 speculative_method: str = ""):
+                 speculative_method: str = "", max_calls: int | None = None):
+        """`max_calls`: Generate and Complete calls in flight at most; more get UNAVAILABLE (HTTP's 503)."""
         self.model_name, self.api_key, self.default_max_tokens = model_name, api_key, default_max_tokens
+        self.max_calls, self.in_flight = max_calls, 0
         self.speculative_method = speculative_method
         self.router, self.tokenizer, self.metrics = None, tokenizer, metrics
         self._on_ready: list[Callable[[], None]] = []
@@ -85,32 +87,36 @@ class GenerationService:
     async def generate(self, request: pb.GenerateRequest, call: CallInfo) -> AsyncIterator[pb.GenerateResponse]:
         """Generate: deltas as rounds commit tokens, then one summary."""
         start = time.monotonic()
-        request_id, ids, params, prompt = await self._admit(request, call)
-        tracker, last = conv.DeltaTracker(self.tokenizer, request_id, params.logprobs), None
-        try:
-            async for out in self._run(ids, params, prompt, call):
-                last = out
-                for msg in tracker.deltas(out):
-                    yield msg
-        except (asyncio.CancelledError, GeneratorExit):  # closed at a yield: GeneratorExit
-            self._left(start, call)
-            raise
-        self.metrics.succeeded(last.outputs[0].finish_reason)
-        yield conv.summary(self.tokenizer, request_id, self.model_name, last, params)
+        with self._slot():
+            request_id, ids, params, prompt = await self._admit(request, call)
+            tracker, last = conv.DeltaTracker(self.tokenizer, request_id, params.logprobs), None
+            try:
+                async for out in self._run(ids, params, prompt, call):
+                    last = out
+                    for msg in tracker.deltas(out):
+                        yield msg
+            except (asyncio.CancelledError, GeneratorExit):  # closed at a yield: GeneratorExit
+                self._left(start, call)
+                raise
+            summary = conv.summary(self.tokenizer, request_id, self.model_name, last, params)
+            self.metrics.succeeded(last.outputs[0].finish_reason)
+        yield summary
 
     async def complete(self, request: pb.GenerateRequest, call: CallInfo) -> pb.CompleteResponse:
         """Complete: the full result."""
         start = time.monotonic()
-        request_id, ids, params, prompt = await self._admit(request, call)
-        last = None
-        try:
-            async for out in self._run(ids, params, prompt, call):
-                last = out
-        except asyncio.CancelledError:
-            self._left(start, call)
-            raise
-        self.metrics.succeeded(last.outputs[0].finish_reason)
-        return conv.complete_response(self.tokenizer, request_id, self.model_name, last, params)
+        with self._slot():
+            request_id, ids, params, prompt = await self._admit(request, call)
+            last = None
+            try:
+                async for out in self._run(ids, params, prompt, call):
+                    last = out
+            except asyncio.CancelledError:
+                self._left(start, call)
+                raise
+            response = conv.complete_response(self.tokenizer, request_id, self.model_name, last, params)
+            self.metrics.succeeded(last.outputs[0].finish_reason)
+            return response
 
     async def list_models(self, request: pb.ListModelsRequest, call: CallInfo) -> pb.ListModelsResponse:
         self._authorize(call)
@@ -143,6 +149,19 @@ class GenerationService:
     def refuse(self, error: GrpcAbort) -> GrpcAbort:
         """Count a request refused before it reached the service (a malformed message)."""
         return self._fail(error.code, error.details)
+
+    @contextmanager
+    def _slot(self):
+        """A call in flight: past `max_calls`, UNAVAILABLE at once (grpcio's own limit answered
+        RESOURCE_EXHAUSTED and counted health checks too, which then failed under load). One event
+        loop runs the calls: no lock."""
+        if self.max_calls is not None and self.in_flight >= self.max_calls:
+            raise self._fail(Code.UNAVAILABLE, f"the server is at its {self.max_calls} calls in flight; retry")
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
 
     def _authorize(self, call: CallInfo) -> None:
         if not authorized(dict(call.metadata).get("authorization"), self.api_key):

@@ -251,3 +251,40 @@ def test_health_says_unavailable_once_the_engine_stopped(tiny_target):
         router.shutdown()
         gone = httpx.get(http.url + "/health")
         assert gone.status_code == 503 and gone.json()["status"] == "unavailable"
+
+
+def test_grpc_calls_past_the_limit_get_unavailable_while_health_checks_answer(tiny_target):
+    """As HTTP's 503: grpcio's own limit answered RESOURCE_EXHAUSTED (which the SDK does not retry)
+    and counted health checks, which then failed under load."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from specray.client import RetryPolicy
+    from specray.cluster.serve.grpc_server import GrpcServerThread
+    from specray.cluster.serve.grpc_service import GenerationService
+
+    llm = LLM(str(tiny_target))
+    step = llm.router.target.submit_step
+    llm.router.target.submit_step = lambda items: time.sleep(0.05) or step(items)  # calls last a while
+    router = AsyncRouter(llm.router)
+    service = GenerationService(router, llm.get_tokenizer(), "tiny", max_calls=2)
+    with GrpcServerThread(service) as server:
+        done = []
+        calls = [threading.Thread(target=lambda: done.append(Client(server.target, timeout=60).generate(
+            [5, 6, 7], max_tokens=40, ignore_eos=True))) for _ in range(2)]
+        for t in calls:
+            t.start()
+        deadline = time.monotonic() + 10
+        while len(router.router.running) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with grpc.insecure_channel(server.target) as channel:
+            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+            once = Client(server.target, timeout=60, retry=RetryPolicy(max_attempts=1))
+            with pytest.raises(SpecrayError) as refused:
+                once.generate([5, 6, 7], max_tokens=40, ignore_eos=True)
+            assert refused.value.code == grpc.StatusCode.UNAVAILABLE and "calls in flight" in str(refused.value)
+        for t in calls:
+            t.join(timeout=30)
+        assert len(done) == 2 and service.in_flight == 0
+    router.shutdown()
