@@ -177,6 +177,8 @@ class _Common(BaseModel):
         self.refuse_unsupported()
         for i, stop in enumerate([self.stop] if isinstance(self.stop, str) else self.stop or []):
             _check_text(stop, f"stop[{i}]")
+        for i, word in enumerate(self.bad_words or []):  # the tokenizer raised on a lone surrogate: a 500
+            _check_text(word, f"bad_words[{i}]")
         try:
             return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                                   seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,

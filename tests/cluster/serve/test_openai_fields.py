@@ -209,3 +209,11 @@ def test_a_requests_id_names_its_response(served):
     completion = httpx.post(served[0].url + "/v1/completions", headers=headers,
                             json={"model": "tiny", "prompt": "w5", "max_tokens": 2, "request_id": "abc-2"})
     assert chat.json()["id"] == "chatcmpl-abc-1" and completion.json()["id"] == "cmpl-abc-2"
+
+
+def test_a_bad_word_that_is_no_text_is_refused_by_name(served):
+    """JSON's \\ud800 escape: the tokenizer raised on the lone surrogate, a 500 and a traceback a request."""
+    body = b'{"model": "tiny", "max_tokens": 2, "prompt": "w5", "bad_words": ["w5", "\\ud800"]}'
+    resp = httpx.post(served[0].url + "/v1/completions", content=body,
+                      headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "bad_words[1]", resp.text
