@@ -17,6 +17,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 HEADER_TIMEOUT_S = 10.0  # a request head (line and headers) must arrive whole within this
 MAX_HEADER_BYTES = 64 * 1024
+BODY_TIMEOUT_S = 60.0  # a request body must arrive whole within this of its head (8 MiB at ~1 Mbit/s)
 
 
 class _HeadDeadline:

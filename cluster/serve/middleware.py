@@ -3,11 +3,13 @@ on calls in flight.
 
 RequestLimits refuses headers over a size limit (431) and bodies over theirs (413) before the app
 buffers and parses them: a body by its declared Content-Length at once, and by counting as a chunked
-body arrives.
+body arrives; and a body that does not arrive whole within its deadline (408): a client sending a
+byte a minute held one of the calls in flight for good.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from starlette.exceptions import HTTPException
@@ -16,10 +18,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 class RequestLimits:
     def __init__(self, app: ASGIApp, max_bytes: int, reject: Callable[[str], object],
-                 max_header_bytes: int | None = None, reject_headers: Callable[[str], object] | None = None):
+                 max_header_bytes: int | None = None, reject_headers: Callable[[str], object] | None = None,
+                 body_timeout_s: float | None = None):
         assert max_bytes >= 1
         self.app, self.max_bytes, self.reject = app, max_bytes, reject
         self.max_header_bytes, self.reject_headers = max_header_bytes, reject_headers
+        self.body_timeout_s = body_timeout_s
 
     def _message(self) -> str:
         return f"request body is larger than {self.max_bytes} bytes"
@@ -38,13 +42,23 @@ class RequestLimits:
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self.reject(self._message())(scope, receive, send)
             return
-        received = 0
+        received, body_done = 0, False
+        loop = asyncio.get_running_loop()
+        deadline = None if self.body_timeout_s is None else loop.time() + self.body_timeout_s
 
         async def counted() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done
+            if body_done or deadline is None:  # after the body: a wait for the client's disconnect
+                message = await receive()
+            else:
+                try:
+                    message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+                except asyncio.TimeoutError:  # the app's exception handlers answer it
+                    raise HTTPException(408, f"the request body did not arrive within {self.body_timeout_s:g} s") \
+                        from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
                 if received > self.max_bytes:  # the app's exception handlers answer it
                     raise HTTPException(413, self._message())
             return message

@@ -28,7 +28,7 @@ from specray.cluster.serve.auth import authorized
 from specray.cluster.config.defaults import DEFAULT_MAX_REQUEST_BYTES
 from specray.cluster.serve.middleware import CallLimit, KeyGuard, RequestLimits
 from specray.cluster.serve.errors import REQUEST_ERRORS, status_of
-from specray.cluster.serve.http_server import MAX_HEADER_BYTES
+from specray.cluster.serve.http_server import BODY_TIMEOUT_S, MAX_HEADER_BYTES
 from specray.cluster.serve.metrics import ServingMetrics
 from specray.cluster.serve.openai_chunks import chat_chunks, completion_chunks, usage_body
 from specray.cluster.serve.openai_completions import Echo, completion_choice, prompt_only, prompts_only
@@ -59,7 +59,7 @@ class OpenAIServer:
         # Plain ASGI middlewares: Starlette's BaseHTTPMiddleware would hide a client's disconnect
         app.add_middleware(RequestLimits, max_bytes=max_request_bytes,
                            reject=lambda message: self._error(ApiError.of(errors.TOO_LARGE, message)),
-                           max_header_bytes=MAX_HEADER_BYTES,
+                           max_header_bytes=MAX_HEADER_BYTES, body_timeout_s=BODY_TIMEOUT_S,
                            reject_headers=lambda message: self._error(ApiError.of(errors.HEADERS_TOO_LARGE, message)))
         app.add_middleware(KeyGuard, allowed=self._allowed,
                            reject=lambda: self._error(ApiError.of(errors.UNAUTHENTICATED, "missing or wrong API key")))

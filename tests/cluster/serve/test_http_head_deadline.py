@@ -52,3 +52,29 @@ def test_a_connection_without_a_whole_head_is_closed_at_the_deadline():
         assert got == b"" and time.monotonic() - start < 4 * DEADLINE_S
         got = exchange(server.url, request("/fast"), seconds=3 * DEADLINE_S)  # then idle: closed as well
         assert got.count(b"HTTP/1.1 200") == 1 and got.endswith(b"/fast"), got
+
+
+def test_a_body_that_does_not_arrive_in_time_is_a_408_and_frees_its_call():
+    """A client sending a byte a minute held one of the calls in flight for good (560 of them: every
+    later call a 503); the body now has a deadline from its head. A body in time, and the wait for a
+    disconnect after it (a stream's), are not cut."""
+    from fastapi import FastAPI, Request
+
+    from specray.cluster.serve.middleware import RequestLimits
+
+    app = FastAPI()
+
+    @app.post("/echo")
+    async def echo(request: Request):
+        body = await request.body()
+        await asyncio.sleep(2 * DEADLINE_S)  # past the deadline once the body is in: still answered
+        return {"bytes": len(body), "gone": await request.is_disconnected()}
+
+    app.add_middleware(RequestLimits, max_bytes=1000, reject=None, body_timeout_s=DEADLINE_S)
+    with BackgroundServer(app, header_timeout_s=DEADLINE_S) as server:  # an idle connection closes after it
+        head = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        start = time.monotonic()
+        got = exchange(server.url, head + b"{" * 10, seconds=4 * DEADLINE_S)  # 90 bytes never come
+        assert got.startswith(b"HTTP/1.1 408") and time.monotonic() - start < 3 * DEADLINE_S, got
+        got = exchange(server.url, head + b"1" * 100, seconds=5 * DEADLINE_S)
+        assert got.startswith(b"HTTP/1.1 200") and b'"bytes":100' in got, got
