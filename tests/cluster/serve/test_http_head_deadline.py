@@ -78,3 +78,36 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408_and_frees_its_call():
         assert got.startswith(b"HTTP/1.1 408") and time.monotonic() - start < 3 * DEADLINE_S, got
         got = exchange(server.url, head + b"1" * 100, seconds=5 * DEADLINE_S)
         assert got.startswith(b"HTTP/1.1 200") and b'"bytes":100' in got, got
+
+
+def test_a_head_past_its_bytes_is_cut_off_before_it_ends():
+    """httptools buffered a head whole (100 MB, quadratic time on the event loop) before the app's
+    431: past 128 KiB of head the connection gets a 431 and closes; a body after a small head is
+    not counted as head."""
+    from fastapi import FastAPI, Request
+
+    from specray.cluster.serve.http_server import MAX_HEAD_BYTES
+
+    app = FastAPI()
+
+    @app.post("/echo")
+    async def echo(request: Request):
+        return {"bytes": len(await request.body())}
+
+    with BackgroundServer(app, header_timeout_s=DEADLINE_S) as server:
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as conn:
+            conn.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\nX-Big: ")
+            sent, answer = 0, b""
+            try:
+                while sent < 10 * MAX_HEAD_BYTES:
+                    conn.sendall(b"a" * 65536)
+                    sent += 65536
+            except OSError:  # closed on us: the 431 is waiting
+                pass
+            answer = conn.recv(1024)
+        assert answer.startswith(b"HTTP/1.1 431"), (sent, answer)  # the head never ended: before, the deadline's b""
+        body = b"1" * (3 * MAX_HEAD_BYTES)  # one send with its head: only the head counts
+        head = f"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        got = exchange(server.url, head + body, seconds=5 * DEADLINE_S)
+        assert got.startswith(b"HTTP/1.1 200") and f'"bytes":{len(body)}'.encode() in got, got
