@@ -17,6 +17,7 @@ MAX_STOPS = 64  # stop strings and stop token ids each: every round scans them f
 # characters of one stop string or bad word: each is tokenized or indexed on the rounds' thread when
 # its request is added, which stalls every stream (a body's 6 MB of bad words took seconds)
 MAX_STOP_CHARS = 4096
+MAX_ALLOWED_IDS = 262144  # the largest vocabularies'; more could only repeat ids (a million cost the rounds' thread 0.2 s)
 
 # vLLM SamplingParams fields specray does not implement -> the values that leave the output unchanged
 # (the first is the default); the HTTP API's table of refused fields starts from it
@@ -150,10 +151,10 @@ class SamplingParams:
             self.max_tokens is None or not _is_int(self.max_tokens) or self.min_tokens <= self.max_tokens),
                     "min_tokens", f"min_tokens must be an integer in [0, max_tokens], got {self.min_tokens!r}")
         check_param(self.allowed_token_ids is None or (
-            isinstance(self.allowed_token_ids, (list, tuple)) and self.allowed_token_ids
+            isinstance(self.allowed_token_ids, (list, tuple)) and 0 < len(self.allowed_token_ids) <= MAX_ALLOWED_IDS
             and all(_is_int(t) and t >= 0 for t in self.allowed_token_ids)), "allowed_token_ids",
-                    f"allowed_token_ids must be a non-empty list of token ids (integers >= 0) or None, got "
-                    f"{_short(self.allowed_token_ids)}")
+                    f"allowed_token_ids must be a non-empty list of at most {MAX_ALLOWED_IDS} token ids (integers "
+                    f">= 0) or None, got {_short(self.allowed_token_ids)}")
         check_param(self.bad_words is None or (isinstance(self.bad_words, (list, tuple)) and len(self.bad_words) <=
                                                 MAX_STOPS and all(isinstance(w, str) and w.strip() and len(w) <= MAX_STOP_CHARS
                                                                   for w in self.bad_words)),

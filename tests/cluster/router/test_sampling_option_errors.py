@@ -47,3 +47,20 @@ def test_a_stop_string_or_bad_word_past_its_length_is_refused_by_name(field):
     with pytest.raises(ValueError, match=f"{field}.*{MAX_STOP_CHARS} characters") as e:
         SamplingParams(**{field: ["w" * (MAX_STOP_CHARS + 1)]})
     assert e.value.param == field
+
+
+def test_allowed_token_ids_past_any_vocabulary_are_refused_and_a_rows_index_is_built_once():
+    """A million ids (repeats) cost the rounds' thread 0.2 s to sort, and a vocabulary-wide list was
+    rebuilt into an index for every row of every round."""
+    import torch
+
+    from specray.cluster.params import MAX_ALLOWED_IDS
+    from specray.kernels import sampling
+
+    with pytest.raises(ValueError, match="allowed_token_ids") as e:
+        SamplingParams(allowed_token_ids=[5] * (MAX_ALLOWED_IDS + 1))
+    assert e.value.param == "allowed_token_ids"
+    cfg = SamplingParams(allowed_token_ids=[3, 1, 3]).sampling_config()
+    rows = sampling.apply_logit_bias(torch.zeros(2, 5), [cfg, cfg])
+    assert rows[0].tolist() == rows[1].tolist() == [float("-inf"), 0, float("-inf"), 0, float("-inf")]
+    assert sampling._index(cfg.allowed_token_ids, "cpu") is sampling._index(cfg.allowed_token_ids, "cpu")
