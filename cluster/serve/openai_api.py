@@ -222,8 +222,12 @@ class OpenAIServer:
             return await self._sse(request, chunks)
         outs = await self._all(self._final(request, ids, params, text, name) for text, ids, name in inputs)
         outs = [prompt_only(o) for o in outs] if scoring else outs
-        choices = [completion_choice(self.tokenizer, body, params, i * body.n, o, c)
-                   for i, o in enumerate(outs) for c in o.outputs]
+
+        def render():
+            return [completion_choice(self.tokenizer, body, params, i * body.n, o, c)
+                    for i, o in enumerate(outs) for c in o.outputs]
+        decodes = body.echo or body.logprobs is not None or body.prompt_logprobs is not None
+        choices = await self.prompts.off_loop(render) if decodes else render()
         self.metrics.succeeded(outs[0].outputs[0].finish_reason)
         return {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
                 "choices": choices, "usage": usage_body(outs)}
@@ -248,15 +252,19 @@ class OpenAIServer:
             return await self._sse(request, chat_chunks(self._run, self.tokenizer, self.model_name, rid, created, ids, params,
                                                         body.include_usage, role, echoed))
         out = await self._final(request, ids, params, None, "messages")
-        choices = [{"index": c.index, "message": {"role": role, "content": echoed + c.text},
-                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
-                    "logprobs": chat_logprobs(self.tokenizer, c.token_ids, c.logprobs, params.logprobs,
-                                              skip=params.skip_special_tokens, prompt_ids=out.prompt_token_ids)}
-                   for c in out.outputs]
+
+        def render():
+            choices = [{"index": c.index, "message": {"role": role, "content": echoed + c.text},
+                        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                        "logprobs": chat_logprobs(self.tokenizer, c.token_ids, c.logprobs, params.logprobs,
+                                                  skip=params.skip_special_tokens, prompt_ids=out.prompt_token_ids)}
+                       for c in out.outputs]
+            return choices, {} if body.prompt_logprobs is None else {
+                "prompt_logprobs": vllm_prompt_logprobs(self.tokenizer, out.prompt_token_ids, out.prompt_logprobs,
+                                                        body.prompt_logprobs)}  # vLLM's, beside the choices
+        decodes = params.logprobs is not None or body.prompt_logprobs is not None
+        choices, prompt_logprobs = await self.prompts.off_loop(render) if decodes else render()
         self.metrics.succeeded(out.outputs[0].finish_reason)
-        prompt_logprobs = {} if body.prompt_logprobs is None else {
-            "prompt_logprobs": vllm_prompt_logprobs(self.tokenizer, out.prompt_token_ids, out.prompt_logprobs,
-                                                    body.prompt_logprobs)}  # vLLM's, beside the choices
         return {"id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
                 "choices": choices, "usage": usage_body([out]), **prompt_logprobs}
 

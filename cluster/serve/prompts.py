@@ -97,8 +97,13 @@ class PromptEncoder:
         except ValueError as e:  # e.g. a template that does not render the message to continue as sent
             raise PromptError(str(e), param) from None
 
-    async def _run(self, fn) -> list[int]:
+    async def _run(self, fn):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    async def off_loop(self, fn):
+        """`fn()` on the tokenizer's threads: decoding a long prompt's logprobs (a decode per position
+        and top-n entry) held the event loop, and every stream on it, for minutes."""
+        return await self._run(fn)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

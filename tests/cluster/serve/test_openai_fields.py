@@ -217,3 +217,24 @@ def test_a_bad_word_that_is_no_text_is_refused_by_name(served):
     resp = httpx.post(served[0].url + "/v1/completions", content=body,
                       headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "bad_words[1]", resp.text
+
+
+def test_logprobs_are_rendered_off_the_event_loop(served, monkeypatch):
+    """A long prompt's logprobs are a decode per position and top-n entry: on the event loop they held
+    every other stream (minutes for 256 prompts of 8k tokens with echo)."""
+    import threading
+
+    from specray.cluster.serve import openai_api, openai_completions
+
+    threads = []
+    for module, name in ((openai_api, "chat_logprobs"), (openai_completions, "completion_logprobs")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, real=real, **k: threads.append(
+            threading.current_thread().name) or real(*a, **k))
+    headers = {"Authorization": f"Bearer {KEY}"}
+    chat = httpx.post(served[0].url + "/v1/chat/completions", headers=headers, json={
+        "model": "tiny", "messages": MESSAGES, "max_tokens": 2, "logprobs": True, "top_logprobs": 2})
+    completion = httpx.post(served[0].url + "/v1/completions", headers=headers,
+                            json={"model": "tiny", "prompt": "w5 w6", "max_tokens": 2, "logprobs": 2})
+    assert chat.status_code == completion.status_code == 200
+    assert len(threads) == 2 and all(t.startswith("specray-tokenize") for t in threads), threads
