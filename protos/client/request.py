@@ -57,10 +57,16 @@ class Sampling:
         for name in ("max_tokens", "temperature", "top_p", "n", "seed", "logprobs", "num_speculative_tokens",
                      "verify_budget", "prompt_logprobs", "repetition_penalty", "truncate_prompt_tokens"):
             values[name] = getattr(self, name)  # unset optionals (None) keep the server's default
+        if _is_int(self.seed) and -2 ** 63 <= self.seed < 0:  # HTTP's negative seeds: the same draws mod 2^64
+            values["seed"] = self.seed % 2 ** 64
         for name, value in values.items():
             if value is not None:
                 _set_field(msg, name, value)
         return msg
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _refuse(field: str, message: str):
@@ -142,7 +148,8 @@ def _token_ids(prompt) -> list[int]:
         _refuse("prompt", f"a string or a sequence of token ids, got {type(prompt).__name__}")
     if not prompt:
         _refuse("prompt", "empty (no token ids)")
-    bad = next((t for t in prompt if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
-    if bad is not None or any(not 0 <= t < 2 ** 32 for t in prompt):
-        _refuse("prompt", f"token ids are integers in [0, 2^32), got {bad if bad is not None else max(prompt)!r}")
+    bad = next((t for t in prompt if isinstance(t, bool) or not isinstance(t, numbers.Integral)
+                or not 0 <= t < 2 ** 31), None)  # the wire's int32
+    if bad is not None:
+        _refuse("prompt", f"token ids are integers in [0, 2^31), got {bad!r}")
     return [int(t) for t in prompt]

@@ -6,7 +6,8 @@ from specray.client import Sampling
 from specray.client.errors import InvalidArgumentError
 
 
-@pytest.mark.parametrize("field, value", [("seed", -1), ("seed", 2**64), ("top_k", 2**40), ("temperature", "hot")])
+@pytest.mark.parametrize("field, value", [("seed", -2**63 - 1), ("seed", 2**64), ("top_k", 2**40),
+                                          ("temperature", "hot")])
 def test_a_value_the_message_cannot_hold_is_an_invalid_argument_naming_its_field(field, value):
     with pytest.raises(InvalidArgumentError, match=f"^INVALID_ARGUMENT: {field}: "):
         Sampling(**{field: value}).to_proto()
@@ -55,3 +56,23 @@ def test_a_value_the_wire_would_misread_is_refused_by_the_sdk(kwargs, field):
     (the HTTP API refuses both)."""
     with pytest.raises(InvalidArgumentError, match=field):
         Sampling(**kwargs).to_proto()
+
+
+def test_a_negative_seed_draws_as_over_http():
+    """HTTP takes seeds in [-2^63, 2^64) and folds them mod 2^63; the SDK refused negative ones (the
+    wire's uint64): it sends them mod 2^64, which the server folds to the same seed."""
+    from specray.cluster.params import choice_seed
+
+    for seed in (-1, -12345, -2**63):
+        sent = Sampling(seed=seed).to_proto().seed
+        assert choice_seed(sent, 0) == choice_seed(seed, 0) and choice_seed(sent, 3) == choice_seed(seed, 3)
+
+
+@pytest.mark.parametrize("ids, shown", [([5, 2**31 + 5], "2147483653"), ([-3, 5], "-3")])
+def test_a_token_id_the_wire_cannot_hold_is_refused_naming_it(ids, shown):
+    """The wire's ids are int32: 2^31 + 5 passed the SDK's check (2^32) and failed as a bare
+    ValueError; and the error named the largest id, not the bad one."""
+    from specray.client.request import build_request
+
+    with pytest.raises(InvalidArgumentError, match=f"prompt: .*got {shown}"):
+        build_request(ids)
