@@ -56,7 +56,9 @@ def sampling_params(sp: pb.SamplingParams, default_max_tokens: int) -> SamplingP
             presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty,
             repetition_penalty=opt("repetition_penalty", 1.0), min_tokens=sp.min_tokens,
             allowed_token_ids=list(sp.allowed_token_ids) or None, bad_words=list(sp.bad_words) or None,
-            truncate_prompt_tokens=opt("truncate_prompt_tokens", None))
+            truncate_prompt_tokens=opt("truncate_prompt_tokens", None),
+            include_stop_str_in_output=sp.include_stop_str_in_output,
+            skip_special_tokens=opt("skip_special_tokens", True))
     except ValueError as e:
         raise invalid(str(e)) from None
 
@@ -83,13 +85,17 @@ async def prompt_input(prompts: PromptEncoder, request: pb.GenerateRequest,
     if which == "token_ids":
         return None, list(request.token_ids.ids)
     go_on = request.chat.continue_final_message
+    opening = request.chat.add_generation_prompt if request.chat.HasField("add_generation_prompt") else not go_on
+    if go_on and opening:  # as the HTTP API (and vLLM)
+        raise invalid("chat.continue_final_message continues the last message, add_generation_prompt opens a new "
+                      "one: set add_generation_prompt to false")
     return None, await prompts.chat(chat_messages(request.chat), "chat.messages", truncate,
-                                    add_generation_prompt=not go_on, continue_final_message=go_on)
+                                    add_generation_prompt=opening, continue_final_message=go_on)
 
 
 # -- outputs --------------------------------------------------------------------------------
 def token_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, float]] | None,
-                   n: int | None, start: int = 0, prompt_ids=None) -> list[pb.TokenLogprob]:
+                   n: int | None, start: int = 0, prompt_ids=None, skip: bool = True) -> list[pb.TokenLogprob]:
     """Tokens [start:] of a choice (`logprobs` holds positions start onwards): each one's logprob
     and the `n` most likely tokens at its position (the drawn one among them where it ranks there).
     Token texts are decoded in context, as the HTTP API's, so they add up to the choice's text (a
@@ -101,7 +107,7 @@ def token_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, flo
     out = []
     for i, lp in enumerate(logprobs, start + shift):
         tok, top = token_ids[i], most_likely(lp, n or 0)
-        texts = pieces(tokenizer, token_ids, i, [tok] + [t for t, _ in top])
+        texts = pieces(tokenizer, token_ids, i, [tok] + [t for t, _ in top], skip)
         out.append(pb.TokenLogprob(token_id=tok, token=texts[0], logprob=lp[tok],
                                    top=[pb.TopLogprob(token_id=t, token=x, logprob=v)
                                         for x, (t, v) in zip(texts[1:], top)]))
@@ -140,7 +146,7 @@ def complete_response(tokenizer, request_id: str, model: str, out: RequestOutput
                       params: SamplingParams) -> pb.CompleteResponse:
     choices = [pb.Choice(index=c.index, text=c.text, token_ids=c.token_ids, finish=choice_finish(c),
                          logprobs=token_logprobs(tokenizer, c.token_ids, c.logprobs, params.logprobs,
-                                                 prompt_ids=out.prompt_token_ids))
+                                                 prompt_ids=out.prompt_token_ids, skip=params.skip_special_tokens))
                for c in out.outputs]
     return pb.CompleteResponse(request_id=request_id, model=model, choices=choices, usage=usage(out),
                                speculative=speculative(out.metrics),
@@ -156,8 +162,9 @@ def summary(tokenizer, request_id: str, model: str, out: RequestOutput, params: 
 class DeltaTracker:
     """Turns successive RequestOutputs of one request into per-choice deltas."""
 
-    def __init__(self, tokenizer, request_id: str, top_n: int | None):
-        self.tokenizer, self.request_id, self.top_n = tokenizer, request_id, top_n
+    def __init__(self, tokenizer, request_id: str, top_n: int | None, skip: bool = True):
+        """`skip`: the request's skip_special_tokens, for the logprobs' token texts."""
+        self.tokenizer, self.request_id, self.top_n, self.skip = tokenizer, request_id, top_n, skip
         self.choices = ChoiceDeltas()
 
     def deltas(self, out: RequestOutput) -> list[pb.GenerateResponse]:
@@ -168,7 +175,7 @@ class DeltaTracker:
             text, k0 = new
             tokens = c.token_ids[k0:]
             lps = token_logprobs(self.tokenizer, c.token_ids, c.logprobs[k0:] if c.logprobs else None, self.top_n,
-                                 start=k0, prompt_ids=out.prompt_token_ids)
+                                 start=k0, prompt_ids=out.prompt_token_ids, skip=self.skip)
             msgs.append(pb.GenerateResponse(request_id=self.request_id, delta=pb.ChoiceDelta(
                 index=c.index, text=text, token_ids=tokens, logprobs=lps,
                 finish_reason=FINISH.get(c.finish_reason, pb.FINISH_REASON_UNSPECIFIED))))

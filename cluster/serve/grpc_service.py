@@ -89,7 +89,8 @@ class GenerationService:
         start = time.monotonic()
         with self._slot():
             request_id, ids, params, prompt = await self._admit(request, call)
-            tracker, last = conv.DeltaTracker(self.tokenizer, request_id, params.logprobs), None
+            tracker = conv.DeltaTracker(self.tokenizer, request_id, params.logprobs, params.skip_special_tokens)
+            last = None
             try:
                 async for out in self._run(ids, params, prompt, call):
                     last = out

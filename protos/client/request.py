@@ -39,6 +39,8 @@ class Sampling:
     bad_words: list[str] | None = None  # never generated
     repetition_penalty: float | None = None  # divides logits of prompt and output tokens, > 0; server: 1.0
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: the model's length); None: all
+    include_stop_str_in_output: bool = False  # keep a stop string's or stop token's text in the output text
+    skip_special_tokens: bool | None = None  # special tokens out of the texts; server: True
 
     def to_proto(self) -> pb.SamplingParams:
         """The message; a value the message cannot hold (a seed past 2^64, a string for a number)
@@ -49,6 +51,8 @@ class Sampling:
         if self.allowed_token_ids is not None and len(self.allowed_token_ids) == 0:  # the wire's empty is "all"
             _refuse("allowed_token_ids", "give at least one token id (leave it out for all)")
         values = {"top_k": self.top_k, "ignore_eos": self.ignore_eos, "stop_token_ids": self.stop_token_ids,
+                  "include_stop_str_in_output": self.include_stop_str_in_output,
+                  "skip_special_tokens": self.skip_special_tokens,
                   "min_p": self.min_p, "logit_bias": self.logit_bias or {},
                   "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                   "min_tokens": self.min_tokens, "allowed_token_ids": self.allowed_token_ids or [],
@@ -73,10 +77,14 @@ def _refuse(field: str, message: str):
     raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {message}")
 
 
+BOOL_FIELDS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
+
+
 def _set_field(msg: pb.SamplingParams, name: str, value) -> None:
     """One field of the message; a value of the wrong kind for it is refused, naming it."""
-    if isinstance(value, bool) != (name == "ignore_eos"):  # True is not 1.0, "no" is not false
-        _refuse(name, f"{'true or false' if name == 'ignore_eos' else 'not a bool'}, got {value!r}")
+    flag = name in BOOL_FIELDS
+    if isinstance(value, bool) != flag:  # True is not 1.0, "no" is not false
+        _refuse(name, f"{'true or false' if flag else 'not a bool'}, got {value!r}")
     held = getattr(msg, name)  # a map or a repeated field's container, or the scalar's default
     try:
         if hasattr(held, "update"):
@@ -110,12 +118,12 @@ def _chat_message(index: int, m: Message) -> pb.ChatMessage:
 
 def build_request(prompt: Prompt | None = None, messages: Sequence[Message] | None = None,
                   model: str = "", sampling: Sampling | None = None, continue_final_message: bool = False,
-                  **kwargs) -> pb.GenerateRequest:
+                  add_generation_prompt: bool | None = None, **kwargs) -> pb.GenerateRequest:
     """A GenerateRequest from a text or token-id prompt, or chat messages (`continue_final_message`:
-    the reply continues the last one), and sampling options (a `Sampling` and/or its fields as
-    keyword arguments)."""
-    if continue_final_message and messages is None:
-        raise ValueError("continue_final_message continues the last of the messages: give messages")
+    the reply continues the last one; `add_generation_prompt`: open the assistant's turn, by default
+    unless continuing), and sampling options (a `Sampling` and/or its fields as keyword arguments)."""
+    if (continue_final_message or add_generation_prompt is not None) and messages is None:
+        raise ValueError("continue_final_message and add_generation_prompt apply to messages: give messages")
     if (prompt is None) == (messages is None):
         raise ValueError("give exactly one of a prompt (text or token ids) or messages")
     if sampling is not None and not isinstance(sampling, Sampling):
@@ -131,6 +139,8 @@ def build_request(prompt: Prompt | None = None, messages: Sequence[Message] | No
         if messages is not None:
             req.chat.messages.extend(_chat_message(i, m) for i, m in enumerate(messages))
             req.chat.continue_final_message = continue_final_message
+            if add_generation_prompt is not None:
+                req.chat.add_generation_prompt = add_generation_prompt
         elif isinstance(prompt, str):
             req.text = prompt
         else:

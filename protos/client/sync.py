@@ -109,7 +109,8 @@ class Client:
              timeout: float | None = None, continue_final_message: bool = False,
              **sampling_kwargs) -> Completion:
         """Answer a conversation ([{"role": ..., "content": ...}, ...]) with the chat template
-        (`continue_final_message`: continue the last message, e.g. a prefilled assistant reply)."""
+        (`continue_final_message`: continue the last message, e.g. a prefilled assistant reply;
+        `add_generation_prompt=False`: no assistant turn opened after the messages)."""
         request = build_request(None, messages, self._model(model), sampling, continue_final_message,
                                 **sampling_kwargs)
         return completion_from_proto(self._unary(self._stub.Complete, request, timeout))

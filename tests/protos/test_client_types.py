@@ -29,7 +29,8 @@ def test_every_sampling_field_of_the_wire_is_the_sdks_and_the_servers():
               "stop_token_ids": [7], "seed": 11, "logprobs": 1, "ignore_eos": True, "num_speculative_tokens": 2,
               "verify_budget": 4, "prompt_logprobs": 3, "min_p": 0.25, "logit_bias": {7: -2.0},
               "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.25,
-              "min_tokens": 2, "allowed_token_ids": [3, 9], "bad_words": ["foo bar"], "truncate_prompt_tokens": 6}
+              "min_tokens": 2, "allowed_token_ids": [3, 9], "bad_words": ["foo bar"], "truncate_prompt_tokens": 6,
+              "include_stop_str_in_output": True, "skip_special_tokens": False}
     assert set(values) == set(pb.SamplingParams.DESCRIPTOR.fields_by_name)
     params = sampling_params(Sampling(**values).to_proto(), default_max_tokens=16)
     for name, value in values.items():

@@ -89,6 +89,32 @@ def test_chat_continues_the_final_message(client, offline):
         client.generate(PROMPT, continue_final_message=True)
 
 
+def test_the_http_apis_text_and_template_options_reach_grpc_too(client, offline, served, monkeypatch):
+    """include_stop_str_in_output, skip_special_tokens and an independent add_generation_prompt had no
+    form on the wire: such an HTTP request could not be sent over gRPC."""
+    stop_word = offline.generate(PROMPT, GREEDY)[0].outputs[0].text.split()[2]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop_word],
+                            include_stop_str_in_output=True, skip_special_tokens=False)
+    want = offline.generate(PROMPT, params)[0].outputs[0]
+    got = client.generate(PROMPT, stop=[stop_word], include_stop_str_in_output=True, skip_special_tokens=False,
+                          **greedy())
+    assert got.text == want.text and got.text.endswith(stop_word)
+    seen, render = [], served[1].prompts.chat
+
+    async def spy(*args, **template):
+        seen.append(template["add_generation_prompt"])
+        return await render(*args, **template)
+    monkeypatch.setattr(served[1].prompts, "chat", spy)
+    unopened = offline.chat(MESSAGES, GREEDY, add_generation_prompt=False)[0]
+    got = client.chat(MESSAGES, add_generation_prompt=False, **greedy())
+    assert got.choices[0].token_ids == unopened.outputs[0].token_ids and seen == [False]
+    client.chat(MESSAGES, **greedy())
+    assert seen == [False, True]
+    with pytest.raises(InvalidArgumentError, match="add_generation_prompt"):
+        client.chat([*MESSAGES, {"role": "assistant", "content": "w30"}], continue_final_message=True,
+                    add_generation_prompt=True, **greedy())
+
+
 def test_logit_bias_and_min_p_reach_the_target(client, offline):
     banned = offline.generate(PROMPT, GREEDY)[0].outputs[0].token_ids[0]
     want = offline.generate(PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, min_p=0.1,
