@@ -108,7 +108,7 @@ def token_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, flo
     for i, lp in enumerate(logprobs, start + shift):
         tok, top = token_ids[i], most_likely(lp, n or 0)
         texts = pieces(tokenizer, token_ids, i, [tok] + [t for t, _ in top], skip)
-        out.append(pb.TokenLogprob(token_id=tok, token=texts[0], logprob=lp[tok],
+        out.append(pb.TokenLogprob(token_id=tok, token=texts[0], logprob=lp[tok], rank=getattr(lp, "rank", None),
                                    top=[pb.TopLogprob(token_id=t, token=x, logprob=v)
                                         for x, (t, v) in zip(texts[1:], top)]))
     return out

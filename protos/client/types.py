@@ -24,6 +24,7 @@ class TokenLogprob:
     token: str
     logprob: float
     top: list[TopLogprob] = field(default_factory=list)  # most likely alternatives first
+    rank: int | None = None  # the token's rank in the vocabulary (1: most likely); None where not sent
 
 
 @dataclass
@@ -107,7 +108,8 @@ class Model:
 def _logprobs(items) -> list[TokenLogprob] | None:
     if not items:
         return None
-    return [TokenLogprob(x.token_id, x.token, x.logprob, [TopLogprob(t.token_id, t.token, t.logprob) for t in x.top])
+    return [TokenLogprob(x.token_id, x.token, x.logprob, [TopLogprob(t.token_id, t.token, t.logprob) for t in x.top],
+                         x.rank if x.HasField("rank") else None)
             for x in items]
 
 

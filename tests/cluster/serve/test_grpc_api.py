@@ -236,6 +236,10 @@ def test_prompt_logprobs_unary_and_streamed(client, offline):
         [e[t].logprob for e, t in zip(want.prompt_logprobs[1:], want.prompt_token_ids[1:])], rel=1e-6)
     assert all([t.token_id for t in x.top] == [t for t, lp in sorted(e.items(), key=lambda kv: kv[1].rank or 99)][:2]
                for x, e in zip(got.prompt_logprobs, want.prompt_logprobs[1:]))
+    # each prompt token's rank in the vocabulary, also below the top 2 (HTTP's vLLM form had it, gRPC dropped it)
+    assert [x.rank for x in got.prompt_logprobs] == [e[t].rank for e, t in zip(want.prompt_logprobs[1:],
+                                                                             want.prompt_token_ids[1:])]
+    assert any(x.rank > 2 for x in got.prompt_logprobs)
     stream = client.stream(PROMPT, **{**greedy(prompt_logprobs=2), "max_tokens": 4})
     list(stream)
     assert stream.summary.prompt_logprobs == got.prompt_logprobs
