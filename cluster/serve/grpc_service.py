@@ -99,7 +99,7 @@ class GenerationService:
             except (asyncio.CancelledError, GeneratorExit):  # closed at a yield: GeneratorExit
                 self._left(start, call)
                 raise
-            summary = conv.summary(self.tokenizer, request_id, self.model_name, last, params)
+            summary = await self._render(params, conv.summary, self.tokenizer, request_id, self.model_name, last, params)
             self.metrics.succeeded(last.outputs[0].finish_reason)
         yield summary
 
@@ -115,7 +115,8 @@ class GenerationService:
             except asyncio.CancelledError:
                 self._left(start, call)
                 raise
-            response = conv.complete_response(self.tokenizer, request_id, self.model_name, last, params)
+            response = await self._render(params, conv.complete_response, self.tokenizer, request_id, self.model_name,
+                                          last, params)
             self.metrics.succeeded(last.outputs[0].finish_reason)
             return response
 
@@ -150,6 +151,13 @@ class GenerationService:
     def refuse(self, error: GrpcAbort) -> GrpcAbort:
         """Count a request refused before it reached the service (a malformed message)."""
         return self._fail(error.code, error.details)
+
+    async def _render(self, params, build, *args):
+        """`build(*args)`; on the tokenizer's threads where it decodes logprobs (a decode per position and
+        top-n entry held the event loop, and every other call on it)."""
+        if params.logprobs is None and params.prompt_logprobs is None:
+            return build(*args)
+        return await self.prompts.off_loop(lambda: build(*args))
 
     @contextmanager
     def _slot(self):

@@ -266,3 +266,18 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client, offline):
         client.generate(PROMPT, truncate_prompt_tokens=0)
     with pytest.raises(InvalidArgumentError, match="truncate_prompt_tokens"):
         client.generate(PROMPT, truncate_prompt_tokens=10**6)
+
+
+def test_logprobs_are_rendered_off_the_event_loop(client, monkeypatch):
+    """As over HTTP: a long prompt's logprobs (a decode per position and top-n entry) held the server's
+    event loop, and every other call on it."""
+    import threading
+
+    from specray.cluster.serve import grpc_convert
+
+    threads, real = [], grpc_convert.prompt_logprobs
+    monkeypatch.setattr(grpc_convert, "prompt_logprobs", lambda *a: threads.append(
+        threading.current_thread().name) or real(*a))
+    client.generate(PROMPT, **{**greedy(prompt_logprobs=1), "max_tokens": 2})
+    list(client.stream(PROMPT, **{**greedy(prompt_logprobs=1), "max_tokens": 2}))
+    assert len(threads) == 2 and all(t.startswith("specray-tokenize") for t in threads), threads
