@@ -125,6 +125,10 @@ class SamplingParams:
                     f"at most {MAX_STOPS} stop strings and {MAX_STOPS} stop_token_ids")
         check_param(all(len(s) <= MAX_STOP_CHARS for s in self.stop), "stop",
                     f"a stop string has at most {MAX_STOP_CHARS} characters")
+        for name in ("stop", "bad_words"):  # a lone surrogate ("\ud800") is no text: the tokenizer raised
+            words = getattr(self, name) or []
+            check_param(all(_is_text(w) for w in words if isinstance(w, str)), name,
+                        f"{name} must be valid Unicode text (no unpaired surrogates)")
         check_param(self.num_speculative_tokens is None or (_is_int(self.num_speculative_tokens)
                                                             and self.num_speculative_tokens >= 0),
                     "num_speculative_tokens",
@@ -252,6 +256,14 @@ def check_param(ok: bool, param: str | None, message: str) -> None:
 def choice_seed(seed: int | None, index: int) -> int | None:
     """Choice `index`'s sampler seed: seed + index folded into [0, MAX_SEED], the pools' int64 range."""
     return None if seed is None else (seed + index) % (MAX_SEED + 1)
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def _short(value) -> str:

@@ -56,7 +56,7 @@ class SpecrayServer:
     def _max_calls(self) -> int:
         """Calls each API takes at once (as Serve's proxy would queue): what the router may run and
         queue, and some; more are refused at once with 503 / UNAVAILABLE (health checks, metrics and
-        model lists never are)."""
+        gRPC's model list never are)."""
         r = self.config.router
         return r.max_num_seqs + 2 * r.max_waiting + 16
 

@@ -139,7 +139,8 @@ def prompt_logprobs(tokenizer, out: RequestOutput, params: SamplingParams) -> li
     """The prompt's tokens from the second, each one's logprob and the prompt_logprobs most likely there."""
     if out.prompt_logprobs is None:
         return []
-    return token_logprobs(tokenizer, out.prompt_token_ids, out.prompt_logprobs[1:], params.prompt_logprobs, start=1)
+    return token_logprobs(tokenizer, out.prompt_token_ids, out.prompt_logprobs[1:], params.prompt_logprobs, start=1,
+                          skip=params.skip_special_tokens)
 
 
 def complete_response(tokenizer, request_id: str, model: str, out: RequestOutput,

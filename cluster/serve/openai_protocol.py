@@ -85,6 +85,8 @@ EFFECTS = {"priority": "it would schedule the request by priority",
            "return_token_ids": "it would add token ids to the response",
            "kv_transfer_params": "it would move the request's KV cache between servers"}
 
+MAX_REQUEST_ID_CHARS = 256
+
 # the server's settings a request may try to send -> where they are set
 SERVER_SETTINGS = {"speculative_config": "specray serve --speculative-config",
                    "num_drafts": "specray serve --num-drafts", "block_length": "specray serve --block-length",
@@ -179,6 +181,10 @@ class _Common(BaseModel):
             _check_text(stop, f"stop[{i}]")
         for i, word in enumerate(self.bad_words or []):  # the tokenizer raised on a lone surrogate: a 500
             _check_text(word, f"bad_words[{i}]")
+        if self.request_id is not None:  # it goes out in every chunk of a stream
+            _check_text(self.request_id, "request_id")
+            if len(self.request_id) > MAX_REQUEST_ID_CHARS:
+                raise ApiError(400, f"request_id has at most {MAX_REQUEST_ID_CHARS} characters", param="request_id")
         try:
             return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                                   seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,

@@ -196,9 +196,12 @@ def test_a_shut_down_router_releases_its_sequences_on_the_drafter(drafter, tiny_
             await stream.__anext__()
         return stream
 
-    stream = asyncio.run(start())
-    assert endpoint.worker.seqs  # the drafter holds the running sequence
-    router.shutdown()
-    pool.close()
-    assert not endpoint.worker.seqs
-    del stream
+    loop = asyncio.new_event_loop()  # not asyncio.run: it would close the stream, which aborts the request
+    try:
+        stream = loop.run_until_complete(start())
+        assert endpoint.worker.seqs  # the drafter holds the running sequence
+        router.shutdown()
+        pool.close()
+        assert not endpoint.worker.seqs and stream.ag_running is False
+    finally:
+        loop.close()

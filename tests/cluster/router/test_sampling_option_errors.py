@@ -64,3 +64,11 @@ def test_allowed_token_ids_past_any_vocabulary_are_refused_and_a_rows_index_is_b
     rows = sampling.apply_logit_bias(torch.zeros(2, 5), [cfg, cfg])
     assert rows[0].tolist() == rows[1].tolist() == [float("-inf"), 0, float("-inf"), 0, float("-inf")]
     assert sampling._index(cfg.allowed_token_ids, "cpu") is sampling._index(cfg.allowed_token_ids, "cpu")
+
+
+@pytest.mark.parametrize("field", ["stop", "bad_words"])
+def test_a_stop_string_or_bad_word_that_is_no_text_is_refused_by_name(field):
+    """A lone surrogate: the offline API raised the tokenizer's UnicodeEncodeError."""
+    with pytest.raises(ValueError, match="valid Unicode") as e:
+        SamplingParams(**{field: ["w5", "\ud800"]})
+    assert e.value.param == field

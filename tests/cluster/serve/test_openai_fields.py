@@ -43,6 +43,7 @@ def test_a_refused_sampling_parameter_is_named_in_param(field, value):
     ({"messages": MESSAGES, "speculative_config": {"method": "ngram"}}, "speculative_config"),
     ({"messages": MESSAGES, "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     # vLLM's serving options it would act on: refused, not dropped
+    ({"messages": MESSAGES, "request_id": "r" * 257}, "request_id"),  # it goes out in every chunk
     ({"messages": MESSAGES, "cache_salt": "tenant-a"}, "cache_salt"),
     ({"messages": MESSAGES, "priority": 5}, "priority"),
     ({"messages": MESSAGES, "documents": [{"text": "w7"}]}, "documents"),
