@@ -63,28 +63,37 @@ def bounded_protocol(header_timeout_s: float = HEADER_TIMEOUT_S):
                 # a pipelined request whose head came during the last response runs now: arrived
                 cycle = getattr(self, "cycle", None)
                 self._head_done = cycle is not None and not cycle.response_complete
-                self._head_bytes = 0
                 super()._arm_head_deadline()
+
+            def connection_made(self, transport) -> None:
+                self._in_head, self._head_bytes = True, 0  # the parser reads a head until its end
+                super().connection_made(transport)
 
             def data_received(self, data: bytes) -> None:
                 """httptools buffers a head whole, whatever its size (the app's 431 came after 100 MB
-                of it, in quadratic time): bytes past MAX_HEAD_BYTES before the head ends close the
-                connection with a 431."""
-                if self._head_done:
-                    return super().data_received(data)
-                room = MAX_HEAD_BYTES - self._head_bytes
-                self._head_bytes += min(len(data), room)
-                super().data_received(data[:room])  # may end the head
-                if len(data) <= room or self.transport.is_closing():
-                    return
-                if self._head_done:
-                    return super().data_received(data[room:])
-                self.transport.write(HEAD_TOO_LARGE)
-                self.transport.close()
+                of it, in quadratic time): bytes fed while a head is read (the first one's, or a
+                pipelined one's after a body) past MAX_HEAD_BYTES close the connection with a 431."""
+                while data and self._in_head and not self.transport.is_closing():
+                    room = MAX_HEAD_BYTES - self._head_bytes
+                    if room <= 0:
+                        cycle = getattr(self, "cycle", None)
+                        if cycle is None or cycle.response_complete:  # not inside a pipelined one's response
+                            self.transport.write(HEAD_TOO_LARGE)
+                        self.transport.close()
+                        return
+                    piece, data = data[:room], data[room:]
+                    self._head_bytes += len(piece)
+                    super().data_received(piece)  # may end the head (and a body, and start the next head)
+                if data and not self.transport.is_closing():
+                    super().data_received(data)  # a body
 
             def on_headers_complete(self) -> None:
-                self._head_done = True
+                self._head_done, self._in_head = True, False
                 super().on_headers_complete()
+
+            def on_message_complete(self) -> None:
+                self._in_head, self._head_bytes = True, 0  # what follows is the next request's head
+                super().on_message_complete()
 
             def _head_arrived(self) -> bool:
                 return self._head_done

@@ -111,3 +111,25 @@ def test_a_head_past_its_bytes_is_cut_off_before_it_ends():
         head = f"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
         got = exchange(server.url, head + body, seconds=5 * DEADLINE_S)
         assert got.startswith(b"HTTP/1.1 200") and f'"bytes":{len(body)}'.encode() in got, got
+
+
+def test_a_pipelined_head_past_its_bytes_is_cut_off_too():
+    """A huge head pipelined behind a slow request was fed to the parser unchecked while the first
+    response ran (until the head deadline, 10 s by default): the connection now closes once its
+    bytes pass the bound."""
+    from specray.cluster.serve.http_server import MAX_HEAD_BYTES
+
+    with BackgroundServer(app, header_timeout_s=20 * DEADLINE_S) as server:
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30 * DEADLINE_S) as conn:
+            start = time.monotonic()
+            conn.sendall(request("/slow") + b"GET /fast HTTP/1.1\r\nHost: x\r\nX-Big: ")
+            try:
+                for _ in range(4 * MAX_HEAD_BYTES // 65536):
+                    conn.sendall(b"a" * 65536)
+                while conn.recv(65536):
+                    pass
+            except OSError:  # reset on us
+                pass
+            elapsed = time.monotonic() - start
+    assert elapsed < 10 * DEADLINE_S, elapsed  # not the head deadline's 20 x
