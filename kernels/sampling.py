@@ -7,6 +7,7 @@ one per sequence (per-request seeds, reproducible whatever else is in the batch)
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -62,19 +63,25 @@ class SamplingConfig:
         return SamplingConfig(self.temperature, self.top_k, self.top_p)
 
 
-_INDEXES: dict[int, tuple[tuple[int, ...], torch.Tensor]] = {}  # id(ids) -> (ids, their index tensor)
-MAX_INDEXES = 256
+# id(ids) -> (ids, their index tensor); the tuple is held, so its id is not reused while cached
+_INDEXES: dict[int, tuple[tuple[int, ...], torch.Tensor]] = {}
+_INDEXES_LOCK = threading.Lock()  # engines on several threads (one LLM each) share it
+MAX_INDEXED_IDS = 1 << 20  # ids held at most (the oldest go first): the tuples outlive their requests
+MIN_INDEXED_IDS = 1024  # a shorter list is cheap to rebuild
 
 
 def _index(ids: tuple[int, ...], device) -> torch.Tensor:
     """`ids` as an index tensor, built once per tuple (a sequence's config keeps its own across rounds):
     a list of the whole vocabulary rebuilt for every row of every round cost a round 0.2 s."""
-    hit = _INDEXES.get(id(ids))
-    if hit is None or hit[0] is not ids or hit[1].device != torch.device(device):
-        if len(_INDEXES) >= MAX_INDEXES:
-            _INDEXES.pop(next(iter(_INDEXES)))
-        hit = _INDEXES[id(ids)] = (ids, torch.tensor(ids, dtype=torch.long, device=device))
-    return hit[1]
+    if len(ids) < MIN_INDEXED_IDS:
+        return torch.tensor(ids, dtype=torch.long, device=device)
+    with _INDEXES_LOCK:
+        hit = _INDEXES.get(id(ids))
+        if hit is None or hit[0] is not ids or hit[1].device != torch.device(device):
+            while _INDEXES and sum(len(t) for t, _ in _INDEXES.values()) + len(ids) > MAX_INDEXED_IDS:
+                _INDEXES.pop(next(iter(_INDEXES)))
+            hit = _INDEXES[id(ids)] = (ids, torch.tensor(ids, dtype=torch.long, device=device))
+        return hit[1]
 
 
 def apply_logit_bias(logits: torch.Tensor, configs: list[SamplingConfig]) -> torch.Tensor:

@@ -63,7 +63,11 @@ def test_allowed_token_ids_past_any_vocabulary_are_refused_and_a_rows_index_is_b
     cfg = SamplingParams(allowed_token_ids=[3, 1, 3]).sampling_config()
     rows = sampling.apply_logit_bias(torch.zeros(2, 5), [cfg, cfg])
     assert rows[0].tolist() == rows[1].tolist() == [float("-inf"), 0, float("-inf"), 0, float("-inf")]
-    assert sampling._index(cfg.allowed_token_ids, "cpu") is sampling._index(cfg.allowed_token_ids, "cpu")
+    wide = SamplingParams(allowed_token_ids=list(range(0, 2 * sampling.MIN_INDEXED_IDS, 2))).sampling_config()
+    assert sampling._index(wide.allowed_token_ids, "cpu") is sampling._index(wide.allowed_token_ids, "cpu")
+    for _ in range(sampling.MAX_INDEXED_IDS // len(wide.allowed_token_ids) + 2):  # the cache stays bounded
+        sampling._index(tuple(list(wide.allowed_token_ids)), "cpu")  # a new tuple each time
+    assert sum(len(t) for t, _ in sampling._INDEXES.values()) <= sampling.MAX_INDEXED_IDS
 
 
 @pytest.mark.parametrize("field", ["stop", "bad_words"])
