@@ -218,7 +218,8 @@ class OpenAIServer:
         if body.stream:
             run = (lambda *a: prompts_only(self._run(*a))) if scoring else self._run
             chunks = completion_chunks(run, self.tokenizer, self.model_name, rid, created, inputs, params, body.n,
-                                       body.include_usage, Echo.of(body, self.tokenizer, params.skip_special_tokens))
+                                       body.include_usage, Echo.of(body, self.tokenizer, params.skip_special_tokens),
+                                       self.prompts.off_loop)
             return await self._sse(request, chunks)
         outs = await self._all(self._final(request, ids, params, text, name) for text, ids, name in inputs)
         outs = [prompt_only(o) for o in outs] if scoring else outs

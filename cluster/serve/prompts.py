@@ -60,6 +60,8 @@ class PromptEncoder:
         longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
         self.max_chars = max_model_len * longest * NORMALIZER_SLACK
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="specray-tokenize")
+        # responses' logprob texts: apart, so that a long one does not hold back new prompts' tokenizing
+        self._render = ThreadPoolExecutor(1, thread_name_prefix="specray-render")
 
     @classmethod
     def for_limits(cls, tokenizer, limits) -> "PromptEncoder":
@@ -101,9 +103,10 @@ class PromptEncoder:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
     async def off_loop(self, fn):
-        """`fn()` on the tokenizer's threads: decoding a long prompt's logprobs (a decode per position
-        and top-n entry) held the event loop, and every stream on it, for minutes."""
-        return await self._run(fn)
+        """`fn()` on a thread of its own: decoding a long prompt's logprobs (a decode per position and
+        top-n entry) held the event loop, and every stream on it, for minutes."""
+        return await asyncio.get_running_loop().run_in_executor(self._render, fn)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._render.shutdown(wait=False, cancel_futures=True)

@@ -280,4 +280,4 @@ def test_logprobs_are_rendered_off_the_event_loop(client, monkeypatch):
         threading.current_thread().name) or real(*a))
     client.generate(PROMPT, **{**greedy(prompt_logprobs=1), "max_tokens": 2})
     list(client.stream(PROMPT, **{**greedy(prompt_logprobs=1), "max_tokens": 2}))
-    assert len(threads) == 2 and all(t.startswith("specray-tokenize") for t in threads), threads
+    assert len(threads) == 2 and all(t.startswith("specray-render") for t in threads), threads

@@ -238,4 +238,10 @@ def test_logprobs_are_rendered_off_the_event_loop(served, monkeypatch):
     completion = httpx.post(served[0].url + "/v1/completions", headers=headers,
                             json={"model": "tiny", "prompt": "w5 w6", "max_tokens": 2, "logprobs": 2})
     assert chat.status_code == completion.status_code == 200
-    assert len(threads) == 2 and all(t.startswith("specray-tokenize") for t in threads), threads
+    assert len(threads) == 2 and all(t.startswith("specray-render") for t in threads), threads
+    echoed, real_echo = [], openai_completions.echo_logprobs  # a stream's echo chunk: every prompt position
+    monkeypatch.setattr(openai_completions, "echo_logprobs", lambda *a: echoed.append(
+        threading.current_thread().name) or real_echo(*a))
+    streamed = httpx.post(served[0].url + "/v1/completions", headers=headers, json={
+        "model": "tiny", "prompt": "w5 w6 w7", "max_tokens": 2, "logprobs": 1, "echo": True, "stream": True})
+    assert streamed.status_code == 200 and echoed and all(t.startswith("specray-render") for t in echoed), echoed
