@@ -7,6 +7,7 @@ from typing import Any
 from specray.kernels.drafters import registry
 from specray.kernels.loader import DEFAULT_DRAFTS, TARGET_DRAFTS
 
+DEFAULT_BODY_TIMEOUT_S = 60.0  # a request body must arrive whole within this of its head (8 MiB at ~1 Mbit/s)
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024  # HTTP body / gRPC message: far above a full context of token ids
 
 # A round's prompt tokens (chunked prefill; `max_prefill_tokens: auto`). On a CPU a round's time

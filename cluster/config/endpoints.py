@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from specray.cluster.config.defaults import DEFAULT_MAX_REQUEST_BYTES
+from specray.cluster.config.defaults import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES
 from specray.cluster.config.pools import Strict
 
 
@@ -29,6 +29,8 @@ class HttpConfig(Strict):
     max_request_bytes: int = Field(DEFAULT_MAX_REQUEST_BYTES, ge=1024, description="larger bodies get 413")
     keep_alive_timeout_s: float = Field(5.0, gt=0, description="idle connections close after this")
     header_timeout_s: float = Field(10.0, gt=0, description="replica server: a request head must arrive within this")
+    body_timeout_s: float = Field(DEFAULT_BODY_TIMEOUT_S, gt=0, description="a request body must arrive whole within this of "
+                                  "its head (408): raise it with max_request_bytes for slow links")
 
     def resolved_api_key(self) -> str | None:
         """The key both APIs require: `api_key`, else `api_key_file`'s, else the `api_key_env`

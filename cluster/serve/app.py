@@ -26,7 +26,7 @@ class SpecrayServer:
         self.runtime = build_runtime(self.config)
         rt, cfg = self.runtime, self.config
         self.http = OpenAIServer(rt.async_router, rt.tokenizer, cfg.model_name, rt.api_key, cfg.http.default_max_tokens,
-                                 cfg.http.max_request_bytes, self._max_calls())
+                                 cfg.http.max_request_bytes, self._max_calls(), cfg.http.body_timeout_s)
         self.generation = GenerationService(rt.async_router, rt.tokenizer, cfg.model_name, api_key=rt.api_key,
                                             metrics=self.http.metrics, default_max_tokens=cfg.http.default_max_tokens,
                                             speculative_method=cfg.speculative_method or "", max_calls=self._max_calls())

@@ -20,7 +20,6 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_HEAD_BYTES = 2 * MAX_HEADER_BYTES  # the raw head, request line and separators included: the app's 431 is the exact one
 HEAD_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
                   b"connection: close\r\ncontent-length: 28\r\n\r\nrequest head is over 128 KiB")
-BODY_TIMEOUT_S = 60.0  # a request body must arrive whole within this of its head (8 MiB at ~1 Mbit/s)
 
 
 class _HeadDeadline:

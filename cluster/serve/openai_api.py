@@ -25,10 +25,10 @@ from specray.cluster.router.async_router import AsyncRouter
 from specray.cluster.router.failures import request_failed
 from specray.cluster.serve import errors
 from specray.cluster.serve.auth import authorized
-from specray.cluster.config.defaults import DEFAULT_MAX_REQUEST_BYTES
+from specray.cluster.config.defaults import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES
 from specray.cluster.serve.middleware import CallLimit, KeyGuard, RequestLimits
 from specray.cluster.serve.errors import REQUEST_ERRORS, status_of
-from specray.cluster.serve.http_server import BODY_TIMEOUT_S, MAX_HEADER_BYTES
+from specray.cluster.serve.http_server import MAX_HEADER_BYTES
 from specray.cluster.serve.metrics import ServingMetrics
 from specray.cluster.serve.openai_chunks import chat_chunks, completion_chunks, usage_body
 from specray.cluster.serve.openai_completions import Echo, completion_choice, prompt_only, prompts_only
@@ -43,8 +43,10 @@ DISCONNECT_POLL_S = 0.5
 class OpenAIServer:
     def __init__(self, router: AsyncRouter, tokenizer, model_name: str, api_key: str | None = None,
                  default_max_tokens: int = 256, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                 max_calls: int | None = None):
-        """`max_calls`: calls in flight at most (health checks and metrics aside); more get 503."""
+                 max_calls: int | None = None, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S):
+        """`max_calls`: calls in flight at most (health checks and metrics aside); more get 503.
+        `body_timeout_s`: a request body must arrive whole within it (408)."""
+        self.body_timeout_s = body_timeout_s
         self.router, self.tokenizer, self.model_name = router, tokenizer, model_name
         self.api_key, self.default_max_tokens = api_key, default_max_tokens
         self.metrics = ServingMetrics(router)
@@ -59,7 +61,7 @@ class OpenAIServer:
         # Plain ASGI middlewares: Starlette's BaseHTTPMiddleware would hide a client's disconnect
         app.add_middleware(RequestLimits, max_bytes=max_request_bytes,
                            reject=lambda message: self._error(ApiError.of(errors.TOO_LARGE, message)),
-                           max_header_bytes=MAX_HEADER_BYTES, body_timeout_s=BODY_TIMEOUT_S,
+                           max_header_bytes=MAX_HEADER_BYTES, body_timeout_s=self.body_timeout_s,
                            reject_headers=lambda message: self._error(ApiError.of(errors.HEADERS_TOO_LARGE, message)))
         app.add_middleware(KeyGuard, allowed=self._allowed,
                            reject=lambda: self._error(ApiError.of(errors.UNAUTHENTICATED, "missing or wrong API key")))

@@ -75,3 +75,22 @@ def test_a_fractional_keep_alive_reaches_serves_proxy_in_whole_seconds():
 
     assert HTTPOptions(keep_alive_timeout_s=proxy_keep_alive(HttpConfig(keep_alive_timeout_s=5.5))).keep_alive_timeout_s == 6
     assert proxy_keep_alive(HttpConfig(keep_alive_timeout_s=0.2)) == 1
+
+
+def test_the_body_deadline_is_the_configs():
+    """Fixed at 60 s, a larger max_request_bytes over a slow link got 408s nothing could lift."""
+    from specray.cluster.serve.middleware import RequestLimits
+    from specray.cluster.serve.openai_api import OpenAIServer
+
+    class Router:
+        class router:
+            class config:
+                max_model_len, block_length = 64, 1
+
+    class Tokenizer:
+        def get_vocab(self):
+            return {"a": 0}
+
+    app = OpenAIServer(Router(), Tokenizer(), "m", body_timeout_s=123.0).app
+    limits = [m.kwargs for m in app.user_middleware if m.cls is RequestLimits]
+    assert limits and limits[0]["body_timeout_s"] == 123.0
