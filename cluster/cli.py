@@ -16,11 +16,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default="smollm2-135m", help="alias, HF checkpoint folder or .gguf file")
     g.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
-    g.add_argument("--device", default="cpu")
+    g.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
     g.add_argument("--kernels", default="exact", choices=["exact", "fast"],
                    help="the target's CPU kernels on GGUF weights: exact (the fp32 model) or fast (8-bit "
                         "activations, a 16-bit KV cache)")
-    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-model-len", type=int, default=None,
+                   help="context length served, prompt and output (default: the model's, as the KV cache allows)")
     g.add_argument("--kv-cache-tokens", type=int, default=16384, help="target KV cache size in tokens")
     from specray.cluster.args import json_object
 
@@ -203,13 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--file", help="prompts, one per line (.txt) or JSONL with 'prompt' or Spec-Bench 'turns'")
     gen.add_argument("--no-chat-template", dest="chat_template", action="store_false",
                      help="send the raw prompt instead of applying the model's chat template")
-    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most a prompt (default 128)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's mass, in (0, 1] (default 1: off)")
+    gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: off)")
+    gen.add_argument("--seed", type=int, default=None, help="seed of sampled decoding (default: unseeded)")
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
-    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--ignore-eos", action="store_true", help="generate past the end-of-sequence token")
     add_model_args(gen)
     gen.set_defaults(func=cmd_generate)
     from specray.cluster.bench.cli import add_bench_parser

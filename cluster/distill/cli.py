@@ -118,8 +118,8 @@ def add_distill_parser(sub) -> None:
                         "packaged smollm2-135m-draft; trained to unmask the target's responses)")
     m.add_argument("--window", type=positive_int, default=512,
                    help="longspec: the draft's self-attention window (its constant-size ring buffer)")
-    m.add_argument("--hidden-size", type=positive_int, default=256)
-    m.add_argument("--num-layers", type=positive_int, default=3)
+    m.add_argument("--hidden-size", type=positive_int, default=256, help="the draft's hidden size (default 256)")
+    m.add_argument("--num-layers", type=positive_int, default=3, help="the draft's decoder layers (default 3)")
     m.add_argument("--intermediate-size", type=positive_int, default=None, help="default: the target's")
     m.add_argument("--source-layers", default=None, help="target layers to start from, e.g. 0,15,29 "
                    "(default: evenly spaced)")
@@ -129,21 +129,26 @@ def add_distill_parser(sub) -> None:
     m.add_argument("--train-vocab-k", type=non_negative_int, default=0,
                    help="train the head on the k most frequent tokens only (VocabTrim-aware; cheap on CPU); "
                         "0: the full vocabulary")
-    m.add_argument("--save-dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    m.add_argument("--save-dtype", default="float16", choices=["float16", "bfloat16", "float32"],
+                   help="the written draft's weights (default float16)")
     t = p.add_argument_group("training")
-    t.add_argument("--epochs", type=positive_float, default=2.0)
-    t.add_argument("--batch-size", type=positive_int, default=16)
-    t.add_argument("--lr", type=positive_float, default=1e-3)
-    t.add_argument("--max-len", type=positive_int, default=512)
-    t.add_argument("--checkpoint-every", type=positive_int, default=100)
+    t.add_argument("--epochs", type=positive_float, default=2.0, help="passes over the data (default 2; fractions too)")
+    t.add_argument("--batch-size", type=positive_int, default=16, help="sequences a training step (default 16)")
+    t.add_argument("--lr", type=positive_float, default=1e-3, help="peak learning rate (default 1e-3)")
+    t.add_argument("--max-len", type=positive_int, default=512, help="tokens a training sequence at most (default 512)")
+    t.add_argument("--checkpoint-every", type=positive_int, default=100,
+                   help="steps between resumable checkpoints (default 100)")
     t.add_argument("--max-train-seconds", type=positive_float, default=None, help="stop training early after this long")
-    t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="where to train (default: cuda when there is one, else cpu)")
     t.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
-    t.add_argument("--autocast", default="auto", choices=["auto", "bf16", "none"])
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--autocast", default="auto", choices=["auto", "bf16", "none"],
+                   help="mixed precision: auto (bf16 on a GPU, fp32 on CPU), bf16 or none")
+    t.add_argument("--seed", type=int, default=0, help="seed of the data order and initialisation (default 0)")
     e = p.add_argument_group("evaluation")
     e.add_argument("--eval-prompts", type=non_negative_int, default=16, help="held-out seed prompts (never trained on)")
-    e.add_argument("--eval-max-tokens", type=positive_int, default=64)
+    e.add_argument("--eval-max-tokens", type=positive_int, default=64,
+                   help="tokens generated a held-out prompt in the evaluation (default 64)")
     e.add_argument("--eval-k", type=non_negative_int_list, default=[2, 3, 4],
                    help="num_speculative_tokens to evaluate (0: skip the speculation evaluation)")
     p.set_defaults(func=cmd_distill)

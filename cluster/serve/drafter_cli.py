@@ -7,6 +7,7 @@ import argparse
 import json
 
 from specray.cluster.args import json_object, non_negative_int, positive_int
+from specray.cluster.config.defaults import DEFAULT_LOOKUP_MIN
 from specray.kernels.drafters.registry import METHODS
 
 DRAFTER_BLOCK_SIZE = 16  # the router's default block size; the drafter's KV is its own
@@ -16,7 +17,8 @@ def add_drafter_parser(sub) -> None:
     p = sub.add_parser("drafter", help="serve a draft pool over gRPC (the router's grpc transport)",
                        description="Runs a Drafter service outside the Ray cluster; point `specray serve "
                                    "--transport grpc --drafter-address host:port` at it.")
-    p.add_argument("--method", default="ngram", choices=list(METHODS))
+    p.add_argument("--method", default="ngram", choices=list(METHODS),
+                   help="the draft method served (default ngram); specray serve checks it matches its own")
     p.add_argument("--model", help="draft checkpoint (draft_model, eagle, longspec); the target's tokenizer folder (aded)")
     p.add_argument("--tree", type=json_object, help="draft_model trees, as in speculative_config, e.g. "
                                                      "'{\"kind\": \"rsd_c\", \"branching\": [2, 2, 1]}'")
@@ -29,8 +31,10 @@ def add_drafter_parser(sub) -> None:
     p.add_argument("--num-layers", type=positive_int, help="keep only the draft's first layers")
     p.add_argument("--layer-parallel", type=positive_int, help="draft_model: EasySpec layer-parallel drafting, middle "
                                                       "layers in groups of this many (1: ordinary drafting)")
-    p.add_argument("--prompt-lookup-min", type=int, default=1)
-    p.add_argument("--prompt-lookup-max", type=int, default=4)
+    p.add_argument("--prompt-lookup-min", type=int, default=DEFAULT_LOOKUP_MIN,
+                   help=f"ngram: shortest suffix matched in the context (default {DEFAULT_LOOKUP_MIN}, as specray serve's)")
+    p.add_argument("--prompt-lookup-max", type=int, default=4,
+                   help="ngram: longest suffix matched in the context (default 4)")
     p.add_argument("--lookup-first", action="store_true", help="draft_model / eagle: prompt lookup first: a draft model proposes only where the last tokens never occurred before")
     p.add_argument("--dtype", default="float32", help="draft weights' dtype: float32 | bfloat16 | float16 | auto "
                    "(float32)")

@@ -1,4 +1,4 @@
-"""`specray bench`: every option explains itself, and every method looks different in the plots."""
+"""Every command's options explain themselves (`specray bench`'s too), and every method looks different in the plots."""
 
 import argparse
 
@@ -10,6 +10,22 @@ from specray.cluster.cli import build_parser
 def subcommands(parser: argparse.ArgumentParser) -> dict:
     (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     return action.choices
+
+
+def test_every_option_of_every_command_has_help_text():
+    """generate, drafter and distill had options without any (their defaults were shown nowhere)."""
+    def missing(parser, path):
+        found = [(path, a.option_strings[0]) for a in parser._actions
+                 if a.option_strings and not a.help and "-h" not in a.option_strings]
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    found += missing(child, f"{path} {name}")
+        return found
+
+    parser = build_parser()
+    assert {"generate", "serve", "drafter", "distill", "bench"} <= set(subcommands(parser))
+    assert missing(parser, "specray") == []
 
 
 def test_every_bench_option_has_help_text():
