@@ -32,6 +32,14 @@ class HttpConfig(Strict):
     body_timeout_s: float = Field(DEFAULT_BODY_TIMEOUT_S, gt=0, description="a request body must arrive whole within this of "
                                   "its head (408): raise it with max_request_bytes for slow links")
 
+    @model_validator(mode="after")
+    def _one_key(self) -> "HttpConfig":
+        if self.api_key is not None and not self.api_key.strip():  # `--api-key "$KEY"` with KEY unset
+            raise ValueError("http.api_key is empty, which would serve without a key: give a key or leave it out")
+        if self.api_key and self.api_key_file:
+            raise ValueError("http.api_key and http.api_key_file are two keys: give one")
+        return self
+
     def resolved_api_key(self) -> str | None:
         """The key both APIs require: `api_key`, else `api_key_file`'s, else the `api_key_env`
         variable's; None: no key."""

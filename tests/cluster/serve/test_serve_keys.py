@@ -94,3 +94,14 @@ def test_the_body_deadline_is_the_configs():
     app = OpenAIServer(Router(), Tokenizer(), "m", body_timeout_s=123.0).app
     limits = [m.kwargs for m in app.user_middleware if m.cls is RequestLimits]
     assert limits and limits[0]["body_timeout_s"] == 123.0
+
+
+@pytest.mark.parametrize("http, words", [({"api_key": ""}, "empty"), ({"api_key": "  "}, "empty"),
+                                         ({"api_key": "a", "api_key_file": "/k"}, "two keys")])
+def test_an_empty_key_or_two_keys_are_refused(http, words):
+    """`--api-key "$KEY"` with KEY unset served without a key, silently; a key and a key file, the
+    inline one won."""
+    from specray.cluster.config.serve import ServeConfig
+
+    with pytest.raises(ValueError, match=words):
+        ServeConfig.from_dict({"http": http})
