@@ -92,6 +92,11 @@ def speculative_config(args) -> dict | None:
         return None
     default = default_speculative_config(args.model, getattr(args, "device", "cpu"))
     method = args.speculative_method or default["method"]
+    if args.speculative_method is None and getattr(args, "draft_model", None):  # a draft names its method, as in serve
+        from specray.cluster.serve.cli import draft_method_of, uses_draft_model
+
+        method = draft_method_of(args.draft_model)
+        method = method if uses_draft_model(method) else "draft_model"
     k = args.num_speculative_tokens  # 0 is a value (rejected below), not "unset"
     cfg = {"method": method, "num_speculative_tokens": 2 if k is None else k}
     if method == "ngram":  # a draft model's flags are refused, not dropped

@@ -142,10 +142,17 @@ def _speculative_override(args, current: dict | None, target: str):
             and not args.lookup_first and adaptive is None):
         return False
     spec = dict(current or {})
-    if args.speculative_method:
-        if args.speculative_method != spec.get("method"):
+    if args.draft_model and args.speculative_method and not uses_draft_model(args.speculative_method):
+        raise ValueError(f"--draft-model needs a method that runs a draft model; --speculative-method "
+                         f"{args.speculative_method} runs none (leave one of the two out)")
+    # a draft model alone names its method (as vLLM infers it): the default's extras go as for --speculative-method
+    method = args.speculative_method or (draft_method_of(args.draft_model) if args.draft_model else None)
+    if args.draft_model and not uses_draft_model(method):
+        method = "draft_model"
+    if method:
+        if method != spec.get("method"):
             trained = trained_draft_config(target)
-            if (trained is not None and trained["method"] == args.speculative_method
+            if (trained is not None and trained["method"] == method
                     and args.draft_model in (None, trained["model"])):
                 spec = dict(trained)  # the packaged trained draft's tuned extras (eagle on CPU)
             else:
@@ -153,20 +160,16 @@ def _speculative_override(args, current: dict | None, target: str):
                 # length is a cap: a fixed chain starts from 2)
                 k = 2 if spec.get("adaptive") else spec.get("num_speculative_tokens")
                 spec = {} if k is None else {"num_speculative_tokens": k}
-        spec["method"] = args.speculative_method
-    if args.draft_model:  # a draft model means a method that uses one (as vLLM infers it)
-        if args.speculative_method and not _uses_draft_model(args.speculative_method):
-            raise ValueError(f"--draft-model needs a method that runs a draft model; --speculative-method "
-                             f"{args.speculative_method} runs none (leave one of the two out)")
-        method = args.speculative_method or _draft_method(args.draft_model)
-        spec.update(model=args.draft_model, method=method if _uses_draft_model(method) else "draft_model")
+        spec["method"] = method
+    if args.draft_model:
+        spec["model"] = args.draft_model
     draft = packaged_draft(target, spec.get("method", ""))
     if draft and not spec.get("model"):  # e.g. --speculative-method draft_model alone
         spec["model"] = draft
     if args.num_speculative_tokens is not None:
         spec["num_speculative_tokens"] = args.num_speculative_tokens
-    if args.lookup_first:
-        spec["lookup_first"] = True
+    if args.lookup_first:  # a recipe's own lookup-first settings (eagle's model_tokens) stay
+        spec["lookup_first"] = spec.get("lookup_first") or True
     if adaptive is not None:
         spec["adaptive"] = adaptive == "on"
     if spec.get("method") != "ngram":  # the flags moved off prompt lookup: its keys go with it
@@ -175,7 +178,7 @@ def _speculative_override(args, current: dict | None, target: str):
     return spec
 
 
-def _uses_draft_model(method: str | None) -> bool:
+def uses_draft_model(method: str | None) -> bool:
     entry = METHODS.get(method or "")
     return entry is not None and entry.needs_model
 
@@ -200,7 +203,7 @@ def refuse_beside_speculative_config(args, flags: tuple[str, ...]) -> None:
                          "inside it instead")
 
 
-def _draft_method(name: str) -> str:
+def draft_method_of(name: str) -> str:
     """eagle or longspec for such a draft folder, else draft_model (an unknown name fails validation later)."""
     from specray.kernels.drafters.loading import draft_method
     from specray.kernels.loader import ModelNotFoundError, resolve

@@ -87,7 +87,21 @@ def check_draft(target: Path, spec) -> None:
         return
     resolve_draft(spec.method, spec.model)
     check_draft_vocabulary(target, spec.method, spec.model)
+    check_eagle_width(target, spec.method, spec.model)
     check_draft_shape(target, spec)
+
+
+def check_eagle_width(target: Path, method: str, model: str | None) -> None:
+    """A feature-level draft reads the target's hidden states: one trained on another target's width
+    failed every round at run time (each logged, decoding target-only)."""
+    if method != "eagle" or model is None:
+        return
+    from specray.kernels.loader import hf_config
+
+    want, got = hf_config(target).hidden_size, hf_config(resolve(model).path).hidden_size
+    if want != got:
+        raise ValueError(f"the eagle draft {model!r} reads features of width {got}, the target's are {want}: "
+                         "it was trained for another target")
 
 
 def check_draft_vocabulary(target: Path, method: str, model: str | None) -> None:

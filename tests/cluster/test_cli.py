@@ -52,6 +52,9 @@ def test_generate_defaults_follow_the_device():
     assert spec() == spec("--speculative-method", "ngram") == spec("--model", "other") == cpu
     assert spec("--device", "cuda") == spec("--device", "cuda", "--model", "other") == cpu
     assert spec("--speculative-method", "eagle") == spec("--speculative-method", "eagle", "--lookup-first") == trained
+    # a draft alone names its method, as in specray serve (it was refused: "ngram drafts by prompt lookup")
+    assert spec("--draft-model", "smollm2-135m-eagle") == trained
+    assert spec("--draft-model", "smollm2-135m-draft") == spec("--speculative-method", "draft_model")
     assert spec("--device", "cuda", "--speculative-method", "eagle") == trained
     assert spec("--prompt-lookup-min", "1", "--prompt-lookup-max", "3") == {**cpu, "prompt_lookup_min": 1,
                                                                             "prompt_lookup_max": 3}
@@ -84,7 +87,10 @@ def test_bad_input_is_a_clear_error(tiny_target, capsys):
                            "none turns speculation off; drop --num-speculative-tokens"],
                           [["--speculative-method", "ngram", "--draft-quantization", "q4_1"],
                            "--draft-quantization needs a method with a draft model"],
-                          [["--draft-model", "smollm2-135m-eagle"], "--draft-model needs a method with a draft model"],
+                          [["--speculative-method", "ngram", "--draft-model", "smollm2-135m-eagle"],
+                           "--draft-model needs a method with a draft model"],
+                          # SmolLM2's eagle draft on another target: every round failed at run time
+                          [["--draft-model", "smollm2-135m-eagle"], "reads features of width 576"],
                           # prompt lookup's flags beside another method, or beside the whole config: were dropped
                           [["--speculative-method", "eagle", "--prompt-lookup-max", "9"],
                            "--prompt-lookup-max shape prompt lookup (--speculative-method ngram); eagle ignores them"],

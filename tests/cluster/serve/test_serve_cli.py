@@ -152,8 +152,16 @@ def test_speculation_flags(capsys):
     assert main(["serve", "--draft-model", "d", "--dry-run"]) == 0
     spec = yaml.safe_load(capsys.readouterr().out)["speculative_config"]
     assert spec["method"] == "draft_model" and "prompt_lookup_min" not in spec  # the default's lookup keys stay behind
+    # the same config as --speculative-method draft_model: the default's adaptive extras stayed with it
     assert main(["serve", "--draft-model", "smollm2-135m-draft", "--dry-run"]) == 0
-    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"]["method"] == "draft_model"
+    assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {
+        "num_speculative_tokens": 2, "method": "draft_model", "model": "smollm2-135m-draft"}
+    # an eagle draft alone gets eagle's recipe, and --lookup-first keeps the recipe's model_tokens (it was True)
+    recipe = {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 4,
+              "lookup_first": {"model_tokens": 1}, "disable_by_batch_size": 2, "adaptive": True}
+    for flags in (["--draft-model", "smollm2-135m-eagle"], ["--speculative-method", "eagle", "--lookup-first"]):
+        assert main(["serve", *flags, "--dry-run"]) == 0
+        assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == recipe, flags
     assert main(["serve", "--speculative-method", "ngram", "--dry-run"]) == 0  # the CPU default itself
     assert yaml.safe_load(capsys.readouterr().out)["speculative_config"] == {
         "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "disable_by_batch_size": 2,
