@@ -33,7 +33,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="default: adaptive ngram (measured best on CPU and on an H100; eagle: the target's "
                         "packaged trained draft behind lookup); freedave for a diffusion LM (its default)")
     s.add_argument("--draft-model", default=None,
-                   help="draft checkpoint for draft_model or eagle (default: the packaged draft, else the target)")
+                   help="draft checkpoint for draft_model, eagle or longspec, which it names when no method is "
+                        "given (default: the target's packaged draft of the method; draft_model: else the target)")
     s.add_argument("--draft-vocab-trim", type=int, default=None,
                    help="VocabTrim size for a distilled draft (default: its recommended k; 0: off)")
     s.add_argument("--draft-num-layers", type=int, default=None, help="keep only the draft's first layers")

@@ -74,7 +74,7 @@ class LLM:
         check_int_arg("seed", seed, MIN_SEED, optional=True)
         if seed is not None and seed > MAX_API_SEED:
             raise ValueError(f"seed must be an integer in [{MIN_SEED}, {MAX_API_SEED}] or None, got {seed!r}")
-        check_int_arg("max_model_len", max_model_len, 1, optional=True)
+        check_int_arg("max_model_len", max_model_len, 2, optional=True)  # a prompt token and one to generate
         prefill_tokens = resolve_prefill_tokens(max_prefill_tokens, device)  # checked before the weights load
         # open streams' requests, and the latest output of each that another call's rounds produced
         self._streamed: set[str] = set()

@@ -37,6 +37,8 @@ def read_lines(path: Path) -> list[tuple[int, str]]:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"prompt file {path} is not UTF-8 text (byte {e.start})") from None
+    except OSError as e:  # unreadable (permissions, an I/O error): a line, not a traceback
+        raise ValueError(f"prompt file {path} cannot be read: {e.strerror or e}") from None
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
         raise ValueError(f"prompt file {path} holds no prompts")

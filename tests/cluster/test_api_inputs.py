@@ -131,3 +131,24 @@ def test_allowed_tokens_that_bad_words_ban_all_are_refused(llm):
     assert not llm.router.has_unfinished()
     left = SamplingParams(allowed_token_ids=[5, 6], bad_words=["w5"], max_tokens=3, temperature=0)
     assert llm.generate({"prompt_token_ids": [5, 6]}, left)[0].outputs[0].token_ids == [6, 6, 6]
+
+
+def test_a_context_of_one_token_is_refused_before_the_weights_load(tiny_target, monkeypatch):
+    """max_model_len 1 leaves no token to generate: it failed after the model loaded."""
+    import specray.cluster.llm as llm_module
+
+    monkeypatch.setattr(llm_module, "load_model", lambda *a, **k: pytest.fail("the target must not load"))
+    with pytest.raises(ValueError, match="max_model_len"):
+        LLM(str(tiny_target), max_model_len=1)
+
+
+def test_an_unreadable_prompt_file_is_one_line(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from specray.cluster.bench.prompts import read_lines
+
+    path = tmp_path / "prompts.txt"
+    path.write_text("hi\n")
+    monkeypatch.setattr(Path, "read_text", lambda *a, **k: (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
+    with pytest.raises(ValueError, match="cannot be read: Permission denied"):
+        read_lines(path)
