@@ -104,11 +104,22 @@ class ServeConfig(Strict):
             if self.pools.target.kernels != "exact":  # it was served exact, the setting ignored
                 raise ValueError(f"pools.target.kernels {self.pools.target.kernels!r} applies to autoregressive "
                                  f"GGUF models; {self.model!r} is a diffusion LM")
+            ignored = self._autoregressive_only()
+            if ignored:  # no KV cache, draft pool, prefill chunks or worker channel: they were ignored
+                raise ValueError(f"{', '.join(ignored)} apply to autoregressive models; {self.model!r} is a "
+                                 "diffusion LM")
             return self
         if self.diffusion_config:
             raise ValueError(f"diffusion_config applies to diffusion LMs; {self.model!r} is autoregressive")
         SpeculativeConfig.from_dict(self.speculative_config)
         return self
+
+    def _autoregressive_only(self) -> list[str]:
+        """The draft transport's settings, which only an autoregressive model's draft pool reads (the
+        router's KV and prefill settings are not refused: the Helm chart writes them for every model)."""
+        if self.transport.kind not in ("auto", "inline") or self.transport.drafter_address:
+            return ["transport"]
+        return []
 
     @property
     def diffusion(self) -> bool:

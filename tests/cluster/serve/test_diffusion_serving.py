@@ -142,7 +142,9 @@ def test_serve_config_and_flags(dllm, tiny_target):
                        ({"speculative_config": {"method": "freedave", "model": "x"}}, "no draft model"),
                        ({"diffusion_config": {"block_length": 0}}, "block_length"),
                        ({"pools": {"target": {"num_workers": 2}}}, "one worker"),
-                       ({"pools": {"target": {"kernels": "fast"}}}, "is a diffusion LM")]:  # was served exact
+                       ({"pools": {"target": {"kernels": "fast"}}}, "is a diffusion LM"),  # was served exact
+                       # no draft pool: a drafter's address was ignored
+                       ({"transport": {"kind": "grpc", "drafter_address": "h:1"}}, "transport apply to")]:
         with pytest.raises(ValueError, match=words):
             ServeConfig.from_dict({"model": str(dllm), **bad})
     with pytest.raises(ValueError, match="autoregressive"):
