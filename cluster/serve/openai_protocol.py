@@ -14,7 +14,8 @@ from typing import Any, ClassVar, Literal
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from specray.cluster.params import NO_OP_FIELDS, SamplingParams, is_no_op
+from specray.cluster.params import SamplingParams
+from specray.cluster.serve.openai_unsupported import EFFECTS, SERVER_SETTINGS, UNSUPPORTED, off
 from specray.cluster.serve.prompts import CHAT_ROLES, PromptError, check_text
 
 
@@ -57,40 +58,7 @@ def _check_text(text: str, param: str) -> None:
         raise ApiError(400, str(e), param=param) from None
 
 
-def _off(*no_ops):
-    return lambda v: is_no_op(v, (None, *no_ops))
-
-
-# field -> whether its value leaves the output unchanged (anything else is refused)
-UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    **{name: _off(*no_ops) for name, no_ops in NO_OP_FIELDS.items()},  # SamplingParams' vLLM fields
-    "suffix": _off(""),
-    "response_format": _off({"type": "text"}), "tools": _off([]), "functions": _off([]),
-    "tool_choice": _off("none", "auto"), "function_call": _off("none", "auto"),
-    "guided_json": _off(), "guided_regex": _off(), "guided_choice": _off(), "guided_grammar": _off(),
-    # vLLM's extensions
-    "guided_decoding_backend": _off(), "use_beam_search": _off(False), "length_penalty": _off(1, 1.0),
-    "return_tokens_as_token_ids": _off(False), "chat_template": _off(), "chat_template_kwargs": _off({}),
-    "reasoning_effort": _off(),
-    # OpenAI's newer options
-    "modalities": _off(["text"]), "audio": _off(), "web_search_options": _off(), "verbosity": _off(),
-    "prediction": _off(),
-    # vLLM's serving options: each would change the response or how the request is served
-    "priority": _off(0), "cache_salt": _off(), "documents": _off([]), "return_token_ids": _off(False),
-    "prompt_embeds": _off(), "vllm_xargs": _off({}), "mm_processor_kwargs": _off({}), "kv_transfer_params": _off(),
-}
-# what a refused field would have done, where that is not the output's text
-EFFECTS = {"priority": "it would schedule the request by priority",
-           "cache_salt": "it would keep the request's prefix-cache entries apart from other requests'",
-           "return_token_ids": "it would add token ids to the response",
-           "kv_transfer_params": "it would move the request's KV cache between servers"}
-
 MAX_REQUEST_ID_CHARS = 256
-
-# the server's settings a request may try to send -> where they are set
-SERVER_SETTINGS = {"speculative_config": "specray serve --speculative-config",
-                   "num_drafts": "specray serve --num-drafts", "block_length": "specray serve --block-length",
-                   "steps_per_block": "specray serve --steps-per-block"}
 
 
 class _Common(BaseModel):
@@ -213,7 +181,7 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    NO_OPS: ClassVar[dict[str, Callable[[Any], bool]]] = {"add_special_tokens": _off(True)}  # prompts get them
+    NO_OPS: ClassVar[dict[str, Callable[[Any], bool]]] = {"add_special_tokens": off(True)}  # prompts get them
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
     echo: bool = False  # the prompt before the completion, in the text and (with logprobs) the logprobs
@@ -274,7 +242,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(_Common):
-    NO_OPS: ClassVar[dict[str, Callable[[Any], bool]]] = {"add_special_tokens": _off(False)}  # the template's
+    NO_OPS: ClassVar[dict[str, Callable[[Any], bool]]] = {"add_special_tokens": off(False)}  # the template's
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False
