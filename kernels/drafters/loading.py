@@ -86,35 +86,31 @@ def check_draft(target: Path, spec) -> None:
     if spec is None or spec.model is None:  # only methods that run a draft model take one
         return
     resolve_draft(spec.method, spec.model)
-    check_draft_vocabulary(target, spec.method, spec.model)
-    check_eagle_width(target, spec.method, spec.model)
+    check_draft_fits(target, spec.method, spec.model)
     check_draft_shape(target, spec)
 
 
-def check_eagle_width(target: Path, method: str, model: str | None) -> None:
-    """A feature-level draft reads the target's hidden states: one trained on another target's width
-    failed every round at run time (each logged, decoding target-only)."""
-    if method != "eagle" or model is None:
+# method -> (the config field a draft must share with its target, what a mismatch broke)
+SHARED_WITH_TARGET = {
+    # a standalone draft proposes over its own vocabulary: another failed every sampled request in
+    # verification (a tensor size mismatch) and accepted nothing greedy
+    "draft_model": ("vocab_size", "a draft must share the target's tokenizer"),
+    # a feature-level draft reads the target's hidden states: another width failed every round at run
+    # time (each logged, decoding target-only)
+    "eagle": ("hidden_size", "an eagle draft reads the target's features: it was trained for another target"),
+}
+
+
+def check_draft_fits(target: Path, method: str, model: str | None) -> None:
+    """The config field a method's draft must share with its target (SHARED_WITH_TARGET)."""
+    if method not in SHARED_WITH_TARGET or model is None:
         return
     from specray.kernels.loader import hf_config
 
-    want, got = hf_config(target).hidden_size, hf_config(resolve(model).path).hidden_size
+    field, why = SHARED_WITH_TARGET[method]
+    want, got = getattr(hf_config(target), field), getattr(hf_config(resolve(model).path), field)
     if want != got:
-        raise ValueError(f"the eagle draft {model!r} reads features of width {got}, the target's are {want}: "
-                         "it was trained for another target")
-
-
-def check_draft_vocabulary(target: Path, method: str, model: str | None) -> None:
-    """A standalone draft proposes over its own vocabulary: one unlike the target's failed every
-    sampled request in verification (a tensor size mismatch) and accepted nothing greedy."""
-    if method != "draft_model" or model is None:
-        return
-    from specray.kernels.loader import hf_config
-
-    want, got = hf_config(target).vocab_size, hf_config(resolve(model).path).vocab_size
-    if want != got:
-        raise ValueError(f"the draft {model!r} has a vocabulary of {got} tokens, the target's {want}: a draft "
-                         "must share the target's tokenizer")
+        raise ValueError(f"the draft {model!r} has {field} {got}, the target's is {want}: {why}")
 
 
 def check_draft_shape(target: Path, spec) -> None:

@@ -126,7 +126,7 @@ def test_a_draft_with_another_vocabulary_is_refused(tiny_target, tmp_path):
     from helpers import save_tiny_llama
 
     other = save_tiny_llama(tmp_path / "other", seed=2, vocab_size=113)
-    with pytest.raises(ValueError, match="vocabulary of 113 tokens, the target's 97"):
+    with pytest.raises(ValueError, match="vocab_size 113, the target.s is 97: a draft must share"):
         LLM(str(tiny_target), speculative_config={"method": "draft_model", "model": str(other)})
 
 

@@ -90,7 +90,7 @@ def test_bad_input_is_a_clear_error(tiny_target, capsys):
                           [["--speculative-method", "ngram", "--draft-model", "smollm2-135m-eagle"],
                            "--draft-model needs a method with a draft model"],
                           # SmolLM2's eagle draft on another target: every round failed at run time
-                          [["--draft-model", "smollm2-135m-eagle"], "reads features of width 576"],
+                          [["--draft-model", "smollm2-135m-eagle"], "hidden_size 576, the target's is 64"],
                           # prompt lookup's flags beside another method, or beside the whole config: were dropped
                           [["--speculative-method", "eagle", "--prompt-lookup-max", "9"],
                            "--prompt-lookup-max shape prompt lookup (--speculative-method ngram); eagle ignores them"],
