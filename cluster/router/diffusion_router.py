@@ -122,10 +122,14 @@ class DiffusionRouter(RequestBook):
 
     def _commit(self, seq: Sequence, update: DiffusionUpdate) -> bool:
         """Apply a call's update; True when the sequence has news: tokens, or its end."""
-        m = seq.metrics
+        m, drafted, accepted = seq.metrics, max(update.drafts - 1, 0), max(update.steps - 1, 0)
         m.num_rounds += 1 if update.forwarded else 0  # model calls this sequence took part in
-        m.num_draft_tokens += max(update.drafts - 1, 0)  # drafts beyond the first (the static state)
-        m.num_accepted_tokens += max(update.steps - 1, 0)  # steps beyond the first a call advanced
+        m.num_draft_tokens += drafted  # drafts beyond the first (the static state)
+        m.num_accepted_tokens += accepted  # steps beyond the first a call advanced
+        # the served counters (specray_spec_decode_*) as the request's usage counts them
+        self.stats.num_drafts += drafted > 0
+        self.stats.num_draft_tokens += drafted
+        self.stats.num_accepted_tokens += accepted
         m.num_diffusion_steps += update.steps
         self.stats.diffusion_steps += update.steps
         emitted = seq.commit(update.token_ids, None, self.tokenizer) if update.token_ids else 0

@@ -188,3 +188,15 @@ def test_model_calls_count_forwards_only(folder):
     llm = LLM(str(folder), diffusion_config={"block_length": 8})
     out = llm.generate({"prompt_token_ids": [5, 6]}, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0]
     assert llm.router.stats.model_calls == out.metrics.num_rounds > 0
+
+
+def test_the_served_counters_sum_the_requests_speculation(folder):
+    """specray_spec_decode_* stayed 0 for FreeDave while every request's usage counted drafts."""
+    llm = LLM(str(folder), speculative_config={"method": "freedave", "num_drafts": 3},
+              diffusion_config={"block_length": 8})
+    outs = llm.generate([{"prompt_token_ids": [5, 6]}, {"prompt_token_ids": [7]}],
+                        SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    stats = llm.router.stats
+    assert stats.num_draft_tokens == sum(o.metrics.num_draft_tokens for o in outs) > 0
+    assert stats.num_accepted_tokens == sum(o.metrics.num_accepted_tokens for o in outs)
+    assert 0 < stats.num_drafts <= stats.model_calls * 2
