@@ -205,7 +205,8 @@ def summary_line(outputs, elapsed: float, diffusion: bool = False) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specray", description="Lossless speculative decoding on Ray.")
     sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="generate text in-process (streams to the terminal)")
+    gen = sub.add_parser("generate", help="generate text in-process (one prompt streams to the terminal; "
+                                          "several run batched, each printed as it finishes)")
     gen.add_argument("prompt", nargs="*", help="prompt text (default: a demo prompt)")
     gen.add_argument("--file", help="prompts, one per line (.txt) or JSONL with 'prompt' or Spec-Bench 'turns'")
     gen.add_argument("--no-chat-template", dest="chat_template", action="store_false",
