@@ -12,7 +12,8 @@ from typing import Any
 
 from specray.cluster.config.serve import ServeConfig
 from specray.cluster.pools.heap import freeze_startup_heap
-from specray.cluster.serve.grpc_service import GenerationService, serve_stream, serve_unary
+from specray.cluster.serve.grpc_adapters import serve_stream, serve_unary
+from specray.cluster.serve.grpc_service import GenerationService
 from specray.cluster.serve.openai_api import OpenAIServer
 from specray.cluster.serve.runtime import build_runtime, resolve_colocation
 

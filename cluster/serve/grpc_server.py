@@ -1,6 +1,6 @@
 """A standalone `grpc.aio` server for the Generation service, with the standard health service
 (`grpc.health.v1`: NOT_SERVING until the router is attached) and server reflection. Ray Serve
-deployments do not use this module: they call GenerationService through cluster/serve/grpc_service.py."""
+deployments do not use this module: they call GenerationService through cluster/serve/grpc_adapters.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from google.protobuf.message import DecodeError
 
 from specray.cluster.config.defaults import DEFAULT_MAX_REQUEST_BYTES
 from specray.cluster.serve.grpc_convert import Malformed
-from specray.cluster.serve.grpc_service import SERVICE_NAME, GenerationService, GenerationServicer
+from specray.cluster.serve.grpc_adapters import GenerationServicer
+from specray.cluster.serve.grpc_service import SERVICE_NAME, GenerationService
 from specray.cluster.serve.http_server import free_port
 from specray.protos.specray.v1 import generate_pb2 as pb
 

@@ -1,10 +1,8 @@
 """The `specray.v1.Generation` gRPC service over an AsyncRouter.
 
 `GenerationService` is a plain class whose core methods take the request and a `CallInfo`
-(metadata, time left) and raise `GrpcAbort(code, details)` on errors. Two thin adapters turn
-them into rpc handlers: `GenerationServicer` for a standalone `grpc.aio` server
-(cluster/serve/grpc_server.py) and `serve_unary` / `serve_stream` for Ray Serve's gRPC ingress, whose
-deployment methods receive `(request, grpc_context: RayServegRPCContext)`.
+(metadata, time left) and raise `GrpcAbort(code, details)` on errors. Thin adapters turn them
+into rpc handlers (cluster/serve/grpc_adapters.py).
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ from specray.cluster.serve.grpc_convert import GrpcAbort
 from specray.cluster.serve.metrics import ServingMetrics
 from specray.cluster.serve.prompts import PromptEncoder, PromptError
 from specray.protos.specray.v1 import generate_pb2 as pb
-from specray.protos.specray.v1 import generate_pb2_grpc
 
 Code = grpc.StatusCode
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name  # "specray.v1.Generation"
@@ -99,7 +96,8 @@ class GenerationService:
             except (asyncio.CancelledError, GeneratorExit):  # closed at a yield: GeneratorExit
                 self._left(start, call)
                 raise
-            summary = await self._render(params, conv.summary, self.tokenizer, request_id, self.model_name, last, params)
+            summary = await self._render(params, lambda: conv.summary(self.tokenizer, request_id, self.model_name,
+                                                                      last, params))
             self.metrics.succeeded(last.outputs[0].finish_reason)
         yield summary
 
@@ -115,8 +113,8 @@ class GenerationService:
             except asyncio.CancelledError:
                 self._left(start, call)
                 raise
-            response = await self._render(params, conv.complete_response, self.tokenizer, request_id, self.model_name,
-                                          last, params)
+            response = await self._render(params, lambda: conv.complete_response(
+                self.tokenizer, request_id, self.model_name, last, params))
             self.metrics.succeeded(last.outputs[0].finish_reason)
             return response
 
@@ -152,12 +150,9 @@ class GenerationService:
         """Count a request refused before it reached the service (a malformed message)."""
         return self._fail(error.code, error.details)
 
-    async def _render(self, params, build, *args):
-        """`build(*args)`; on the tokenizer's threads where it decodes logprobs (a decode per position and
-        top-n entry held the event loop, and every other call on it)."""
-        if params.logprobs is None and params.prompt_logprobs is None:
-            return build(*args)
-        return await self.prompts.off_loop(lambda: build(*args))
+    async def _render(self, params, build):
+        """`build()`, off the event loop where it decodes logprobs (PromptEncoder.render)."""
+        return await self.prompts.render(build, params.logprobs is not None or params.prompt_logprobs is not None)
 
     @contextmanager
     def _slot(self):
@@ -231,82 +226,3 @@ class GenerationService:
             return await outputs.__anext__()
         # on timeout wait_for cancels the pending step, which aborts the request in the engine
         return await asyncio.wait_for(outputs.__anext__(), max(0.0, end - time.monotonic()))
-
-
-# -- adapters -------------------------------------------------------------------------------
-def _as_abort(error: Exception) -> GrpcAbort:
-    """The status an rpc ends with: a GrpcAbort's own; anything else is a bug outside the engine
-    (never the client's mistake): INTERNAL with a log reference."""
-    return error if isinstance(error, GrpcAbort) else GrpcAbort(Code.INTERNAL, str(request_failed("grpc", error)))
-
-
-class GenerationServicer(generate_pb2_grpc.GenerationServicer):
-    """The service as `grpc.aio` handlers: GrpcAbort becomes `context.abort`."""
-
-    def __init__(self, service: GenerationService):
-        self.service = service
-
-    async def Generate(self, request, context: grpc.aio.ServicerContext):
-        try:
-            if isinstance(request, conv.Malformed):
-                raise self.service.refuse(request.abort())
-            async with aclosing(self.service.generate(request, aio_call_info(context))) as stream:
-                async for msg in stream:
-                    yield msg
-        except Exception as e:  # noqa: BLE001 - every error ends the rpc with a status
-            error = _as_abort(e)
-            await context.abort(error.code, error.details)
-
-    async def Complete(self, request, context: grpc.aio.ServicerContext):
-        return await self._unary(self.service.complete, request, context)
-
-    async def ListModels(self, request, context: grpc.aio.ServicerContext):
-        return await self._unary(self.service.list_models, request, context)
-
-    async def _unary(self, method, request, context: grpc.aio.ServicerContext):
-        try:
-            if isinstance(request, conv.Malformed):
-                raise self.service.refuse(request.abort())
-            return await method(request, aio_call_info(context))
-        except Exception as e:  # noqa: BLE001 - every error ends the rpc with a status
-            error = _as_abort(e)
-            await context.abort(error.code, error.details)
-
-
-def aio_call_info(context: grpc.aio.ServicerContext) -> CallInfo:
-    return CallInfo(tuple(context.invocation_metadata() or ()), context.time_remaining())
-
-
-def serve_call_info(grpc_context) -> CallInfo:
-    """Ray Serve's RayServegRPCContext carries metadata but no deadline: the Serve proxy
-    enforces the client's deadline by cancelling the replica call, which frees the request."""
-    return CallInfo(tuple(grpc_context.invocation_metadata()) if grpc_context is not None else ())
-
-
-@contextmanager
-def _serve_status(grpc_context):
-    """Serve returns the code/details set on the context when the method then raises."""
-    try:
-        yield
-    except Exception as e:  # noqa: BLE001 - every error ends the rpc with a status
-        error = _as_abort(e)
-        if grpc_context is not None:
-            grpc_context.set_code(error.code)
-            grpc_context.set_details(error.details)
-        if error is e:
-            raise
-        raise error from None
-
-
-async def serve_unary(method, request, grpc_context):
-    """Run a unary core method (`service.complete`, `service.list_models`) for Ray Serve."""
-    with _serve_status(grpc_context):
-        return await method(request, serve_call_info(grpc_context))
-
-
-async def serve_stream(method, request, grpc_context) -> AsyncIterator:
-    """Run a streaming core method (`service.generate`) for Ray Serve."""
-    with _serve_status(grpc_context):
-        async with aclosing(method(request, serve_call_info(grpc_context))) as stream:
-            async for msg in stream:
-                yield msg

@@ -46,22 +46,21 @@ class OpenAIServer:
                  max_calls: int | None = None, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S):
         """`max_calls`: calls in flight at most (health checks and metrics aside); more get 503.
         `body_timeout_s`: a request body must arrive whole within it (408)."""
-        self.body_timeout_s = body_timeout_s
         self.router, self.tokenizer, self.model_name = router, tokenizer, model_name
         self.api_key, self.default_max_tokens = api_key, default_max_tokens
         self.metrics = ServingMetrics(router)
         self.prompts = PromptEncoder.for_limits(tokenizer, router.router.config)
         self.created = int(time.time())  # the model card's: when this server started
-        self.app = self._build(max_request_bytes, max_calls)
+        self.app = self._build(max_request_bytes, max_calls, body_timeout_s)
 
     # -- plumbing ---------------------------------------------------------------------------
-    def _build(self, max_request_bytes: int, max_calls: int | None) -> FastAPI:
+    def _build(self, max_request_bytes: int, max_calls: int | None, body_timeout_s: float) -> FastAPI:
         app = FastAPI(title="specray", description="OpenAI-compatible API with lossless speculative decoding")
 
         # Plain ASGI middlewares: Starlette's BaseHTTPMiddleware would hide a client's disconnect
         app.add_middleware(RequestLimits, max_bytes=max_request_bytes,
                            reject=lambda message: self._error(ApiError.of(errors.TOO_LARGE, message)),
-                           max_header_bytes=MAX_HEADER_BYTES, body_timeout_s=self.body_timeout_s,
+                           max_header_bytes=MAX_HEADER_BYTES, body_timeout_s=body_timeout_s,
                            reject_headers=lambda message: self._error(ApiError.of(errors.HEADERS_TOO_LARGE, message)))
         app.add_middleware(KeyGuard, allowed=self._allowed,
                            reject=lambda: self._error(ApiError.of(errors.UNAUTHENTICATED, "missing or wrong API key")))
@@ -221,7 +220,7 @@ class OpenAIServer:
             run = (lambda *a: prompts_only(self._run(*a))) if scoring else self._run
             chunks = completion_chunks(run, self.tokenizer, self.model_name, rid, created, inputs, params, body.n,
                                        body.include_usage, Echo.of(body, self.tokenizer, params.skip_special_tokens),
-                                       self.prompts.off_loop)
+                                       self.prompts.render)
             return await self._sse(request, chunks)
         outs = await self._all(self._final(request, ids, params, text, name) for text, ids, name in inputs)
         outs = [prompt_only(o) for o in outs] if scoring else outs
@@ -229,8 +228,8 @@ class OpenAIServer:
         def render():
             return [completion_choice(self.tokenizer, body, params, i * body.n, o, c)
                     for i, o in enumerate(outs) for c in o.outputs]
-        decodes = body.echo or body.logprobs is not None or body.prompt_logprobs is not None
-        choices = await self.prompts.off_loop(render) if decodes else render()
+        choices = await self.prompts.render(
+            render, body.echo or body.logprobs is not None or body.prompt_logprobs is not None)
         self.metrics.succeeded(outs[0].outputs[0].finish_reason)
         return {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
                 "choices": choices, "usage": usage_body(outs)}
@@ -265,8 +264,8 @@ class OpenAIServer:
             return choices, {} if body.prompt_logprobs is None else {
                 "prompt_logprobs": vllm_prompt_logprobs(self.tokenizer, out.prompt_token_ids, out.prompt_logprobs,
                                                         body.prompt_logprobs)}  # vLLM's, beside the choices
-        decodes = params.logprobs is not None or body.prompt_logprobs is not None
-        choices, prompt_logprobs = await self.prompts.off_loop(render) if decodes else render()
+        choices, prompt_logprobs = await self.prompts.render(
+            render, params.logprobs is not None or body.prompt_logprobs is not None)
         self.metrics.succeeded(out.outputs[0].finish_reason)
         return {"id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
                 "choices": choices, "usage": usage_body([out]), **prompt_logprobs}

@@ -26,10 +26,10 @@ def usage_body(outs: list[RequestOutput]) -> dict:
 
 
 async def completion_chunks(run, tokenizer, model_name: str, rid: str, created: int, inputs, params, n: int,
-                            include_usage: bool, echo: Echo | None = None, off_loop=None) -> AsyncIterator[dict]:
+                            include_usage: bool, echo: Echo | None = None, render=None) -> AsyncIterator[dict]:
     """A completions stream's chunks: `inputs` [(prompt text, ids, the field errors name)] run side
     by side through `run` (OpenAIServer._run); choice i * n + j is prompt i's j-th; with `echo`,
-    each choice's first chunk is its prompt (its logprobs rendered by `off_loop(fn)` where given)."""
+    each choice's first chunk is its prompt (its logprobs rendered by `render(fn, decodes)` where given)."""
     head = {"id": rid, "object": "text_completion", "created": created, "model": model_name}
     usage = {"usage": None} if include_usage else {}  # OpenAI's: null on every chunk before the usage one
     finals, deltas = [], [CompletionDeltas() for _ in inputs]
@@ -41,8 +41,8 @@ async def completion_chunks(run, tokenizer, model_name: str, rid: str, created: 
             if (new := deltas[i].take(c)) is None:
                 continue
             if echo is not None and c.index not in deltas[i].offsets:  # the choice's first chunk
-                render = lambda: echo.chunk(i * n + c.index, out)  # noqa: E731 - every prompt position's logprobs
-                first = await off_loop(render) if off_loop is not None and echo.logprobs is not None else render()
+                chunk = lambda: echo.chunk(i * n + c.index, out)  # noqa: E731 - every prompt position's logprobs
+                first = chunk() if render is None else await render(chunk, echo.logprobs is not None)
                 deltas[i].offsets[c.index] = len(first["text"])
                 yield {**head, "choices": [first], **usage}
             delta, k0 = new

@@ -102,9 +102,11 @@ class PromptEncoder:
     async def _run(self, fn):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
-    async def off_loop(self, fn):
-        """`fn()` on a thread of its own: decoding a long prompt's logprobs (a decode per position and
-        top-n entry) held the event loop, and every stream on it, for minutes."""
+    async def render(self, fn, decodes: bool):
+        """`fn()`, on a thread of its own where it `decodes` logprobs: a long prompt's (a decode per
+        position and top-n entry) held the event loop, and every stream on it, for minutes."""
+        if not decodes:
+            return fn()
         return await asyncio.get_running_loop().run_in_executor(self._render, fn)
 
     def close(self) -> None:

@@ -25,7 +25,8 @@ from specray.client.request import build_request
 from specray.cluster.router.async_router import AsyncRouter
 from specray.cluster.serve.grpc_convert import GrpcAbort
 from specray.cluster.serve.grpc_server import GrpcServerThread
-from specray.cluster.serve.grpc_service import CallInfo, GenerationService, serve_stream, serve_unary
+from specray.cluster.serve.grpc_adapters import serve_stream, serve_unary
+from specray.cluster.serve.grpc_service import CallInfo, GenerationService
 from specray.protos.specray.v1 import generate_pb2 as pb
 from specray.protos.specray.v1.generate_pb2_grpc import GenerationStub
 
