@@ -83,7 +83,7 @@ def refuse_draft_flags(args, method: str) -> None:
 def speculative_config(args) -> dict | None:
     from specray.cluster.config.defaults import default_speculative_config, method_recipe, packaged_draft
     from specray.cluster.config.speculative import DRAFT_MODEL_KEYS
-    from specray.cluster.serve.cli import refuse_beside_none, refuse_beside_speculative_config
+    from specray.cluster.speculation_flags import method_of_draft, refuse_beside_none, refuse_beside_speculative_config
 
     if getattr(args, "speculative_config", None) is not None:  # callers' namespaces may predate the flag
         refuse_beside_speculative_config(args, GENERATE_SPEC_FLAGS + LOOKUP_FLAGS)
@@ -94,10 +94,7 @@ def speculative_config(args) -> dict | None:
     default = default_speculative_config(args.model, getattr(args, "device", "cpu"))
     method = args.speculative_method or default["method"]
     if args.speculative_method is None and getattr(args, "draft_model", None):  # a draft names its method, as in serve
-        from specray.cluster.serve.cli import draft_method_of, uses_draft_model
-
-        method = draft_method_of(args.draft_model)
-        method = method if uses_draft_model(method) else "draft_model"
+        method = method_of_draft(args.draft_model)
     k = args.num_speculative_tokens  # 0 is a value (rejected below), not "unset"
     cfg = {"method": method, "num_speculative_tokens": 2 if k is None else k}
     if method == "ngram":  # a draft model's flags are refused, not dropped
