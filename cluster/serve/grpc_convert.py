@@ -8,7 +8,7 @@ import grpc
 from specray.cluster.outputs import CompletionOutput, RequestOutput, SpecMetrics, most_likely
 from specray.cluster.params import SamplingParams
 from specray.cluster.serve.deltas import ChoiceDeltas
-from specray.cluster.serve.openai_logprobs import in_context, pieces
+from specray.cluster.serve.openai_logprobs import pieces
 from specray.cluster.serve.prompts import CHAT_ROLES, PromptEncoder
 from specray.protos.specray.v1 import generate_pb2 as pb
 
@@ -103,11 +103,10 @@ def token_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, flo
     first token's read after the prompt, as the choice's text)."""
     if not logprobs:
         return []
-    token_ids, shift = in_context(prompt_ids, token_ids)
     out = []
-    for i, lp in enumerate(logprobs, start + shift):
+    for i, lp in enumerate(logprobs, start):
         tok, top = token_ids[i], most_likely(lp, n or 0)
-        texts = pieces(tokenizer, token_ids, i, [tok] + [t for t, _ in top], skip)
+        texts = pieces(tokenizer, token_ids, i, [tok] + [t for t, _ in top], skip, prompt_ids)
         out.append(pb.TokenLogprob(token_id=tok, token=texts[0], logprob=lp[tok], rank=getattr(lp, "rank", None),
                                    top=[pb.TopLogprob(token_id=t, token=x, logprob=v)
                                         for x, (t, v) in zip(texts[1:], top)]))

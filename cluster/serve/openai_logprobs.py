@@ -11,27 +11,26 @@ from specray.kernels.proposal import PositionLogprobs
 CONTEXT_TOKENS = 4  # tokens decoded before a position's token, so its text keeps its leading space
 
 
-def in_context(prompt_ids, token_ids: list[int]) -> tuple[list[int], int]:
-    """A choice's tokens after the prompt's last CONTEXT_TOKENS * 2 (its first token's text is read
-    after the prompt, as the choice's text is) -> (those ids, how far the choice's tokens moved)."""
-    head = list(prompt_ids[-2 * CONTEXT_TOKENS:]) if prompt_ids is not None else []
-    return head + list(token_ids), len(head)
-
-
-def context(tokenizer, ids: list[int], i: int, skip: bool = True) -> list[int]:
+def context(tokenizer, ids: list[int], i: int, skip: bool = True, prompt_ids=None) -> list[int]:
     """The tokens before ids[i] that its text is decoded after: CONTEXT_TOKENS of them, or a few
-    more where those begin inside a character (which would decode as U+FFFD)."""
-    for back in range(CONTEXT_TOKENS, 2 * CONTEXT_TOKENS + 1):
-        window = ids[max(0, i - back):i]
-        if back >= i or not tokenizer.decode(window, skip_special_tokens=skip).startswith("\ufffd"):
+    more where those begin inside a character (which would decode as U+FFFD). `prompt_ids`: a
+    choice's prompt, whose last tokens come before its first (whose text is read after the prompt,
+    as the choice's text is)."""
+    most = 2 * CONTEXT_TOKENS
+    before = list(prompt_ids[-most:]) if prompt_ids is not None else []
+    total = len(before) + i  # tokens there are before ids[i]
+    head = (before + list(ids[max(0, i - most):i]))[-most:]  # [min(total, most)]
+    for back in range(CONTEXT_TOKENS, most + 1):
+        window = head[max(0, len(head) - back):]
+        if back >= total or not tokenizer.decode(window, skip_special_tokens=skip).startswith("\ufffd"):
             return window
-    return ids[max(0, i - CONTEXT_TOKENS):i]
+    return head[max(0, len(head) - CONTEXT_TOKENS):]
 
 
-def pieces(tokenizer, ids: list[int], i: int, toks: list[int], skip: bool = True) -> list[str]:
+def pieces(tokenizer, ids: list[int], i: int, toks: list[int], skip: bool = True, prompt_ids=None) -> list[str]:
     """The text each of `toks` would add after ids[:i], decoded in context (`skip`: special tokens
-    give none, as in the choice's text)."""
-    window = context(tokenizer, ids, i, skip)
+    give none, as in the choice's text; `prompt_ids`: context's)."""
+    window = context(tokenizer, ids, i, skip, prompt_ids)
     before = tokenizer.decode(window, skip_special_tokens=skip)
     out = []
     for tok in toks:
@@ -46,11 +45,10 @@ def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int, floa
     (`logprobs` holds positions start onwards; `prompt_ids`: the texts read after the prompt)."""
     if logprobs is None:
         return None
-    token_ids, shift = in_context(prompt_ids, token_ids)
     content = []
-    for i, lp in enumerate(logprobs, start + shift):
+    for i, lp in enumerate(logprobs, start):
         top = most_likely(lp, n)
-        texts = pieces(tokenizer, token_ids, i, [token_ids[i]] + [t for t, _ in top], skip)
+        texts = pieces(tokenizer, token_ids, i, [token_ids[i]] + [t for t, _ in top], skip, prompt_ids)
         content.append({"token": texts[0], "logprob": lp[token_ids[i]],
                         "bytes": token_bytes(tokenizer, token_ids[i], texts[0]),
                         "top_logprobs": [{"token": x, "logprob": v, "bytes": token_bytes(tokenizer, t, x)}
@@ -88,10 +86,10 @@ def token_bytes(tokenizer, token_id: int, text: str) -> list[int]:
     return utf8(text)
 
 
-def advance(tokenizer, ids: list[int], i: int, skip: bool = True) -> int:
+def advance(tokenizer, ids: list[int], i: int, skip: bool = True, prompt_ids=None) -> int:
     """Characters token ids[i] adds to the text: a token that ends inside a character adds none,
     the one that completes it adds the character (so offsets never pass the text)."""
-    window = context(tokenizer, ids, i, skip)
+    window = context(tokenizer, ids, i, skip, prompt_ids)
     before = tokenizer.decode(window, skip_special_tokens=skip).rstrip("\ufffd")
     after = tokenizer.decode(window + [ids[i]], skip_special_tokens=skip).rstrip("\ufffd")
     return max(0, len(after) - len(before))
@@ -105,19 +103,18 @@ def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[dict[int
     its character offset, counted on from `offset`. -> (that, the offset after the last token)."""
     if logprobs is None:
         return None, offset
-    token_ids, shift = in_context(prompt_ids, token_ids)
     tokens, offsets, tops = [], [], []
-    for i, lp in enumerate(logprobs, start + shift):
+    for i, lp in enumerate(logprobs, start):
         ranked = most_likely(lp, len(lp))
-        texts = pieces(tokenizer, token_ids, i, [token_ids[i]] + [t for t, _ in ranked], skip)
+        texts = pieces(tokenizer, token_ids, i, [token_ids[i]] + [t for t, _ in ranked], skip, prompt_ids)
         tokens.append(texts[0])
         offsets.append(offset)
-        offset += advance(tokenizer, token_ids, i, skip)
+        offset += advance(tokenizer, token_ids, i, skip, prompt_ids)
         top: dict[str, float] = {}
         for x, (_, v) in zip(texts[1:], ranked):
             top.setdefault(x, v)
         tops.append(top)
-    token_logprobs = [lp[token_ids[i]] for i, lp in enumerate(logprobs, start + shift)]
+    token_logprobs = [lp[token_ids[i]] for i, lp in enumerate(logprobs, start)]
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}, offset
 
 
