@@ -73,9 +73,9 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up [rows, n]. On a CPU on one thread: torch splits an elementwise op's elements
     between threads anywhere, and an element at the end of a thread's part takes the scalar exp, whose
     last bit differs from the vector one's, so at 3+ threads a row's bits followed the row count."""
-    if gate.device.type != "cpu" or torch.get_num_threads() == 1:
-        return F.silu(gate) * up
     threads = torch.get_num_threads()
+    if gate.device.type != "cpu" or threads == 1:
+        return F.silu(gate) * up
     torch.set_num_threads(1)
     try:
         return F.silu(gate) * up

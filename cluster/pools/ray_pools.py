@@ -215,8 +215,7 @@ class RayDraftPool:
             raise DraftUnavailable("draft worker is restarting", sent=False)
         if self._held_releases:
             held, self._held_releases = self._held_releases, []
-            for actor in self.actors:
-                self.calls.send_no_reply(actor, "release_many", held)
+            self._send_releases(held)
         payload, start = wire.encode_items(items), time.perf_counter()
 
         def decode(reply: bytes):
@@ -240,8 +239,11 @@ class RayDraftPool:
         if self._down():
             self._held_releases.append(seq_id)
             return
+        self._send_releases([seq_id])
+
+    def _send_releases(self, seq_ids: list) -> None:
         for actor in self.actors:
-            self.calls.send_no_reply(actor, "release_many", [seq_id])
+            self.calls.send_no_reply(actor, "release_many", seq_ids)
 
     def node_id(self) -> str:
         return ray.get(self.actor.node_id.remote())

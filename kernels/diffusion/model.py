@@ -71,11 +71,11 @@ class DiffusionModel(nn.Module):
         ids = torch.cat(canvases).to(self.device)  # [num_tokens]
         positions = torch.cat([torch.arange(n, device=self.device) for n in lengths])  # [num_tokens]
         cos, sin = self.rotary.lookup(positions)
-        h = self._padded(self.embed_tokens[ids])  # [padded_tokens, hidden_size]
+        h = invariant.pad_rows(self.embed_tokens[ids], ROW_TILE)  # [padded_tokens, hidden_size]
         for layer in self.layers:
             h = self._layer(layer, h, num_tokens, lengths, cos, sin)
         rows = self._window_rows(lengths, windows)  # [num_logits]
-        logits = self._linear(self._padded(self._norm(h[rows], self.norm)), self.lm_head)
+        logits = self._linear(invariant.pad_rows(self._norm(h[rows], self.norm), ROW_TILE), self.lm_head)
         return list(logits[: rows.shape[0]].float().split([int(w.shape[0]) for w in windows]))
 
     @property
@@ -92,11 +92,6 @@ class DiffusionModel(nn.Module):
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm of x [rows, hidden]; at fixed shapes where a reduction's order may follow the row count."""
         return invariant.rms_norm(x, weight, self.eps) if self.fixed_shapes else _rms_norm(x, weight, self.eps)
-
-    def _padded(self, x: torch.Tensor) -> torch.Tensor:
-        """x [rows, d] -> [rows rounded up to ROW_TILE, d], zero rows appended."""
-        pad = -x.shape[0] % ROW_TILE
-        return torch.cat([x, x.new_zeros(pad, x.shape[1])]) if pad else x
 
     def _window_rows(self, lengths: list[int], windows: list[torch.Tensor]) -> torch.Tensor:
         """Flat hidden rows whose logits the windows ask for (one row earlier with shifted logits)."""
@@ -119,7 +114,7 @@ class DiffusionModel(nn.Module):
         v = v.view(num_tokens, c.num_kv_heads, c.head_dim)
         attn = torch.cat([_full_attention(qi, ki, vi) for qi, ki, vi in
                           zip(q.split(lengths), k.split(lengths), v.split(lengths))])  # [num_tokens, q_size]
-        h = h + self._linear(self._padded(attn), layer.o_proj)
+        h = h + self._linear(invariant.pad_rows(attn, ROW_TILE), layer.o_proj)
         gate, up = self._linear(self._norm(h, layer.ffn_norm), layer.gate_up_proj).chunk(2, dim=-1)
         return h + self._linear(invariant.silu_mul(gate, up), layer.down_proj)
 
