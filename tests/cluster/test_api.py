@@ -218,25 +218,6 @@ def test_eos_stops_unless_ignored(tiny_target):
     assert also.token_ids == out.outputs[0].token_ids and also.stop_reason is None
 
 
-def test_generation_configs_eos_ids_stop_too(tiny_target, tmp_path):
-    """An instruct model's end of turn is often only in generation_config.json (Llama 3's <|eot_id|>):
-    vLLM stops there, and so does specray (ignore_eos aside)."""
-    import json
-    import shutil
-
-    prompt, params = {"prompt_token_ids": [1, 8, 9]}, SamplingParams(max_tokens=12, **GREEDY)
-    free_run = LLM(str(tiny_target)).generate(prompt, params)[0].outputs[0]
-    folder = shutil.copytree(tiny_target, tmp_path / "with_generation_config")
-    eos = json.loads((folder / "config.json").read_text()).get("eos_token_id")
-    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, free_run.token_ids[3]]}))
-    llm = LLM(str(folder))
-    out = llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0.0))[0].outputs[0]
-    first = free_run.token_ids.index(free_run.token_ids[3]) + 1
-    assert out.token_ids == free_run.token_ids[:first] and out.finish_reason == "stop" and first < 12
-    ignored = llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))[0].outputs[0]
-    assert ignored.token_ids == free_run.token_ids
-
-
 def test_logprobs_and_n(llm):
     sp = SamplingParams(max_tokens=6, logprobs=2, n=3, temperature=1.0, seed=7, ignore_eos=True)
     out = llm.generate({"prompt_token_ids": [1, 8, 9, 10]}, sp)[0]

@@ -1,5 +1,6 @@
 """The offline API's tokenizer options (as vLLM's): a folder without tokenizer files is a clear
-error naming it; `tokenizer=` borrows one; `skip_tokenizer_init=True` runs on token ids alone."""
+error naming it; `tokenizer=` borrows one; `skip_tokenizer_init=True` runs on token ids alone; and
+a folder's generation_config.json names end-of-sequence tokens too."""
 
 import shutil
 
@@ -37,3 +38,22 @@ def test_borrowed_and_skipped_tokenizers_give_the_same_tokens(bare, tiny_target)
         ids_only.generate("w5 w9", GREEDY)
     with pytest.raises(ValueError, match="stop strings need a tokenizer"):
         ids_only.generate(prompt, SamplingParams(max_tokens=4, stop=["w5"]))
+
+
+def test_generation_configs_eos_ids_stop_too(tiny_target, tmp_path):
+    """An instruct model's end of turn is often only in generation_config.json (Llama 3's <|eot_id|>):
+    vLLM stops there, and so does specray (ignore_eos aside)."""
+    import json
+    import shutil
+
+    prompt, params = {"prompt_token_ids": [1, 8, 9]}, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    free_run = LLM(str(tiny_target)).generate(prompt, params)[0].outputs[0]
+    folder = shutil.copytree(tiny_target, tmp_path / "with_generation_config")
+    eos = json.loads((folder / "config.json").read_text()).get("eos_token_id")
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, free_run.token_ids[3]]}))
+    llm = LLM(str(folder))
+    out = llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0.0))[0].outputs[0]
+    first = free_run.token_ids.index(free_run.token_ids[3]) + 1
+    assert out.token_ids == free_run.token_ids[:first] and out.finish_reason == "stop" and first < 12
+    ignored = llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))[0].outputs[0]
+    assert ignored.token_ids == free_run.token_ids
