@@ -30,9 +30,8 @@ from specray.cluster.serve.middleware import CallLimit, KeyGuard, RequestLimits
 from specray.cluster.serve.errors import REQUEST_ERRORS, status_of
 from specray.cluster.serve.http_server import MAX_HEADER_BYTES
 from specray.cluster.serve.metrics import ServingMetrics
-from specray.cluster.serve.openai_chunks import chat_chunks, completion_chunks, usage_body
+from specray.cluster.serve.openai_chunks import chat_choices, chat_chunks, completion_chunks, usage_body
 from specray.cluster.serve.openai_completions import Echo, completion_choice, prompt_only, prompts_only
-from specray.cluster.serve.openai_logprobs import chat_logprobs, vllm_prompt_logprobs
 from specray.cluster.serve.openai_protocol import ApiError, ChatRequest, CompletionRequest, validation_error
 from specray.cluster.serve.prompts import PromptEncoder, PromptError
 
@@ -255,17 +254,9 @@ class OpenAIServer:
                                                         body.include_usage, role, echoed))
         out = await self._final(request, ids, params, None, "messages")
 
-        def render():
-            choices = [{"index": c.index, "message": {"role": role, "content": echoed + c.text},
-                        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
-                        "logprobs": chat_logprobs(self.tokenizer, c.token_ids, c.logprobs, params.logprobs,
-                                                  skip=params.skip_special_tokens, prompt_ids=out.prompt_token_ids)}
-                       for c in out.outputs]
-            return choices, {} if body.prompt_logprobs is None else {
-                "prompt_logprobs": vllm_prompt_logprobs(self.tokenizer, out.prompt_token_ids, out.prompt_logprobs,
-                                                        body.prompt_logprobs)}  # vLLM's, beside the choices
         choices, prompt_logprobs = await self.prompts.render(
-            render, params.logprobs is not None or body.prompt_logprobs is not None)
+            lambda: chat_choices(self.tokenizer, out, params, role, echoed, body.prompt_logprobs),
+            params.logprobs is not None or body.prompt_logprobs is not None)
         self.metrics.succeeded(out.outputs[0].finish_reason)
         return {"id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
                 "choices": choices, "usage": usage_body([out]), **prompt_logprobs}

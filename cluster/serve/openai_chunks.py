@@ -9,7 +9,20 @@ from specray.cluster.outputs import RequestOutput
 from specray.cluster.serve.deltas import ChoiceDeltas
 from specray.cluster.serve.merge import side_by_side
 from specray.cluster.serve.openai_completions import Echo
-from specray.cluster.serve.openai_logprobs import CompletionDeltas, chat_logprobs
+from specray.cluster.serve.openai_logprobs import CompletionDeltas, chat_logprobs, vllm_prompt_logprobs
+
+
+def chat_choices(tokenizer, out: RequestOutput, params, role: str, echoed: str,
+                 prompt_logprobs: int | None) -> tuple[list[dict], dict]:
+    """An unstreamed chat response's choices, and vLLM's prompt_logprobs beside them ({} without)."""
+    choices = [{"index": c.index, "message": {"role": role, "content": echoed + c.text},
+                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                "logprobs": chat_logprobs(tokenizer, c.token_ids, c.logprobs, params.logprobs,
+                                          skip=params.skip_special_tokens, prompt_ids=out.prompt_token_ids)}
+               for c in out.outputs]
+    return choices, {} if prompt_logprobs is None else {
+        "prompt_logprobs": vllm_prompt_logprobs(tokenizer, out.prompt_token_ids, out.prompt_logprobs,
+                                                prompt_logprobs)}
 
 
 def usage_body(outs: list[RequestOutput]) -> dict:

@@ -225,10 +225,10 @@ def test_logprobs_are_rendered_off_the_event_loop(served, monkeypatch):
     every other stream (minutes for 256 prompts of 8k tokens with echo)."""
     import threading
 
-    from specray.cluster.serve import openai_api, openai_completions
+    from specray.cluster.serve import openai_chunks, openai_completions
 
     threads = []
-    for module, name in ((openai_api, "chat_logprobs"), (openai_completions, "completion_logprobs")):
+    for module, name in ((openai_chunks, "chat_logprobs"), (openai_completions, "completion_logprobs")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, real=real, **k: threads.append(
             threading.current_thread().name) or real(*a, **k))
