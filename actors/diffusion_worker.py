@@ -50,15 +50,21 @@ class DiffusionWorker:
         return CanvasPlan.for_request(prompt_len, max_tokens, self.options)
 
     def step(self, new: list[DiffusionItem], seq_ids: list[object]) -> list[DiffusionUpdate]:
-        """Start the `new` sequences, then one model call for `seq_ids` (new ones included)."""
-        start = time.perf_counter()
+        """Start the `new` sequences, then one model call for `seq_ids` (new ones included). A call
+        that raises holds nothing it started and changed no canvas: the router may retry it."""
+        start, added = time.perf_counter(), []
         try:
             for item in new:
                 seed = _draw_seed() if item.seed is None else item.seed
                 sampler = StepSampler(item.sampling, seed, self.model.config.mask_token_id)
                 self.engine.add(item.seq_id, item.prompt_token_ids,
                                 self.plan(len(item.prompt_token_ids), item.max_tokens), sampler, item.stop_token_ids)
+                added.append(item.seq_id)
             return self.engine.step(seq_ids)
+        except Exception:
+            for seq_id in added:
+                self.engine.release(seq_id)
+            raise
         finally:
             self.busy_seconds += time.perf_counter() - start
 

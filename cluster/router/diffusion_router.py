@@ -106,19 +106,45 @@ class DiffusionRouter(RequestBook):
         if not self.running:
             return []
         group = list(self.running)
+        try:
+            changed = self._call(group, new)
+        except TargetUnavailable:  # the worker is lost and restarting: the caller fails what ran
+            raise
+        except Exception as error:  # noqa: BLE001 - inside the worker, which changed nothing
+            changed = self._isolate(group, {item.seq_id: item for item in new}, error)
+        return self.outputs(changed)  # a call that finalised no token of a request has nothing to stream
+
+    def _call(self, group: list[Sequence], new: list[DiffusionItem]) -> list[Sequence]:
+        """One model call for `group`, starting `new`; -> the sequences with news."""
         self.started |= {item.seq_id for item in new}  # the worker holds them once the call starts
         try:
             updates = self.target.submit_step(new, [s.seq_id for s in group]).result()
-        except TargetUnavailable:  # the worker is lost and restarting: the caller fails what ran
+        except TargetUnavailable:
             raise
-        except Exception as error:  # inside the worker: this call's requests fail, queued ones go on
-            for request_id in dict.fromkeys(s.request_id for s in group):
-                self.fail_request(request_id, error)
-            return []
+        except Exception:
+            self.started -= {item.seq_id for item in new}  # a call that raised holds none of them
+            raise
         self.stats.model_calls += any(u.forwarded for u in updates)  # a call that only finished canvases ran none
         by_id = {s.seq_id: s for s in group}
-        changed = [by_id[u.seq_id] for u in updates if self._commit(by_id[u.seq_id], u)]
-        return self.outputs(changed)  # a call that finalised no token of a request has nothing to stream
+        return [by_id[u.seq_id] for u in updates if self._commit(by_id[u.seq_id], u)]
+
+    def _isolate(self, group: list[Sequence], new: dict[object, DiffusionItem], error: Exception) -> list[Sequence]:
+        """Retry a failed call one sequence at a time, so only the request that breaks it fails."""
+        if len(group) == 1:
+            self.fail_request(group[0].request_id, error)
+            return []
+        changed = []
+        for seq in group:
+            if seq not in self.running:  # a sibling choice failed
+                continue
+            item = new.get(seq.seq_id)
+            try:
+                changed += self._call([seq], [item] if item is not None else [])
+            except TargetUnavailable:
+                raise
+            except Exception as solo_error:  # noqa: BLE001
+                self.fail_request(seq.request_id, solo_error)
+        return changed
 
     def _commit(self, seq: Sequence, update: DiffusionUpdate) -> bool:
         """Apply a call's update; True when the sequence has news: tokens, or its end."""

@@ -91,7 +91,9 @@ class DiffusionEngine:
         self.metrics.per_seq_calls.pop(seq_id, None)
 
     def step(self, seq_ids: list[object] | None = None) -> list[DiffusionUpdate]:
-        """One model call for the given running sequences (default: all of them)."""
+        """One model call for the given running sequences (default: all of them). No sequence
+        changes until every one's outcome is known: a call that raises leaves the canvases as they
+        were, so the caller can retry its sequences one at a time."""
         seqs = [self.seqs[i] for i in (list(self.seqs) if seq_ids is None else seq_ids)]
         seqs = [s for s in seqs if not s.done]
         if not seqs:
@@ -112,20 +114,26 @@ class DiffusionEngine:
         logits = self.model.forward(canvases, windows) if canvases else []
         if canvases:
             self.cost.record(sum(int(c.shape[0]) for c in canvases), time.perf_counter() - start)
-        self.metrics.model_calls += 1 if canvases else 0
-        self.metrics.canvases += len(canvases)
         scored: dict[object, list[Scores]] = {s.seq_id: [] for s in seqs}
         for owner, window, rows in zip(owners, windows, logits):
             scored[owner].append(Scores(rows, window, self.seqs[owner].sampler))
-        return [self._advance(s, drafts[s.seq_id], scored[s.seq_id]) for s in seqs]
+        accepted = {s.seq_id: self._accepted(s, drafts[s.seq_id], scored[s.seq_id]) for s in seqs}
+        self.metrics.model_calls += 1 if canvases else 0
+        self.metrics.canvases += len(canvases)
+        return [self._advance(s, drafts[s.seq_id], scored[s.seq_id], accepted[s.seq_id]) for s in seqs]
 
-    def _advance(self, s: DiffusionSeq, drafts: list[torch.Tensor], scores: list[Scores]) -> DiffusionUpdate:
+    def _accepted(self, s: DiffusionSeq, drafts: list[torch.Tensor], scores: list[Scores]) -> int:
+        """Static steps the call advances `s` (0 on its first forward); changes nothing."""
+        if not drafts:
+            return 0
+        return accept(drafts, scores + [None] * (len(drafts) - len(scores)), s.plan, s.step, self.mask_token_id)
+
+    def _advance(self, s: DiffusionSeq, drafts: list[torch.Tensor], scores: list[Scores], best: int) -> DiffusionUpdate:
         if scores:  # this sequence took part in the call
             self.metrics.per_seq_calls[s.seq_id] = self.metrics.per_seq_calls.get(s.seq_id, 0) + 1
         if not drafts:  # the first forward: scores of the initial canvas
             s.scores = scores[0]
             return DiffusionUpdate(s.seq_id, [], 0, 0, len(scores), False)
-        best = accept(drafts, scores + [None] * (len(drafts) - len(scores)), s.plan, s.step, self.mask_token_id)
         s.chain.record(len(drafts), best)
         s.canvas, s.step = drafts[best - 1], s.step + best
         s.scores = scores[best - 1] if best - 1 < len(scores) else None
