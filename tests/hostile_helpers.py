@@ -9,7 +9,7 @@ import httpx
 
 from specray import LLM
 from specray.cluster.router.async_router import AsyncRouter
-from specray.cluster.serve.grpc_server import GrpcServerThread
+from specray.cluster.serve.grpc_server import GrpcLimits, GrpcServerThread
 from specray.cluster.serve.grpc_service import GenerationService
 from specray.cluster.serve.http_server import BackgroundServer
 from specray.cluster.serve.openai_api import OpenAIServer
@@ -44,7 +44,7 @@ class Engine:
 
     def __enter__(self):
         self.http = BackgroundServer(self.http_server.app, header_timeout_s=1.0).__enter__()
-        self.grpc = GrpcServerThread(self.grpc_service, max_message_bytes=LIMIT).__enter__()
+        self.grpc = GrpcServerThread(self.grpc_service, limits=GrpcLimits(max_message_bytes=LIMIT)).__enter__()
         return self
 
     def __exit__(self, *exc):

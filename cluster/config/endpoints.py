@@ -71,6 +71,14 @@ class GrpcConfig(Strict):
     host: str | None = Field(None, min_length=1, description="interface to listen on (replica server); unset: http.host")
     max_message_bytes: int = Field(DEFAULT_MAX_REQUEST_BYTES, ge=1024,
                                    description="larger request messages get RESOURCE_EXHAUSTED (replica server)")
+    max_concurrent_streams: int = Field(100, ge=1, description="calls one connection may have open at once; more "
+                                        "wait in the client (replica server)")
+    keepalive_time_s: float = Field(60.0, gt=0, description="ping a connection with calls open after this long "
+                                    "without a frame from it (replica server)")
+    keepalive_timeout_s: float = Field(20.0, gt=0, description="a connection whose ping goes unanswered this long "
+                                       "is closed and its calls cancelled: a vanished client frees its sequences")
+    idle_timeout_s: float = Field(300.0, gt=0, description="close a connection without calls for this long "
+                                  "(replica server; clients reconnect)")
     tls_cert_file: str | None = Field(None, description="PEM certificate chain: serve gRPC over TLS")
     tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file")
 

@@ -46,13 +46,15 @@ class SpecrayServer:
         """specray's own gRPC server in this replica (grpc.server 'replica'), on its own thread."""
         import grpc
 
-        from specray.cluster.serve.grpc_server import GrpcServerThread
+        from specray.cluster.serve.grpc_server import GrpcLimits, GrpcServerThread
 
         g = self.config.grpc
         pair = g.tls_pair()
         credentials = grpc.ssl_server_credentials([pair]) if pair else None
+        limits = GrpcLimits(g.max_message_bytes, g.max_concurrent_streams, g.keepalive_time_s, g.keepalive_timeout_s,
+                            g.idle_timeout_s)
         return GrpcServerThread(self.generation, g.host or self.config.http.host, g.port, credentials,
-                                g.max_message_bytes).__enter__()  # the service bounds its calls
+                                limits).__enter__()  # the service bounds its calls
 
     def _max_calls(self) -> int:
         """Calls each API takes at once (as Serve's proxy would queue): what the router may run and

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from dataclasses import dataclass
 
 import grpc
 import grpc.aio
@@ -44,15 +45,42 @@ def _generation_handlers(servicer: GenerationServicer) -> grpc.GenericRpcHandler
     return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
 
+@dataclass(frozen=True)
+class GrpcLimits:
+    """What one client may hold of the server (GrpcConfig's fields of the same names)."""
+
+    max_message_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_concurrent_streams: int = 100
+    keepalive_time_s: float = 60.0
+    keepalive_timeout_s: float = 20.0
+    idle_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        assert self.max_message_bytes >= 1 and self.max_concurrent_streams >= 1
+        assert min(self.keepalive_time_s, self.keepalive_timeout_s, self.idle_timeout_s) > 0
+
+    def options(self) -> list[tuple[str, int]]:
+        ms = lambda seconds: max(1, round(seconds * 1000))  # noqa: E731
+        return [("grpc.max_receive_message_length", self.max_message_bytes),
+                ("grpc.max_concurrent_streams", self.max_concurrent_streams),
+                # a peer that stops answering pings (its machine gone) is closed and its calls cancelled;
+                # pings go on while a call waits for its request (grpc stops after 2 without data)
+                ("grpc.keepalive_time_ms", ms(self.keepalive_time_s)),
+                ("grpc.keepalive_timeout_ms", ms(self.keepalive_timeout_s)),
+                ("grpc.http2.ping_timeout_ms", ms(self.keepalive_timeout_s)),  # grpcio >= 1.6x waits this for the ack
+                ("grpc.http2.max_pings_without_data", 0),
+                ("grpc.max_connection_idle_ms", ms(self.idle_timeout_s)),
+                # gRPC sets SO_REUSEPORT by default on Linux: a second server on a taken port would share it
+                ("grpc.so_reuseport", 0)]
+
+
 async def serve_grpc(service: GenerationService, port: int, host: str = "127.0.0.1",
                      credentials: grpc.ServerCredentials | None = None,
-                     max_message_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> grpc.aio.Server:
+                     limits: GrpcLimits = GrpcLimits()) -> grpc.aio.Server:
     """Start serving `service` on host:port (TLS with `credentials`); returns the started server.
     Call it inside the event loop that runs the server; `await server.stop(grace)` ends it. The
     service bounds its own calls in flight (GenerationService.max_calls)."""
-    # gRPC sets SO_REUSEPORT by default on Linux: a second server on a taken port would share it
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes),
-                                      ("grpc.so_reuseport", 0)])
+    server = grpc.aio.server(options=limits.options())
     server.add_generic_rpc_handlers((_generation_handlers(GenerationServicer(service)),))
     health_servicer = _Health(service)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -101,10 +129,9 @@ class GrpcServerThread:
     (tests, the CLI). Use as a context manager; `target` is "host:port" for clients."""
 
     def __init__(self, service: GenerationService, host: str = "127.0.0.1", port: int | None = None,
-                 credentials: grpc.ServerCredentials | None = None,
-                 max_message_bytes: int = DEFAULT_MAX_REQUEST_BYTES):
+                 credentials: grpc.ServerCredentials | None = None, limits: GrpcLimits = GrpcLimits()):
         self.service, self.host, self.port = service, host, port or free_port(host)
-        self.credentials, self.max_message_bytes = credentials, max_message_bytes
+        self.credentials, self.limits = credentials, limits
         self.loop = asyncio.new_event_loop()
         self.server: grpc.aio.Server | None = None
         self.thread = threading.Thread(target=self.loop.run_forever, name="specray-grpc", daemon=True)
@@ -117,7 +144,7 @@ class GrpcServerThread:
     def __enter__(self) -> "GrpcServerThread":
         self.thread.start()
         started = asyncio.run_coroutine_threadsafe(
-            serve_grpc(self.service, self.port, self.host, self.credentials, self.max_message_bytes), self.loop)
+            serve_grpc(self.service, self.port, self.host, self.credentials, self.limits), self.loop)
         self.server = started.result(timeout=30)
         return self
 
