@@ -13,7 +13,7 @@ from specray.actors.diffusion_worker import DiffusionWorker
 from specray.actors.specs import DiffusionSpec
 from specray.cluster.pools.api import TargetUnavailable
 from specray.cluster.pools.builder import kill_worker, release_group, reserve, start_worker
-from specray.cluster.pools.ray_pending import RayPending
+from specray.cluster.pools.ray_pending import RayPending, Starting
 from specray.cluster.pools.ray_pools import Placement
 
 log = logging.getLogger("specray.pools")
@@ -26,7 +26,7 @@ class RayDiffusionPool:
         self.timeout_s = timeout_s  # a call past it: the worker counts as lost (hung, or its node gone)
         self.name = f"specray-diffusion-{uuid.uuid4().hex[:8]}"
         self.group = reserve([placement.bundle()])
-        self.starts = 0
+        self.starts, self.starting = 0, Starting()
         self.actor = self._start()
 
     def _start(self):
@@ -35,11 +35,12 @@ class RayDiffusionPool:
                             name=f"{self.name}-s{self.starts}")
 
     def submit_step(self, new, seq_ids: list[object]) -> RayPending:
+        self.starting.wait(self.ready, self._failed)
         return RayPending([self.actor.call.remote("step", new, seq_ids)], self._failed, self.timeout_s)
 
     def _failed(self, error: Exception) -> TargetUnavailable:
         kill_worker(self.actor)
-        self.actor = self._start()
+        self.actor, self.starting = self._start(), Starting()
         log.error("the diffusion worker failed; restarting it", exc_info=error)
         return TargetUnavailable("the diffusion worker failed and is restarting; its requests were lost, retry them")
 

@@ -10,6 +10,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 ActorFailure = (RayActorError, GetTimeoutError)
 RANK_GRACE_S = 5.0  # a rank still busy this long after another raised is stuck in a collective
+START_TIMEOUT_S = 300.0  # a (re)started worker answers within this once its weights load (pool.ready's bound)
 
 
 class RayPending:
@@ -62,3 +63,22 @@ def _answered(ref) -> bool:
         return True
     except RayTaskError:
         return False
+
+
+class Starting:
+    """Whether a pool's workers may still be loading: the first step after a (re)start waits for
+    them apart, so a step's timeout bounds the step and not a load (a restarted worker whose load
+    outlasted target_timeout_s was killed again, and again)."""
+
+    def __init__(self):
+        self.pending = True
+
+    def wait(self, ready, on_failure) -> None:
+        """`ready(timeout_s)` once after each start; a worker lost meanwhile raises `on_failure(error)`."""
+        if not self.pending:
+            return
+        try:
+            ready(START_TIMEOUT_S)
+        except ActorFailure as e:
+            raise on_failure(e) from None
+        self.pending = False

@@ -28,7 +28,7 @@ from specray.cluster.pools.builder import (all_of, kill_worker, release_group, r
                                           reserve, start_worker)
 from specray.cluster.pools.draft_endpoint import DraftEndpoint, TransportStats
 from specray.cluster.pools.local_channel import ChannelPending, dumps
-from specray.cluster.pools.ray_pending import ActorFailure, RayPending
+from specray.cluster.pools.ray_pending import ActorFailure, RayPending, Starting
 from specray.cluster.pools.worker_calls import WorkerCalls
 
 log = logging.getLogger("specray.pools")
@@ -55,7 +55,7 @@ class RayTargetPool:
         self.timeout_s = timeout_s  # a step past it: the worker counts as lost (hung, or its node gone)
         self.name = f"specray-target-{uuid.uuid4().hex[:8]}"
         self.group = reserve([placement.bundle()] * tp_size)
-        self.starts = 0
+        self.starts, self.starting = 0, Starting()
         self.actors = self._start()
         self.calls = WorkerCalls(channel and tp_size == 1)  # ranks agree through Ray's refs
 
@@ -70,6 +70,7 @@ class RayTargetPool:
                              name=f"{self.name}-s{self.starts}-r{r}") for r, s in enumerate(specs)]
 
     def submit_step(self, items) -> RayPending | ChannelPending:
+        self.starting.wait(self.ready, self._failed)
         pending = self.calls.submit(self.actors[0], "step", items, on_failure=self._failed,
                                     timeout_s=self.timeout_s)
         if pending is not None:
@@ -83,7 +84,7 @@ class RayTargetPool:
         self.calls.reset()
         for actor in self.actors:  # a lost rank strands the others mid-collective: restart all
             kill_worker(actor)
-        self.actors = self._start()
+        self.actors, self.starting = self._start(), Starting()
         log.error("a target worker failed; restarting the target pool", exc_info=error)
         return TargetUnavailable("a target worker failed and is restarting; its requests were lost, retry them")
 

@@ -66,3 +66,25 @@ def test_a_hung_target_worker_counts_as_lost_after_its_timeout(ray_cluster, tiny
         assert [o.outputs[0].token_ids for o in run(router, PROMPTS)] == reference[0]  # fresh workers
     finally:
         pool.close()
+
+
+def test_a_started_worker_loads_outside_the_step_timeout(ray_cluster, tiny_target, tiny_draft, reference):
+    """target_timeout_s bounds a step: a fresh worker's start (its process, torch, the weights) took
+    longer than a short one, so a restarted pool was killed again at its first step, and again (a
+    same-node channel's opening hid it: Ray actor calls, as to a worker on another node)."""
+    from specray.cluster.pools.ray_pools import RayTargetPool
+
+    cfg = config(tiny_target, tiny_draft)
+    pool = RayTargetPool(serve_target_spec(cfg), placement(cfg.pools.target), channel=False, timeout_s=1.0)
+    try:
+        router = make_engine(pool, None, tiny_target)
+        assert [o.outputs[0].token_ids for o in run(router, PROMPTS)] == reference[0]  # no pool.ready() first
+        ray.kill(pool.actors[0], no_restart=True)
+        router.add_request(PROMPTS[0], GREEDY)
+        with pytest.raises(TargetUnavailable, match="retry"):
+            router.step()
+        router.fail_all()
+        assert [o.outputs[0].token_ids for o in run(router, PROMPTS)] == reference[0]  # the restarted pool
+        assert pool.starts == 2
+    finally:
+        pool.close()
