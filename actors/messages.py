@@ -23,6 +23,7 @@ class SeqSpec:
     # states (eagle); "last_kv", its last layer's keys and values (longspec); None: nothing
     features: str | None = None
     prompt_len: int = 0  # tokens of the prompt: penalties tell its tokens from the output's by position
+    cache_salt: str | None = None  # the target's prefix cache shares blocks only between equal salts
 
 
 @dataclass

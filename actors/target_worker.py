@@ -132,6 +132,8 @@ class TargetWorker:
         for item in items:
             if item.spec is not None:
                 self.seqs[item.seq_id] = self._new_seq(item.spec)
+                if item.spec.cache_salt is not None:
+                    self.cache.salt(item.seq_id, item.spec.cache_salt)
         seeded = [s.generator for s in (self.seqs[i.seq_id] for i in items) if s.generator is not None]
         states = [g.get_state() for g in seeded]
         before = {i.seq_id: self._state(i.seq_id) for i in items}  # what a failed step gives back

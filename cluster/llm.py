@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -135,12 +136,12 @@ class LLM:
         raise ValueError(f"a prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
 
     def _encode_dict(self, prompt: dict) -> tuple[str | None, list[int]]:
-        """vLLM's TextPrompt or TokensPrompt; keys specray would ignore (multi_modal_data, cache_salt,
-        prompt_embeds, ...) are refused by name."""
-        unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
+        """vLLM's TextPrompt or TokensPrompt (its cache_salt: `_encode_all`); keys specray would ignore
+        (multi_modal_data, prompt_embeds, ...) are refused by name."""
+        unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids", "cache_salt"})
         if unknown:
             raise ValueError(f"prompt keys {unknown} are not supported; a prompt dict takes 'prompt' (text) or "
-                             "'prompt_token_ids'")
+                             "'prompt_token_ids', and 'cache_salt'")
         if "prompt_token_ids" in prompt:
             ids = prompt["prompt_token_ids"]
             if not (isinstance(ids, (list, tuple)) or getattr(ids, "ndim", None) == 1):  # NumPy, torch too
@@ -219,10 +220,13 @@ class LLM:
         return self._add_encoded(self._encode_all(prompts, params), params)
 
     def _encode_all(self, prompts: Seq[PromptLike], params: list[SamplingParams]) -> list[tuple[str | None, list[int]]]:
-        """(text, token ids) of every prompt, each checked against its parameters: all or none are added."""
+        """(text, token ids) of every prompt, each checked against its parameters: all or none are added.
+        A prompt dict's cache_salt goes into its parameters (`params[i]` becomes a copy)."""
         encoded = []
         for i, prompt in enumerate(prompts):
             try:
+                if isinstance(prompt, dict) and prompt.get("cache_salt") is not None:
+                    params[i] = replace(params[i], cache_salt=prompt["cache_salt"])
                 encoded.append(self.encode(prompt))
                 self.router.check_prompt(encoded[-1][1], params[i])
             except ValueError as e:

@@ -17,6 +17,7 @@ MAX_STOPS = 64  # stop strings and stop token ids each: every round scans them f
 # characters of one stop string or bad word: each is tokenized or indexed on the rounds' thread when
 # its request is added, which stalls every stream (a body's 6 MB of bad words took seconds)
 MAX_STOP_CHARS = 4096
+MAX_SALT_CHARS = 1024  # a cache salt names a tenant: a key's worth of text is plenty
 MAX_ALLOWED_IDS = 262144  # the largest vocabularies'; more could only repeat ids (a million cost the rounds' thread 0.2 s)
 
 # vLLM SamplingParams fields specray does not implement -> the values that leave the output unchanged
@@ -61,6 +62,8 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None  # only these tokens can be drawn (None: all)
     bad_words: list[str] | None = None  # never generated: a word's last token is not drawn after its others
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: the model's length), as vLLM
+    # prefix-cache blocks are shared only between requests of the same salt (vLLM's prompt `cache_salt`)
+    cache_salt: str | None = None
     # vLLM's fields that specray does not implement: each takes only its no-op value (NO_OP_FIELDS), so
     # ported code that spells out vLLM's defaults runs, and any other value is refused by name
     best_of: int | None = None
@@ -169,6 +172,10 @@ class SamplingParams:
             self.truncate_prompt_tokens >= 1 or self.truncate_prompt_tokens == -1)), "truncate_prompt_tokens",
                     f"truncate_prompt_tokens must be an integer >= 1, -1 (the model's length) or None, got "
                     f"{self.truncate_prompt_tokens!r}")
+        check_param(self.cache_salt is None or (isinstance(self.cache_salt, str) and self.cache_salt
+                                                and len(self.cache_salt) <= MAX_SALT_CHARS and _is_text(self.cache_salt)),
+                    "cache_salt", f"cache_salt must be a non-empty string of at most {MAX_SALT_CHARS} characters "
+                    f"or None, got {_short(self.cache_salt)}")
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             value = getattr(self, name)  # "no" is truthy
             check_param(type(value) is bool, name, f"{name} must be True or False, got {value!r}")

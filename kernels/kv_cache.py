@@ -16,7 +16,7 @@ import torch
 
 from specray.kernels.config import ModelConfig
 from specray.kernels.ints import ceil_div
-from specray.kernels.prefix_cache import ROOT, BlockPool, OutOfBlocksError, block_digest
+from specray.kernels.prefix_cache import ROOT, BlockPool, OutOfBlocksError, block_digest, salted_root
 
 __all__ = ["BlockTable", "OutOfBlocksError", "PagedKVCache"]
 
@@ -28,6 +28,7 @@ class BlockTable:
     blocks: list[int] = field(default_factory=list)
     num_cached: int = 0  # tokens whose KV is valid, a prefix of the sequence
     digests: list[bytes] = field(default_factory=list)  # prefix caching: the chain digest of each first full block
+    root: bytes = ROOT  # the chain's start: salted_root(the sequence's cache salt)
 
     def __post_init__(self) -> None:
         assert self.num_cached >= 0
@@ -100,6 +101,12 @@ class PagedKVCache:
         return len(extra)
 
     # -- prefix caching -----------------------------------------------------------------------
+    def salt(self, seq_id: object, salt: str | None) -> None:
+        """A new sequence's cache salt: its blocks are taken from and offered to its salt's alone."""
+        table = self.tables.setdefault(seq_id, BlockTable())
+        assert not table.digests, "a sequence is salted before its first block is matched or offered"
+        table.root = salted_root(salt)
+
     def match_prefix(self, seq_id: object, token_ids: list[int], limit: int, with_features: bool = False) -> int:
         """Take the registered blocks that hold `token_ids`' next full blocks, up to position `limit`,
         for a sequence whose every cached block so far was taken so: -> tokens now cached this way.
@@ -108,7 +115,7 @@ class PagedKVCache:
         bs, have = self.block_size, len(table.digests)
         if not self.prefix_caching or len(table.blocks) != have or table.num_cached != have * bs:
             return 0
-        parent, end = table.digests[-1] if table.digests else ROOT, min(limit, len(token_ids))
+        parent, end = table.digests[-1] if table.digests else table.root, min(limit, len(token_ids))
         self.pool.stats.queried_tokens += max(0, end - have * bs)
         for i in range(have, end // bs):
             digest = block_digest(parent, token_ids[i * bs:(i + 1) * bs])
@@ -145,7 +152,7 @@ class PagedKVCache:
             return
         bs = self.block_size
         for i in range(len(table.digests), table.num_cached // bs):
-            parent = table.digests[-1] if table.digests else ROOT
+            parent = table.digests[-1] if table.digests else table.root
             table.digests.append(block_digest(parent, token_ids[i * bs:(i + 1) * bs]))
             self.pool.register(table.blocks[i], table.digests[-1])
             if with_features:

@@ -2,7 +2,7 @@
 
 A block is registered under a digest of its tokens and every token before it (a chain of
 BLAKE2b digests, block after block, so a digest names the whole prefix: two prefixes that differ
-anywhere never share one). A new sequence whose first blocks' digests are registered takes those
+anywhere never share one), from a root that a request's cache salt changes. A new sequence whose first blocks' digests are registered takes those
 blocks instead of computing their KV again. Only full blocks of committed tokens are registered,
 and a sequence never writes below its committed length, so a shared block is never written.
 
@@ -21,6 +21,14 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 ROOT = b"specray-prefix-root"  # the digest before a sequence's first block
+
+
+def salted_root(salt: str | None) -> bytes:
+    """The digest before the first block of a sequence with this cache salt (vLLM's `cache_salt`):
+    prefixes of different salts never share a block, so one tenant cannot time another's prompts."""
+    if salt is None:
+        return ROOT
+    return hashlib.blake2b(ROOT + b"/salt/" + salt.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def block_digest(parent: bytes, token_ids: list[int]) -> bytes:

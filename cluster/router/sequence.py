@@ -91,7 +91,7 @@ class Sequence:
             sampling = replace(sampling, min_tokens=self.params.min_tokens,
                                stop_ids=tuple(sorted(eos | set(self.params.stop_token_ids))))
         return SeqSpec(sampling, seed, self.params.logprobs, self.params.prompt_logprobs,
-                       prompt_len=len(self.prompt_token_ids))
+                       prompt_len=len(self.prompt_token_ids), cache_salt=self.params.cache_salt)
 
     def draft_spec(self) -> SeqSpec:
         """The draft's: the sampling every transport carries (SamplingConfig.for_draft)."""

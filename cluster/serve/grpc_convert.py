@@ -41,8 +41,8 @@ def invalid(details: str) -> GrpcAbort:
 
 
 # -- requests -------------------------------------------------------------------------------
-def sampling_params(sp: pb.SamplingParams, default_max_tokens: int) -> SamplingParams:
-    """SamplingParams from the wire; unset optionals take the documented defaults."""
+def sampling_params(sp: pb.SamplingParams, default_max_tokens: int, cache_salt: str | None = None) -> SamplingParams:
+    """SamplingParams from the wire (and the request's cache salt); unset optionals take the documented defaults."""
     def opt(name, default):
         return getattr(sp, name) if sp.HasField(name) else default
 
@@ -58,7 +58,7 @@ def sampling_params(sp: pb.SamplingParams, default_max_tokens: int) -> SamplingP
             allowed_token_ids=list(sp.allowed_token_ids) or None, bad_words=list(sp.bad_words) or None,
             truncate_prompt_tokens=opt("truncate_prompt_tokens", None),
             include_stop_str_in_output=sp.include_stop_str_in_output,
-            skip_special_tokens=opt("skip_special_tokens", True))
+            skip_special_tokens=opt("skip_special_tokens", True), cache_salt=cache_salt)
     except ValueError as e:
         raise invalid(str(e)) from None
 

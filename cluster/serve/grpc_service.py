@@ -183,7 +183,8 @@ class GenerationService:
             raise self._fail(Code.NOT_FOUND, f"model {request.model!r} does not exist; "
                                              f"this server serves {self.model_name!r}")
         try:
-            params = conv.sampling_params(request.sampling, self.default_max_tokens)
+            salt = request.cache_salt if request.HasField("cache_salt") else None
+            params = conv.sampling_params(request.sampling, self.default_max_tokens, salt)
             prompt, ids = await conv.prompt_input(self.prompts, request, params.truncate_prompt_tokens)
             if request.sampling.HasField("max_tokens"):
                 self.prompts.check_room(len(ids), params.max_tokens, truncate=params.truncate_prompt_tokens)

@@ -91,6 +91,7 @@ class _Common(BaseModel):
     truncate_prompt_tokens: int | None = None  # vLLM extension: keep the prompt's last k tokens (-1: the model's length)
     logit_bias: dict[str, float] | None = None  # OpenAI's: token ids (as strings) -> a bias in [-100, 100]
     request_id: str | None = None  # vLLM extension: the response's id is built from it (else a random one)
+    cache_salt: str | None = None  # vLLM extension: prefix-cache blocks shared only with the same salt
 
     @model_validator(mode="before")
     @classmethod
@@ -166,7 +167,7 @@ class _Common(BaseModel):
                                   repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
                                   allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
                                   truncate_prompt_tokens=self.truncate_prompt_tokens,
-                                  skip_special_tokens=self.skip_special_tokens,
+                                  skip_special_tokens=self.skip_special_tokens, cache_salt=self.cache_salt,
                                   prompt_logprobs=self.target_prompt_logprobs())
         except ValueError as e:  # SamplingParamError names the parameter, as the request spells it
             param = getattr(e, "param", None)

@@ -28,12 +28,11 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "modalities": off(["text"]), "audio": off(), "web_search_options": off(), "verbosity": off(),
     "prediction": off(),
     # vLLM's serving options: each would change the response or how the request is served
-    "priority": off(0), "cache_salt": off(), "documents": off([]), "return_token_ids": off(False),
+    "priority": off(0), "documents": off([]), "return_token_ids": off(False),
     "prompt_embeds": off(), "vllm_xargs": off({}), "mm_processor_kwargs": off({}), "kv_transfer_params": off(),
 }
 # what a refused field would have done, where that is not the output's text
 EFFECTS = {"priority": "it would schedule the request by priority",
-           "cache_salt": "it would keep the request's prefix-cache entries apart from other requests'",
            "return_token_ids": "it would add token ids to the response",
            "kv_transfer_params": "it would move the request's KV cache between servers"}
 

@@ -118,10 +118,12 @@ def _chat_message(index: int, m: Message) -> pb.ChatMessage:
 
 def build_request(prompt: Prompt | None = None, messages: Sequence[Message] | None = None,
                   model: str = "", sampling: Sampling | None = None, continue_final_message: bool = False,
-                  add_generation_prompt: bool | None = None, **kwargs) -> pb.GenerateRequest:
+                  add_generation_prompt: bool | None = None, cache_salt: str | None = None,
+                  **kwargs) -> pb.GenerateRequest:
     """A GenerateRequest from a text or token-id prompt, or chat messages (`continue_final_message`:
     the reply continues the last one; `add_generation_prompt`: open the assistant's turn, by default
-    unless continuing), and sampling options (a `Sampling` and/or its fields as keyword arguments)."""
+    unless continuing), and sampling options (a `Sampling` and/or its fields as keyword arguments);
+    `cache_salt`: share prefix-cache blocks only with requests of the same salt."""
     if (continue_final_message or add_generation_prompt is not None) and messages is None:
         raise ValueError("continue_final_message and add_generation_prompt apply to messages: give messages")
     if (prompt is None) == (messages is None):
@@ -134,6 +136,14 @@ def build_request(prompt: Prompt | None = None, messages: Sequence[Message] | No
     if kwargs:
         sampling = Sampling(**{**(sampling.__dict__ if sampling else {}), **kwargs})
     req = pb.GenerateRequest(model=model, sampling=(sampling or Sampling()).to_proto())
+    if cache_salt is not None:
+        if not isinstance(cache_salt, str):
+            raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
+        try:
+            req.cache_salt = cache_salt
+        except UnicodeEncodeError as e:
+            raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"cache_salt: not valid Unicode text "
+                                       f"(unpaired surrogate at character {e.start})") from None
     field = "messages" if messages is not None else "prompt"
     try:
         if messages is not None:

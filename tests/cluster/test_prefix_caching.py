@@ -271,3 +271,26 @@ def test_the_flag_reaches_the_target_workers_spec(flag, want):
 def test_a_setting_that_is_not_a_bool_is_refused(tiny_target):
     with pytest.raises(ValueError, match="enable_prefix_caching must be True or False"):
         LLM(str(tiny_target), enable_prefix_caching="yes")
+
+
+def test_a_cache_salt_shares_blocks_only_within_its_salt(tiny_target):
+    """vLLM's prompt `cache_salt`: a tenant's prompts are found only by requests with its salt (one
+    tenant could otherwise time which prompts another sent); outputs do not change."""
+    llm = engine(tiny_target, True)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+    def hit(prompt, salt=None):
+        out = llm.generate({"prompt_token_ids": prompt, **({"cache_salt": salt} if salt else {})}, params)[0]
+        return out.num_cached_tokens, out.outputs[0].token_ids
+
+    first = hit(PROMPTS[0], "tenant-1")
+    assert first[0] == 0
+    assert hit(PROMPTS[1])[0] == 0  # unsalted: the salted blocks are not found
+    assert hit(PROMPTS[2], "tenant-2")[0] == 0
+    assert hit(PROMPTS[3], "tenant-1")[0] == 36  # the same salt finds its system prompt
+    assert hit(PROMPTS[0], "tenant-1") == (36, first[1])
+    salted = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, cache_salt="tenant-2")
+    assert llm.generate({"prompt_token_ids": PROMPTS[0]}, salted)[0].num_cached_tokens == 36
+    for salt in ("", "s" * 1025, 5):
+        with pytest.raises(ValueError, match="cache_salt"):
+            llm.generate({"prompt_token_ids": PROMPTS[0], "cache_salt": salt}, params)

@@ -173,3 +173,18 @@ def test_features_kept_beside_the_kv_serve_only_the_blocks_that_hold_them():
     assert not c.featured
     with pytest.raises(AssertionError, match="features"):
         c.write_features("w", 0, torch.zeros(2, 5))
+
+
+def test_blocks_are_shared_only_between_sequences_of_the_same_salt():
+    c = cache()
+    c.salt("a", "tenant-1")
+    computed(c, "a", list(range(9)))
+    tokens = list(range(9))
+    assert c.match_prefix("plain", tokens, 8) == 0  # neither way: an unsalted sequence ...
+    c.salt("other", "tenant-2")
+    assert c.match_prefix("other", tokens, 8) == 0  # ... nor another salt takes a salted block
+    c.salt("same", "tenant-1")
+    assert c.match_prefix("same", tokens, 8) == 8 and c.tables["same"].blocks == c.tables["a"].blocks[:2]
+    computed(c, "plain", tokens)
+    c.salt("salted", "tenant-3")
+    assert c.match_prefix("salted", tokens, 8) == 0 and c.match_prefix("plain-2", tokens, 8) == 8

@@ -253,6 +253,17 @@ def test_usage_counts_the_prompt_tokens_found_in_the_prefix_cache(client):
     assert second.usage.cached_tokens == (second.usage.prompt_tokens - 1) // 16 * 16 > 0
 
 
+def test_a_cache_salt_keeps_prefix_cache_hits_within_the_salt(client):
+    prompt = " ".join(f"w{60 + i % 30}" for i in range(45))  # a prompt no other test sends
+
+    def cached(salt=None):
+        return client.generate(prompt, **greedy(), **({"cache_salt": salt} if salt else {})).usage.cached_tokens
+
+    assert [cached("tenant-1"), cached(), cached("tenant-2"), cached("tenant-1"), cached()] == [0, 0, 0, 32, 32]
+    with pytest.raises(InvalidArgumentError, match="cache_salt"):
+        cached("s" * 1025)
+
+
 def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client, offline):
     ids = offline.get_tokenizer().encode(PROMPT)
     want = offline.generate({"prompt_token_ids": ids[-2:]}, GREEDY)[0].outputs[0]

@@ -255,6 +255,17 @@ def test_usage_and_metrics_count_the_prompt_tokens_found_in_the_prefix_cache(cli
         2 * second.usage.prompt_tokens
 
 
+def test_a_cache_salt_keeps_prefix_cache_hits_within_the_salt(client):
+    prompt = " ".join(f"w{50 + i % 30}" for i in range(45))  # a prompt no other test sends
+
+    def cached(salt=None):
+        out = client.completions.create(model="tiny", prompt=prompt, temperature=0, max_tokens=2,
+                                        extra_body={"cache_salt": salt} if salt else None)
+        return out.usage.prompt_tokens_details.cached_tokens
+
+    assert [cached("tenant-1"), cached(), cached("tenant-2"), cached("tenant-1"), cached()] == [0, 0, 0, 32, 32]
+
+
 def test_a_server_error_after_the_headers_ends_the_stream_with_an_error_event(served, client, monkeypatch):
     """A bug while a streamed chunk is built (here: the logprobs') reaches the client as an error
     event and [DONE], as an API error there does, instead of a connection cut without either; the

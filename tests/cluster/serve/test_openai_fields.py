@@ -44,7 +44,8 @@ def test_a_refused_sampling_parameter_is_named_in_param(field, value):
     ({"messages": MESSAGES, "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     # vLLM's serving options it would act on: refused, not dropped
     ({"messages": MESSAGES, "request_id": "r" * 257}, "request_id"),  # it goes out in every chunk
-    ({"messages": MESSAGES, "cache_salt": "tenant-a"}, "cache_salt"),
+    ({"messages": MESSAGES, "cache_salt": ""}, "cache_salt"),
+    ({"messages": MESSAGES, "cache_salt": 5}, "cache_salt"),
     ({"messages": MESSAGES, "priority": 5}, "priority"),
     ({"messages": MESSAGES, "documents": [{"text": "w7"}]}, "documents"),
     ({"messages": MESSAGES, "return_token_ids": True}, "return_token_ids"),
