@@ -16,19 +16,10 @@ from specray.cluster.config.defaults import resolve_prefill_tokens
 from specray.cluster.config.diffusion import decode_options
 from specray.cluster.config.speculative import SpeculativeConfig
 from specray.cluster.config.worker_specs import draft_spec, num_blocks
-from specray.cluster.llm_inputs import (
-    OneThread,
-    PromptLike,
-    as_list,
-    check_conversation,
-    check_engine_args,
-    check_int_arg,
-    dtype_name,
-    is_token_id,
-    params_list,
-    parse_dtype,
-    token_ids,
-)
+from specray.cluster.generation_defaults import sampling_defaults
+from specray.cluster.llm_inputs import (OneThread, PromptLike, as_list, check_conversation, check_engine_args,
+                                         check_int_arg, check_prompt_keys, dict_token_ids, dtype_name, is_token_id,
+                                         params_list, parse_dtype, token_ids)
 from specray.cluster.outputs import CompletionOutput, Logprob, PublicLogprobs, RequestOutput
 from specray.cluster.params import MAX_API_SEED, MIN_SEED, SamplingParams
 from specray.cluster.pools.in_process import InProcessDiffusionPool, InProcessDraftPool, InProcessTargetPool
@@ -54,7 +45,8 @@ class LLM:
                  max_num_seqs: int = 32, kv_cache_tokens: int = 16384, block_size: int = 16, seed: int | None = 0,
                  pipelined: bool = False, tokenizer: str | None = None, skip_tokenizer_init: bool = False,
                  diffusion_config: dict[str, Any] | None = None, kernels: str = "exact",
-                 max_prefill_tokens: int | str | None = "auto", enable_prefix_caching: bool = True):
+                 max_prefill_tokens: int | str | None = "auto", enable_prefix_caching: bool = True,
+                 generation_config: str = "auto"):
         """`tokenizer`: a folder or alias to take the tokenizer from (default: the model's own);
         `skip_tokenizer_init`: none at all, prompts and outputs are token ids (texts stay empty).
         A diffusion LM (a LLaDA or Dream folder) is detected from its config: `speculative_config`
@@ -65,7 +57,8 @@ class LLM:
         chunks over several rounds ("auto": 256 on CPU, 64 of them while other sequences decode, 512 on
         an accelerator; None: every prompt that fits, whole), as `specray serve` does.
         `enable_prefix_caching`: a prompt's full KV blocks that an earlier request computed are taken,
-        not computed again (outputs unchanged; docs/serving.md); an autoregressive target's only."""
+        not computed again (outputs unchanged; docs/serving.md); an autoregressive target's only.
+        `generation_config`: where unset options' defaults come from, as vLLM's (cluster/generation_defaults.py)."""
         for name, flag in (("enable_prefix_caching", enable_prefix_caching), ("pipelined", pipelined),
                            ("skip_tokenizer_init", skip_tokenizer_init)):
             if type(flag) is not bool:  # "no" is truthy
@@ -89,7 +82,9 @@ class LLM:
         self.tokenizer = None if skip_tokenizer_init else resolve(tokenizer).tokenizer() if tokenizer \
             else checkpoint.tokenizer()
         self._logprobs = PublicLogprobs(self.tokenizer)
-        if is_diffusion_folder(checkpoint.path):
+        diffusion = is_diffusion_folder(checkpoint.path)  # a diffusion LM takes no generation_config defaults
+        self.sampling_defaults = sampling_defaults(generation_config, None if diffusion else checkpoint.path)
+        if diffusion:
             if kernels != "exact":
                 raise ValueError(f"kernels={kernels!r} applies to autoregressive GGUF models; {model!r} is a "
                                  "diffusion LM")
@@ -123,6 +118,13 @@ class LLM:
     def get_tokenizer(self):
         return self.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `sampling_params=None` means: SamplingParams() with the model's generation_config defaults."""
+        return SamplingParams(**self.sampling_defaults)
+
+    def _params(self, sampling_params, n: int) -> list[SamplingParams]:
+        return params_list(self.get_default_sampling_params() if sampling_params is None else sampling_params, n)
+
     def encode(self, prompt: PromptLike) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -136,17 +138,10 @@ class LLM:
         raise ValueError(f"a prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
 
     def _encode_dict(self, prompt: dict) -> tuple[str | None, list[int]]:
-        """vLLM's TextPrompt or TokensPrompt (its cache_salt: `_encode_all`); keys specray would ignore
-        (multi_modal_data, prompt_embeds, ...) are refused by name."""
-        unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids", "cache_salt"})
-        if unknown:
-            raise ValueError(f"prompt keys {unknown} are not supported; a prompt dict takes 'prompt' (text) or "
-                             "'prompt_token_ids', and 'cache_salt'")
+        """vLLM's TextPrompt or TokensPrompt (its cache_salt: `_encode_all`)."""
+        check_prompt_keys(prompt)
         if "prompt_token_ids" in prompt:
-            ids = prompt["prompt_token_ids"]
-            if not (isinstance(ids, (list, tuple)) or getattr(ids, "ndim", None) == 1):  # NumPy, torch too
-                raise ValueError(f"prompt_token_ids must be a list of token ids, got {type(ids).__name__}")
-            return prompt.get("prompt"), token_ids(ids)
+            return prompt.get("prompt"), dict_token_ids(prompt["prompt_token_ids"])
         if "prompt" in prompt:
             return self.encode(prompt["prompt"])
         raise ValueError("a prompt dict needs 'prompt' (text) or 'prompt_token_ids'")
@@ -160,14 +155,14 @@ class LLM:
         """
         prompts = as_list(prompts)
         with self._one_thread.held():
-            ids = self._add_all(prompts, params_list(sampling_params, len(prompts)))
+            ids = self._add_all(prompts, self._params(sampling_params, len(prompts)))
             return self._run(ids, use_tqdm)
 
     def stream(self, prompts: PromptLike | Seq[PromptLike], sampling_params: SamplingParams | None = None):
         """Yield every `RequestOutput` as its request advances (one per request per round). Bad prompts
         or parameters raise here, at the call; the requests start at the first `next()`."""
         prompts = as_list(prompts)
-        params = params_list(sampling_params, len(prompts))
+        params = self._params(sampling_params, len(prompts))
         return self._stream(self._encode_all(prompts, params), params)
 
     def _stream(self, encoded: list[tuple[str | None, list[int]]], params: list[SamplingParams]):

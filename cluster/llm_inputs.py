@@ -16,6 +16,22 @@ from specray.cluster.serve.prompts import CHAT_ROLES, check_text
 from specray.kernels.loader import DTYPES
 
 PromptLike = str | dict[str, Any] | list[int]
+PROMPT_KEYS = ("prompt", "prompt_token_ids", "cache_salt")
+
+
+def check_prompt_keys(prompt: dict) -> None:
+    """Keys of a prompt dict specray would ignore (multi_modal_data, prompt_embeds, ...), refused by name."""
+    unknown = sorted(set(prompt) - set(PROMPT_KEYS))
+    if unknown:
+        raise ValueError(f"prompt keys {unknown} are not supported; a prompt dict takes 'prompt' (text) or "
+                         "'prompt_token_ids', and 'cache_salt'")
+
+
+def dict_token_ids(ids) -> list[int]:
+    """A prompt dict's prompt_token_ids: a list, tuple, or a 1-D NumPy array or tensor of token ids."""
+    if not (isinstance(ids, (list, tuple)) or getattr(ids, "ndim", None) == 1):
+        raise ValueError(f"prompt_token_ids must be a list of token ids, got {type(ids).__name__}")
+    return token_ids(ids)
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:

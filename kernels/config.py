@@ -104,6 +104,27 @@ def _check_rope_scaling(rope_scaling: dict[str, Any] | None) -> dict[str, Any] |
     return {**rope_scaling, "rope_type": rope_type}
 
 
+# Hugging Face GenerationConfig's defaults of the sampling fields vLLM takes from generation_config.json:
+# a field that holds its default is no recommendation of the model's (transformers' to_diff_dict)
+HF_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_p": None, "repetition_penalty": 1.0,
+                        "max_new_tokens": None}
+
+
+def generation_sampling(generation_config: Path) -> dict[str, Any]:
+    """The sampling defaults a generation_config.json recommends, as vLLM's `--generation-config
+    auto` reads them (max_new_tokens as max_tokens); {} without the file. ValueError: not JSON."""
+    if not generation_config.is_file():
+        return {}
+    try:
+        raw = json.loads(generation_config.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{generation_config} is not JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{generation_config} is not a JSON object")
+    return {"max_tokens" if name == "max_new_tokens" else name: raw[name]
+            for name, default in HF_SAMPLING_DEFAULTS.items() if raw.get(name) is not None and raw[name] != default}
+
+
 def with_generation_eos(eos, generation_config: Path):
     """config.json's eos_token_id and those of generation_config.json beside it (an instruct model's
     end of turn is often only there: Llama 3's <|eot_id|>), as vLLM stops at both."""

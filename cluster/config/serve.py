@@ -71,6 +71,9 @@ class ServeConfig(Strict):
         description="vLLM-style keys; null serves without speculation")
     diffusion_config: dict[str, Any] | None = Field(
         None, description="diffusion LMs: block_length and steps_per_block of the static decoding served")
+    generation_config: str = Field("auto", min_length=1, description="defaults of the sampling options a request "
+                                   "leaves unset: auto (the model's generation_config.json, as vLLM), vllm "
+                                   "(OpenAI's) or a folder holding a generation_config.json")
     router: RouterConfig = RouterConfig()
     pools: PoolsConfig = PoolsConfig()
     transport: TransportConfig = TransportConfig()

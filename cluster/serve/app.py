@@ -27,10 +27,12 @@ class SpecrayServer:
         self.runtime = build_runtime(self.config)
         rt, cfg = self.runtime, self.config
         self.http = OpenAIServer(rt.async_router, rt.tokenizer, cfg.model_name, rt.api_key, cfg.http.default_max_tokens,
-                                 cfg.http.max_request_bytes, self._max_calls(), cfg.http.body_timeout_s)
+                                 cfg.http.max_request_bytes, self._max_calls(), cfg.http.body_timeout_s,
+                                 sampling_defaults=rt.sampling_defaults)
         self.generation = GenerationService(rt.async_router, rt.tokenizer, cfg.model_name, api_key=rt.api_key,
                                             metrics=self.http.metrics, default_max_tokens=cfg.http.default_max_tokens,
-                                            speculative_method=cfg.speculative_method or "", max_calls=self._max_calls())
+                                            speculative_method=cfg.speculative_method or "", max_calls=self._max_calls(),
+                                            sampling_defaults=rt.sampling_defaults)
         self.grpc_server = self._start_grpc() if cfg.grpc.enabled and cfg.grpc.server == "replica" else None
         self.http_server = self._start_http() if cfg.http.server == "replica" else None
         freeze_startup_heap()

@@ -19,7 +19,7 @@ FLAG_KEYS = {
     "api_key": "http.api_key", "api_key_file": "http.api_key_file", "grpc_port": "grpc.port",
     "grpc_tls_cert": "grpc.tls_cert_file", "grpc_tls_key": "grpc.tls_key_file", "max_num_seqs": "router.max_num_seqs",
     "max_prefill_tokens": "router.max_prefill_tokens", "max_waiting": "router.max_waiting", "kv_cache_tokens": "router.kv_cache_tokens",
-    "enable_prefix_caching": "router.enable_prefix_caching",
+    "enable_prefix_caching": "router.enable_prefix_caching", "generation_config": "generation_config",
     "max_model_len": "router.max_model_len", "transport": "transport.kind",
     "drafter_address": "transport.drafter_address", "tensor_parallel_size": "pools.target.num_workers",
     "draft_workers": "pools.draft.num_workers", "kernels": "pools.target.kernels", "worker_channel": "pools.channel",
@@ -98,6 +98,8 @@ def add_serve_flags(p) -> None:
                    help="take a prompt's KV blocks that an earlier request computed instead of computing them "
                         "again (default: on; outputs are the same either way)")
     p.add_argument("--max-model-len", type=int, help="longest prompt + output (default: the model's context)")
+    p.add_argument("--generation-config", help="defaults of the sampling options a request leaves unset: auto "
+                   "(default: the model's generation_config.json, as vLLM), vllm (OpenAI's) or a folder")
     from specray.cluster.diffusion_args import add_diffusion_args
 
     add_diffusion_args(p)
@@ -134,6 +136,7 @@ def check_model_and_context(cfg) -> None:
     deployment attempts, with tracebacks)."""
     from specray.cluster.config.worker_specs import num_blocks
     from specray.cluster.router.limits import fit_context
+    from specray.cluster.serve.runtime import runtime_sampling_defaults
     from specray.kernels.config import ModelConfig
     from specray.kernels.drafters.loading import check_draft, refuse_partial_draft
     from specray.kernels.loader import is_diffusion_model, resolve
@@ -141,6 +144,7 @@ def check_model_and_context(cfg) -> None:
     checkpoint = resolve(cfg.model)
     refuse_partial_draft(checkpoint.path, cfg.model)
     r = cfg.router
+    runtime_sampling_defaults(cfg, checkpoint.path)  # a file every request would fail on
     if is_diffusion_model(cfg.model):  # its context and block against the model's config
         from specray.cluster.router.diffusion_router import diffusion_limits
         from specray.kernels.diffusion.weights import read_config

@@ -46,9 +46,11 @@ class GenerationService:
 
     def __init__(self, router: AsyncRouter | None, tokenizer, model_name: str, api_key: str | None = None,
                  metrics: ServingMetrics | None = None, default_max_tokens: int = 256,
-                 speculative_method: str = "", max_calls: int | None = None):
-        """`max_calls`: Generate and Complete calls in flight at most; more get UNAVAILABLE (HTTP's 503)."""
+                 speculative_method: str = "", max_calls: int | None = None, sampling_defaults: dict | None = None):
+        """`max_calls`: Generate and Complete calls in flight at most; more get UNAVAILABLE (HTTP's 503).
+        `sampling_defaults`: the model's, for options a request leaves unset."""
         self.model_name, self.api_key, self.default_max_tokens = model_name, api_key, default_max_tokens
+        self.sampling_defaults = sampling_defaults or {}
         self.max_calls, self.in_flight = max_calls, 0
         self.speculative_method = speculative_method
         self.router, self.tokenizer, self.metrics = None, tokenizer, metrics
@@ -184,7 +186,7 @@ class GenerationService:
                                              f"this server serves {self.model_name!r}")
         try:
             salt = request.cache_salt if request.HasField("cache_salt") else None
-            params = conv.sampling_params(request.sampling, self.default_max_tokens, salt)
+            params = conv.sampling_params(request.sampling, self.default_max_tokens, salt, self.sampling_defaults)
             prompt, ids = await conv.prompt_input(self.prompts, request, params.truncate_prompt_tokens)
             if request.sampling.HasField("max_tokens"):
                 self.prompts.check_room(len(ids), params.max_tokens, truncate=params.truncate_prompt_tokens)

@@ -43,10 +43,13 @@ DISCONNECT_POLL_S = 0.5
 class OpenAIServer:
     def __init__(self, router: AsyncRouter, tokenizer, model_name: str, api_key: str | None = None,
                  default_max_tokens: int = 256, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                 max_calls: int | None = None, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S):
+                 max_calls: int | None = None, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+                 sampling_defaults: dict | None = None):
         """`max_calls`: calls in flight at most (health checks and metrics aside); more get 503.
-        `body_timeout_s`: a request body must arrive whole within it (408)."""
+        `body_timeout_s`: a request body must arrive whole within it (408). `sampling_defaults`:
+        the model's, for options a request leaves unset (cluster/generation_defaults.py)."""
         self.router, self.tokenizer, self.model_name = router, tokenizer, model_name
+        self.sampling_defaults = sampling_defaults or {}
         self.api_key, self.default_max_tokens = api_key, default_max_tokens
         self.metrics = ServingMetrics(router)
         self.prompts = PromptEncoder.for_limits(tokenizer, router.router.config)
@@ -204,7 +207,7 @@ class OpenAIServer:
         scoring = body.prompt_only
         if scoring:  # one token is drawn and dropped
             body.max_tokens = 1
-        params = body.sampling_params(self.default_max_tokens, body.logprobs)
+        params = body.sampling_params(self.default_max_tokens, body.logprobs, self.sampling_defaults)
         prompts = body.prompts()
         if len(prompts) > 1:
             try:
@@ -238,7 +241,7 @@ class OpenAIServer:
         self._check_model(body.model)
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
-        params = body.sampling_params(self.default_max_tokens, body.top_n())
+        params = body.sampling_params(self.default_max_tokens, body.top_n(), self.sampling_defaults)
         try:
             ids = await self.prompts.chat([m.template_fields(i) for i, m in enumerate(body.messages)],
                                           truncate=params.truncate_prompt_tokens, **body.template_options())

@@ -144,8 +144,17 @@ class _Common(BaseModel):
         """The prompt logprobs the target computes (the completions API's echo adds its own)."""
         return self.prompt_logprobs
 
-    def sampling_params(self, default_max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def _or_default(self, name: str, defaults: dict[str, Any]) -> Any:
+        """A field the client left unset takes the model's recommendation (generation_config), else ours."""
+        return getattr(self, name) if name in self.model_fields_set else defaults.get(name, getattr(self, name))
+
+    def sampling_params(self, default_max_tokens: int, logprobs: int | None,
+                        defaults: dict[str, Any] | None = None) -> SamplingParams:
+        """`defaults`: the model's sampling defaults (cluster/generation_defaults.py)."""
         self.refuse_unsupported()
+        defaults = defaults or {}
+        if self.max_tokens is None and "max_tokens" in defaults:
+            default_max_tokens = min(default_max_tokens, defaults["max_tokens"])
         for i, stop in enumerate([self.stop] if isinstance(self.stop, str) else self.stop or []):
             _check_text(stop, f"stop[{i}]")
         for i, word in enumerate(self.bad_words or []):  # the tokenizer raised on a lone surrogate: a 500
@@ -155,16 +164,18 @@ class _Common(BaseModel):
             if len(self.request_id) > MAX_REQUEST_ID_CHARS:
                 raise ApiError(400, f"request_id has at most {MAX_REQUEST_ID_CHARS} characters", param="request_id")
         try:
-            return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+            return SamplingParams(n=self.n, temperature=self._or_default("temperature", defaults),
+                                  top_p=self._or_default("top_p", defaults), top_k=self._or_default("top_k", defaults),
                                   seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
                                   max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens,
                                   ignore_eos=self.ignore_eos, logprobs=logprobs,
                                   num_speculative_tokens=self.num_speculative_tokens,
                                   verify_budget=self.verify_budget,
                                   include_stop_str_in_output=self.include_stop_str_in_output,
-                                  min_p=self.min_p, logit_bias=self.token_bias(),
+                                  min_p=self._or_default("min_p", defaults), logit_bias=self.token_bias(),
                                   presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                                  repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
+                                  repetition_penalty=self._or_default("repetition_penalty", defaults),
+                                  min_tokens=self.min_tokens,
                                   allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
                                   truncate_prompt_tokens=self.truncate_prompt_tokens,
                                   skip_special_tokens=self.skip_special_tokens, cache_salt=self.cache_salt,

@@ -3,7 +3,8 @@ and its asyncio driver. Used by the Serve deployment, and by tests and benchmark
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from specray.cluster.config.defaults import resolve_prefill_tokens
 from specray.cluster.config.serve import ServeConfig
@@ -25,6 +26,7 @@ class Runtime:
     tokenizer: object
     target_pool: object
     draft_pool: object | None
+    sampling_defaults: dict = field(default_factory=dict)  # the model's, for options a request leaves unset
 
     @property
     def api_key(self) -> str | None:
@@ -53,6 +55,13 @@ def resolve_colocation(cfg: ServeConfig) -> ServeConfig:
     return cfg.with_overrides(**{"pools.colocate": cfg.pools.colocated(alive_nodes())})
 
 
+def runtime_sampling_defaults(cfg: ServeConfig, model_folder: Path) -> dict:
+    """The model's sampling defaults (cluster/generation_defaults.py); a diffusion LM takes none."""
+    from specray.cluster.generation_defaults import sampling_defaults
+
+    return sampling_defaults(cfg.generation_config, None if cfg.diffusion else model_folder)
+
+
 def build_runtime(cfg: ServeConfig, wait_ready: bool = True) -> Runtime:
     """Start the pools on the connected Ray cluster and a router driving them."""
     checkpoint = resolve(cfg.model)  # converts a GGUF once per node; workers then find it cached
@@ -74,7 +83,7 @@ def build_runtime(cfg: ServeConfig, wait_ready: bool = True) -> Runtime:
                                 r.enable_prefix_caching)
     router = Router(target, draft, tokenizer, eos, limits)
     rounds = AsyncRouter(router, cfg.router.max_waiting, compute_thread.post, compute_thread.waiting)
-    return Runtime(cfg, router, rounds, tokenizer, target, draft)
+    return Runtime(cfg, router, rounds, tokenizer, target, draft, runtime_sampling_defaults(cfg, checkpoint.path))
 
 
 def build_diffusion_runtime(cfg: ServeConfig, checkpoint, tokenizer, wait_ready: bool = True) -> Runtime:
