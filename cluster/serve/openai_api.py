@@ -30,7 +30,6 @@ from specray.cluster.serve.middleware import CallLimit, KeyGuard, RequestLimits
 from specray.cluster.serve.errors import REQUEST_ERRORS, status_of
 from specray.cluster.serve.http_server import MAX_HEADER_BYTES
 from specray.cluster.serve.metrics import ServingMetrics
-from specray.cluster.serve.openai_body import parsed
 from specray.cluster.serve.openai_chunks import chat_choices, chat_chunks, completion_chunks, usage_body
 from specray.cluster.serve.openai_completions import Echo, completion_choice, prompt_only, prompts_only
 from specray.cluster.serve.openai_protocol import ApiError, ChatRequest, CompletionRequest, validation_error
@@ -78,8 +77,8 @@ class OpenAIServer:
         app.get("/metrics")(lambda: Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4"))
         app.get("/v1/models")(self.models)
         app.get("/v1/models/{model:path}")(self.model)
-        app.post("/v1/completions")(self._counted(parsed(CompletionRequest, self.completions)))
-        app.post("/v1/chat/completions")(self._counted(parsed(ChatRequest, self.chat)))
+        app.post("/v1/completions")(self._counted(self.completions))
+        app.post("/v1/chat/completions")(self._counted(self.chat))
         return app
 
     def health(self):
