@@ -71,7 +71,7 @@ class GrpcConfig(Strict):
     host: str | None = Field(None, min_length=1, description="interface to listen on (replica server); unset: http.host")
     max_message_bytes: int = Field(DEFAULT_MAX_REQUEST_BYTES, ge=1024,
                                    description="larger request messages get RESOURCE_EXHAUSTED (replica server)")
-    max_concurrent_streams: int = Field(100, ge=1, description="calls one connection may have open at once; more "
+    max_concurrent_streams: int = Field(1000, ge=1, description="calls one connection may have open at once; more "
                                         "wait in the client (replica server)")
     keepalive_time_s: float = Field(60.0, gt=0, description="ping a connection with calls open after this long "
                                     "without a frame from it (replica server)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
 ActorFailure = (RayActorError, GetTimeoutError)
 RANK_GRACE_S = 5.0  # a rank still busy this long after another raised is stuck in a collective
@@ -79,6 +79,6 @@ class Starting:
             return
         try:
             ready(START_TIMEOUT_S)
-        except ActorFailure as e:
+        except RayError as e:  # dead, not up in time, or its start failed otherwise: start afresh
             raise on_failure(e) from None
         self.pending = False

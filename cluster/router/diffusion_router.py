@@ -71,6 +71,10 @@ class DiffusionLimits:
                     f"stop_token_ids must be in [0, {self.vocab_size})")
 
 
+class _CallFailed(Exception):
+    """A model call raised inside the worker (its cause); the worker changed nothing."""
+
+
 @dataclass
 class DiffusionStats(RouterStats):
     model_calls: int = 0
@@ -106,24 +110,23 @@ class DiffusionRouter(RequestBook):
         if not self.running:
             return []
         group = list(self.running)
-        try:
+        try:  # a lost worker's TargetUnavailable goes to the caller, which fails what ran
             changed = self._call(group, new)
-        except TargetUnavailable:  # the worker is lost and restarting: the caller fails what ran
-            raise
-        except Exception as error:  # noqa: BLE001 - inside the worker, which changed nothing
-            changed = self._isolate(group, {item.seq_id: item for item in new}, error)
+        except _CallFailed as failed:
+            changed = self._isolate(group, {item.seq_id: item for item in new}, failed.__cause__)
         return self.outputs(changed)  # a call that finalised no token of a request has nothing to stream
 
     def _call(self, group: list[Sequence], new: list[DiffusionItem]) -> list[Sequence]:
-        """One model call for `group`, starting `new`; -> the sequences with news."""
+        """One model call for `group`, starting `new`; -> the sequences with news. _CallFailed: the
+        worker raised and changed nothing (an error committing the updates is the router's own)."""
         self.started |= {item.seq_id for item in new}  # the worker holds them once the call starts
         try:
             updates = self.target.submit_step(new, [s.seq_id for s in group]).result()
         except TargetUnavailable:
             raise
-        except Exception:
+        except Exception as error:  # noqa: BLE001
             self.started -= {item.seq_id for item in new}  # a call that raised holds none of them
-            raise
+            raise _CallFailed() from error
         self.stats.model_calls += any(u.forwarded for u in updates)  # a call that only finished canvases ran none
         by_id = {s.seq_id: s for s in group}
         return [by_id[u.seq_id] for u in updates if self._commit(by_id[u.seq_id], u)]
@@ -140,10 +143,8 @@ class DiffusionRouter(RequestBook):
             item = new.get(seq.seq_id)
             try:
                 changed += self._call([seq], [item] if item is not None else [])
-            except TargetUnavailable:
-                raise
-            except Exception as solo_error:  # noqa: BLE001
-                self.fail_request(seq.request_id, solo_error)
+            except _CallFailed as failed:
+                self.fail_request(seq.request_id, failed.__cause__)
         return changed
 
     def _commit(self, seq: Sequence, update: DiffusionUpdate) -> bool:

@@ -50,7 +50,7 @@ class GrpcLimits:
     """What one client may hold of the server (GrpcConfig's fields of the same names)."""
 
     max_message_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    max_concurrent_streams: int = 100
+    max_concurrent_streams: int = 1000
     keepalive_time_s: float = 60.0
     keepalive_timeout_s: float = 20.0
     idle_timeout_s: float = 300.0
@@ -63,12 +63,10 @@ class GrpcLimits:
         ms = lambda seconds: max(1, round(seconds * 1000))  # noqa: E731
         return [("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_concurrent_streams", self.max_concurrent_streams),
-                # a peer that stops answering pings (its machine gone) is closed and its calls cancelled;
-                # pings go on while a call waits for its request (grpc stops after 2 without data)
+                # a peer that stops answering pings (its machine gone) is closed and its calls cancelled
                 ("grpc.keepalive_time_ms", ms(self.keepalive_time_s)),
                 ("grpc.keepalive_timeout_ms", ms(self.keepalive_timeout_s)),
                 ("grpc.http2.ping_timeout_ms", ms(self.keepalive_timeout_s)),  # grpcio >= 1.6x waits this for the ack
-                ("grpc.http2.max_pings_without_data", 0),
                 ("grpc.max_connection_idle_ms", ms(self.idle_timeout_s)),
                 # gRPC sets SO_REUSEPORT by default on Linux: a second server on a taken port would share it
                 ("grpc.so_reuseport", 0)]

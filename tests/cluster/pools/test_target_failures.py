@@ -75,7 +75,7 @@ def test_a_started_worker_loads_outside_the_step_timeout(ray_cluster, tiny_targe
     from specray.cluster.pools.ray_pools import RayTargetPool
 
     cfg = config(tiny_target, tiny_draft)
-    pool = RayTargetPool(serve_target_spec(cfg), placement(cfg.pools.target), channel=False, timeout_s=1.0)
+    pool = RayTargetPool(serve_target_spec(cfg), placement(cfg.pools.target), channel=False, timeout_s=2.0)
     try:
         router = make_engine(pool, None, tiny_target)
         assert [o.outputs[0].token_ids for o in run(router, PROMPTS)] == reference[0]  # no pool.ready() first

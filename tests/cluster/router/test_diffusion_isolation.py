@@ -8,7 +8,7 @@ from diffusion_helpers import save_tiny_dllm
 from specray import LLM, SamplingParams
 from specray.cluster.router.failures import RequestFailed
 
-POISON = 50
+BAD = [5, 50]  # the poisoned request's prompt: its canvas starts with it
 PROMPTS = [[5, 6, 7], [9, 10], [11, 12, 13, 14]]
 PARAMS = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
           SamplingParams(temperature=0.9, seed=7, max_tokens=24, ignore_eos=True)]
@@ -24,7 +24,7 @@ def _poison_forward(llm):
     forward = llm.target.model.forward
 
     def poisoned(canvases, windows):
-        if any(POISON in c.tolist() for c in canvases):
+        if any(c[:2].tolist() == BAD for c in canvases):
             raise RuntimeError("worker bug")
         return forward(canvases, windows)
     llm.target.model.forward = poisoned
@@ -37,7 +37,7 @@ def _poison_acceptance(llm):
     accepted = engine._accepted
 
     def poisoned(s, drafts, scores):
-        if drafts and POISON in s.canvas.tolist():
+        if drafts and s.canvas[:2].tolist() == BAD:
             raise RuntimeError("worker bug")
         return accepted(s, drafts, scores)
     engine._accepted = poisoned
@@ -49,7 +49,7 @@ def _run(llm, params):
     outputs = {}
     for _ in range(2):  # the good ones are mid-canvas when the bad one joins their call
         outputs.update({o.request_id: o for o in router.step()})
-    bad = router.add_request([5, POISON], params)
+    bad = router.add_request(BAD, params)
     late = router.add_request(PROMPTS[2], params)  # started by the same failing call
     failures = []
     while router.has_unfinished():
@@ -70,3 +70,20 @@ def test_a_worker_error_fails_only_its_request(folder, params, poison):
     assert failures[0][1].__cause__.args == ("worker bug",)
     assert got == [w.outputs[0].token_ids for w in want]
     assert not llm.router.requests and not llm.router.started and not llm.target.engine.seqs
+
+
+def test_a_router_error_is_not_taken_for_a_worker_error(folder):
+    """An error committing a call's updates is the router's: isolating it would step the canvases the
+    worker had advanced a second time, and fail requests the worker holds as new ones."""
+    llm = LLM(str(folder), diffusion_config={"block_length": 8})
+    router = llm.router
+    for p in PROMPTS[:2]:
+        router.add_request(p, PARAMS[0])
+    router.step()
+
+    def broken(seq, update):
+        raise RuntimeError("router bug")
+    router._commit = broken
+    with pytest.raises(RuntimeError, match="router bug"):
+        router.step()
+    assert not router.take_failures()
