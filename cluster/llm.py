@@ -83,7 +83,7 @@ class LLM:
             else checkpoint.tokenizer()
         self._logprobs = PublicLogprobs(self.tokenizer)
         diffusion = is_diffusion_folder(checkpoint.path)  # a diffusion LM takes no generation_config defaults
-        self.sampling_defaults = sampling_defaults(generation_config, None if diffusion else checkpoint.path)
+        self.sampling_defaults = sampling_defaults(generation_config, checkpoint.path, diffusion)
         if diffusion:
             if kernels != "exact":
                 raise ValueError(f"kernels={kernels!r} applies to autoregressive GGUF models; {model!r} is a "

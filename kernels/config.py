@@ -110,17 +110,20 @@ HF_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_p": 
                         "max_new_tokens": None}
 
 
-def generation_sampling(generation_config: Path) -> dict[str, Any]:
-    """The sampling defaults a generation_config.json recommends, as vLLM's `--generation-config
-    auto` reads them (max_new_tokens as max_tokens); {} without the file. ValueError: not JSON."""
-    if not generation_config.is_file():
+def generation_sampling(folder: Path) -> dict[str, Any]:
+    """The sampling defaults a model folder recommends, as vLLM reads them: its generation_config.json,
+    else its config.json (transformers' GenerationConfig.from_model_config), max_new_tokens as
+    max_tokens; {} with neither. ValueError: a file that cannot be read as a JSON object."""
+    path = next((folder / name for name in ("generation_config.json", "config.json") if (folder / name).is_file()),
+                None)
+    if path is None:
         return {}
     try:
-        raw = json.loads(generation_config.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{generation_config} is not JSON: {e}") from None
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        raise ValueError(f"{path} cannot be read as JSON: {e}") from None
     if not isinstance(raw, dict):
-        raise ValueError(f"{generation_config} is not a JSON object")
+        raise ValueError(f"{path} is not a JSON object")
     return {"max_tokens" if name == "max_new_tokens" else name: raw[name]
             for name, default in HF_SAMPLING_DEFAULTS.items() if raw.get(name) is not None and raw[name] != default}
 

@@ -118,11 +118,12 @@ class ServeConfig(Strict):
         return self
 
     def _autoregressive_only(self) -> list[str]:
-        """The draft transport's settings, which only an autoregressive model's draft pool reads (the
-        router's KV and prefill settings are not refused: the Helm chart writes them for every model)."""
-        if self.transport.kind not in ("auto", "inline") or self.transport.drafter_address:
-            return ["transport"]
-        return []
+        """The draft transport's settings, which only an autoregressive model's draft pool reads, and a
+        generation_config folder (the router's KV and prefill settings are not refused: the Helm chart
+        writes them for every model)."""
+        ignored = ["transport"] if self.transport.kind not in ("auto", "inline") or self.transport.drafter_address \
+            else []
+        return ignored + (["generation_config"] if self.generation_config not in ("auto", "vllm") else [])
 
     @property
     def diffusion(self) -> bool:

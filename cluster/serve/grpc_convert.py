@@ -44,24 +44,19 @@ def invalid(details: str) -> GrpcAbort:
 def sampling_params(sp: pb.SamplingParams, default_max_tokens: int, cache_salt: str | None = None,
                     defaults: dict | None = None) -> SamplingParams:
     """SamplingParams from the wire (and the request's cache salt); unset optionals take the model's
-    `defaults` (generation_config), else the documented ones; so do top_k and min_p at 0."""
+    `defaults` (generation_config), else the documented ones."""
     defaults = defaults or {}
-    max_tokens = sp.max_tokens if sp.HasField("max_tokens") else min(default_max_tokens,
-                                                                      defaults.get("max_tokens", default_max_tokens))
 
     def opt(name, default):
         return getattr(sp, name) if sp.HasField(name) else defaults.get(name, default)
 
-    def plain(name):  # a field without presence: 0 is unset (top_k -1 turns a model's top_k off)
-        return getattr(sp, name) or defaults.get(name, 0)
-
     try:
         return SamplingParams(
-            n=opt("n", 1), temperature=opt("temperature", 1.0), top_p=opt("top_p", 1.0), top_k=plain("top_k"),
-            seed=opt("seed", None), max_tokens=max_tokens, stop=list(sp.stop),
+            n=opt("n", 1), temperature=opt("temperature", 1.0), top_p=opt("top_p", 1.0), top_k=opt("top_k", 0),
+            seed=opt("seed", None), max_tokens=opt("max_tokens", default_max_tokens), stop=list(sp.stop),
             stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos, logprobs=opt("logprobs", None),
             num_speculative_tokens=opt("num_speculative_tokens", None), verify_budget=opt("verify_budget", None),
-            prompt_logprobs=opt("prompt_logprobs", None), min_p=plain("min_p"), logit_bias=dict(sp.logit_bias) or None,
+            prompt_logprobs=opt("prompt_logprobs", None), min_p=opt("min_p", 0.0), logit_bias=dict(sp.logit_bias) or None,
             presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty,
             repetition_penalty=opt("repetition_penalty", 1.0), min_tokens=sp.min_tokens,
             allowed_token_ids=list(sp.allowed_token_ids) or None, bad_words=list(sp.bad_words) or None,

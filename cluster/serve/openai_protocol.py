@@ -153,8 +153,7 @@ class _Common(BaseModel):
         """`defaults`: the model's sampling defaults (cluster/generation_defaults.py)."""
         self.refuse_unsupported()
         defaults = defaults or {}
-        if self.max_tokens is None and "max_tokens" in defaults:
-            default_max_tokens = min(default_max_tokens, defaults["max_tokens"])
+        default_max_tokens = defaults.get("max_tokens", default_max_tokens)  # vLLM's: the model's first
         for i, stop in enumerate([self.stop] if isinstance(self.stop, str) else self.stop or []):
             _check_text(stop, f"stop[{i}]")
         for i, word in enumerate(self.bad_words or []):  # the tokenizer raised on a lone surrogate: a 500

@@ -59,7 +59,7 @@ def runtime_sampling_defaults(cfg: ServeConfig, model_folder: Path) -> dict:
     """The model's sampling defaults (cluster/generation_defaults.py); a diffusion LM takes none."""
     from specray.cluster.generation_defaults import sampling_defaults
 
-    return sampling_defaults(cfg.generation_config, None if cfg.diffusion else model_folder)
+    return sampling_defaults(cfg.generation_config, model_folder, cfg.diffusion)
 
 
 def build_runtime(cfg: ServeConfig, wait_ready: bool = True) -> Runtime:

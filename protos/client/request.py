@@ -18,9 +18,9 @@ class Sampling:
     """Sampling parameters; None means the server's default (see generate.proto)."""
 
     max_tokens: int | None = None
-    temperature: float | None = None  # 0 = greedy; server default 1.0
+    temperature: float | None = None  # 0 = greedy
     top_p: float | None = None
-    top_k: int = 0
+    top_k: int | None = None  # 0 or -1: off
     n: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] = field(default_factory=list)
@@ -30,14 +30,14 @@ class Sampling:
     num_speculative_tokens: int | None = None  # 0 turns speculation off for this request
     verify_budget: int | None = None  # draft tokens verified a round for this request, within the server's
     prompt_logprobs: int | None = None  # each prompt token's logprob (from the second) and this many top ones
-    min_p: float = 0.0  # drop tokens below min_p x the most likely one's probability
+    min_p: float | None = None  # drop tokens below min_p x the most likely one's probability; 0: off
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit, in [-100, 100]
     presence_penalty: float = 0.0  # once per token the output holds, in [-2, 2]
     frequency_penalty: float = 0.0  # per occurrence in the output, in [-2, 2]
     min_tokens: int = 0  # output tokens before EOS, a stop token or a stop string may end a choice
     allowed_token_ids: list[int] | None = None  # only these can be drawn; None: all
     bad_words: list[str] | None = None  # never generated
-    repetition_penalty: float | None = None  # divides logits of prompt and output tokens, > 0; server: 1.0
+    repetition_penalty: float | None = None  # divides logits of prompt and output tokens, > 0; 1: off
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: the model's length); None: all
     include_stop_str_in_output: bool = False  # keep a stop string's or stop token's text in the output text
     skip_special_tokens: bool | None = None  # special tokens out of the texts; server: True
@@ -50,15 +50,15 @@ class Sampling:
             _refuse("bad_words", "a list of strings, not a string")
         if self.allowed_token_ids is not None and len(self.allowed_token_ids) == 0:  # the wire's empty is "all"
             _refuse("allowed_token_ids", "give at least one token id (leave it out for all)")
-        values = {"top_k": self.top_k, "ignore_eos": self.ignore_eos, "stop_token_ids": self.stop_token_ids,
+        values = {"ignore_eos": self.ignore_eos, "stop_token_ids": self.stop_token_ids,
                   "include_stop_str_in_output": self.include_stop_str_in_output,
                   "skip_special_tokens": self.skip_special_tokens,
-                  "min_p": self.min_p, "logit_bias": self.logit_bias or {},
+                  "logit_bias": self.logit_bias or {},
                   "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                   "min_tokens": self.min_tokens, "allowed_token_ids": self.allowed_token_ids or [],
                   "bad_words": self.bad_words or [],
                   "stop": [self.stop] if isinstance(self.stop, str) else self.stop or []}
-        for name in ("max_tokens", "temperature", "top_p", "n", "seed", "logprobs", "num_speculative_tokens",
+        for name in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed", "logprobs", "num_speculative_tokens",
                      "verify_budget", "prompt_logprobs", "repetition_penalty", "truncate_prompt_tokens"):
             values[name] = getattr(self, name)  # unset optionals (None) keep the server's default
         if _is_int(self.seed) and -2 ** 63 <= self.seed < 0:  # HTTP's negative seeds: the same draws mod 2^64

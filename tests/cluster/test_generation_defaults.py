@@ -32,19 +32,24 @@ def folder(tiny_target, tmp_path_factory):
 
 
 def test_only_fields_that_differ_from_hugging_faces_defaults_are_read(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"temperature": 0.5, "top_p": 0.9}))
+    assert generation_sampling(tmp_path) == {"temperature": 0.5, "top_p": 0.9}  # a legacy config.json's, alone
     path = tmp_path / "generation_config.json"
     path.write_text(json.dumps({**RECOMMENDED, "repetition_penalty": 1.1, "min_p": 0.05, "bos_token_id": 1}))
-    assert generation_sampling(path) == {"temperature": 0.0, "max_tokens": 5, "repetition_penalty": 1.1,
-                                         "min_p": 0.05}  # top_k 50 and top_p 1.0 are Hugging Face's own
-    assert generation_sampling(tmp_path / "absent.json") == {}
-    assert sampling_defaults("vllm", tmp_path) == {}
+    assert generation_sampling(tmp_path) == {"temperature": 0.0, "max_tokens": 5, "repetition_penalty": 1.1,
+                                             "min_p": 0.05}  # top_k 50 and top_p 1.0 are Hugging Face's own
+    assert generation_sampling(tmp_path / "absent") == {}
+    assert sampling_defaults("vllm", tmp_path) == {} and sampling_defaults(tmp_path, tmp_path / "x")["min_p"] == 0.05
+    assert sampling_defaults("auto", tmp_path, diffusion=True) == {}
+    with pytest.raises(ValueError, match="diffusion LM takes 'auto' or 'vllm'"):
+        sampling_defaults(str(tmp_path), tmp_path, diffusion=True)
     path.write_text(json.dumps({"temperature": -1}))
-    with pytest.raises(ValueError, match="generation_config.json: temperature"):
+    with pytest.raises(ValueError, match="generation config: temperature"):
         sampling_defaults("auto", tmp_path)
     path.write_text("{not json")
-    with pytest.raises(ValueError, match="is not JSON"):
+    with pytest.raises(ValueError, match="cannot be read as JSON"):
         sampling_defaults("auto", tmp_path)
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(ValueError, match="is not a folder"):
         sampling_defaults(str(tmp_path / "nowhere"), tmp_path)
 
 
@@ -89,3 +94,16 @@ def test_http_and_grpc_fill_only_what_a_request_leaves_unset(servers, tiny_targe
         assert client.generate(PROMPT).choices[0].token_ids == want.outputs[0].token_ids
         assert client.generate(PROMPT, temperature=1.0, seed=3, ignore_eos=True).choices[0].token_ids == \
             reference.generate({"prompt_token_ids": PROMPT}, sampled)[0].outputs[0].token_ids
+
+
+def test_grpc_tells_an_explicit_zero_from_an_unset_field():
+    """top_k and min_p have presence on the wire: 0 turns a model's top_k or min_p off."""
+    from specray.client import Sampling
+    from specray.cluster.serve.grpc_convert import sampling_params
+
+    model = {"top_k": 20, "min_p": 0.05, "temperature": 0.7, "max_tokens": 300}
+    unset = sampling_params(Sampling().to_proto(), 256, defaults=model)
+    assert (unset.top_k, unset.min_p, unset.temperature, unset.max_tokens) == (20, 0.05, 0.7, 300)
+    off = sampling_params(Sampling(top_k=0, min_p=0.0, temperature=1.0, max_tokens=8).to_proto(), 256, defaults=model)
+    assert (off.top_k, off.min_p, off.temperature, off.max_tokens) == (0, 0.0, 1.0, 8)
+    assert sampling_params(Sampling().to_proto(), 256).max_tokens == 256

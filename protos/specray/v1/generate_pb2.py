@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19specray/v1/generate.proto\x12\nspecray.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"H\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x11\n\x04name\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x07\n\x05_name\"\x97\x01\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.specray.v1.ChatMessage\x12\x1e\n\x16\x63ontinue_final_message\x18\x02 \x01(\x08\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x03 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\x8c\x07\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x0e\n\x01n\x18\x05 \x01(\x05H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x04\x88\x01\x01\x12\x15\n\x08logprobs\x18\t \x01(\x05H\x05\x88\x01\x01\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12#\n\x16num_speculative_tokens\x18\x0b \x01(\x05H\x06\x88\x01\x01\x12\x1a\n\rverify_budget\x18\x0c \x01(\x05H\x07\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\r \x01(\x05H\x08\x88\x01\x01\x12\r\n\x05min_p\x18\x0e \x01(\x01\x12=\n\nlogit_bias\x18\x0f \x03(\x0b\x32).specray.v1.SamplingParams.LogitBiasEntry\x12\x18\n\x10presence_penalty\x18\x10 \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x11 \x01(\x01\x12\x1f\n\x12repetition_penalty\x18\x12 \x01(\x01H\t\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x13 \x01(\x05\x12\x19\n\x11\x61llowed_token_ids\x18\x14 \x03(\x05\x12\x11\n\tbad_words\x18\x15 \x03(\t\x12#\n\x16truncate_prompt_tokens\x18\x16 \x01(\x05H\n\x88\x01\x01\x12\"\n\x1ainclude_stop_str_in_output\x18\x17 \x01(\x08\x12 \n\x13skip_special_tokens\x18\x18 \x01(\x08H\x0b\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x04\n\x02_nB\x07\n\x05_seedB\x0b\n\t_logprobsB\x19\n\x17_num_speculative_tokensB\x10\n\x0e_verify_budgetB\x12\n\x10_prompt_logprobsB\x15\n\x13_repetition_penaltyB\x19\n\x17_truncate_prompt_tokensB\x16\n\x14_skip_special_tokens\"\xe5\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.specray.v1.TokenIdsH\x00\x12(\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x18.specray.v1.ChatMessagesH\x00\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.specray.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x06 \x01(\tH\x01\x88\x01\x01\x42\x08\n\x06promptB\r\n\x0b_cache_salt\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\"\x81\x01\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12#\n\x03top\x18\x04 \x03(\x0b\x32\x16.specray.v1.TopLogprob\x12\x11\n\x04rank\x18\x05 \x01(\x05H\x00\x88\x01\x01\x42\x07\n\x05_rank\"\x9a\x01\n\x0b\x43hoiceDelta\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12*\n\x08logprobs\x18\x04 \x03(\x0b\x32\x18.specray.v1.TokenLogprob\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.specray.v1.FinishReason\"f\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x05\x12\x15\n\rcached_tokens\x18\x04 \x01(\x05\"\xaf\x01\n\x12SpeculativeMetrics\x12\x12\n\nnum_rounds\x18\x01 \x01(\x05\x12\x18\n\x10num_draft_tokens\x18\x02 \x01(\x05\x12\x1b\n\x13num_accepted_tokens\x18\x03 \x01(\x05\x12\x1a\n\x12num_emitted_tokens\x18\x04 \x01(\x05\x12\x19\n\x11\x61\x63\x63\x65ptance_length\x18\x05 \x01(\x02\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x06 \x01(\x02\"\x8d\x01\n\x0c\x43hoiceFinish\x12\r\n\x05index\x18\x01 \x01(\x05\x12/\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x18.specray.v1.FinishReason\x12\x17\n\rstop_token_id\x18\x03 \x01(\x05H\x00\x12\x15\n\x0bstop_string\x18\x04 \x01(\tH\x00\x42\r\n\x0bstop_reason\"\xd5\x01\n\x0fGenerateSummary\x12)\n\x07\x63hoices\x18\x01 \x03(\x0b\x32\x18.specray.v1.ChoiceFinish\x12 \n\x05usage\x18\x02 \x01(\x0b\x32\x11.specray.v1.Usage\x12\x33\n\x0bspeculative\x18\x03 \x01(\x0b\x32\x1e.specray.v1.SpeculativeMetrics\x12\r\n\x05model\x18\x04 \x01(\t\x12\x31\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32\x18.specray.v1.TokenLogprob\"\x89\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12(\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x17.specray.v1.ChoiceDeltaH\x00\x12.\n\x07summary\x18\x03 \x01(\x0b\x32\x1b.specray.v1.GenerateSummaryH\x00\x42\x07\n\x05\x65vent\"\x8e\x01\n\x06\x43hoice\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12*\n\x08logprobs\x18\x04 \x03(\x0b\x32\x18.specray.v1.TokenLogprob\x12(\n\x06\x66inish\x18\x05 \x01(\x0b\x32\x18.specray.v1.ChoiceFinish\"\xe4\x01\n\x10\x43ompleteResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12#\n\x07\x63hoices\x18\x03 \x03(\x0b\x32\x12.specray.v1.Choice\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.specray.v1.Usage\x12\x33\n\x0bspeculative\x18\x05 \x01(\x0b\x32\x1e.specray.v1.SpeculativeMetrics\x12\x31\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x18.specray.v1.TokenLogprob\"\x13\n\x11ListModelsRequest\"X\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08owned_by\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\x05\x12\x1a\n\x12speculative_method\x18\x04 \x01(\t\"7\n\x12ListModelsResponse\x12!\n\x06models\x18\x01 \x03(\x0b\x32\x11.specray.v1.Model*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xe9\x01\n\nGeneration\x12G\n\x08Generate\x12\x1b.specray.v1.GenerateRequest\x1a\x1c.specray.v1.GenerateResponse0\x01\x12\x45\n\x08\x43omplete\x12\x1b.specray.v1.GenerateRequest\x1a\x1c.specray.v1.CompleteResponse\x12K\n\nListModels\x12\x1d.specray.v1.ListModelsRequest\x1a\x1e.specray.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19specray/v1/generate.proto\x12\nspecray.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"H\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x11\n\x04name\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x07\n\x05_name\"\x97\x01\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.specray.v1.ChatMessage\x12\x1e\n\x16\x63ontinue_final_message\x18\x02 \x01(\x08\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x03 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\xaa\x07\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x0e\n\x01n\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x05\x88\x01\x01\x12\x15\n\x08logprobs\x18\t \x01(\x05H\x06\x88\x01\x01\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12#\n\x16num_speculative_tokens\x18\x0b \x01(\x05H\x07\x88\x01\x01\x12\x1a\n\rverify_budget\x18\x0c \x01(\x05H\x08\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\r \x01(\x05H\t\x88\x01\x01\x12\x12\n\x05min_p\x18\x0e \x01(\x01H\n\x88\x01\x01\x12=\n\nlogit_bias\x18\x0f \x03(\x0b\x32).specray.v1.SamplingParams.LogitBiasEntry\x12\x18\n\x10presence_penalty\x18\x10 \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x11 \x01(\x01\x12\x1f\n\x12repetition_penalty\x18\x12 \x01(\x01H\x0b\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x13 \x01(\x05\x12\x19\n\x11\x61llowed_token_ids\x18\x14 \x03(\x05\x12\x11\n\tbad_words\x18\x15 \x03(\t\x12#\n\x16truncate_prompt_tokens\x18\x16 \x01(\x05H\x0c\x88\x01\x01\x12\"\n\x1ainclude_stop_str_in_output\x18\x17 \x01(\x08\x12 \n\x13skip_special_tokens\x18\x18 \x01(\x08H\r\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x04\n\x02_nB\x07\n\x05_seedB\x0b\n\t_logprobsB\x19\n\x17_num_speculative_tokensB\x10\n\x0e_verify_budgetB\x12\n\x10_prompt_logprobsB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x19\n\x17_truncate_prompt_tokensB\x16\n\x14_skip_special_tokens\"\xe5\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.specray.v1.TokenIdsH\x00\x12(\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x18.specray.v1.ChatMessagesH\x00\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.specray.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x06 \x01(\tH\x01\x88\x01\x01\x42\x08\n\x06promptB\r\n\x0b_cache_salt\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\"\x81\x01\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12#\n\x03top\x18\x04 \x03(\x0b\x32\x16.specray.v1.TopLogprob\x12\x11\n\x04rank\x18\x05 \x01(\x05H\x00\x88\x01\x01\x42\x07\n\x05_rank\"\x9a\x01\n\x0b\x43hoiceDelta\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12*\n\x08logprobs\x18\x04 \x03(\x0b\x32\x18.specray.v1.TokenLogprob\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.specray.v1.FinishReason\"f\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x05\x12\x15\n\rcached_tokens\x18\x04 \x01(\x05\"\xaf\x01\n\x12SpeculativeMetrics\x12\x12\n\nnum_rounds\x18\x01 \x01(\x05\x12\x18\n\x10num_draft_tokens\x18\x02 \x01(\x05\x12\x1b\n\x13num_accepted_tokens\x18\x03 \x01(\x05\x12\x1a\n\x12num_emitted_tokens\x18\x04 \x01(\x05\x12\x19\n\x11\x61\x63\x63\x65ptance_length\x18\x05 \x01(\x02\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x06 \x01(\x02\"\x8d\x01\n\x0c\x43hoiceFinish\x12\r\n\x05index\x18\x01 \x01(\x05\x12/\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x18.specray.v1.FinishReason\x12\x17\n\rstop_token_id\x18\x03 \x01(\x05H\x00\x12\x15\n\x0bstop_string\x18\x04 \x01(\tH\x00\x42\r\n\x0bstop_reason\"\xd5\x01\n\x0fGenerateSummary\x12)\n\x07\x63hoices\x18\x01 \x03(\x0b\x32\x18.specray.v1.ChoiceFinish\x12 \n\x05usage\x18\x02 \x01(\x0b\x32\x11.specray.v1.Usage\x12\x33\n\x0bspeculative\x18\x03 \x01(\x0b\x32\x1e.specray.v1.SpeculativeMetrics\x12\r\n\x05model\x18\x04 \x01(\t\x12\x31\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32\x18.specray.v1.TokenLogprob\"\x89\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12(\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x17.specray.v1.ChoiceDeltaH\x00\x12.\n\x07summary\x18\x03 \x01(\x0b\x32\x1b.specray.v1.GenerateSummaryH\x00\x42\x07\n\x05\x65vent\"\x8e\x01\n\x06\x43hoice\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12*\n\x08logprobs\x18\x04 \x03(\x0b\x32\x18.specray.v1.TokenLogprob\x12(\n\x06\x66inish\x18\x05 \x01(\x0b\x32\x18.specray.v1.ChoiceFinish\"\xe4\x01\n\x10\x43ompleteResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12#\n\x07\x63hoices\x18\x03 \x03(\x0b\x32\x12.specray.v1.Choice\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.specray.v1.Usage\x12\x33\n\x0bspeculative\x18\x05 \x01(\x0b\x32\x1e.specray.v1.SpeculativeMetrics\x12\x31\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x18.specray.v1.TokenLogprob\"\x13\n\x11ListModelsRequest\"X\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08owned_by\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\x05\x12\x1a\n\x12speculative_method\x18\x04 \x01(\t\"7\n\x12ListModelsResponse\x12!\n\x06models\x18\x01 \x03(\x0b\x32\x11.specray.v1.Model*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xe9\x01\n\nGeneration\x12G\n\x08Generate\x12\x1b.specray.v1.GenerateRequest\x1a\x1c.specray.v1.GenerateResponse0\x01\x12\x45\n\x08\x43omplete\x12\x1b.specray.v1.GenerateRequest\x1a\x1c.specray.v1.CompleteResponse\x12K\n\nListModels\x12\x1d.specray.v1.ListModelsRequest\x1a\x1e.specray.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=3116
-  _globals['_FINISHREASON']._serialized_end=3236
+  _globals['_FINISHREASON']._serialized_start=3146
+  _globals['_FINISHREASON']._serialized_end=3266
   _globals['_TOKENIDS']._serialized_start=41
   _globals['_TOKENIDS']._serialized_end=64
   _globals['_CHATMESSAGE']._serialized_start=66
@@ -42,37 +42,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHATMESSAGES']._serialized_start=141
   _globals['_CHATMESSAGES']._serialized_end=292
   _globals['_SAMPLINGPARAMS']._serialized_start=295
-  _globals['_SAMPLINGPARAMS']._serialized_end=1203
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=947
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=995
-  _globals['_GENERATEREQUEST']._serialized_start=1206
-  _globals['_GENERATEREQUEST']._serialized_end=1435
-  _globals['_TOPLOGPROB']._serialized_start=1437
-  _globals['_TOPLOGPROB']._serialized_end=1499
-  _globals['_TOKENLOGPROB']._serialized_start=1502
-  _globals['_TOKENLOGPROB']._serialized_end=1631
-  _globals['_CHOICEDELTA']._serialized_start=1634
-  _globals['_CHOICEDELTA']._serialized_end=1788
-  _globals['_USAGE']._serialized_start=1790
-  _globals['_USAGE']._serialized_end=1892
-  _globals['_SPECULATIVEMETRICS']._serialized_start=1895
-  _globals['_SPECULATIVEMETRICS']._serialized_end=2070
-  _globals['_CHOICEFINISH']._serialized_start=2073
-  _globals['_CHOICEFINISH']._serialized_end=2214
-  _globals['_GENERATESUMMARY']._serialized_start=2217
-  _globals['_GENERATESUMMARY']._serialized_end=2430
-  _globals['_GENERATERESPONSE']._serialized_start=2433
-  _globals['_GENERATERESPONSE']._serialized_end=2570
-  _globals['_CHOICE']._serialized_start=2573
-  _globals['_CHOICE']._serialized_end=2715
-  _globals['_COMPLETERESPONSE']._serialized_start=2718
-  _globals['_COMPLETERESPONSE']._serialized_end=2946
-  _globals['_LISTMODELSREQUEST']._serialized_start=2948
-  _globals['_LISTMODELSREQUEST']._serialized_end=2967
-  _globals['_MODEL']._serialized_start=2969
-  _globals['_MODEL']._serialized_end=3057
-  _globals['_LISTMODELSRESPONSE']._serialized_start=3059
-  _globals['_LISTMODELSRESPONSE']._serialized_end=3114
-  _globals['_GENERATION']._serialized_start=3239
-  _globals['_GENERATION']._serialized_end=3472
+  _globals['_SAMPLINGPARAMS']._serialized_end=1233
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=957
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=1005
+  _globals['_GENERATEREQUEST']._serialized_start=1236
+  _globals['_GENERATEREQUEST']._serialized_end=1465
+  _globals['_TOPLOGPROB']._serialized_start=1467
+  _globals['_TOPLOGPROB']._serialized_end=1529
+  _globals['_TOKENLOGPROB']._serialized_start=1532
+  _globals['_TOKENLOGPROB']._serialized_end=1661
+  _globals['_CHOICEDELTA']._serialized_start=1664
+  _globals['_CHOICEDELTA']._serialized_end=1818
+  _globals['_USAGE']._serialized_start=1820
+  _globals['_USAGE']._serialized_end=1922
+  _globals['_SPECULATIVEMETRICS']._serialized_start=1925
+  _globals['_SPECULATIVEMETRICS']._serialized_end=2100
+  _globals['_CHOICEFINISH']._serialized_start=2103
+  _globals['_CHOICEFINISH']._serialized_end=2244
+  _globals['_GENERATESUMMARY']._serialized_start=2247
+  _globals['_GENERATESUMMARY']._serialized_end=2460
+  _globals['_GENERATERESPONSE']._serialized_start=2463
+  _globals['_GENERATERESPONSE']._serialized_end=2600
+  _globals['_CHOICE']._serialized_start=2603
+  _globals['_CHOICE']._serialized_end=2745
+  _globals['_COMPLETERESPONSE']._serialized_start=2748
+  _globals['_COMPLETERESPONSE']._serialized_end=2976
+  _globals['_LISTMODELSREQUEST']._serialized_start=2978
+  _globals['_LISTMODELSREQUEST']._serialized_end=2997
+  _globals['_MODEL']._serialized_start=2999
+  _globals['_MODEL']._serialized_end=3087
+  _globals['_LISTMODELSRESPONSE']._serialized_start=3089
+  _globals['_LISTMODELSRESPONSE']._serialized_end=3144
+  _globals['_GENERATION']._serialized_start=3269
+  _globals['_GENERATION']._serialized_end=3502
 # @@protoc_insertion_point(module_scope)

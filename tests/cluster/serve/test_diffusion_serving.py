@@ -144,7 +144,8 @@ def test_serve_config_and_flags(dllm, tiny_target):
                        ({"pools": {"target": {"num_workers": 2}}}, "one worker"),
                        ({"pools": {"target": {"kernels": "fast"}}}, "is a diffusion LM"),  # was served exact
                        # no draft pool: a drafter's address was ignored
-                       ({"transport": {"kind": "grpc", "drafter_address": "h:1"}}, "transport apply to")]:
+                       ({"transport": {"kind": "grpc", "drafter_address": "h:1"}}, "transport apply to"),
+                       ({"generation_config": "/some/folder"}, "generation_config apply to")]:
         with pytest.raises(ValueError, match=words):
             ServeConfig.from_dict({"model": str(dllm), **bad})
     with pytest.raises(ValueError, match="autoregressive"):
