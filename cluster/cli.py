@@ -161,7 +161,8 @@ def cmd_generate(args) -> int:
     spec, diffusion_config = diffusion if diffusion else (speculative_config(args), None)
     llm = LLM(args.model, speculative_config=spec, dtype=args.dtype, device=args.device,
               max_model_len=args.max_model_len, kv_cache_tokens=args.kv_cache_tokens,
-              diffusion_config=diffusion_config, kernels=args.kernels)
+              diffusion_config=diffusion_config, kernels=args.kernels,
+              generation_config="vllm")  # its flags set every sampling option: the model's file is not read
     inputs = ([{"prompt_token_ids": llm.apply_chat_template([{"role": "user", "content": p}])} for p in prompts]
               if args.chat_template else prompts)
     start, printed, finished = time.perf_counter(), {}, []
