@@ -112,6 +112,10 @@ class AsyncRouter:
         """Sequences waiting for a place in the running batch (a request with n choices counts n)."""
         return len(self.router.waiting) + self._queued_seqs
 
+    def _free_places(self) -> int:
+        """Places the running batch has free (read off the rounds' thread: a round may take one meanwhile)."""
+        return max(0, self.router.config.max_num_seqs - len(self.router.running))
+
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
                        prompt: str | None = None) -> AsyncIterator[RequestOutput]:
         """Yield the request's output after every round until it finishes. Raises ValueError for
@@ -129,9 +133,10 @@ class AsyncRouter:
                 raise RouterStopped("the router is shutting down; retry")
             if self._broken is not None:
                 raise RouterStopped("the router stopped after an internal error; the replica restarts") from self._broken
-            if self.num_waiting + params.n > self.max_waiting:
-                raise QueueFullError(f"{self.num_waiting} sequences are already waiting (at most "
-                                     f"{self.max_waiting}); retry later")
+            queued = self.num_waiting - self._free_places()  # a burst into an idle batch takes its places first
+            if queued + params.n > self.max_waiting:
+                raise QueueFullError(f"{queued} sequences are already waiting for a place in the running batch "
+                                     f"(at most {self.max_waiting}); retry later")
             self._streams[request_id] = (asyncio.get_running_loop(), stream)
             self._queued_seqs += params.n
         finished = False
