@@ -38,6 +38,8 @@ def sampling_defaults(generation_config: str | os.PathLike, model_folder: Path,
     folder = Path(model_folder if generation_config == "auto" else generation_config)
     if generation_config != "auto" and not folder.is_dir():
         raise ValueError(f"generation_config: {folder} is not a folder ('auto': the model's; 'vllm': none)")
+    if generation_config != "auto" and not any((folder / f).is_file() for f in ("generation_config.json", "config.json")):
+        raise ValueError(f"generation_config: {folder} holds no generation_config.json (nor config.json)")
     defaults = generation_sampling(folder)
     try:
         SamplingParams(**defaults)

@@ -3,13 +3,27 @@ how the router reaches them (cluster/config/serve.py holds the rest)."""
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
+MAX_SETTING = 2**31 - 1  # Ray's and torch's int32 fields: a larger count failed deep in a deployment
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    @field_validator("*")
+    @classmethod
+    def _sized(cls, v: Any) -> Any:
+        """Numbers a deployment can use: integers up to 2^31 - 1, finite floats (the field named)."""
+        if isinstance(v, int) and not isinstance(v, bool) and v > MAX_SETTING:
+            raise ValueError(f"must be at most {MAX_SETTING}, got {v}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"must be a finite number, got {v}")
+        return v
 
 
 class PoolConfig(Strict):

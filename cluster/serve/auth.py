@@ -11,4 +11,6 @@ def authorized(sent: str | bytes | None, api_key: str | None) -> bool:
         return True
     if isinstance(sent, bytes):
         sent = sent.decode("utf-8", "replace")
-    return hmac.compare_digest((sent or "").encode(), f"Bearer {api_key}".encode())
+    scheme, _, token = (sent or "").partition(" ")
+    ok = hmac.compare_digest(token.encode(), api_key.encode())
+    return ok and scheme.lower() == "bearer"  # the scheme's case is free (RFC 9110), the key's is not

@@ -92,7 +92,7 @@ def add_serve_flags(p) -> None:
     p.add_argument("--max-prefill-tokens", type=int_or_auto,
                    help="prompt tokens a round prefills at most; a longer prompt prefills in chunks over several "
                         "rounds; auto (the default): 256 on CPU (64 while other sequences decode), 512 on an accelerator")
-    p.add_argument("--max-waiting", type=int, help="queued sequences before 429 / RESOURCE_EXHAUSTED")
+    p.add_argument("--max-waiting", type=int, help="sequences waiting beyond the running batch's free places before 429 / RESOURCE_EXHAUSTED")
     p.add_argument("--kv-cache-tokens", type=int, help="target KV cache size in tokens")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="take a prompt's KV blocks that an earlier request computed instead of computing them "

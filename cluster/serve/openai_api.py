@@ -74,7 +74,8 @@ class OpenAIServer:
         app.exception_handler(HTTPException)(lambda _, exc: self._error(self._http_error(exc)))
         app.exception_handler(Exception)(lambda _, exc: self._error(self._internal(exc)))
         app.get("/health")(self.health)
-        app.get("/metrics")(lambda: Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4"))
+        app.head("/health", include_in_schema=False)(self.health)  # load balancers probe with either
+        app.get("/metrics")(self.prometheus)
         app.get("/v1/models")(self.models)
         app.get("/v1/models/{model:path}")(self.model)
         app.post("/v1/completions")(self._counted(self.completions))
@@ -82,10 +83,14 @@ class OpenAIServer:
         return app
 
     def health(self):
-        """200 while the router takes turns; 503 once it stopped (it said ok whatever the engine)."""
+        """200 while the engine serves; 503 once it stopped (the replica then restarts)."""
         if self.router.alive:
             return {"status": "ok"}
         return JSONResponse({"status": "unavailable", "reason": "the engine stopped"}, status_code=503)
+
+    def prometheus(self):
+        """The serving metrics in Prometheus' text format."""
+        return Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     def _counted(self, handler):
         """`handler`, counting a call cancelled before its response (Ray Serve's proxy cancels the

@@ -128,6 +128,9 @@ def build_request(prompt: Prompt | None = None, messages: Sequence[Message] | No
         raise ValueError("continue_final_message and add_generation_prompt apply to messages: give messages")
     if (prompt is None) == (messages is None):
         raise ValueError("give exactly one of a prompt (text or token ids) or messages")
+    if isinstance(messages, (str, bytes, Mapping)):  # iterated, a string's characters were its "messages"
+        raise ValueError(f"messages must be a list of {{'role': ..., 'content': ...}} mappings, got one "
+                         f"{type(messages).__name__}")
     if sampling is not None and not isinstance(sampling, Sampling):
         raise TypeError(f"sampling must be a Sampling (or its fields as keyword arguments), got "
                         f"{type(sampling).__name__}")
@@ -138,7 +141,7 @@ def build_request(prompt: Prompt | None = None, messages: Sequence[Message] | No
     req = pb.GenerateRequest(model=model, sampling=(sampling or Sampling()).to_proto())
     if cache_salt is not None:
         if not isinstance(cache_salt, str):
-            raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
+            _refuse("cache_salt", f"a string, got {type(cache_salt).__name__}")
         try:
             req.cache_salt = cache_salt
         except UnicodeEncodeError as e:

@@ -51,6 +51,9 @@ def test_only_fields_that_differ_from_hugging_faces_defaults_are_read(tmp_path):
         sampling_defaults("auto", tmp_path)
     with pytest.raises(ValueError, match="is not a folder"):
         sampling_defaults(str(tmp_path / "nowhere"), tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no generation_config.json"):  # it gave OpenAI's defaults, silently
+        sampling_defaults(str(tmp_path / "empty"), tmp_path)
 
 
 def test_the_offline_api_takes_them_when_no_parameters_are_given(folder, tiny_target):

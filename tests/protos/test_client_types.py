@@ -77,3 +77,14 @@ def test_a_token_id_the_wire_cannot_hold_is_refused_naming_it(ids, shown):
 
     with pytest.raises(InvalidArgumentError, match=f"prompt: .*got {shown}"):
         build_request(ids)
+
+
+def test_a_cache_salt_and_messages_of_the_wrong_kind_are_refused_before_any_call():
+    from specray.client.request import build_request
+
+    with pytest.raises(InvalidArgumentError, match="^INVALID_ARGUMENT: cache_salt: a string"):
+        build_request("hi", cache_salt=5)
+    for messages in ("hi", {"role": "user", "content": "hi"}):  # a string's characters were its "messages"
+        with pytest.raises(ValueError, match="messages must be a list"):
+            build_request(messages=messages)
+    assert build_request("hi", cache_salt="t").cache_salt == "t"

@@ -102,6 +102,15 @@ def test_api_key_is_required(served):
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
     assert httpx.get(served[0].url + "/health").json() == {"status": "ok"}
+    assert httpx.head(served[0].url + "/health").status_code == 200  # load balancers probe with HEAD too
+    models = served[0].url + "/v1/models"
+    # the scheme's case is free (RFC 9110; it was a 401), the key's is not, nor is another scheme
+    assert httpx.get(models, headers={"Authorization": f"bearer {KEY}"}).status_code == 200
+    assert httpx.get(models, headers={"Authorization": f"Bearer {KEY.upper()}"}).status_code == 401
+    assert httpx.get(models, headers={"Authorization": f"Basic {KEY}"}).status_code == 401
+    assert httpx.get(models, headers={"Authorization": KEY}).status_code == 401
+    paths = httpx.get(served[0].url + "/openapi.json", headers={"Authorization": f"Bearer {KEY}"}).json()["paths"]
+    assert paths["/metrics"]["get"]["summary"] == "Prometheus"  # was "<Lambda>"
 
 
 def test_metrics_move(client, served):

@@ -79,6 +79,9 @@ def test_pipeline_auto_pipelines_only_model_drafts(flags, pipelined):
     ("pools: {draft: {resources: {x: .nan}}}\n", "resource amounts must be > 0"),
     ("router: {max_num_seqs: 4}\nrouter: {block_size: 8}\n", "key 'router' given twice"),  # the last one won
     ("model: 123\n", "model: Input should be a valid string"),  # was a TypeError's traceback
+    # passed the dry run, then failed in the deployment naming no key ("Value out of range")
+    ("router: {max_num_seqs: 100000000000000000000}\n", "router.max_num_seqs: must be at most 2147483647"),
+    ("pools: {target: {num_cpus: .inf}}\n", "pools.target.num_cpus: must be a finite number"),
 ])
 def test_bad_config_exits_2_with_the_reason(tmp_path, capsys, text, message):
     path = tmp_path / "bad.yaml"
