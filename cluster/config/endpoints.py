@@ -61,6 +61,9 @@ class HttpConfig(Strict):
         return (os.environ.get(self.api_key_env, "").strip() if self.api_key_env else None) or None
 
 
+MAX_GRPC_S = 2_147_483  # grpc takes these in int32 milliseconds
+
+
 class GrpcConfig(Strict):
     port: int = Field(9000, ge=1, le=65535)
     enabled: bool = True
@@ -73,11 +76,11 @@ class GrpcConfig(Strict):
                                    description="larger request messages get RESOURCE_EXHAUSTED (replica server)")
     max_concurrent_streams: int = Field(1000, ge=1, description="calls one connection may have open at once; more "
                                         "wait in the client (replica server)")
-    keepalive_time_s: float = Field(60.0, gt=0, description="ping a connection with calls open after this long "
+    keepalive_time_s: float = Field(60.0, gt=0, le=MAX_GRPC_S, description="ping a connection with calls open after this long "
                                     "without a frame from it (replica server)")
-    keepalive_timeout_s: float = Field(20.0, gt=0, description="a connection whose ping goes unanswered this long "
+    keepalive_timeout_s: float = Field(20.0, gt=0, le=MAX_GRPC_S, description="a connection whose ping goes unanswered this long "
                                        "is closed and its calls cancelled: a vanished client frees its sequences")
-    idle_timeout_s: float = Field(300.0, gt=0, description="close a connection without calls for this long "
+    idle_timeout_s: float = Field(300.0, gt=0, le=MAX_GRPC_S, description="close a connection without calls for this long "
                                   "(replica server; clients reconnect)")
     tls_cert_file: str | None = Field(None, description="PEM certificate chain: serve gRPC over TLS")
     tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file")

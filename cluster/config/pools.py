@@ -44,9 +44,9 @@ class PoolConfig(Strict):
     @field_validator("resources")
     @classmethod
     def _positive(cls, v: dict[str, float]) -> dict[str, float]:
-        bad = {k: x for k, x in v.items() if not x > 0}  # NaN too
+        bad = {k: x for k, x in v.items() if not (x > 0 and math.isfinite(x))}  # NaN too
         if bad:
-            raise ValueError(f"resource amounts must be > 0, got {bad}")
+            raise ValueError(f"resource amounts must be finite and > 0, got {bad}")
         return v
 
     @field_validator("dtype")

@@ -31,7 +31,8 @@ class RouterConfig(Strict):
         "rounds (chunked prefill): a first token waits only for the prompts ahead of it, and running "
         "sequences keep decoding beside a long prompt; auto: 256 on CPU (64 while other sequences decode), 512 on "
         "an accelerator; null: every prompt that fits, whole")
-    max_waiting: int = Field(256, ge=1, description="queued requests before 429 / RESOURCE_EXHAUSTED")
+    max_waiting: int = Field(256, ge=1, description="sequences waiting beyond the running batch's free places "
+                             "before 429 / RESOURCE_EXHAUSTED")
     kv_cache_tokens: int = Field(16384, ge=16, description="target KV cache size in tokens")
     block_size: int = Field(16, ge=1)
     enable_prefix_caching: bool = Field(True, description="automatic prefix caching: a prompt's full KV blocks "

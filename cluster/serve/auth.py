@@ -12,5 +12,6 @@ def authorized(sent: str | bytes | None, api_key: str | None) -> bool:
     if isinstance(sent, bytes):
         sent = sent.decode("utf-8", "replace")
     scheme, _, token = (sent or "").partition(" ")
+    token = token.lstrip(" ")  # one or more spaces after the scheme (RFC 9110)
     ok = hmac.compare_digest(token.encode(), api_key.encode())
     return ok and scheme.lower() == "bearer"  # the scheme's case is free (RFC 9110), the key's is not

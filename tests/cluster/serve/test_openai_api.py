@@ -106,6 +106,7 @@ def test_api_key_is_required(served):
     models = served[0].url + "/v1/models"
     # the scheme's case is free (RFC 9110; it was a 401), the key's is not, nor is another scheme
     assert httpx.get(models, headers={"Authorization": f"bearer {KEY}"}).status_code == 200
+    assert httpx.get(models, headers={"Authorization": f"Bearer   {KEY}"}).status_code == 200
     assert httpx.get(models, headers={"Authorization": f"Bearer {KEY.upper()}"}).status_code == 401
     assert httpx.get(models, headers={"Authorization": f"Basic {KEY}"}).status_code == 401
     assert httpx.get(models, headers={"Authorization": KEY}).status_code == 401

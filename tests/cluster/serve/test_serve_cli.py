@@ -76,7 +76,9 @@ def test_pipeline_auto_pipelines_only_model_drafts(flags, pipelined):
     ("pools: {draft: {device: tpu}}\n", "pools.draft.device: unknown device 'tpu'"),
     ("pools: {target: {kernels: fast, device: cuda}}\n", "kernels 'fast' is the CPU kernels' mode"),
     ("pools: {target: {kernels: fast, dtype: bfloat16}}\n", "kernels 'fast' is the CPU kernels' mode"),
-    ("pools: {draft: {resources: {x: .nan}}}\n", "resource amounts must be > 0"),
+    ("pools: {draft: {resources: {x: .nan}}}\n", "resource amounts must be finite and > 0"),
+    ("pools: {draft: {resources: {x: .inf}}}\n", "resource amounts must be finite and > 0"),
+    ("grpc: {idle_timeout_s: 3000000.0}\n", "grpc.idle_timeout_s: Input should be less than or equal to 2147483"),
     ("router: {max_num_seqs: 4}\nrouter: {block_size: 8}\n", "key 'router' given twice"),  # the last one won
     ("model: 123\n", "model: Input should be a valid string"),  # was a TypeError's traceback
     # passed the dry run, then failed in the deployment naming no key ("Value out of range")
