@@ -202,7 +202,7 @@ def summary_line(outputs, elapsed: float, diffusion: bool = False) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specray", description="Lossless speculative decoding on Ray.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.commands = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text in-process (one prompt streams to the terminal; "
                                           "several run batched, each printed as it finishes)")
     gen.add_argument("prompt", nargs="*", help="prompt text (default: a demo prompt)")
@@ -232,7 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the command's own usage, not the top level's list of commands
+        parser.commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except ValueError as e:  # bad input: a clear message, no traceback

@@ -182,3 +182,11 @@ def test_the_drafter_listens_on_loopback_unless_told():
     from specray.cluster.cli import build_parser
 
     assert build_parser().parse_args(["drafter", "--method", "ngram"]).host == "127.0.0.1"
+
+
+def test_an_unknown_flag_is_refused_with_its_commands_usage(capsys):
+    """argparse's top level reported it, under the list of commands."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--dry-run", "--block-size", "7"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "specray serve: error: unrecognized arguments: --block-size 7" in err
