@@ -4,6 +4,7 @@ speculative_config from its flags over its config file's."""
 
 from __future__ import annotations
 
+from specray.cluster.config.speculative import method_of_draft  # noqa: F401 - the CLI's, beside the flags
 from specray.kernels.drafters.registry import METHODS
 
 
@@ -81,15 +82,3 @@ def refuse_beside_speculative_config(args, flags: tuple[str, ...]) -> None:
         raise ValueError(f"--speculative-config is the whole speculative_config; put {', '.join(given)} "
                          "inside it instead")
 
-
-def method_of_draft(name: str) -> str:
-    """The method a draft folder is for, one that runs a draft model: eagle or longspec for such a
-    folder, else draft_model (an unknown name fails validation later)."""
-    from specray.kernels.drafters.loading import draft_method
-    from specray.kernels.loader import ModelNotFoundError, resolve
-
-    try:
-        method = draft_method(resolve(name).path)
-    except ModelNotFoundError:
-        return "draft_model"
-    return method if uses_draft_model(method) else "draft_model"

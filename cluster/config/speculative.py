@@ -30,6 +30,18 @@ TYPES = {"method": (str, "a string"), "model": (str, "a string (an alias or a pa
          "batch_size_schedule": (list, "a list of [min_running_seqs, num_draft_tokens] pairs")}
 
 
+def method_of_draft(name: str) -> str:
+    """The method a draft folder is for: eagle or longspec for such a folder, else draft_model (an
+    unknown name fails validation later)."""
+    from specray.kernels.drafters.loading import draft_method
+    from specray.kernels.loader import ModelNotFoundError, resolve
+
+    try:
+        return draft_method(resolve(name).path)
+    except ModelNotFoundError:
+        return "draft_model"
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
     method: str = "ngram"
@@ -208,8 +220,9 @@ class SpeculativeConfig:
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ValueError(f"unknown speculative_config keys {unknown}; known keys: {sorted(known)}")
-        if "method" not in raw:  # vLLM: a draft model without a method means draft_model
-            raw["method"] = "draft_model" if raw.get("model") else "ngram"
+        if "method" not in raw:  # as vLLM: a draft without a method is read from the draft (eagle, longspec)
+            model = raw.get("model")
+            raw["method"] = method_of_draft(model) if isinstance(model, str) and model else "ngram"
         ignored = [k for k in ("prompt_lookup_min", "prompt_lookup_max") if raw.get(k) is not None]
         if ignored and raw["method"] != "ngram":
             raise ValueError(f"{ignored} shape prompt lookup (method 'ngram'); method {raw['method']!r} would ignore "

@@ -82,3 +82,14 @@ def test_a_nested_option_of_the_wrong_type_is_a_value_error(raw, message):
     """Each raised a bare TypeError (unhashable list, int not iterable) through every entry point."""
     with pytest.raises(ValueError, match=message):
         SpeculativeConfig.from_dict(raw)
+
+
+def test_a_draft_without_a_method_names_its_method():
+    """As vLLM reads the method from the draft: an eagle folder given alone was refused ("use method
+    'eagle'") while the CLI's --draft-model picked eagle for it."""
+    from specray.cluster.config.speculative import SpeculativeConfig
+
+    assert SpeculativeConfig.from_dict({"model": "smollm2-135m-eagle"}).method == "eagle"
+    assert SpeculativeConfig.from_dict({"model": "smollm2-135m-draft"}).method == "draft_model"
+    assert SpeculativeConfig.from_dict({"model": "no-such-draft"}).method == "draft_model"  # named later
+    assert SpeculativeConfig.from_dict({"num_speculative_tokens": 3}).method == "ngram"
