@@ -82,7 +82,11 @@ def resolve_draft(method: str, model: str):
 
 def check_draft(target: Path, spec) -> None:
     """Every check of a draft against its target before anything loads (the engine and `specray
-    serve` alike): it exists, suits the method, shares the vocabulary, fits the shape."""
+    serve` alike): it exists, suits the method, shares the vocabulary, fits the shape; ADED's
+    corpus file exists (a deployment failed on it after Ray had started)."""
+    corpus = (spec.aded or {}).get("corpus", "builtin") if spec is not None and spec.method == "aded" else None
+    if isinstance(corpus, str) and corpus != "builtin" and not Path(corpus).is_file():
+        raise ValueError(f"aded corpus {corpus!r} is not a file")
     if spec is None or spec.model is None:  # only methods that run a draft model take one
         return
     resolve_draft(spec.method, spec.model)
