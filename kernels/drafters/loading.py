@@ -123,6 +123,11 @@ def check_draft_shape(target: Path, spec) -> None:
     window past the target's context. `spec`: a SpeculativeConfig."""
     from specray.kernels.loader import hf_config
 
+    if spec.draft_num_layers is not None and spec.model is not None:  # the loader's words named no key
+        layers = hf_config(resolve(spec.model).path).num_hidden_layers
+        if spec.draft_num_layers > layers:
+            raise ValueError(f"draft_num_layers {spec.draft_num_layers} exceeds the draft {spec.model!r}'s "
+                             f"{layers} layers")
     if spec.layer_parallel is not None and spec.model is not None:
         from specray.kernels.layer_parallel import LayerGroups
 

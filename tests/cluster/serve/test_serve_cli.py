@@ -144,6 +144,8 @@ def test_conflicting_or_missing_things_exit_2_before_anything_starts(capsys, mon
     assert "not a model that runs alone" in capsys.readouterr().err
     assert main(["serve", "--speculative-config", '{"method": "aded", "aded": {"corpus": "/no/such.txt"}}']) == 2
     assert "aded corpus '/no/such.txt' is not a file" in capsys.readouterr().err
+    assert main(["serve", "--speculative-config", '{"model": "smollm2-135m-draft", "draft_num_layers": 99}']) == 2
+    assert "draft_num_layers 99 exceeds the draft 'smollm2-135m-draft''s" in capsys.readouterr().err
     assert main(["serve", "--model", str(tiny_target), "--generation-config", "/no/such/folder"]) == 2
     assert "generation_config: /no/such/folder is not a folder" in capsys.readouterr().err
 
