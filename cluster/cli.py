@@ -82,8 +82,8 @@ def refuse_draft_flags(args, method: str) -> None:
 
 def speculative_config(args) -> dict | None:
     from specray.cluster.config.defaults import default_speculative_config, method_recipe, packaged_draft
-    from specray.cluster.config.speculative import DRAFT_MODEL_KEYS
-    from specray.cluster.speculation_flags import method_of_draft, refuse_beside_none, refuse_beside_speculative_config
+    from specray.cluster.config.speculative import DRAFT_MODEL_KEYS, method_of_draft
+    from specray.cluster.speculation_flags import refuse_beside_none, refuse_beside_speculative_config
 
     if getattr(args, "speculative_config", None) is not None:  # callers' namespaces may predate the flag
         refuse_beside_speculative_config(args, GENERATE_SPEC_FLAGS + LOOKUP_FLAGS)

@@ -19,12 +19,9 @@ from specray.kernels.config import generation_sampling
 
 log = logging.getLogger("specray")
 
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_tokens")
-
-
 def sampling_defaults(generation_config: str | os.PathLike, model_folder: Path,
                       diffusion: bool = False) -> dict[str, Any]:
-    """{field: value} for the fields above; ValueError names a bad setting or file. A diffusion LM
+    """{field: value} of the fields the module's docstring names; ValueError names a bad setting or file. A diffusion LM
     takes none (its requests refuse min_p and repetition_penalty): only 'auto' and 'vllm' there."""
     if isinstance(generation_config, os.PathLike):
         generation_config = os.fspath(generation_config)
@@ -49,8 +46,3 @@ def sampling_defaults(generation_config: str | os.PathLike, model_folder: Path,
         log.warning("default sampling parameters from %s: %s (a request's own values win; --generation-config "
                     "vllm: OpenAI's defaults)", folder, defaults)
     return defaults
-
-
-def default_params(defaults: dict[str, Any]) -> SamplingParams:
-    """vLLM's LLM.get_default_sampling_params(): SamplingParams() with the model's defaults."""
-    return SamplingParams(**defaults)

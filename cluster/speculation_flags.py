@@ -4,7 +4,7 @@ speculative_config from its flags over its config file's."""
 
 from __future__ import annotations
 
-from specray.cluster.config.speculative import method_of_draft  # noqa: F401 - the CLI's, beside the flags
+from specray.cluster.config.speculative import method_of_draft
 from specray.kernels.drafters.registry import METHODS
 
 

@@ -2,9 +2,10 @@
 
 A block is registered under a digest of its tokens and every token before it (a chain of
 BLAKE2b digests, block after block, so a digest names the whole prefix: two prefixes that differ
-anywhere never share one), from a root that a request's cache salt changes. A new sequence whose first blocks' digests are registered takes those
-blocks instead of computing their KV again. Only full blocks of committed tokens are registered,
-and a sequence never writes below its committed length, so a shared block is never written.
+anywhere never share one), from a root that a request's cache salt changes. A new sequence whose
+first blocks' digests are registered takes those blocks instead of computing their KV again. Only
+full blocks of committed tokens are registered, and a sequence never writes below its committed
+length, so a shared block is never written.
 
 Lossless because a target's steps are row-invariant (kernels/invariant.py): a token's KV depends on
 the tokens before it alone, never on how the steps that computed it were cut, so a shared block

@@ -48,8 +48,7 @@ class OpenAIServer:
         `body_timeout_s`: a request body must arrive whole within it (408). `sampling_defaults`:
         the model's, for options a request leaves unset (cluster/generation_defaults.py)."""
         self.router, self.tokenizer, self.model_name = router, tokenizer, model_name
-        self.sampling_defaults = sampling_defaults or {}
-        self.api_key, self.default_max_tokens = api_key, default_max_tokens
+        self.api_key, self.default_max_tokens, self.sampling_defaults = api_key, default_max_tokens, sampling_defaults or {}
         self.metrics = ServingMetrics(router)
         self.prompts = PromptEncoder.for_limits(tokenizer, router.router.config)
         self.created = int(time.time())  # the model card's: when this server started

@@ -145,8 +145,7 @@ def build_request(prompt: Prompt | None = None, messages: Sequence[Message] | No
         try:
             req.cache_salt = cache_salt
         except UnicodeEncodeError as e:
-            raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"cache_salt: not valid Unicode text "
-                                       f"(unpaired surrogate at character {e.start})") from None
+            _refuse("cache_salt", f"not valid Unicode text (unpaired surrogate at character {e.start})")
     field = "messages" if messages is not None else "prompt"
     try:
         if messages is not None:
