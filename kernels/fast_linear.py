@@ -11,7 +11,7 @@ against plain decoding in this mode.
 
 `quantize_activations` and `reference_linear` (float64 over the same integers) are the pure torch
 specification; `fast_linear` runs `csrc/fast_linear.c`, whose AVX-512, AVX2 and scalar paths give
-bit-identical outputs (one lane order, see the C file).
+bit-identical outputs (a lane a feature, the same operations in the same order; see the C file).
 """
 
 from __future__ import annotations
@@ -23,21 +23,22 @@ import torch
 from specray.kernels import cpu_kernels
 from specray.kernels.quant_linear import QK, PackedWeight
 
-GROUP = 16  # blocks per group of the fast layout (one int32 lane each)
-BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}  # fp16 scales, as the GGUF blocks store them
+TILE = 16  # output features in a tile of the fast layout (one lane each)
+BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}  # a feature's block: fp16 scales, as the GGUF blocks store them
 KINDS = {"q4_1": 0, "q8_0": 1}
 MIN_AMAX = 1e-30  # activation blocks below this quantise to zero (127 / amax would overflow)
-SLACK = 64  # bytes after the last feature: a short last group is read as whole 32-byte vectors
+SLACK = 64  # bytes after the last tile: what the kernels prefetch past it stays in the allocation
 
 
 @dataclass(frozen=True)
 class FastWeight:
-    """A weight [out_features, in_features] in the fast layout: per feature, groups of up to 16
-    blocks, each as 4-byte slices of every block (Q4_1: 4 slices of nibble bytes, then fp16 d and m;
-    Q8_0: 8 slices of w + 128, then fp16 d; see csrc/fast_linear.c)."""
+    """A weight [out_features, in_features] in the fast layout: tiles of 16 features (the last
+    padded with zero blocks), each its blocks in order, a block's 16 features interleaved by 4
+    elements (Q4_1: 4 parts of nibble bytes, then 16 fp16 d and 16 fp16 m; Q8_0: 8 parts of
+    w + 128, then 16 fp16 d; see csrc/fast_linear.c)."""
 
     kind: str  # "q4_1" or "q8_0"
-    blocks: torch.Tensor  # uint8 [out_features, in_features // 32 * BLOCK_BYTES[kind]]
+    blocks: torch.Tensor  # uint8 [tiles, in_features // 32 * TILE * BLOCK_BYTES[kind]]
     out_features: int
     in_features: int
 
@@ -45,71 +46,76 @@ class FastWeight:
         assert self.kind in BLOCK_BYTES, self.kind
         assert self.blocks.dtype == torch.uint8 and self.blocks.is_contiguous()
         assert self.in_features > 0 and self.in_features % QK == 0, "rows of whole 32-blocks"
-        assert self.blocks.shape == (self.out_features, self.in_features // QK * BLOCK_BYTES[self.kind])
+        tiles = -(-self.out_features // TILE)
+        assert self.blocks.shape == (tiles, self.in_features // QK * TILE * BLOCK_BYTES[self.kind])
         slack = self.blocks.untyped_storage().nbytes() - self.blocks.storage_offset() - self.blocks.numel()
-        assert slack >= SLACK, "fast weights come from pack_fast, which leaves slack after the last feature"
+        assert slack >= SLACK, "fast weights come from pack_fast, which leaves slack after the last tile"
 
     @property
     def nbytes(self) -> int:
         return self.blocks.numel()
 
 
-def _groups(num_blocks: int) -> list[slice]:
-    return [slice(b, min(b + GROUP, num_blocks)) for b in range(0, num_blocks, GROUP)]
+def _tiled(x: torch.Tensor, tiles: int) -> torch.Tensor:
+    """[tiles * 16, nb, 4k] bytes of each feature's blocks -> [tiles, nb, 4k * 16]: a tile's block
+    as k parts, each 4 bytes of every feature in turn."""
+    _, nb, n = x.shape
+    return x.reshape(tiles, TILE, nb, n // 4, 4).permute(0, 2, 3, 1, 4).reshape(tiles, nb, -1)
 
 
-def _slices(x: torch.Tensor) -> torch.Tensor:
-    """[out, t, 4k] bytes of t blocks -> [out, 4k * t]: slice v of every block, then slice v + 1."""
-    out, t, n = x.shape
-    return x.reshape(out, t, n // 4, 4).transpose(1, 2).reshape(out, -1)
+def _untiled(x: torch.Tensor) -> torch.Tensor:
+    """The inverse of `_tiled`: [tiles, nb, 4k * 16] -> [tiles * 16, nb, 4k]."""
+    tiles, nb, n = x.shape
+    return x.reshape(tiles, nb, n // (4 * TILE), TILE, 4).permute(0, 3, 1, 2, 4).reshape(tiles * TILE, nb, -1)
 
 
-def _unslice(x: torch.Tensor, t: int) -> torch.Tensor:
-    """The inverse of `_slices`: [out, 4k * t] -> [out, t, 4k]."""
-    out = x.shape[0]
-    return x.reshape(out, -1, t, 4).transpose(1, 2).reshape(out, t, -1)
+def _halves(x: torch.Tensor, tiles: int) -> torch.Tensor:
+    """fp32 scales [tiles * 16, nb, 4 bytes] that fp16 holds exactly -> [tiles, nb, 32]: each
+    tile's block's 16 fp16 values."""
+    h = x.contiguous().view(torch.float32).half().view(torch.uint8)  # [tiles * 16, nb, 2]
+    return h.reshape(tiles, TILE, -1, 2).transpose(1, 2).reshape(tiles, -1, 2 * TILE)
 
 
-def _halves(x: torch.Tensor) -> torch.Tensor:
-    """fp32 scales [out, t] that fp16 holds exactly -> their fp16 bytes [out, 2t]."""
-    return x.contiguous().view(torch.float32).half().view(torch.uint8).reshape(x.shape[0], -1)
+def _unhalved(x: torch.Tensor) -> torch.Tensor:
+    """The inverse of `_halves`, as values: [tiles, nb, 32] -> float64 [tiles * 16, nb]."""
+    tiles, nb, _ = x.shape
+    h = x.reshape(tiles, nb, TILE, 2).transpose(1, 2).contiguous().view(torch.float16)  # [tiles, 16, nb, 1]
+    return h.reshape(tiles * TILE, nb).double()
 
 
 def pack_fast(packed: PackedWeight) -> FastWeight:
     """The fast layout of exact GGUF blocks (the same values: fp16 scales are what GGUF stores)."""
-    b = packed.blocks  # [out, nb, 24 or 36]
-    parts = []
-    for g in _groups(b.shape[1]):
-        if packed.kind == "q4_1":  # nibble byte j holds elements j and j + 16: slice v is bytes 4v..4v+3
-            parts += [_slices(b[:, g, 8:]), _halves(b[:, g, 0:4]), _halves(b[:, g, 4:8])]
-        else:
-            q = (b[:, g, 4:].view(torch.int8).to(torch.int16) + 128).to(torch.uint8)  # [out, t, 32]
-            parts += [_slices(q), _halves(b[:, g, 0:4])]
-    body = torch.cat(parts, dim=1)  # [out, nb * block bytes]
-    storage = torch.zeros(body.numel() + SLACK, dtype=torch.uint8)  # the AVX2 path reads whole vectors
+    out, nb, n = packed.blocks.shape
+    tiles = -(-out // TILE)
+    b = torch.zeros(tiles * TILE, nb, n, dtype=torch.uint8)  # padding features: zero blocks
+    b[:out] = packed.blocks
+    if packed.kind == "q4_1":  # nibble byte j holds elements j and j + 16: part p is bytes 4p..4p+3
+        parts = [_tiled(b[:, :, 8:], tiles), _halves(b[:, :, 0:4], tiles), _halves(b[:, :, 4:8], tiles)]
+    else:
+        q = (b[:, :, 4:].view(torch.int8).to(torch.int16) + 128).to(torch.uint8)  # [tiles * 16, nb, 32]
+        parts = [_tiled(q, tiles), _halves(b[:, :, 0:4], tiles)]
+    body = torch.cat(parts, dim=-1).reshape(tiles, -1)  # [tiles, nb * 16 * block bytes]
+    storage = torch.zeros(body.numel() + SLACK, dtype=torch.uint8)
     storage[: body.numel()] = body.reshape(-1)
-    return FastWeight(packed.kind, storage[: body.numel()].view(body.shape), packed.out_features, packed.in_features)
+    return FastWeight(packed.kind, storage[: body.numel()].view(body.shape), out, packed.in_features)
 
 
 def weight_values(fw: FastWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Read the fast layout back: -> (integer weights [out, nb, 32] (Q4_1 q in 0..15, Q8_0 signed),
     d [out, nb], m [out, nb] (zero for Q8_0)), all float64."""
+    nb = fw.in_features // QK
+    tiled = fw.blocks.reshape(fw.blocks.shape[0], nb, -1)  # [tiles, nb, 16 * block bytes]
+    at = 256 if fw.kind == "q4_1" else 512  # where the fp16 scales start
+    d = _unhalved(tiled[..., at: at + 2 * TILE])  # [tiles * 16, nb]
+    if fw.kind == "q4_1":
+        nibbles = _untiled(tiled[..., :at])  # [tiles * 16, nb, 16]
+        ints = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).double()
+        m = _unhalved(tiled[..., at + 2 * TILE:])
+    else:
+        ints = _untiled(tiled[..., :at]).double() - 128
+        m = torch.zeros_like(d)
     out = fw.out_features
-    ints, ds, ms, at = [], [], [], 0
-    for g in _groups(fw.in_features // QK):
-        t = g.stop - g.start
-        chunk = fw.blocks[:, at: at + t * BLOCK_BYTES[fw.kind]]
-        at += chunk.shape[1]
-        halves = chunk[:, (16 if fw.kind == "q4_1" else 32) * t:].contiguous().view(torch.float16)  # [out, t or 2t]
-        if fw.kind == "q4_1":
-            nibbles = _unslice(chunk[:, : 16 * t], t)  # [out, t, 16]
-            ints.append(torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).double())
-            ms.append(halves[:, t:])
-        else:
-            ints.append(_unslice(chunk[:, : 32 * t], t).double() - 128)
-            ms.append(torch.zeros(out, t, dtype=torch.float16))
-        ds.append(halves[:, :t])
-    return torch.cat(ints, 1), torch.cat(ds, 1).double(), torch.cat(ms, 1).double()
+    return ints[:out], d[:out], m[:out]
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
