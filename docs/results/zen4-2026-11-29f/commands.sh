@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# 2026-11-29, afternoon, 2-core AMD EPYC Zen 4: the commands behind docs/performance.md
+# "2026-11-29, afternoon: the fast kernels a lane a feature".
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+R=docs/results/zen4-2026-11-29f
+DATA=../shared/data/spec_bench/question.jsonl
+FILES="kernels/csrc/fast_linear.c kernels/csrc/fast_linear_avx2.h kernels/csrc/fast_linear_avx512.h kernels/fast_linear.py"
+# a step by its rows, before (3ff5632) and after (9205316) alternating; AVX-512, then the AVX2 path
+for isa in "" _avx2; do
+  flags=""; [ "$isa" = _avx2 ] && flags="-mno-avx512f"
+  for round in 1 2; do
+    for rev in 3ff5632 9205316; do
+      git checkout -q $rev -- $FILES
+      name=$([ $rev = 3ff5632 ] && echo before || echo after)
+      SPECRAY_CPU_KERNEL_FLAGS="$flags" python benchmarks/decoder_phases.py --kernels fast --rows 1,2,3,4,8 \
+        --context 200 --steps 200 --blocks 3 --out $R/phases/phases${isa}_${name}_$round.json
+    done
+  done
+done
+git checkout -q 9205316 -- $FILES
+python benchmarks/decoder_phases.py --kernels fast --rows 1,2 --context 200 --steps 200 --blocks 6 --out $R/phases/floor_after.json
+python benchmarks/decoder_phases.py --kernels exact --rows 1,2 --context 200 --steps 200 --blocks 6 --out $R/phases/floor_exact.json
+# speculation in the fast mode, paired (run once with the files at 9205316, once at 3ff5632)
+CONFIGS='[{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "disable_by_batch_size": 2, "adaptive": true},
+ {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 4, "lookup_first": {"model_tokens": 1}, "disable_by_batch_size": 2, "adaptive": true, "draft_quantization": "q4_1", "draft_vocab_trim": 4096},
+ {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 1, "disable_by_batch_size": 2, "draft_quantization": "q4_1", "draft_vocab_trim": 4096},
+ {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 2, "disable_by_batch_size": 2, "draft_quantization": "q4_1", "draft_vocab_trim": 4096}]'
+python benchmarks/paired_speedup.py --kernels fast --num-prompts 26 --max-tokens 128 --repeats 2 --dataset $DATA \
+  --configs "$CONFIGS" --out $R/paired_fast_after.json
+git checkout -q 3ff5632 -- $FILES
+python benchmarks/paired_speedup.py --kernels fast --num-prompts 26 --max-tokens 128 --repeats 2 --dataset $DATA \
+  --configs "$CONFIGS" --out $R/paired_fast_before.json
+git checkout -q 9205316 -- $FILES
+# the issue tables (llama.cpp rows from its cached build)
+bash scripts/build_llama_cpp.sh >/dev/null
+specray bench offline --methods specray,specray_default,specray_fast,specray_default_fast --num-prompts 26 \
+  --max-tokens 128 --batch-sizes 1,16 --temperatures 0 --dataset $DATA --out $R/offline
