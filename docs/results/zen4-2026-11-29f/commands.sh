@@ -36,3 +36,8 @@ git checkout -q 9205316 -- $FILES
 bash scripts/build_llama_cpp.sh >/dev/null
 specray bench offline --methods specray,specray_default,specray_fast,specray_default_fast --num-prompts 26 \
   --max-tokens 128 --batch-sizes 1,16 --temperatures 0 --dataset $DATA --out $R/offline
+# served / in-process and against llama-server, the fast kernels
+specray bench cluster --skip-transports --paths served --concurrency 1,8,16 --num-requests 16 --max-tokens 64 --repeats 2 \
+  --kernels fast --dataset $DATA --out $R/cluster-fast
+specray bench serve --against-llama-server --concurrency 1,8,16 --num-requests 16 --max-tokens 64 --ignore-eos \
+  --temperature 0 --llama-parallel 16 --llama-ctx 32768 --specray-args "--kernels fast" --dataset $DATA --out $R/vs-llama-server-fast
