@@ -95,11 +95,22 @@ static inline float max_of(const float* s, int64_t n) {
     int64_t j = 0;
     float top = -INFINITY;
     if (n >= LANES) {
+#if defined(__AVX512F__) || !defined(__FMA__)
         vec16 tops = vload(s);
         for (j = LANES; j + LANES <= n; j += LANES) {
             vec16 v = vload(s + j);
             tops = as_float((as_int(v) & (v > tops)) | (as_int(tops) & ~(v > tops)));
         }
+#else  // two 8-float halves: GCC lowers a 16-float comparison to scalar code here (vec16.h)
+        __m256 low = _mm256_loadu_ps(s), high = _mm256_loadu_ps(s + 8);
+        for (j = LANES; j + LANES <= n; j += LANES) {  // max_ps(v, t) is v > t ? v : t
+            low = _mm256_max_ps(_mm256_loadu_ps(s + j), low);
+            high = _mm256_max_ps(_mm256_loadu_ps(s + j + 8), high);
+        }
+        float tops[LANES];
+        _mm256_storeu_ps(tops, low);
+        _mm256_storeu_ps(tops + 8, high);
+#endif
         for (int k = 0; k < LANES; k++) top = tops[k] > top ? tops[k] : top;
     }
     for (; j < n; j++) top = s[j] > top ? s[j] : top;
