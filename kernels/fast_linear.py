@@ -27,7 +27,6 @@ TILE = 16  # output features in a tile of the fast layout (one lane each)
 BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}  # a feature's block: fp16 scales, as the GGUF blocks store them
 KINDS = {"q4_1": 0, "q8_0": 1}
 MIN_AMAX = 1e-30  # activation blocks below this quantise to zero (127 / amax would overflow)
-SLACK = 64  # bytes after the last tile: what the kernels prefetch past it stays in the allocation
 
 
 @dataclass(frozen=True)
@@ -48,8 +47,6 @@ class FastWeight:
         assert self.in_features > 0 and self.in_features % QK == 0, "rows of whole 32-blocks"
         tiles = -(-self.out_features // TILE)
         assert self.blocks.shape == (tiles, self.in_features // QK * TILE * BLOCK_BYTES[self.kind])
-        slack = self.blocks.untyped_storage().nbytes() - self.blocks.storage_offset() - self.blocks.numel()
-        assert slack >= SLACK, "fast weights come from pack_fast, which leaves slack after the last tile"
 
     @property
     def nbytes(self) -> int:
@@ -95,9 +92,7 @@ def pack_fast(packed: PackedWeight) -> FastWeight:
         q = (b[:, :, 4:].view(torch.int8).to(torch.int16) + 128).to(torch.uint8)  # [tiles * 16, nb, 32]
         parts = [_tiled(q, tiles), _halves(b[:, :, 0:4], tiles)]
     body = torch.cat(parts, dim=-1).reshape(tiles, -1)  # [tiles, nb * 16 * block bytes]
-    storage = torch.zeros(body.numel() + SLACK, dtype=torch.uint8)
-    storage[: body.numel()] = body.reshape(-1)
-    return FastWeight(packed.kind, storage[: body.numel()].view(body.shape), out, packed.in_features)
+    return FastWeight(packed.kind, body.contiguous(), out, packed.in_features)
 
 
 def weight_values(fw: FastWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX512F__) || defined(__FMA__)
+#if defined(__AVX512F__) || defined(__AVX__)
 #include <immintrin.h>
 #endif
 
@@ -95,7 +95,7 @@ static inline float max_of(const float* s, int64_t n) {
     int64_t j = 0;
     float top = -INFINITY;
     if (n >= LANES) {
-#if defined(__AVX512F__) || !defined(__FMA__)
+#if defined(__AVX512F__) || !defined(__AVX__)
         vec16 tops = vload(s);
         for (j = LANES; j + LANES <= n; j += LANES) {
             vec16 v = vload(s + j);

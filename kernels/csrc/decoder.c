@@ -86,7 +86,7 @@ static Workspace carve(float* work, int64_t rows, const int64_t* d, int64_t max_
     }
     // the split attention's scratch follows the scores, then the 8-bit activations
     uintptr_t after = (uintptr_t)(work + specray_attention_split_scratch(rows, d[D_HEADS], d[D_KV_HEADS], d[D_HEAD_DIM], rows));
-    w.quantised = (uint8_t*)((after + 63) & ~(uintptr_t)63);  // whole cache lines: 64-byte loads
+    w.quantised = (uint8_t*)((after + 63) & ~(uintptr_t)63);  // a row's blocks start on a cache line
     return w;
 }
 

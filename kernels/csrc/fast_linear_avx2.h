@@ -42,7 +42,7 @@ static inline __attribute__((always_inline)) void vtile(const uint8_t* tile, int
                                                        const uint8_t* act, const int NR, float* y, int64_t out,
                                                        int64_t o) {
     const int64_t tb = tile_block_bytes(kind), row_stride = nb * ACT_BYTES;
-    for (int h = 0; h < 2; h++) {
+    for (int h = 0; h < 2 && o + 8 * h < out; h++) {  // a padded last tile may have no second half
         __m256 acc[FAST_ROW_CHUNK];
         for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
