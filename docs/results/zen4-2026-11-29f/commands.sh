@@ -41,3 +41,15 @@ specray bench cluster --skip-transports --paths served --concurrency 1,8,16 --nu
   --kernels fast --dataset $DATA --out $R/cluster-fast
 specray bench serve --against-llama-server --concurrency 1,8,16 --num-requests 16 --max-tokens 64 --ignore-eos \
   --temperature 0 --llama-parallel 16 --llama-ctx 32768 --specray-args "--kernels fast" --dataset $DATA --out $R/vs-llama-server-fast
+# AVX2 builds' masks (53824ed), old (its parent) and new alternating, both kernel modes
+for round in 1 2; do
+  for rev in 9205316 53824ed; do
+    git checkout -q $rev -- kernels/csrc/vec16.h kernels/csrc/decoder.c kernels/csrc/attention_scores.h
+    v=$([ $rev = 9205316 ] && echo old || echo new)
+    for mode in fast exact; do
+      SPECRAY_CPU_KERNEL_FLAGS="-mno-avx512f" python benchmarks/decoder_phases.py --kernels $mode --rows 1,2,4,8 \
+        --context 200 --steps 150 --blocks 2 --out $R/avx2-masks/${mode}_${v}_$round.json
+    done
+  done
+done
+git checkout -q HEAD -- kernels/csrc
