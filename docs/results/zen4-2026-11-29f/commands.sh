@@ -53,3 +53,9 @@ for round in 1 2; do
   done
 done
 git checkout -q HEAD -- kernels/csrc
+# trees with the cheaper rows (fast mode), paired
+python benchmarks/paired_speedup.py --kernels fast --num-prompts 26 --max-tokens 128 --repeats 2 --dataset $DATA \
+  --configs '[{"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 4, "lookup_first": {"model_tokens": 1}, "disable_by_batch_size": 2, "adaptive": true, "draft_quantization": "q4_1", "draft_vocab_trim": 4096},
+ {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 2, "tree": {"kind": "topk", "k": 2, "width": 2}, "verify_budget": 4, "disable_by_batch_size": 2, "draft_quantization": "q4_1", "draft_vocab_trim": 4096},
+ {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 3, "tree": {"kind": "topk", "k": 2, "width": 2}, "verify_budget": 6, "lookup_first": true, "disable_by_batch_size": 2, "draft_quantization": "q4_1", "draft_vocab_trim": 4096}]' \
+  --out $R/paired_fast_trees.json
