@@ -59,3 +59,13 @@ python benchmarks/paired_speedup.py --kernels fast --num-prompts 26 --max-tokens
  {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 2, "tree": {"kind": "topk", "k": 2, "width": 2}, "verify_budget": 4, "disable_by_batch_size": 2, "draft_quantization": "q4_1", "draft_vocab_trim": 4096},
  {"method": "eagle", "model": "smollm2-135m-eagle", "num_speculative_tokens": 3, "tree": {"kind": "topk", "k": 2, "width": 2}, "verify_budget": 6, "lookup_first": true, "disable_by_batch_size": 2, "draft_quantization": "q4_1", "draft_vocab_trim": 4096}]' \
   --out $R/paired_fast_trees.json
+# cost(k rows) / cost(1 row), k = 1..16, before and after, each ISA
+for isa in avx512 avx2; do
+  F=""; [ $isa = avx2 ] && F="-mno-avx512f"
+  for rev in 3ff5632 9205316; do
+    git checkout -q $rev -- $FILES
+    lab=$([ $rev = 9205316 ] && echo after || echo before)
+    SPECRAY_CPU_KERNEL_FLAGS="$F" python $R/row-costs/costs16.py fast ${isa}_$lab | tail -1 > $R/row-costs/${isa}_$lab.json
+  done
+done
+git checkout -q HEAD -- $FILES
