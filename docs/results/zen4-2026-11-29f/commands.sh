@@ -69,3 +69,9 @@ for isa in avx512 avx2; do
   done
 done
 git checkout -q HEAD -- $FILES
+# the n-gram default's knobs with the cheaper rows (fast mode), paired
+python benchmarks/paired_speedup.py --kernels fast --num-prompts 26 --max-tokens 128 --repeats 2 --dataset $DATA \
+  --configs '[{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "disable_by_batch_size": 2, "adaptive": true},
+ {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "disable_by_batch_size": 2, "adaptive": true},
+ {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "disable_by_batch_size": 2, "adaptive": true}]' \
+  --out $R/paired_fast_ngram.json
