@@ -53,31 +53,24 @@ class FastWeight:
         return self.blocks.numel()
 
 
-def _tiled(x: torch.Tensor, tiles: int) -> torch.Tensor:
-    """[tiles * 16, nb, 4k] bytes of each feature's blocks -> [tiles, nb, 4k * 16]: a tile's block
-    as k parts, each 4 bytes of every feature in turn."""
+def _tiled(x: torch.Tensor, tiles: int, width: int = 4) -> torch.Tensor:
+    """[tiles * 16, nb, width * k] bytes of each feature's blocks -> [tiles, nb, width * k * 16]: a
+    tile's block as k parts, each `width` bytes of every feature in turn."""
     _, nb, n = x.shape
-    return x.reshape(tiles, TILE, nb, n // 4, 4).permute(0, 2, 3, 1, 4).reshape(tiles, nb, -1)
+    return x.reshape(tiles, TILE, nb, n // width, width).permute(0, 2, 3, 1, 4).reshape(tiles, nb, -1)
 
 
-def _untiled(x: torch.Tensor) -> torch.Tensor:
-    """The inverse of `_tiled`: [tiles, nb, 4k * 16] -> [tiles * 16, nb, 4k]."""
+def _untiled(x: torch.Tensor, width: int = 4) -> torch.Tensor:
+    """The inverse of `_tiled`: [tiles, nb, width * k * 16] -> [tiles * 16, nb, width * k]."""
     tiles, nb, n = x.shape
-    return x.reshape(tiles, nb, n // (4 * TILE), TILE, 4).permute(0, 3, 1, 2, 4).reshape(tiles * TILE, nb, -1)
+    parts = n // (width * TILE)
+    return x.reshape(tiles, nb, parts, TILE, width).permute(0, 3, 1, 2, 4).reshape(tiles * TILE, nb, -1)
 
 
 def _halves(x: torch.Tensor, tiles: int) -> torch.Tensor:
     """fp32 scales [tiles * 16, nb, 4 bytes] that fp16 holds exactly -> [tiles, nb, 32]: each
     tile's block's 16 fp16 values."""
-    h = x.contiguous().view(torch.float32).half().view(torch.uint8)  # [tiles * 16, nb, 2]
-    return h.reshape(tiles, TILE, -1, 2).transpose(1, 2).reshape(tiles, -1, 2 * TILE)
-
-
-def _unhalved(x: torch.Tensor) -> torch.Tensor:
-    """The inverse of `_halves`, as values: [tiles, nb, 32] -> float64 [tiles * 16, nb]."""
-    tiles, nb, _ = x.shape
-    h = x.reshape(tiles, nb, TILE, 2).transpose(1, 2).contiguous().view(torch.float16)  # [tiles, 16, nb, 1]
-    return h.reshape(tiles * TILE, nb).double()
+    return _tiled(x.contiguous().view(torch.float32).half().view(torch.uint8), tiles, width=2)
 
 
 def pack_fast(packed: PackedWeight) -> FastWeight:
@@ -101,11 +94,12 @@ def weight_values(fw: FastWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     nb = fw.in_features // QK
     tiled = fw.blocks.reshape(fw.blocks.shape[0], nb, -1)  # [tiles, nb, 16 * block bytes]
     at = 256 if fw.kind == "q4_1" else 512  # where the fp16 scales start
-    d = _unhalved(tiled[..., at: at + 2 * TILE])  # [tiles * 16, nb]
+    halves = _untiled(tiled[..., at:], width=2).contiguous().view(torch.float16).double()  # [tiles * 16, nb, 1 or 2]
+    d = halves[..., 0]  # [tiles * 16, nb]
     if fw.kind == "q4_1":
         nibbles = _untiled(tiled[..., :at])  # [tiles * 16, nb, 16]
         ints = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).double()
-        m = _unhalved(tiled[..., at + 2 * TILE:])
+        m = halves[..., 1]
     else:
         ints = _untiled(tiled[..., :at]).double() - 128
         m = torch.zeros_like(d)

@@ -114,11 +114,7 @@ static void linear(const float* x, int64_t rows, int64_t in, int64_t address, in
 // silu(g) * u, 16 at a time: g / (1 + e) for g >= 0, g e / (1 + e) below, e = exp(-|g|) <= 1 (libm's
 // scalar expf was 4 % of a decode step). Every element by the same arithmetic, the tail padded.
 static inline vec16 silu_mul16(vec16 g, vec16 u) {
-#if defined(__AVX512F__)
-    ivec16 negative = g < 0.f;
-#else
-    ivec16 negative = as_int(g) >> 31;  // the sign bit (-0 or a NaN gives the same top): see below_minus_87
-#endif
+    ivec16 negative = as_int(g) >> 31;  // the sign bit, not g < 0 (vec16.h: scalar code without AVX-512); -0 gives the same top
     vec16 e = exp16(as_float(as_int(g) | INT32_MIN));  // exp(-|g|): the sign bit set
     vec16 top = as_float((as_int(g * e) & negative) | (as_int(g) & ~negative));
     return top / (1.f + e) * u;

@@ -51,6 +51,8 @@ static inline __attribute__((always_inline)) void vtile(const uint8_t* tile, int
                 for (int64_t line = 0; line < tb; line += 64) PREFETCH(w + PREFETCH_BYTES + line);
             const uint8_t* scales = w + scales_at(kind) + 16 * h;
             __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)scales));
+            __m256 m = kind == KIND_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(scales + 2 * TILE)))
+                                         : _mm256_setzero_ps();
             __m256i sums[FAST_ROW_CHUNK];
             const uint8_t* a = act + b * ACT_BYTES;
             half_sums(w, h, kind, a, row_stride, NR, sums);
@@ -58,10 +60,7 @@ static inline __attribute__((always_inline)) void vtile(const uint8_t* tile, int
                 const uint8_t* ar = a + r * row_stride;
                 __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(act_float(ar, DX_AT)));
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), sc, acc[r]);
-                if (kind == KIND_Q4_1) {
-                    __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(scales + 2 * TILE)));
-                    acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(act_float(ar, S_AT)), acc[r]);
-                }
+                if (kind == KIND_Q4_1) acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(act_float(ar, S_AT)), acc[r]);
             }
         }
         int64_t f0 = o + 8 * h;
