@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specray.kernels.cpu_weights import check_kernel_mode
 from specray.kernels.drafters.options import DraftOptions
 
 
@@ -21,13 +22,12 @@ class TargetSpec:
     tp_size: int = 1
     dist_init_method: str | None = None  # e.g. "tcp://10.0.0.5:29500" (rank 0's host); None: "env://"
     dist_backend: str | None = None  # None: "nccl" on a cuda device, else "gloo"
-    kernels: str = "exact"  # numeric mode of the packed CPU kernels: exact | fast (kernels/fast_linear.py)
+    kernels: str = "exact"  # numeric mode of the packed CPU kernels: exact | fast16 | fast (kernels/fast_linear.py)
     enable_prefix_caching: bool = False  # share full KV blocks of equal prefixes (kernels/prefix_cache.py)
 
     def __post_init__(self) -> None:
         assert self.num_blocks >= 1 and self.block_size >= 1
-        if self.kernels not in ("exact", "fast"):
-            raise ValueError(f"kernels must be 'exact' or 'fast', got {self.kernels!r}")
+        check_kernel_mode(self.kernels)
         if not (self.tp_size >= 1 and 0 <= self.tp_rank < self.tp_size):
             raise ValueError(f"need tp_size >= 1 and 0 <= tp_rank < tp_size, got rank {self.tp_rank} "
                              f"of {self.tp_size}")

@@ -61,7 +61,7 @@ def run_case(case: str, args) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernels", choices=["exact", "fast"], default="fast", help="the model's numeric mode")
+    ap.add_argument("--kernels", choices=["exact", "fast16", "fast"], default="fast", help="the model's numeric mode")
     ap.add_argument("--num-prompts", type=int, default=4, help="batch-1 requests a measurement")
     ap.add_argument("--max-tokens", type=int, default=64, help="new tokens a request")
     ap.add_argument("--repeats", type=int, default=2, help="each case this many times, interleaved")

@@ -27,7 +27,7 @@ PHASES = ["qkv", "rope", "attention", "o_proj", "post_norm", "gate_up", "silu", 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kernels", choices=["exact", "fast"], default="fast", help="the model's numeric mode")
+    parser.add_argument("--kernels", choices=["exact", "fast16", "fast"], default="fast", help="the model's numeric mode")
     parser.add_argument("--rows", default="1", help="new tokens a step, comma-separated")
     parser.add_argument("--context", type=int, default=200, help="cached tokens before the step")
     parser.add_argument("--steps", type=int, default=300, help="timed steps per row count")

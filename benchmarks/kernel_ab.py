@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--base", required=True, help="commit whose kernels/csrc is the baseline")
     ap.add_argument("--rows", default="1,3,8")
     ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--kernels", choices=["exact", "fast"], default="exact", help="the model's numeric mode")
+    ap.add_argument("--kernels", choices=["exact", "fast16", "fast"], default="exact", help="the model's numeric mode")
     ap.add_argument("--context", type=int, default=200, help="cached tokens before the step (at most 1000)")
     args = ap.parse_args()
     if not 1 <= args.context <= 1000:  # the cache holds 1024 tokens

@@ -52,7 +52,7 @@ class LLM:
         A diffusion LM (a LLaDA or Dream folder) is detected from its config: `speculative_config`
         then takes FreeDave ({"method": "freedave", "num_drafts": K}) and `diffusion_config` its
         block_length and steps_per_block (cluster/config/diffusion.py). `kernels`: the target's CPU
-        kernels on GGUF weights, "exact" (the fp32 model) or "fast" (8-bit activations, kernels/fast_linear.py; a 16-bit
+        kernels on GGUF weights, "exact" (the fp32 model), "fast16" (16-bit activations in two 8-bit parts) or "fast" (8-bit activations, kernels/fast_linear.py; a 16-bit
         KV cache). `max_prefill_tokens`: prompt tokens a round prefills at most, a longer prompt in
         chunks over several rounds ("auto": 256 on CPU, 64 of them while other sequences decode, 512 on
         an accelerator; None: every prompt that fits, whole), as `specray serve` does.

@@ -13,6 +13,7 @@ import torch
 
 from specray.cluster.params import SamplingParams
 from specray.cluster.serve.prompts import CHAT_ROLES, check_text
+from specray.kernels.cpu_weights import check_kernel_mode
 from specray.kernels.loader import DTYPES
 
 PromptLike = str | dict[str, Any] | list[int]
@@ -72,13 +73,12 @@ def check_engine_args(device: str, kv_cache_tokens: int, block_size: int, max_nu
         raise ValueError(f"kv_cache_tokens must be an integer >= block_size ({block_size}), got {kv_cache_tokens!r}")
     if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
         raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
-    if kernels not in ("exact", "fast"):  # before the weights load
-        raise ValueError(f"kernels must be 'exact' or 'fast', got {kernels!r}")
-    if kernels == "fast" and dev.type == "cpu" and dtype != torch.float32:
-        raise ValueError(f"kernels='fast' runs the C kernels on fp32 weights; dtype {dtype_name(dtype)} "
+    check_kernel_mode(kernels)  # before the weights load
+    if kernels != "exact" and dev.type == "cpu" and dtype != torch.float32:
+        raise ValueError(f"kernels={kernels!r} runs the C kernels on fp32 weights; dtype {dtype_name(dtype)} "
                          "would run plain torch: use dtype float32 or kernels 'exact'")
-    if kernels == "fast" and dev.type != "cpu":
-        raise ValueError(f"kernels='fast' is the CPU kernels' mode; on {device!r} it would do nothing: "
+    if kernels != "exact" and dev.type != "cpu":
+        raise ValueError(f"kernels={kernels!r} is a CPU kernels' mode; on {device!r} it would do nothing: "
                          "use kernels 'exact'")
 
 

@@ -33,6 +33,8 @@ SIGNATURES = {  # function -> argument types (pointers are data_ptr() ints)
     "specray_fast_quantize": [P, I64, I64, P],  # x, rows, in, act
     "specray_fast_linear_q": [P, I64, I64, P, I32, I64, P, I32],  # act, rows, in, blocks, kind, out, y, threads
     "specray_fast_linear": [P, I64, I64, P, I32, I64, P, P, I32],  # x, rows, in, blocks, kind, out, y, act, threads
+    "specray_fast16_quantize": [P, I64, I64, P],  # x, rows, in, act (2 * rows activation rows)
+    "specray_fast16_linear": [P, I64, I64, P, I32, I64, P, P, I32],  # as specray_fast_linear
     "specray_rms_norm": [P, I64, I64, P, F32, P],  # x, rows, n, weight, eps, y
     "specray_add_rms_norm": [P, P, I64, I64, P, F32, P],  # h, delta, rows, n, weight, eps, y
     "specray_argmax_rows": [P, I64, I64, P, I32],  # x, rows, n, out (int64), threads

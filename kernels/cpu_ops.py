@@ -209,11 +209,13 @@ class DecoderTable:
     scale: float
     split: bool = True  # the hybrid split attention where HYBRID says (the fast mode: never, see attention.c)
 
-    FAST = 8  # csrc/decoder.c: kinds 8 and 9 are q4_1 and q8_0 in fast_linear's layout
+    FAST = {1: 8, 2: 16}  # csrc/decoder.c: q4_1 and q8_0 in fast_linear's layout from 8 (fast), 16 (fast16)
 
     @classmethod
     def kind(cls, packed) -> int:
-        return cls.FAST + FAST_KINDS[packed.kind] if isinstance(packed, FastWeight) else EXACT_KINDS[packed.kind]
+        if isinstance(packed, FastWeight):
+            return cls.FAST[packed.parts] + FAST_KINDS[packed.kind]
+        return EXACT_KINDS[packed.kind]
 
     @classmethod
     def build(cls, c, layers, packed: list[list], scale: float) -> "DecoderTable":

@@ -10,7 +10,8 @@ from specray.kernels import cpu_ops
 from specray.kernels.fast_linear import KINDS as FAST_KINDS, FastWeight, pack_fast
 from specray.kernels.quant_linear import PackedWeight, kernel_available, pack_exact, round_to_q4_1, round_to_q8_0
 
-KERNEL_MODES = ("exact", "fast")  # numeric modes of the packed projections (see fast_linear)
+KERNEL_MODES = ("exact", "fast16", "fast")  # numeric modes of the packed projections (see fast_linear)
+FAST_PARTS = {"fast": 1, "fast16": 2}  # the fast layout's modes: activation parts a row
 ROUNDINGS = {"q8_0": round_to_q8_0, "q4_1": round_to_q4_1}  # what `round_weights` rounds a model to
 
 
@@ -27,7 +28,8 @@ class CpuWeights:
         """Use the C kernels where they apply (CPU, fp32, a compiled library): fused norms and RoPE,
         and packed weights (`add_packed_weights`) in numeric `mode` ("exact": the fp32 values, what
         transformers computes; "fast": 8-bit activations and integer dot products, a model of its
-        own, whose KV cache is fp16: `kv_dtype`). -> how many weights were packed."""
+        own, whose KV cache is fp16: `kv_dtype`; "fast16": the same kernels on two-part, 16-bit
+        activations). -> how many weights were packed."""
         check_kernel_mode(mode)
         if self.embed_tokens.device.type != "cpu" or self.dtype != torch.float32 or not cpu_ops.available():
             return 0
@@ -36,10 +38,10 @@ class CpuWeights:
 
     def pack_weight(self, weight: torch.Tensor) -> PackedWeight | FastWeight | None:
         """The exact blocks of a weight (`pack_exact`), in this model's mode where they are GGUF
-        blocks (the fast mode's 8-bit activations apply to those only); else None."""
+        blocks (the fast modes' quantised activations apply to those only); else None."""
         packed = pack_exact(weight.detach())
-        fast = packed is not None and self.kernel_mode == "fast" and packed.kind in FAST_KINDS
-        return pack_fast(packed) if fast else packed
+        fast = packed is not None and self.kernel_mode in FAST_PARTS and packed.kind in FAST_KINDS
+        return pack_fast(packed, FAST_PARTS[self.kernel_mode]) if fast else packed
 
     def add_packed_weights(self) -> int:
         """Keep exact blocks of every projection (`pack_exact`: Q4_1/Q8_0 where the fp32 values came

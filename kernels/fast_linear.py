@@ -9,8 +9,13 @@ the exact mode's) with the same guarantees: a row is quantised and summed alone,
 never depends on the other rows of a step, and speculative decoding in this mode is lossless
 against plain decoding in this mode.
 
-`quantize_activations` and `reference_linear` (float64 over the same integers) are the pure torch
-specification; `fast_linear` runs `csrc/fast_linear.c`, whose AVX-512, AVX2 and scalar paths give
+The fast16 mode (`parts` 2) keeps the layout and the integer dot products but gives each row two
+activation parts: its 8-bit quantisation, then the quantisation of what that leaves (x - dx * q).
+Their sums add up to 16-bit activations: top-1 agreement with the exact mode on every position
+measured (docs/performance.md), at the integer kernels' cost of a second activation row.
+
+`quantize_activations`, `quantize_two_part` and `reference_linear` (float64 over the same integers) are the
+pure torch specification; `fast_linear` runs `csrc/fast_linear.c`, whose AVX-512, AVX2 and scalar paths give
 bit-identical outputs (a lane a feature, the same operations in the same order; see the C file).
 """
 
@@ -40,9 +45,11 @@ class FastWeight:
     blocks: torch.Tensor  # uint8 [tiles, in_features // 32 * TILE * BLOCK_BYTES[kind]]
     out_features: int
     in_features: int
+    parts: int = 1  # activation parts a row: 1 (8-bit: the fast mode), 2 (and its residual: fast16)
 
     def __post_init__(self):
         assert self.kind in BLOCK_BYTES, self.kind
+        assert self.parts in (1, 2)
         assert self.blocks.dtype == torch.uint8 and self.blocks.is_contiguous()
         assert self.in_features > 0 and self.in_features % QK == 0, "rows of whole 32-blocks"
         tiles = -(-self.out_features // TILE)
@@ -73,19 +80,20 @@ def _halves(x: torch.Tensor, tiles: int) -> torch.Tensor:
     return _tiled(x.contiguous().view(torch.float32).half().view(torch.uint8), tiles, width=2)
 
 
-def pack_fast(packed: PackedWeight) -> FastWeight:
-    """The fast layout of exact GGUF blocks (the same values: fp16 scales are what GGUF stores)."""
+def pack_fast(packed: PackedWeight, parts: int = 1) -> FastWeight:
+    """The fast layout of exact GGUF blocks (the same values: fp16 scales are what GGUF stores),
+    run with `parts` activation parts a row."""
     out, nb, n = packed.blocks.shape
     tiles = -(-out // TILE)
     b = torch.zeros(tiles * TILE, nb, n, dtype=torch.uint8)  # padding features: zero blocks
     b[:out] = packed.blocks
     if packed.kind == "q4_1":  # nibble byte j holds elements j and j + 16: part p is bytes 4p..4p+3
-        parts = [_tiled(b[:, :, 8:], tiles), _halves(b[:, :, 0:4], tiles), _halves(b[:, :, 4:8], tiles)]
+        pieces = [_tiled(b[:, :, 8:], tiles), _halves(b[:, :, 0:4], tiles), _halves(b[:, :, 4:8], tiles)]
     else:
         q = (b[:, :, 4:].view(torch.int8).to(torch.int16) + 128).to(torch.uint8)  # [tiles * 16, nb, 32]
-        parts = [_tiled(q, tiles), _halves(b[:, :, 0:4], tiles)]
-    body = torch.cat(parts, dim=-1).reshape(tiles, -1)  # [tiles, nb * 16 * block bytes]
-    return FastWeight(packed.kind, body.contiguous(), out, packed.in_features)
+        pieces = [_tiled(q, tiles), _halves(b[:, :, 0:4], tiles)]
+    body = torch.cat(pieces, dim=-1).reshape(tiles, -1)  # [tiles, nb * 16 * block bytes]
+    return FastWeight(packed.kind, body.contiguous(), out, packed.in_features, parts)
 
 
 def weight_values(fw: FastWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -122,13 +130,27 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     return q, d, d * q.sum(-1)
 
 
+def quantize_two_part(x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """x [rows, in] fp32 -> the fast16 mode's two parts, each as `quantize_activations` gives it:
+    x's, then that of the residual x - d * q rounded once to fp32 (in float64 the product and the
+    difference are exact: |q| <= 127, and the residual is at most d / 2)."""
+    first = quantize_activations(x)
+    q, d, _ = first
+    rows, n = x.shape
+    residual = x.double().reshape(rows, n // QK, QK) - d.double().unsqueeze(-1) * q.double()  # [rows, nb, 32]
+    return [first, quantize_activations(residual.float().reshape(rows, n))]
+
+
 def reference_linear(x: torch.Tensor, fw: FastWeight) -> torch.Tensor:
     """x [rows, in_features] -> [rows, out_features] float64: sum over blocks of
-    dw * dx * (the block's integer dot product) + m * s. The C kernel rounds to fp32 on the way."""
-    q, d, s = quantize_activations(x)
+    dw * dx * (the block's integer dot product) + m * s, over each activation part. The C kernel
+    rounds to fp32 on the way (each part's sum, then their sum)."""
     wq, wd, wm = weight_values(fw)
-    dots = torch.einsum("rbj,obj->rob", q.double(), wq)  # [rows, out, nb], exact integers
-    return (dots * (d.double().unsqueeze(1) * wd.unsqueeze(0))).sum(-1) + s.double() @ wm.T
+    total = 0.0
+    for q, d, s in (quantize_two_part(x) if fw.parts == 2 else [quantize_activations(x)]):
+        dots = torch.einsum("rbj,obj->rob", q.double(), wq)  # [rows, out, nb], exact integers
+        total = total + (dots * (d.double().unsqueeze(1) * wd.unsqueeze(0))).sum(-1) + s.double() @ wm.T
+    return total
 
 
 # -- the C kernel -----------------------------------------------------------------------------
@@ -140,8 +162,9 @@ def fast_linear(x: torch.Tensor, fw: FastWeight) -> torch.Tensor:
     assert x.dim() == 2 and x.shape[1] == fw.in_features and x.dtype == torch.float32
     x = x.contiguous()
     rows = x.shape[0]
-    act = torch.empty(lib.specray_fast_scratch_bytes(rows, fw.in_features), dtype=torch.uint8)
+    act = torch.empty(lib.specray_fast_scratch_bytes(fw.parts * rows, fw.in_features), dtype=torch.uint8)
     y = torch.empty(rows, fw.out_features, dtype=torch.float32)  # [rows, out_features]
-    lib.specray_fast_linear(x.data_ptr(), rows, fw.in_features, fw.blocks.data_ptr(), KINDS[fw.kind],
-                            fw.out_features, y.data_ptr(), act.data_ptr(), torch.get_num_threads())
+    run = lib.specray_fast16_linear if fw.parts == 2 else lib.specray_fast_linear
+    run(x.data_ptr(), rows, fw.in_features, fw.blocks.data_ptr(), KINDS[fw.kind], fw.out_features, y.data_ptr(),
+        act.data_ptr(), torch.get_num_threads())
     return y

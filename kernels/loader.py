@@ -225,7 +225,7 @@ def load_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, devic
 
     `cpu_kernels` turns on the C kernels (fused norms and RoPE, and exact Q4_1/Q8_0 blocks of weights
     that came from such a GGUF; see `LlamaModel.enable_cpu_kernels`); None means: on CPU in fp32
-    unless SPECRAY_CPU_KERNELS=0. `kernels` is their numeric mode: "exact" or "fast" (kernels/fast_linear.py).
+    unless SPECRAY_CPU_KERNELS=0. `kernels` is their numeric mode: "exact", "fast16" or "fast" (kernels/fast_linear.py).
     `gemv_weights` keeps transposed copies of the other weights for one-row steps (see
     `LlamaModel.add_gemv_weights`); None means: on CPU when the weights take at most 2 GiB and
     `row_invariant` is off. `row_invariant` (a target's): a row's bits do not depend on its step
@@ -243,8 +243,8 @@ def load_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, devic
     check_kernel_mode(kernels)
     if cpu_kernels:
         model.enable_cpu_kernels(kernels)
-        if kernels == "fast" and not any(isinstance(p, FastWeight) for p in model.packed_weights.values()):
-            warnings.warn(f"kernels='fast' found no GGUF Q4_1/Q8_0 weights in {checkpoint.path}: the model runs as "
+        if kernels != "exact" and not any(isinstance(p, FastWeight) for p in model.packed_weights.values()):
+            warnings.warn(f"kernels={kernels!r} found no GGUF Q4_1/Q8_0 weights in {checkpoint.path}: the model runs as "
                           "it would with kernels='exact'")
     model.row_invariant = row_invariant
     if gemv_weights is None:

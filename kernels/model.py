@@ -23,7 +23,7 @@ from specray.kernels.attention import (
 from specray.kernels.attention_reference import reference_attention
 from specray.kernels.batch import RaggedBatch
 from specray.kernels.config import ModelConfig
-from specray.kernels.cpu_weights import CpuWeights
+from specray.kernels.cpu_weights import FAST_PARTS, CpuWeights
 from specray.kernels.fast_linear import FastWeight, fast_linear
 from specray.kernels.kv_cache import PagedKVCache
 from specray.kernels.quant_linear import PackedWeight, packed_linear
@@ -65,7 +65,7 @@ class LlamaModel(CpuWeights, nn.Module):
         self.scale = config.head_dim ** -0.5
         self.gemv_weights: dict[int, torch.Tensor] = {}  # id(weight) -> weight.T contiguous
         self.packed_weights: dict[int, PackedWeight | FastWeight] = {}  # id(weight) -> its Q4_1/Q8_0 blocks
-        self.kernel_mode = "exact"  # "fast": the fast layout, 8-bit activations (fast_linear), fp16 KV
+        self.kernel_mode = "exact"  # "fast" / "fast16": the fast layout, 8-bit / two-part activations (fast_linear), fp16 KV
         self.fused_cpu_ops = False  # norms and RoPE through the C ops (`enable_cpu_kernels`)
         self.native_layers = True  # every layer in one C call where `decoder_table` applies
         # a row's bits do not depend on its step (kernels/invariant.py): the C kernels are built so;
@@ -121,10 +121,10 @@ class LlamaModel(CpuWeights, nn.Module):
 
     @property
     def kv_dtype(self) -> torch.dtype:
-        """The KV cache's: fp16 in the fast mode, whose every step reads it through the C attention
+        """The KV cache's: fp16 in the fast modes, whose every step reads it through the C attention
         (which widens it to fp32 as it loads: half the bytes a decode row's attention reads, and
         half the memory a token's KV takes); the model's own dtype otherwise."""
-        return torch.float16 if self.kernel_mode == "fast" and self.fused_cpu_ops else self.dtype
+        return torch.float16 if self.kernel_mode in FAST_PARTS and self.fused_cpu_ops else self.dtype
 
     def make_cache(self, num_blocks: int, block_size: int = 16, prefix_caching: bool = False) -> PagedKVCache:
         return PagedKVCache(self.shard_config, num_blocks, block_size, dtype=self.kv_dtype,

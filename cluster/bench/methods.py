@@ -10,19 +10,31 @@ TREE_METHODS = ("specray_rsd_c", "specray_rsd_s", "specray_spectr", "specray_top
 # long-context table (chains and trees of every draft).
 LONGSPEC_METHODS = ("specray_longspec", "specray_longspec_topk")
 # specray_default: what `specray serve` speculates with for the model (cluster/config/defaults.py),
-# on the exact kernels, its default too (+ FAST: the fast ones)
+# on the exact kernels, its default too (+ a KERNEL_SUFFIXES suffix: another kernel mode)
 SPECRAY_METHODS = ("specray", "specray_default", "specray_ngram", "specray_draft", "specray_easyspec", "specray_eagle",
                    "specray_ngram_padded", "specray_draft_padded") + TREE_METHODS + ("specray_draft_topk",) + LONGSPEC_METHODS
 METHODS = HF_METHODS + SPECRAY_METHODS
 FAST = "_fast"  # a specray method + this suffix: the same engine with the fast kernels (kernels/fast_linear.py)
+KERNEL_SUFFIXES = {"_fast16": "fast16", FAST: "fast"}  # a specray method + suffix: its engine in that kernel mode
+
+
+def kernel_suffix(method: str) -> str:
+    """The method's KERNEL_SUFFIXES suffix, or ""."""
+    return next((s for s in KERNEL_SUFFIXES if method.endswith(s)), "")
+
+
+def kernels_of(method: str) -> str:
+    """The kernel mode a method's engine runs: its suffix's, else exact."""
+    return KERNEL_SUFFIXES.get(kernel_suffix(method), "exact")
 
 
 def base_method(method: str) -> str:
-    return method[: -len(FAST)] if method.endswith(FAST) else method
+    suffix = kernel_suffix(method)
+    return method[: -len(suffix)] if suffix else method
 
 
 def known_method(method: str) -> bool:
-    return method in METHODS or (method.endswith(FAST) and base_method(method) in SPECRAY_METHODS)
+    return method in METHODS or (kernel_suffix(method) != "" and base_method(method) in SPECRAY_METHODS)
 
 
 def tree_shapes(depth: int) -> dict[str, dict]:

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specray.cluster.bench.bound import Bandwidth
-from specray.cluster.bench.methods import (FAST, HF_METHODS, LONGSPEC_METHODS, METHODS, base_method,
-                                            default_methods, known_method, skip_reason, tree_configs, tree_shapes)
+from specray.cluster.bench.methods import (HF_METHODS, KERNEL_SUFFIXES, LONGSPEC_METHODS, METHODS, base_method,
+                                            default_methods, kernels_of, known_method, skip_reason, tree_configs,
+                                            tree_shapes)
 from specray.cluster.bench.prompts import load_prompts
 from specray.cluster.config.defaults import default_speculative_config
 from specray.kernels.chat import prompt_token_ids
@@ -99,7 +100,7 @@ class Runner:
         self.llms = {m: LLM(args.model, speculative_config=configs[base_method(m)], max_num_seqs=max_seqs,
                             kv_cache_tokens=kv_tokens_needed(encoded, args.batch_sizes, args.max_tokens, kv_k,
                                                              padded=f"{m}_padded" in methods),
-                            kernels="fast" if m.endswith(FAST) else "exact",
+                            kernels=kernels_of(m),
                             enable_prefix_caching=False)  # every cell sends the same prompts: each computes them
                      for m in sorted(wanted) if base_method(m) in configs}
         self.hf = load_hf(self.ckpt.path) if any(m in HF_METHODS for m in methods) else None
@@ -184,7 +185,7 @@ def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
     unknown = sorted(m for m in methods if not known_method(m))
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}, or a specray method + "
-                         f"'{FAST}' (the fast kernels)")
+                         f"one of {list(KERNEL_SUFFIXES)} (that kernel mode)")
     if "specray_eagle" in methods and not args.eagle_model:
         raise ValueError("method specray_eagle needs --eagle-model (a feature-level draft, `specray distill --kind eagle`)")
     if set(methods) & set(LONGSPEC_METHODS) and not args.longspec_model:

@@ -26,7 +26,7 @@ llama.cpp ratios; /4 had no arithmetic floor nor raw counts, and bounds at batch
   equal to specray's plain decoding in the same kernel mode and batch size), decode_tokens_per_s
   (batch 1: tokens after the first over the time outside prefill steps, what llama-bench and
   llama-lookup report), per_category {category: tokens_per_s} (batch 1). A method ending in
-  `_fast` is its engine with the fast kernels (kernels/fast_linear.py);
+  `_fast` (`_fast16`) is its engine with the fast (fast16) kernels (kernels/fast_linear.py);
 - `long_context` (prompts with `context_tokens` only, cluster/bench/long_context.py): per method,
   temperature and context length at batch 1: decode_tokens_per_s and ms_per_round (prefill steps
   left out), prefill_s per request, acceptance_length, draft_own_mib and target_kv_mirror_mib per
@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from specray.cluster.bench.methods import FAST, METHODS, base_method
+from specray.cluster.bench.methods import FAST, METHODS, base_method, kernels_of
 
 SCHEMA = "specray.bench.offline/6"
 LLAMA_BATCH1 = ("llama_bench", "llama_lookup", "llama_speculative")  # llama.cpp's decode-only batch-1 rows
@@ -71,7 +71,7 @@ def cell_json(cell, hf_cell, step_s: float | None, roofline_s: float | None = No
         return out
     tps = cell.tokens / cell.seconds if cell.seconds else 0.0
     decode = decode_tokens_per_s(cell)
-    fast = cell.method.endswith(FAST)
+    exact = kernels_of(cell.method) == "exact"
     tau = cell.emitted / cell.rounds if cell.rounds else None
     sequences = min(cell.batch_size, cell.requests)  # a step reads the weights once for all of them
     bound = sequences * (tau or 1.0) / step_s if step_s else None
@@ -89,7 +89,7 @@ def cell_json(cell, hf_cell, step_s: float | None, roofline_s: float | None = No
         roofline_tokens_per_s=round(roofline, 2) if roofline else None,
         fraction_of_roofline=round(tps / roofline, 3) if roofline else None,
         decode_tokens_per_s=round(decode, 2) if decode else None,
-        greedy_matches_hf=(cell.outputs == hf_cell.outputs) if hf_cell and cell.batch_size == 1 and not fast
+        greedy_matches_hf=(cell.outputs == hf_cell.outputs) if hf_cell and cell.batch_size == 1 and exact
         and cell.temperature == 0 and cell.method != "hf" and not cell.method.startswith("llama") else None,
         # lossless in every kernel mode: greedy output = plain greedy output of the same mode
         greedy_matches_plain=(cell.outputs == plain_cell.outputs) if plain_cell is not None and plain_cell is not cell
@@ -117,7 +117,7 @@ def summary(rows: list[dict]) -> dict:
     def best_decode(prefix):
         return max((r["decode_tokens_per_s"] or 0 for r in at1 if r["method"].startswith(prefix)), default=None)
 
-    plain = max(decode("specray") or 0, decode("specray_fast") or 0) or None
+    plain = max(decode("specray") or 0, decode("specray_fast16") or 0, decode("specray_fast") or 0) or None
     fast = decode("specray_default_fast") is not None  # the default against plain in the same kernels
     return {
         "default_speculation_vs_plain_batch1": ratio(decode("specray_default_fast" if fast else "specray_default"),
@@ -126,7 +126,7 @@ def summary(rows: list[dict]) -> dict:
         "specray_plain_vs_llama_bench_batch1": ratio(plain, decode("llama_bench")),
         "best_specray_vs_best_llama_batch1": ratio(best_decode("specray"), best_decode("llama")),
         "best_specray_vs_specray_plain_batch1": ratio(best_decode("specray"), plain),
-        "specray_vs_llama_batched_16": ratio(max(tps("specray", 16) or 0, tps("specray_fast", 16) or 0) or None,
+        "specray_vs_llama_batched_16": ratio(max(tps(m, 16) or 0 for m in ("specray", "specray_fast16", "specray_fast")) or None,
                                              tps("llama_batched", 16)),
         "specray_plain_vs_hf_plain_batch1": ratio(tps("specray", 1), tps("hf", 1)),
         "best_specray_method_batch1": best_specray["method"] if best_specray else None,
@@ -156,10 +156,10 @@ def build_report(args, cells, prompts, bandwidth, partial: bool = False) -> dict
     hf = {(c.batch_size, c.temperature): c for c in cells if c.method == "hf" and not c.skipped}
     step_s = bandwidth.step_s if bandwidth is not None else None
     roofline_s = bandwidth.roofline_step_s if bandwidth is not None else None
-    plain = {(c.method.endswith(FAST), c.batch_size, c.temperature): c for c in cells
-             if c.method in ("specray", "specray_fast") and not c.skipped}
+    plain = {(kernels_of(c.method), c.batch_size, c.temperature): c for c in cells
+             if base_method(c.method) == "specray" and not c.skipped}
     rows = [cell_json(c, hf.get((c.batch_size, c.temperature)), step_s, roofline_s,
-                      plain.get((c.method.endswith(FAST), c.batch_size, c.temperature))
+                      plain.get((kernels_of(c.method), c.batch_size, c.temperature))
                       if c.method.startswith("specray") else None) for c in cells]
     return {
         "schema": SCHEMA,
@@ -210,12 +210,13 @@ LLAMA_MARKERS = {"llama_bench": "x", "llama_lookup": "+", "llama_speculative": "
 
 def method_style(method: str) -> dict:
     """One look a method, the same in every plot: its own colour (tab20) and marker; a llama.cpp
-    row is black and dashed with a cross of its own, so the peer stands out; a `_fast` method is its
-    base method dotted, its markers hollow."""
+    row is black and dashed with a cross of its own, so the peer stands out; a `_fast` (`_fast16`)
+    method is its base method dotted (dash-dotted), its markers hollow."""
     import matplotlib
 
-    if method.endswith(FAST):
-        return {**method_style(base_method(method)), "linestyle": ":", "markerfacecolor": "none", "label": method}
+    if kernels_of(method) != "exact":
+        dots = ":" if method.endswith(FAST) else "-."
+        return {**method_style(base_method(method)), "linestyle": dots, "markerfacecolor": "none", "label": method}
     if method.startswith("llama"):
         return {"color": "black", "marker": LLAMA_MARKERS.get(method, "x"), "markersize": 9, "linestyle": "--",
                 "linewidth": 2.0, "label": method}

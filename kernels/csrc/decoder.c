@@ -27,6 +27,8 @@ void specray_attention_f16(ATTENTION_ARGS);  // attention_f16.c: the same over a
 int64_t specray_attention_split_scratch(int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, int64_t max_new);
 int64_t specray_attention_score_floats(int64_t group, int64_t max_keys);
 int64_t specray_fast_scratch_bytes(int64_t rows, int64_t in);
+void specray_fast16_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks, int kind, int64_t out,
+                           float* y, uint8_t* act, int threads);
 void specray_fast_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks, int kind, int64_t out,
                          float* y, uint8_t* act, int threads);
 
@@ -57,11 +59,13 @@ static double now_ns(void) {
 enum { D_HIDDEN, D_HEADS, D_KV_HEADS, D_HEAD_DIM, D_INTERMEDIATE, D_LAYERS, D_COUNT };
 // A layer's row of the weight table: addresses of the packed blocks, then of the two norm weights.
 enum { W_QKV, W_O, W_GATE_UP, W_DOWN, W_INPUT_NORM, W_POST_NORM, W_COUNT };
-enum { KIND_FAST = 8 };  // below: quant_linear.c's exact kinds; KIND_FAST + kind: fast_linear.c's layout
+// below KIND_FAST: quant_linear.c's exact kinds; KIND_FAST + kind: fast_linear.c's layout, 8-bit
+// activations; KIND_FAST16 + kind: the same layout, two-part activations (the fast16 mode)
+enum { KIND_FAST = 8, KIND_FAST16 = 16 };
 
 typedef struct {  // the step's scratch, carved out of one buffer
     float *x, *qkv, *attn, *delta, *gate_up, *act, *scores;
-    uint8_t* quantised;  // the fast kernels' 8-bit activations (after the attention's scratch)
+    uint8_t* quantised;  // the fast kernels' 8-bit activations, two parts a row in fast16 (after the attention's scratch)
 } Workspace;
 
 // Floats of each part of the workspace, in Workspace's order.
@@ -99,13 +103,15 @@ int64_t specray_decoder_workspace(int64_t rows, const int64_t* d, int64_t max_ke
     total += specray_attention_split_scratch(rows, d[D_HEADS], d[D_KV_HEADS], d[D_HEAD_DIM], rows);
     if (d[D_INTERMEDIATE] > widest) widest = d[D_INTERMEDIATE];
     if (d[D_HEADS] * d[D_HEAD_DIM] > widest) widest = d[D_HEADS] * d[D_HEAD_DIM];
-    return total + (specray_fast_scratch_bytes(rows, widest) + 63) / 4 + 1;
+    return total + (specray_fast_scratch_bytes(2 * rows, widest) + 63) / 4 + 1;  // 2: fast16's two parts
 }
 
 static void linear(const float* x, int64_t rows, int64_t in, int64_t address, int32_t kind, int64_t out,
                    float* y, uint8_t* quantised, int threads) {
     const uint8_t* blocks = (const uint8_t*)(intptr_t)address;
-    if (kind >= KIND_FAST)
+    if (kind >= KIND_FAST16)
+        specray_fast16_linear(x, rows, in, blocks, kind - KIND_FAST16, out, y, quantised, threads);
+    else if (kind >= KIND_FAST)
         specray_fast_linear(x, rows, in, blocks, kind - KIND_FAST, out, y, quantised, threads);
     else
         specray_exact_linear(x, rows, in, blocks, kind, out, y, threads);
@@ -187,7 +193,7 @@ void specray_decoder_layers(float* h, int64_t rows, const int64_t* d, float eps,
 
 // Floats of scratch `specray_decoder_logits` needs for n rows of `hidden`.
 int64_t specray_decoder_logits_workspace(int64_t n, int64_t hidden) {
-    return n * hidden + (specray_fast_scratch_bytes(n, hidden) + 63) / 4 + 16;
+    return n * hidden + (specray_fast_scratch_bytes(2 * n, hidden) + 63) / 4 + 16;  // 2: fast16's two parts
 }
 
 // A step's logits, after `specray_decoder_layers`: the final RMSNorm of the rows `picked` [n] of h

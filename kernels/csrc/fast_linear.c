@@ -135,6 +135,23 @@ void specray_fast_quantize(const float* x, int64_t rows, int64_t in, uint8_t* ac
         for (int64_t b = 0; b < nb; b++) quantize_block(x + r * in + b * QK, act + (r * nb + b) * ACT_BYTES);
 }
 
+// The two-part activations of the fast16 mode: x [rows, in] -> act [2 * rows, in / 32, ACT_BYTES],
+// row 2r x's row r quantised, row 2r + 1 what that leaves, fmaf(-dx, q, x) (one rounding), quantised
+// the same way (the torch reference is `fast_linear.quantize_two_part`).
+void specray_fast16_quantize(const float* x, int64_t rows, int64_t in, uint8_t* act) {
+    int64_t nb = in / QK;
+    memset(act, 0, 2 * rows * nb * ACT_BYTES);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float* xb = x + r * in + b * QK;
+            uint8_t *first = act + (2 * r * nb + b) * ACT_BYTES, *rest = first + nb * ACT_BYTES;
+            quantize_block(xb, first);
+            float dx = act_float(first, DX_AT), left[QK];
+            for (int j = 0; j < QK; j++) left[j] = fmaf(-dx, (float)(int8_t)first[j], xb[j]);
+            quantize_block(left, rest);
+        }
+}
+
 // -- the portable path -------------------------------------------------------------------------------
 static inline float half_to_float(uint16_t h) {  // exact
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
@@ -181,14 +198,17 @@ static void scalar_block(const uint8_t* w, int kind, const uint8_t* a, float acc
     }
 }
 
-// y[r, o .. o + 16) (those below `out`) for rows [0, rows) of the tile at `tile`.
+// y[r, o .. o + 16) (those below `out`) for rows [0, rows) of the tile at `tile`; `pairs`: rows / 2
+// of them, row r / 2 the sum of activation rows r and r + 1 (the fast16 mode's two parts).
 __attribute__((unused)) static void scalar_tile(const uint8_t* tile, int64_t nb, int kind, const uint8_t* act,
-                                                int64_t rows, float* y, int64_t out, int64_t o) {
-    for (int64_t r = 0; r < rows; r++) {
-        float acc[TILE] = {0};
-        for (int64_t b = 0; b < nb; b++)
-            scalar_block(tile + b * tile_block_bytes(kind), kind, act + (r * nb + b) * ACT_BYTES, acc);
-        for (int f = 0; f < TILE && o + f < out; f++) y[r * out + o + f] = acc[f];
+                                                int64_t rows, float* y, int64_t out, int64_t o, int pairs) {
+    for (int64_t r = 0; r < rows; r += 1 + pairs) {
+        float acc[2][TILE] = {{0}};
+        for (int part = 0; part <= pairs; part++)
+            for (int64_t b = 0; b < nb; b++)
+                scalar_block(tile + b * tile_block_bytes(kind), kind, act + ((r + part) * nb + b) * ACT_BYTES, acc[part]);
+        float* yr = y + (pairs ? r / 2 : r) * out + o;
+        for (int f = 0; f < TILE && o + f < out; f++) yr[f] = pairs ? acc[0][f] + acc[1][f] : acc[0][f];
     }
 }
 
@@ -200,15 +220,15 @@ __attribute__((unused)) static void scalar_tile(const uint8_t* tile, int64_t nb,
 #else
 #define FAST_ROW_CHUNK 8
 static void fast_tile(const uint8_t* tile, int64_t nb, int kind, const uint8_t* act, int nr, float* y, int64_t out,
-                      int64_t o) {
-    scalar_tile(tile, nb, kind, act, nr, y, out, o);
+                      int64_t o, int pairs) {
+    scalar_tile(tile, nb, kind, act, nr, y, out, o, pairs);
 }
 #endif
 
 typedef struct {  // one row chunk's projection, as specray_parallel's chunks see it
     const uint8_t *blocks, *act;
     int64_t stride, nb, out;
-    int kind, nr;
+    int kind, nr, pairs;
     float* y;
 } FastJob;
 
@@ -217,24 +237,39 @@ static void fast_chunk(void* ctx, int64_t c0, int64_t c1, int thread, int fresh)
     const FastJob* j = (const FastJob*)ctx;
     if (fresh) prefetch_head(j->blocks + c0 * j->stride, (c1 - c0) * j->stride, PREFETCH_BYTES);
     for (int64_t t = c0; t < c1; t++)
-        fast_tile(j->blocks + t * j->stride, j->nb, j->kind, j->act, j->nr, j->y, j->out, t * TILE);
+        fast_tile(j->blocks + t * j->stride, j->nb, j->kind, j->act, j->nr, j->y, j->out, t * TILE, j->pairs);
+}
+
+// act [rows, in / 32, ACT_BYTES] activation rows, blocks [tiles, nb * tile block bytes] -> y [rows,
+// out], or with `pairs` (rows even) y [rows / 2, out], each the sum of two rows' (a row chunk is even).
+static void linear_q(const uint8_t* act, int64_t rows, int64_t in, const uint8_t* blocks, int kind, int64_t out,
+                     float* y, int threads, int pairs) {
+    const int64_t nb = in / QK, stride = nb * tile_block_bytes(kind), tiles = (out + TILE - 1) / TILE;
+    for (int64_t r0 = 0; r0 < rows; r0 += FAST_ROW_CHUNK) {
+        int nr = (int)(rows - r0 < FAST_ROW_CHUNK ? rows - r0 : FAST_ROW_CHUNK);
+        FastJob job = {blocks, act + r0 * nb * ACT_BYTES, stride, nb, out, kind, nr, pairs, y + (pairs ? r0 / 2 : r0) * out};
+        specray_parallel(tiles, chunk_for_bytes(stride), threads, fast_chunk, &job);
+    }
 }
 
 // act [rows, in / 32, ACT_BYTES] from `specray_fast_quantize`, blocks [tiles, nb * tile block
 // bytes], y [rows, out].
 void specray_fast_linear_q(const uint8_t* act, int64_t rows, int64_t in, const uint8_t* blocks, int kind,
                            int64_t out, float* y, int threads) {
-    const int64_t nb = in / QK, stride = nb * tile_block_bytes(kind), tiles = (out + TILE - 1) / TILE;
-    for (int64_t r0 = 0; r0 < rows; r0 += FAST_ROW_CHUNK) {
-        int nr = (int)(rows - r0 < FAST_ROW_CHUNK ? rows - r0 : FAST_ROW_CHUNK);
-        FastJob job = {blocks, act + r0 * nb * ACT_BYTES, stride, nb, out, kind, nr, y + r0 * out};
-        specray_parallel(tiles, chunk_for_bytes(stride), threads, fast_chunk, &job);
-    }
+    linear_q(act, rows, in, blocks, kind, out, y, threads, 0);
 }
 
 // The same on fp32 x [rows, in]; act: specray_fast_scratch_bytes(rows, in) bytes of scratch.
 void specray_fast_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks, int kind,
                          int64_t out, float* y, uint8_t* act, int threads) {
     specray_fast_quantize(x, rows, in, act);
-    specray_fast_linear_q(act, rows, in, blocks, kind, out, y, threads);
+    linear_q(act, rows, in, blocks, kind, out, y, threads, 0);
+}
+
+// The fast16 mode: each row's two parts (`specray_fast16_quantize`) summed by the same lanes, then
+// added; act: specray_fast_scratch_bytes(2 * rows, in) bytes of scratch.
+void specray_fast16_linear(const float* x, int64_t rows, int64_t in, const uint8_t* blocks, int kind,
+                           int64_t out, float* y, uint8_t* act, int threads) {
+    specray_fast16_quantize(x, rows, in, act);
+    linear_q(act, 2 * rows, in, blocks, kind, out, y, threads, 1);
 }

@@ -40,7 +40,7 @@ static inline __attribute__((always_inline)) void half_sums(const uint8_t* w, in
 
 static inline __attribute__((always_inline)) void vtile(const uint8_t* tile, int64_t nb, const int kind,
                                                        const uint8_t* act, const int NR, float* y, int64_t out,
-                                                       int64_t o) {
+                                                       int64_t o, int pairs) {
     const int64_t tb = tile_block_bytes(kind), row_stride = nb * ACT_BYTES;
     for (int h = 0; h < 2 && o + 8 * h < out; h++) {  // a padded last tile may have no second half
         __m256 acc[FAST_ROW_CHUNK];
@@ -64,23 +64,25 @@ static inline __attribute__((always_inline)) void vtile(const uint8_t* tile, int
             }
         }
         int64_t f0 = o + 8 * h;
-        for (int r = 0; r < NR; r++) {
+        for (int r = 0; r < NR; r += 1 + pairs) {  // pairs: row r / 2 is the sum of rows r and r + 1
+            __m256 v = pairs ? _mm256_add_ps(acc[r], acc[r + 1]) : acc[r];
+            float* yr = y + (pairs ? r / 2 : r) * out + f0;
             if (out - f0 >= 8) {
-                _mm256_storeu_ps(y + r * out + f0, acc[r]);
+                _mm256_storeu_ps(yr, v);
                 continue;
             }
             float lanes[8];
-            _mm256_storeu_ps(lanes, acc[r]);
-            for (int f = 0; f < out - f0; f++) y[r * out + f0 + f] = lanes[f];
+            _mm256_storeu_ps(lanes, v);
+            for (int f = 0; f < out - f0; f++) yr[f] = lanes[f];
         }
     }
 }
 
 #define FAST_CASE(KIND, N) \
-    case N: vtile(tile, nb, KIND, act, N, y, out, o); return;
+    case N: vtile(tile, nb, KIND, act, N, y, out, o, pairs); return;
 #define FAST_SWITCH(KIND) switch (nr) { FAST_CASE(KIND, 1) FAST_CASE(KIND, 2) FAST_CASE(KIND, 3) FAST_CASE(KIND, 4) }
 
 static void fast_tile(const uint8_t* tile, int64_t nb, int kind, const uint8_t* act, int nr, float* y, int64_t out,
-                      int64_t o) {
+                      int64_t o, int pairs) {
     if (kind == KIND_Q4_1) FAST_SWITCH(KIND_Q4_1) else FAST_SWITCH(KIND_Q8_0)
 }

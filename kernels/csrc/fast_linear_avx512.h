@@ -65,11 +65,12 @@ static inline __attribute__((always_inline)) __m512 row_block(const WBlock* t, c
     return acc;
 }
 
-// y[r, o .. o + 16) (those below `out`) for NR rows of the tile at `tile`. One tile a call: two
-// tiles' 20 weight vectors beside the rows' accumulators measured slower, even at one row.
+// y[r, o .. o + 16) (those below `out`) for NR rows of the tile at `tile` (`pairs`: NR / 2 rows, each
+// the sum of two activation rows' lanes). One tile a call: two tiles' 20 weight vectors beside the
+// rows' accumulators measured slower, even at one row.
 static inline __attribute__((always_inline)) void vtile(const uint8_t* tile, int64_t nb, const int kind,
                                                        const uint8_t* act, const int NR, float* y, int64_t out,
-                                                       int64_t o) {
+                                                       int64_t o, int pairs) {
     const int64_t tb = tile_block_bytes(kind);
     __m512 acc[FAST_ROW_CHUNK];
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
@@ -81,11 +82,14 @@ static inline __attribute__((always_inline)) void vtile(const uint8_t* tile, int
         for (int r = 0; r < NR; r++) acc[r] = row_block(&wb, act + (r * nb + b) * ACT_BYTES, kind, acc[r]);
     }
     __mmask16 valid = out - o >= TILE ? 0xffff : (__mmask16)((1u << (out - o)) - 1);
-    for (int r = 0; r < NR; r++) _mm512_mask_storeu_ps(y + r * out + o, valid, acc[r]);
+    if (pairs)
+        for (int r = 0; r + 1 < NR; r += 2) _mm512_mask_storeu_ps(y + r / 2 * out + o, valid, _mm512_add_ps(acc[r], acc[r + 1]));
+    else
+        for (int r = 0; r < NR; r++) _mm512_mask_storeu_ps(y + r * out + o, valid, acc[r]);
 }
 
 #define FAST_CASE(KIND, N) \
-    case N: vtile(tile, nb, KIND, act, N, y, out, o); return;
+    case N: vtile(tile, nb, KIND, act, N, y, out, o, pairs); return;
 #define FAST_SWITCH(KIND)                                                                 \
     switch (nr) {                                                                         \
         FAST_CASE(KIND, 1) FAST_CASE(KIND, 2) FAST_CASE(KIND, 3) FAST_CASE(KIND, 4)       \
@@ -93,6 +97,6 @@ static inline __attribute__((always_inline)) void vtile(const uint8_t* tile, int
     }
 
 static void fast_tile(const uint8_t* tile, int64_t nb, int kind, const uint8_t* act, int nr, float* y, int64_t out,
-                      int64_t o) {
+                      int64_t o, int pairs) {
     if (kind == KIND_Q4_1) FAST_SWITCH(KIND_Q4_1) else FAST_SWITCH(KIND_Q8_0)
 }

@@ -119,8 +119,8 @@ proxies (http_options, grpc_options) follow the values, so an override would mov
 {{- /* The pools as the server gets them (configOverrides merged): cluster/config/pools.py and serve.py refuse these. */}}
 {{- $pools := (include "specray.serveConfig" . | fromYaml).pools }}
 {{- with $pools.target }}
-{{- if and (eq .kernels "fast") (or (not (hasPrefix "cpu" .device)) (not (has .dtype (list "float32" "fp32" "auto")))) }}
-{{- fail (printf "target.kernels fast is the CPU kernels' mode on fp32 weights; the target's device %s with dtype %s would not use it: set target.kernels exact, or target.gpus 0 and target.dtype float32" .device .dtype) }}
+{{- if and (ne .kernels "exact") (or (not (hasPrefix "cpu" .device)) (not (has .dtype (list "float32" "fp32" "auto")))) }}
+{{- fail (printf "target.kernels %s is a CPU kernels' mode on fp32 weights; the target's device %s with dtype %s would not use it: set target.kernels exact, or target.gpus 0 and target.dtype float32" .kernels .device .dtype) }}
 {{- end }}
 {{- if and $diffusion (ne .kernels "exact") }}
 {{- fail (printf "target.kernels %s applies to autoregressive GGUF models; %s is a diffusion LM: set target.kernels exact" .kernels $v.model.target) }}
