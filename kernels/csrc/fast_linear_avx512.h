@@ -1,7 +1,7 @@
 // fast_linear.c's AVX-512 path: a tile's 16 features are one 16-lane vector. VNNI's vpdpbusd forms
 // the lanes where the CPU has it (Q8_0 as w + 128, corrected by the activations' corr); elsewhere
 // vpmaddubsw + vpmaddwd on |w| and sign-flipped activations (no int16 overflow: |w| <= 127).
-#define FAST_ROW_CHUNK 8  // rows whose accumulators stay in registers
+#define FAST_ROW_CHUNK 16  // rows whose accumulators stay in registers (16 beside a block's 10 weight vectors)
 
 typedef struct {
     __m512i u[8];       // part v: the unsigned operand (Q4_1 q; Q8_0 w + 128 (VNNI) or |w|) of elements 4v..4v+3
@@ -94,6 +94,8 @@ static inline __attribute__((always_inline)) void vtile(const uint8_t* tile, int
     switch (nr) {                                                                         \
         FAST_CASE(KIND, 1) FAST_CASE(KIND, 2) FAST_CASE(KIND, 3) FAST_CASE(KIND, 4)       \
         FAST_CASE(KIND, 5) FAST_CASE(KIND, 6) FAST_CASE(KIND, 7) FAST_CASE(KIND, 8)       \
+        FAST_CASE(KIND, 9) FAST_CASE(KIND, 10) FAST_CASE(KIND, 11) FAST_CASE(KIND, 12)    \
+        FAST_CASE(KIND, 13) FAST_CASE(KIND, 14) FAST_CASE(KIND, 15) FAST_CASE(KIND, 16)   \
     }
 
 static void fast_tile(const uint8_t* tile, int64_t nb, int kind, const uint8_t* act, int nr, float* y, int64_t out,

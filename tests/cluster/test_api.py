@@ -57,6 +57,8 @@ def test_bad_speculative_config(tiny_target, config, message):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(max_num_seqs=0), "max_num_seqs must be an integer >= 1, got 0"),
     (dict(kernels="fast", dtype="bfloat16"), "kernels='fast' runs the C kernels on fp32 weights; dtype bfloat16"),
+    (dict(kernels="fast16", dtype="float16"), "kernels='fast16' runs the C kernels on fp32 weights; dtype float16"),
+    (dict(kernels="fast8"), r"kernels must be one of \('exact', 'fast16', 'fast'\), got 'fast8'"),
 ])
 def test_engine_arguments_that_could_not_run_are_refused(tiny_target, kwargs, message):
     """A bare assertion deep in the router, and a fast mode silently dropped for plain torch, before."""
@@ -70,8 +72,9 @@ def test_fast_kernels_on_a_gpu_are_refused_not_dropped(monkeypatch):
     from specray.cluster.llm_inputs import check_engine_args
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the check, not a device, is under test
-    with pytest.raises(ValueError, match="kernels='fast' is the CPU kernels' mode; on 'cuda' it would do nothing"):
-        check_engine_args("cuda", 1024, 16, kernels="fast")
+    for mode in ("fast", "fast16"):
+        with pytest.raises(ValueError, match=f"kernels='{mode}' is a CPU kernels' mode; on 'cuda' it would do nothing"):
+            check_engine_args("cuda", 1024, 16, kernels=mode)
     check_engine_args("cuda", 1024, 16, kernels="exact")
 
 

@@ -69,15 +69,19 @@ def test_speculative_greedy_equals_transformers(name, prompt_ids, transformers_g
     assert 0 < sum(accepted) < drafted and len(set(accepted)) > 1, "acceptance must be ragged"
 
 
-def test_the_fast_kernels_speculate_losslessly(prompt_ids):
-    """The fast kernel mode on the real GGUF (a model of its own): greedy speculation at batch 8 and
-    batch 1 equals its own plain decoding at batch 8, token for token."""
+@pytest.mark.parametrize("mode", ["fast", "fast16"])
+def test_the_fast_kernels_speculate_losslessly(prompt_ids, mode, transformers_greedy):
+    """The fast kernel modes on the real GGUF (models of their own): greedy speculation at batch 8 and
+    batch 1 equals the mode's own plain decoding at batch 8, token for token. fast16's two-part
+    activations keep transformers' greedy tokens here, as the exact mode does."""
     sp = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
-    plain_llm = LLM("smollm2-135m", max_num_seqs=8, kernels="fast")
-    assert plain_llm.target.model.kernel_mode == "fast"
+    plain_llm = LLM("smollm2-135m", max_num_seqs=8, kernels=mode)
+    assert plain_llm.target.model.kernel_mode == mode
     plain = [o.outputs[0].token_ids for o in plain_llm.generate(prompts, sp)]
-    llm = LLM("smollm2-135m", speculative_config=CONFIGS["ngram"], max_num_seqs=8, kernels="fast")
+    if mode == "fast16":
+        assert plain == [want[:32] for want in transformers_greedy]
+    llm = LLM("smollm2-135m", speculative_config=CONFIGS["ngram"], max_num_seqs=8, kernels=mode)
     batch8 = llm.generate(prompts, sp)
     assert [o.outputs[0].token_ids for o in batch8] == plain
     assert [llm.generate(p, sp)[0].outputs[0].token_ids for p in prompts[:2]] == plain[:2]

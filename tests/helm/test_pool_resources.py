@@ -81,15 +81,16 @@ def test_draft_group_without_speculation_is_caught(rendered):
     assert problems == ["a draft worker group is rendered but speculative_config is null"]
 
 
-def test_target_kernels_reach_the_serve_config():
-    """target.kernels: the target pool's CPU kernel mode (exact by default, fast on request)."""
+@pytest.mark.parametrize("mode", ["fast", "fast16"])
+def test_target_kernels_reach_the_serve_config(mode):
+    """target.kernels: the target pool's CPU kernel mode (exact by default, fast or fast16 on request)."""
     from helm_render import render
 
     assert ServeConfig.from_dict(app_config(render({}).rayservice)).pools.target.kernels == "exact"
     cpu = {"gpus": 0, "dtype": "float32"}
-    cfg = app_config(render({"target": {**cpu, "kernels": "fast"}}).rayservice)
-    assert cfg["pools"]["target"]["kernels"] == "fast" and ServeConfig.from_dict(cfg).pools.target.kernels == "fast"
-    # the fast mode where it would do nothing (a GPU, bf16 weights) is refused by the server: the chart
+    cfg = app_config(render({"target": {**cpu, "kernels": mode}}).rayservice)
+    assert cfg["pools"]["target"]["kernels"] == mode and ServeConfig.from_dict(cfg).pools.target.kernels == mode
+    # a fast mode where it would do nothing (a GPU, bf16 weights) is refused by the server: the chart
     # rendered it, and the RayService retried a config the server refused (tests/helm/test_values_errors.py)
-    with pytest.raises(ValueError, match="kernels 'fast' is the CPU kernels' mode"):
+    with pytest.raises(ValueError, match=f"kernels '{mode}' is a CPU kernels' mode"):
         ServeConfig.from_dict({**cfg, "pools": {**cfg["pools"], "target": {**cfg["pools"]["target"], "device": "cuda"}}})

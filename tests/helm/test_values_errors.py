@@ -76,7 +76,9 @@ def test_schema_rejects(values, message):
     ({"modelStorage": {"type": "initContainer"}}, "modelStorage.type initContainer needs modelStorage.initContainer.command"),
     # each rendered and was refused by the server at deploy time, or deployed broken (2026-12 chart review)
     ({"target": {"kernels": "fast"}},
-     "target.kernels fast is the CPU kernels' mode on fp32 weights; the target's device cuda with dtype bfloat16"),
+     "target.kernels fast is a CPU kernels' mode on fp32 weights; the target's device cuda with dtype bfloat16"),
+    ({"target": {"kernels": "fast16"}},
+     "target.kernels fast16 is a CPU kernels' mode on fp32 weights; the target's device cuda with dtype bfloat16"),
     ({"target": {"kernels": "fast", "gpus": 0}}, "the target's device cpu with dtype bfloat16 would not use it"),
     ({"target": {"kernels": "fast", "gpus": 0, "dtype": "float32", "device": "cuda:0"}},
      "the target's device cuda:0 with dtype float32 would not use it"),
@@ -110,6 +112,7 @@ def test_templates_reject(values, message):
 @pytest.mark.parametrize("values", [
     {"target": {"kernels": "fast", "gpus": 0, "dtype": "fp32"}},
     {"target": {"kernels": "fast", "gpus": 0, "dtype": "float32", "device": "cpu"}},
+    {"target": {"kernels": "fast16", "gpus": 0, "dtype": "float32", "device": "cpu"}},
     {"speculation": {"method": "eagle", "draftModel": "d"}, "draft": {"device": "cuda:0"}},  # null: one GPU
     {"speculation": {"method": "ngram"}, "transport": {"kind": "ray"}, "draft": {"device": "cuda", "gpus": 1}},
     {"serve": {"configOverrides": {"http": {"max_request_bytes": 4096}, "grpc": {"max_message_bytes": 4096}}}},

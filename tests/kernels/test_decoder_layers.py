@@ -49,14 +49,29 @@ def fast_model(tiny_gguf_target):
     return model
 
 
-def test_the_fast_mode_keeps_a_16_bit_cache(packed_model, fast_model):
-    assert packed_model.kv_dtype == torch.float32 and fast_model.kv_dtype == torch.float16
-    assert fast_model.make_cache(4, block_size=4).kv.dtype == torch.float16
+@pytest.fixture(scope="module")
+def fast16_model(tiny_gguf_target):
+    model = load_model(Checkpoint(tiny_gguf_target, "t"), cpu_kernels=True, kernels="fast16")
+    assert model.decoder_table() is not None
+    return model
 
 
-def test_fast_native_layers_match_the_op_by_op_path(fast_model):
-    """The fast mode's one-call decoder and its op-by-op path (fast linears, the C attention on the
+@pytest.fixture(scope="module")
+def models(packed_model, fast_model, fast16_model):
+    return {"exact": packed_model, "fast": fast_model, "fast16": fast16_model}
+
+
+def test_the_fast_mode_keeps_a_16_bit_cache(packed_model, fast_model, fast16_model):
+    assert packed_model.kv_dtype == torch.float32
+    for model in (fast_model, fast16_model):
+        assert model.kv_dtype == torch.float16 and model.make_cache(4, block_size=4).kv.dtype == torch.float16
+
+
+@pytest.mark.parametrize("mode", ["fast", "fast16"])
+def test_fast_native_layers_match_the_op_by_op_path(models, mode):
+    """The fast modes' one-call decoder and their op-by-op path (fast linears, the C attention on the
     fp16 cache) write the same fp16 KV and give the same logits."""
+    fast_model = models[mode]
     native, native_kv = step(fast_model, MIXED, native=True)
     loop, loop_kv = step(fast_model, MIXED, native=False)
     assert native_kv.dtype == loop_kv.dtype == torch.float16
@@ -91,11 +106,11 @@ def test_native_layers_match_the_reference(packed_model):
     torch.testing.assert_close(native_kv, ref_kv, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("mode", ["exact", "fast"])  # fast: 8-bit activations, the fp16 cache
-def test_a_row_does_not_depend_on_the_other_rows(packed_model, fast_model, mode):
+@pytest.mark.parametrize("mode", ["exact", "fast", "fast16"])  # fast*: quantised activations, the fp16 cache
+def test_a_row_does_not_depend_on_the_other_rows(models, mode):
     """A decode row and the first row of a verification chain from the same context give the same
     bits: speculation must not change what the target computes for a token."""
-    model = packed_model if mode == "exact" else fast_model
+    model = models[mode]
     one, _ = step(model, [SeqChunk("b", [12], 3)], native=True)
     chain, _ = step(model, [SeqChunk("b", [12, 13, 14], 3, num_logits=3)], native=True)
     batched, _ = step(model, [SeqChunk("a", [30, 31], 9, num_logits=2), SeqChunk("b", [12], 3)], native=True)
@@ -125,9 +140,9 @@ def test_prefill_chunks_run_the_one_call_decoder_too(packed_model, monkeypatch):
     assert len(calls) == 1
 
 
-@pytest.mark.parametrize("mode", ["exact", "fast"])
-def test_a_decode_row_beside_a_prefill_keeps_its_bits(packed_model, fast_model, mode):
-    model = packed_model if mode == "exact" else fast_model
+@pytest.mark.parametrize("mode", ["exact", "fast", "fast16"])
+def test_a_decode_row_beside_a_prefill_keeps_its_bits(models, mode):
+    model = models[mode]
     alone, _ = step(model, [SeqChunk("b", [12], 3)], native=True)
     beside, _ = step(model, [SeqChunk("b", [12], 3), SeqChunk("p", list(range(3, 43)), 0)], native=True)
     verify, _ = step(model, [SeqChunk("b", [12] + [13] * 39, 3, num_logits=40)], native=True)
@@ -135,13 +150,12 @@ def test_a_decode_row_beside_a_prefill_keeps_its_bits(packed_model, fast_model, 
 
 
 @pytest.mark.parametrize("features", [False, True])
-@pytest.mark.parametrize("mode", ["exact", "fast"])
-def test_the_final_norm_and_head_in_one_call_give_the_same_bits(packed_model, fast_model, mode, features,
-                                                                  monkeypatch):
+@pytest.mark.parametrize("mode", ["exact", "fast", "fast16"])
+def test_the_final_norm_and_head_in_one_call_give_the_same_bits(models, mode, features, monkeypatch):
     """A native step's logits (and, for a feature-level draft, every row's final norm) come from
     `decoder_logits` (the final norm and the packed head in one C call) and equal the model's own norm
     and head calls bit for bit."""
-    model = packed_model if mode == "exact" else fast_model
+    model = models[mode]
     calls = []
     fused_logits = cpu_ops.decoder_logits
     monkeypatch.setattr(cpu_ops, "decoder_logits", lambda *a: calls.append(a) or fused_logits(*a))
@@ -158,7 +172,7 @@ def test_the_final_norm_and_head_in_one_call_give_the_same_bits(packed_model, fa
         assert torch.equal(fused, separate)
 
 
-def test_packed_weights_take_their_kernel_at_every_step_size(packed_model, fast_model):
-    for model in (packed_model, fast_model):
+def test_packed_weights_take_their_kernel_at_every_step_size(packed_model, fast_model, fast16_model):
+    for model in (packed_model, fast_model, fast16_model):
         assert model.packed_head() is not None
         assert all(model.packed_for(w) is not None for w in model.projections())

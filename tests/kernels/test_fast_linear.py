@@ -1,5 +1,6 @@
-"""The fast numeric mode's projections: the layout round trip, the C kernel against the torch
-specification (8-bit activations, integer dot products), row independence, non-finite inputs."""
+"""The fast numeric modes' projections: the layout round trip, the C kernel against the torch
+specification (8-bit activations, or two 8-bit parts in fast16; integer dot products), row
+independence, non-finite inputs."""
 
 import warnings
 
@@ -42,12 +43,28 @@ def test_activation_quantisation_by_hand():
     assert torch.isnan(d[1, 1]) and not q[1, 1].any() and d[1, 0] == 0
 
 
+def test_two_part_activations_by_hand():
+    """fast16: the second part quantises what the first leaves, x - dx * q, rounded once."""
+    x = torch.zeros(1, 32)
+    x[0, :3] = torch.tensor([1.0, 0.3, -2.0])  # amax 2: dx = 2 / 127, q = 64, 19, -127
+    (q, d, _), (q2, d2, _) = fl.quantize_two_part(x)
+    assert q[0, 0, :3].tolist() == [64.0, 19.0, -127.0]
+    left = torch.tensor([1.0, 0.3, -2.0], dtype=torch.float64) - d[0, 0].double() * q[0, 0, :3].double()
+    assert d2[0, 0].item() == pytest.approx(left.abs().max().item() / 127)
+    assert (q2[0, 0, :3].double() * d2[0, 0] - left).abs().max() <= d2[0, 0] / 2 + 1e-12
+    assert q[0, 0, 3:].abs().sum() == 0 and q2[0, 0, 3:].abs().sum() == 0
+    x[0, 5] = float("nan")  # a non-finite block: both parts NaN scales, so the output is NaN
+    (_, d, _), (_, d2, _) = fl.quantize_two_part(x)
+    assert torch.isnan(d[0, 0]) and torch.isnan(d2[0, 0])
+
+
 @needs_kernel
+@pytest.mark.parametrize("parts", [1, 2])
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
 @pytest.mark.parametrize("blocks", [1, 2, 3, 5, 8, 18, 33, 48])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 17])
-def test_kernel_matches_the_integer_reference(kind, blocks, rows):
-    fw = fl.pack_fast(packed_weight(kind, blocks=blocks, seed=rows))
+def test_kernel_matches_the_integer_reference(kind, blocks, rows, parts):
+    fw = fl.pack_fast(packed_weight(kind, blocks=blocks, seed=rows), parts)
     x = torch.randn(rows, fw.in_features) * torch.rand(rows, fw.in_features) ** 4  # uneven magnitudes
     got = fl.fast_linear(x, fw)  # [rows, out]
     want = fl.reference_linear(x, fw)
@@ -64,14 +81,20 @@ def test_fast_mode_stays_close_to_the_exact_mode(kind):
     fast = fl.fast_linear(x, fl.pack_fast(packed))
     assert not torch.equal(fast, exact)
     assert (fast - exact).norm() / exact.norm() < 0.02
+    # fast16: the second part takes the first's rounding error down by about 250 times
+    fast16 = fl.fast_linear(x, fl.pack_fast(packed, parts=2))
+    assert (fast16 - exact).norm() / exact.norm() < 1e-4
+    assert (fast16 - exact).norm() < (fast - exact).norm() / 100
 
 
 @needs_kernel
+@pytest.mark.parametrize("parts", [1, 2])
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
-def test_kernel_rows_do_not_depend_on_batch_or_threads(kind):
-    """The same bits alone (decode) or among 20 rows (two chunks of 8 and one of 4 on AVX-512),
-    with 1 or 2 threads; 301 features leave a remainder after every feature grouping."""
-    fw = fl.pack_fast(packed_weight(kind, out=301, blocks=7))
+def test_kernel_rows_do_not_depend_on_batch_or_threads(kind, parts):
+    """The same bits alone (decode) or among 20 rows (20 or 40 activation rows: chunks of 16 and a
+    remainder on AVX-512, of 4 on AVX2), with 1 or 2 threads; 301 features leave a remainder after
+    every feature grouping."""
+    fw = fl.pack_fast(packed_weight(kind, out=301, blocks=7), parts)
     x = torch.randn(20, fw.in_features)
     together = fl.fast_linear(x, fw)
     alone = torch.cat([fl.fast_linear(x[i:i + 1], fw) for i in range(20)])
@@ -86,8 +109,9 @@ def test_kernel_rows_do_not_depend_on_batch_or_threads(kind):
 
 
 @needs_kernel
-def test_non_finite_rows_stay_in_their_row():
-    fw = fl.pack_fast(packed_weight("q4_1", out=16, blocks=3))
+@pytest.mark.parametrize("parts", [1, 2])
+def test_non_finite_rows_stay_in_their_row(parts):
+    fw = fl.pack_fast(packed_weight("q4_1", out=16, blocks=3), parts)
     x = torch.randn(3, fw.in_features)
     clean = fl.fast_linear(x, fw)
     x[1, 40] = float("inf")
@@ -99,13 +123,15 @@ def test_non_finite_rows_stay_in_their_row():
 
 
 @needs_kernel
-def test_the_fast_mode_says_when_no_weight_takes_it(tiny_target, tiny_gguf_target):
-    """A Hugging Face checkpoint's weights pack as their own values, which the fast mode's 8-bit
+@pytest.mark.parametrize("mode", ["fast", "fast16"])
+def test_the_fast_mode_says_when_no_weight_takes_it(tiny_target, tiny_gguf_target, mode):
+    """A Hugging Face checkpoint's weights pack as their own values, which the fast modes' quantised
     activations do not apply to: loading one with kernels='fast' says so; a GGUF's does not."""
     with pytest.warns(UserWarning, match="found no GGUF"):
-        model = load_model(Checkpoint(tiny_target, "t"), kernels="fast")
+        model = load_model(Checkpoint(tiny_target, "t"), kernels=mode)
     assert model.packed_weights and not any(isinstance(p, fl.FastWeight) for p in model.packed_weights.values())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        model = load_model(Checkpoint(tiny_gguf_target, "t"), kernels="fast")
-    assert all(isinstance(p, fl.FastWeight) for p in model.packed_weights.values())
+        model = load_model(Checkpoint(tiny_gguf_target, "t"), kernels=mode)
+    assert all(isinstance(p, fl.FastWeight) and p.parts == (2 if mode == "fast16" else 1)
+               for p in model.packed_weights.values())

@@ -41,15 +41,16 @@ torch.manual_seed(0)
 outs = []
 for kind in ("q4_1", "q8_0"):
     for blocks in (3, 18, 33):
-        fw = fl.pack_fast(ql.pack_exact(gguf_exact(torch.randn(21, 32 * blocks), kind)))
-        outs.append(fl.fast_linear(torch.randn(11, 32 * blocks), fw))
+        packed = ql.pack_exact(gguf_exact(torch.randn(21, 32 * blocks), kind))
+        x = torch.randn(11, 32 * blocks)
+        outs += [fl.fast_linear(x, fl.pack_fast(packed, parts)) for parts in (1, 2)]
 torch.save(outs, {out!r})
 """
 
 
 def test_the_fast_kernels_give_the_same_bits_on_every_isa(tmp_path):
     """One lane order everywhere (csrc/fast_linear.c): AVX-512 with and without VNNI, AVX2 and
-    scalar builds give bit-identical projections (attention sums in each build's lane order, so a
+    scalar builds give bit-identical projections, fast16's two-part sums too (attention sums in each build's lane order, so a
     model's logits still differ in their last bits between builds)."""
     if not cpu_kernels.available():
         pytest.skip("no C compiler")

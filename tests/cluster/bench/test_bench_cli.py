@@ -49,6 +49,17 @@ def test_every_method_has_its_own_colour_and_marker():
     assert method_style("some_new_method")["color"] not in {"black"}
 
 
+def test_a_kernel_mode_suffix_names_its_engine_and_keeps_its_base_colour():
+    from specray.cluster.bench.methods import base_method, kernels_of, known_method
+
+    assert [kernels_of(m) for m in ("specray", "specray_fast", "specray_default_fast16")] == ["exact", "fast", "fast16"]
+    assert base_method("specray_default_fast16") == base_method("specray_default_fast") == "specray_default"
+    assert known_method("specray_eagle_fast16") and not known_method("hf_fast16") and not known_method("specray_fast32")
+    fast, fast16 = method_style("specray_default_fast"), method_style("specray_default_fast16")
+    assert fast["color"] == fast16["color"] == method_style("specray_default")["color"]
+    assert fast["linestyle"] != fast16["linestyle"]
+
+
 def test_the_plot_shows_llama_cpp_rows_and_batch_one_decode_speed():
     from specray.cluster.bench.report import plot_points
 

@@ -91,6 +91,7 @@ def test_decoding_goes_on_beside_a_long_prompt(tiny_target):
 MODES = {
     "exact": lambda t, g: dict(model=str(t)),
     "fast": lambda t, g: dict(model=str(g), kernels="fast"),
+    "fast16": lambda t, g: dict(model=str(g), kernels="fast16"),
     "fp16 fixed path": lambda t, g: dict(model=str(t), dtype="float16"),
 }
 

@@ -125,7 +125,7 @@ def test_the_colocate_flag(flag, want):
     assert resolve_config(build_parser().parse_args(["serve", *flag])).pools.colocate == want
 
 
-@pytest.mark.parametrize("flag, want", [([], "exact"), (["--kernels", "fast"], "fast")])
+@pytest.mark.parametrize("flag, want", [([], "exact"), (["--kernels", "fast"], "fast"), (["--kernels", "fast16"], "fast16")])
 def test_the_kernels_flag_sets_the_target_pool(flag, want):
     from specray.cluster.cli import build_parser
     from specray.cluster.serve.cli import resolve_config
