@@ -64,7 +64,7 @@ def main() -> None:
     first_difference = sorted(next((i for i, (a, b) in enumerate(zip(e, f)) if a != b), min(len(e), len(f)))
                               for e, f in zip(exact, fast))
     print(json.dumps({"mode": args.mode, "prompts": len(prompts), "positions": positions, "top1_agreement": round(agree / positions, 4),
-                      "kl_exact_fast_per_token": round(kl / positions, 5),
+                      "kl_exact_fast_per_token": float(f"{kl / positions:.3g}"),
                       "nll_per_token": {m: round(v / positions, 4) for m, v in nll.items()},
                       "greedy_outputs_equal": sum(e == f for e, f in zip(exact, fast)),
                       "first_difference_median": first_difference[len(first_difference) // 2]}, indent=1))

@@ -32,7 +32,7 @@ from specray.kernels.drafters.loading import check_draft, refuse_partial_draft
 from specray.kernels.drafters.registry import build_drafter
 from specray.kernels.diffusion.config import is_diffusion_folder
 from specray.kernels.diffusion.weights import load_diffusion_model, read_config
-from specray.kernels.loader import load_model, resolve
+from specray.kernels.loader import load_model, resolve, resolve_kernels
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
 
@@ -44,7 +44,7 @@ class LLM:
                  dtype: str | torch.dtype = "float32", device: str = "cpu", max_model_len: int | None = None,
                  max_num_seqs: int = 32, kv_cache_tokens: int = 16384, block_size: int = 16, seed: int | None = 0,
                  pipelined: bool = False, tokenizer: str | None = None, skip_tokenizer_init: bool = False,
-                 diffusion_config: dict[str, Any] | None = None, kernels: str = "exact",
+                 diffusion_config: dict[str, Any] | None = None, kernels: str = "auto",
                  max_prefill_tokens: int | str | None = "auto", enable_prefix_caching: bool = True,
                  generation_config: str = "auto"):
         """`tokenizer`: a folder or alias to take the tokenizer from (default: the model's own);
@@ -52,8 +52,10 @@ class LLM:
         A diffusion LM (a LLaDA or Dream folder) is detected from its config: `speculative_config`
         then takes FreeDave ({"method": "freedave", "num_drafts": K}) and `diffusion_config` its
         block_length and steps_per_block (cluster/config/diffusion.py). `kernels`: the target's CPU
-        kernels on GGUF weights, "exact" (the fp32 model), "fast16" (16-bit activations in two 8-bit parts) or "fast" (8-bit activations, kernels/fast_linear.py; a 16-bit
-        KV cache). `max_prefill_tokens`: prompt tokens a round prefills at most, a longer prompt in
+        kernels on GGUF weights: "exact" (the fp32 model, what transformers computes), "fast16" (integer
+        dot products on 16-bit activations in two 8-bit parts) or "fast" (8-bit activations; both fast
+        modes keep a 16-bit KV cache: kernels/fast_linear.py); "auto": fast16 for a GGUF model on a CPU
+        in fp32, exact otherwise (`kernels.loader.resolve_kernels`), as `specray serve` does. `max_prefill_tokens`: prompt tokens a round prefills at most, a longer prompt in
         chunks over several rounds ("auto": 256 on CPU, 64 of them while other sequences decode, 512 on
         an accelerator; None: every prompt that fits, whole), as `specray serve` does.
         `enable_prefix_caching`: a prompt's full KV blocks that an earlier request computed are taken,
@@ -65,6 +67,7 @@ class LLM:
                 raise ValueError(f"{name} must be True or False, got {flag!r}")
         torch_dtype = parse_dtype(dtype)
         check_engine_args(device, kv_cache_tokens, block_size, max_num_seqs, kernels, torch_dtype)
+        kernels = resolve_kernels(kernels, model, device, torch_dtype)
         check_int_arg("seed", seed, MIN_SEED, optional=True)
         if seed is not None and seed > MAX_API_SEED:
             raise ValueError(f"seed must be an integer in [{MIN_SEED}, {MAX_API_SEED}] or None, got {seed!r}")

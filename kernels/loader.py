@@ -44,6 +44,7 @@ TARGET_DRAFTS: dict[str, tuple[str, ...]] = {"smollm2-135m": ("smollm2-135m-eagl
 DEFAULT_DRAFTS: dict[str, str] = {target: drafts[0] for target, drafts in TARGET_DRAFTS.items()}
 
 
+KERNELS_AUTO = "auto"  # the `kernels` setting that `resolve_kernels` turns into a mode
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
@@ -90,6 +91,24 @@ def is_diffusion_model(name: str) -> bool:
         return False
     path = Path(name).expanduser()
     return path.is_dir() and is_diffusion_folder(path)
+
+
+def is_gguf_model(name: str) -> bool:
+    """Whether `name` is a GGUF file or an alias of one: weights in Q4_1/Q8_0 blocks."""
+    return isinstance(name, str) and (name in ALIASES or name.endswith(".gguf"))
+
+
+def resolve_kernels(kernels: str, model: str, device: str = "cpu", dtype: torch.dtype | str = torch.float32) -> str:
+    """The numeric mode a `kernels` setting loads `model` in. "auto": fast16 for a GGUF target on a CPU
+    in fp32 (the fast kernels' speed with the exact mode's greedy tokens on every prompt measured:
+    docs/performance.md, "Figures behind choices in the code"); exact elsewhere (Hugging Face
+    weights, which it keeps equal to transformers; accelerators; diffusion LMs)."""
+    if kernels != KERNELS_AUTO:
+        check_kernel_mode(kernels)
+        return kernels
+    cpu = str(device).split(":")[0] == "cpu"
+    fp32 = dtype in (torch.float32, "float32", "fp32", "auto")  # a config's name, or "auto": fp32
+    return "fast16" if is_gguf_model(model) and cpu and fp32 else "exact"
 
 
 def hf_config(folder: str | Path):

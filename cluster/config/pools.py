@@ -68,14 +68,15 @@ class PoolConfig(Strict):
 class TargetPoolConfig(PoolConfig):
     resources: dict[str, float] = Field(default_factory=lambda: {"target": 1.0},
                                         description="custom Ray resources the worker's node must advertise")
-    kernels: Literal["exact", "fast16", "fast"] = Field(
-        "exact", description="numeric mode of the CPU kernels on GGUF weights: exact (the fp32 model, what "
+    kernels: Literal["auto", "exact", "fast16", "fast"] = Field(
+        "auto", description="numeric mode of the CPU kernels on GGUF weights: exact (the fp32 model, what "
         "transformers computes), fast16 (integer dot products on 16-bit activations in two 8-bit parts) or "
-        "fast (8-bit activations); both fast modes keep a 16-bit KV cache and are lossless against themselves")
+        "fast (8-bit activations); both fast modes keep a 16-bit KV cache and are lossless against themselves; "
+        "auto (default): fast16 for a GGUF model on a CPU in fp32, else exact")
 
     @model_validator(mode="after")
     def _fast_on_cpu(self) -> "TargetPoolConfig":
-        if self.kernels != "exact" and (not self.device.startswith("cpu") or self.dtype != "float32"):
+        if self.kernels not in ("exact", "auto") and (not self.device.startswith("cpu") or self.dtype != "float32"):
             raise ValueError(f"kernels {self.kernels!r} is a CPU kernels' mode on fp32 weights; device {self.device!r} "
                              f"with dtype {self.dtype!r} would not use it: use kernels 'exact'")
         return self

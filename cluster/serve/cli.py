@@ -82,11 +82,11 @@ def add_serve_flags(p) -> None:
                    help="how the router calls a lone pool worker each round: a Unix socket where it runs on the "
                         "router's node (auto, default), or Ray actor calls always (ray)")
     p.add_argument("--tensor-parallel-size", type=int, help="target workers sharing the model")
-    p.add_argument("--kernels", choices=["exact", "fast16", "fast"],
-                   help="the target's CPU kernels on GGUF weights: exact (default: the fp32 model), fast16 (integer "
-                        "dot products on 16-bit activations in two 8-bit parts) or fast (8-bit activations); the "
-                        "fast modes keep a 16-bit KV cache and are models of their own, speculation lossless "
-                        "against each")
+    p.add_argument("--kernels", choices=["auto", "exact", "fast16", "fast"],
+                   help="the target's CPU kernels on GGUF weights: exact (the fp32 model), fast16 (integer dot "
+                        "products on 16-bit activations in two 8-bit parts) or fast (8-bit activations); the fast "
+                        "modes keep a 16-bit KV cache and are models of their own, speculation lossless against "
+                        "each; auto (default): fast16 for a GGUF model on a CPU in fp32, else exact")
     p.add_argument("--draft-workers", type=int, help="draft workers of one layer-parallel group (EasySpec across "
                                                      "devices; needs speculative_config layer_parallel >= it)")
     p.add_argument("--max-num-seqs", type=int, help="running sequences at most")

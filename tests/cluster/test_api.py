@@ -58,7 +58,7 @@ def test_bad_speculative_config(tiny_target, config, message):
     (dict(max_num_seqs=0), "max_num_seqs must be an integer >= 1, got 0"),
     (dict(kernels="fast", dtype="bfloat16"), "kernels='fast' runs the C kernels on fp32 weights; dtype bfloat16"),
     (dict(kernels="fast16", dtype="float16"), "kernels='fast16' runs the C kernels on fp32 weights; dtype float16"),
-    (dict(kernels="fast8"), r"kernels must be one of \('exact', 'fast16', 'fast'\), got 'fast8'"),
+    (dict(kernels="fast8"), r"kernels must be one of \('auto', 'exact', 'fast16', 'fast'\), got 'fast8'"),
 ])
 def test_engine_arguments_that_could_not_run_are_refused(tiny_target, kwargs, message):
     """A bare assertion deep in the router, and a fast mode silently dropped for plain torch, before."""

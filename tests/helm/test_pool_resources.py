@@ -83,10 +83,10 @@ def test_draft_group_without_speculation_is_caught(rendered):
 
 @pytest.mark.parametrize("mode", ["fast", "fast16"])
 def test_target_kernels_reach_the_serve_config(mode):
-    """target.kernels: the target pool's CPU kernel mode (exact by default, fast or fast16 on request)."""
+    """target.kernels: the target pool's CPU kernel mode (auto by default, fast or fast16 on request)."""
     from helm_render import render
 
-    assert ServeConfig.from_dict(app_config(render({}).rayservice)).pools.target.kernels == "exact"
+    assert ServeConfig.from_dict(app_config(render({}).rayservice)).pools.target.kernels == "auto"
     cpu = {"gpus": 0, "dtype": "float32"}
     cfg = app_config(render({"target": {**cpu, "kernels": mode}}).rayservice)
     assert cfg["pools"]["target"]["kernels"] == mode and ServeConfig.from_dict(cfg).pools.target.kernels == mode

@@ -135,3 +135,17 @@ def test_the_fast_mode_says_when_no_weight_takes_it(tiny_target, tiny_gguf_targe
         model = load_model(Checkpoint(tiny_gguf_target, "t"), kernels=mode)
     assert all(isinstance(p, fl.FastWeight) and p.parts == (2 if mode == "fast16" else 1)
                for p in model.packed_weights.values())
+
+
+def test_auto_kernels_take_fast16_for_a_gguf_target_on_a_cpu_in_fp32(tiny_target):
+    from specray.kernels.loader import resolve_kernels
+
+    assert resolve_kernels("auto", "smollm2-135m") == "fast16"
+    assert resolve_kernels("auto", "/models/x.gguf", "cpu:0", "float32") == "fast16"
+    assert resolve_kernels("auto", "smollm2-135m", "cuda") == "exact"
+    assert resolve_kernels("auto", "smollm2-135m", "cpu", torch.bfloat16) == "exact"
+    assert resolve_kernels("auto", str(tiny_target)) == "exact"  # Hugging Face weights: transformers' numbers
+    assert resolve_kernels("auto", "smollm2-135m-dllm") == "exact"  # a diffusion LM
+    assert resolve_kernels("fast", str(tiny_target)) == "fast"  # a named mode is taken as named
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        resolve_kernels("int4", "smollm2-135m")

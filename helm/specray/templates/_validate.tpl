@@ -119,10 +119,10 @@ proxies (http_options, grpc_options) follow the values, so an override would mov
 {{- /* The pools as the server gets them (configOverrides merged): cluster/config/pools.py and serve.py refuse these. */}}
 {{- $pools := (include "specray.serveConfig" . | fromYaml).pools }}
 {{- with $pools.target }}
-{{- if and (ne .kernels "exact") (or (not (hasPrefix "cpu" .device)) (not (has .dtype (list "float32" "fp32" "auto")))) }}
+{{- if and (ne .kernels "exact") (ne .kernels "auto") (or (not (hasPrefix "cpu" .device)) (not (has .dtype (list "float32" "fp32" "auto")))) }}
 {{- fail (printf "target.kernels %s is a CPU kernels' mode on fp32 weights; the target's device %s with dtype %s would not use it: set target.kernels exact, or target.gpus 0 and target.dtype float32" .kernels .device .dtype) }}
 {{- end }}
-{{- if and $diffusion (ne .kernels "exact") }}
+{{- if and $diffusion (ne .kernels "exact") (ne .kernels "auto") }}
 {{- fail (printf "target.kernels %s applies to autoregressive GGUF models; %s is a diffusion LM: set target.kernels exact" .kernels $v.model.target) }}
 {{- end }}
 {{- if and (hasPrefix "cuda" .device) (lt (float64 .num_gpus) 1.0) }}
