@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specray.kernels.cpu_weights import check_kernel_mode
+from specray.kernels.kernel_modes import check_kernel_setting
 from specray.kernels.drafters.options import DraftOptions
 
 
@@ -22,12 +22,12 @@ class TargetSpec:
     tp_size: int = 1
     dist_init_method: str | None = None  # e.g. "tcp://10.0.0.5:29500" (rank 0's host); None: "env://"
     dist_backend: str | None = None  # None: "nccl" on a cuda device, else "gloo"
-    kernels: str = "exact"  # numeric mode of the packed CPU kernels: exact | fast16 | fast (kernels/fast_linear.py)
+    kernels: str = "exact"  # the packed CPU kernels' numeric mode, or auto (kernels/kernel_modes.py)
     enable_prefix_caching: bool = False  # share full KV blocks of equal prefixes (kernels/prefix_cache.py)
 
     def __post_init__(self) -> None:
         assert self.num_blocks >= 1 and self.block_size >= 1
-        check_kernel_mode(self.kernels)
+        check_kernel_setting(self.kernels)
         if not (self.tp_size >= 1 and 0 <= self.tp_rank < self.tp_size):
             raise ValueError(f"need tp_size >= 1 and 0 <= tp_rank < tp_size, got rank {self.tp_rank} "
                              f"of {self.tp_size}")

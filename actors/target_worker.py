@@ -84,7 +84,7 @@ class TargetWorker:
                                      spec.device)
             shard_model(model, group)
         return cls(model, spec.num_blocks, spec.block_size,
-                   cost_key=(str(resolve(spec.model).path), spec.kernels, spec.dtype, spec.device, spec.tp_size),
+                   cost_key=(str(resolve(spec.model).path), model.kernel_mode, spec.dtype, spec.device, spec.tp_size),
                    prefix_caching=spec.enable_prefix_caching)
 
     def ping(self) -> bool:

@@ -48,23 +48,23 @@ def main() -> None:
     inputs = [{"prompt_token_ids": p} for p in prompts]
     exact = [o.outputs[0].token_ids for o in exact_llm.generate(inputs, params)]
     fast = [o.outputs[0].token_ids for o in fast_llm.generate(inputs, params)]
-    models = {"exact": load_model(resolve(args.model), kernels="exact"),
-              "fast": load_model(resolve(args.model), kernels=args.mode)}
+    mode = args.mode
+    models = {"exact": load_model(resolve(args.model), kernels="exact"), mode: load_model(resolve(args.model), kernels=mode)}
     agree = positions = 0
     kl = 0.0
-    nll = {"exact": 0.0, "fast": 0.0}
+    nll = {"exact": 0.0, mode: 0.0}
     for prompt, continuation in zip(prompts, exact):
         lp = teacher_forced(models, prompt, continuation)
         target = torch.tensor(continuation)[:, None]
-        agree += int((lp["exact"].argmax(-1) == lp["fast"].argmax(-1)).sum())
+        agree += int((lp["exact"].argmax(-1) == lp[mode].argmax(-1)).sum())
         positions += len(continuation)
-        kl += float((lp["exact"].exp() * (lp["exact"] - lp["fast"])).sum())
+        kl += float((lp["exact"].exp() * (lp["exact"] - lp[mode])).sum())
         for mode in nll:
             nll[mode] -= float(lp[mode].gather(1, target).sum())
     first_difference = sorted(next((i for i, (a, b) in enumerate(zip(e, f)) if a != b), min(len(e), len(f)))
                               for e, f in zip(exact, fast))
     print(json.dumps({"mode": args.mode, "prompts": len(prompts), "positions": positions, "top1_agreement": round(agree / positions, 4),
-                      "kl_exact_fast_per_token": float(f"{kl / positions:.3g}"),
+                      f"kl_exact_{mode}_per_token": float(f"{kl / positions:.3g}"),
                       "nll_per_token": {m: round(v / positions, 4) for m, v in nll.items()},
                       "greedy_outputs_equal": sum(e == f for e, f in zip(exact, fast)),
                       "first_difference_median": first_difference[len(first_difference) // 2]}, indent=1))

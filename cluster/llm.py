@@ -32,7 +32,7 @@ from specray.kernels.drafters.loading import check_draft, refuse_partial_draft
 from specray.kernels.drafters.registry import build_drafter
 from specray.kernels.diffusion.config import is_diffusion_folder
 from specray.kernels.diffusion.weights import load_diffusion_model, read_config
-from specray.kernels.loader import load_model, resolve, resolve_kernels
+from specray.kernels.loader import load_model, resolve
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
 
@@ -54,8 +54,8 @@ class LLM:
         block_length and steps_per_block (cluster/config/diffusion.py). `kernels`: the target's CPU
         kernels on GGUF weights: "exact" (the fp32 model, what transformers computes), "fast16" (integer
         dot products on 16-bit activations in two 8-bit parts) or "fast" (8-bit activations; both fast
-        modes keep a 16-bit KV cache: kernels/fast_linear.py); "auto": fast16 for a GGUF model on a CPU
-        in fp32, exact otherwise (`kernels.loader.resolve_kernels`), as `specray serve` does. `max_prefill_tokens`: prompt tokens a round prefills at most, a longer prompt in
+        modes keep a 16-bit KV cache: kernels/fast_linear.py); "auto": fast16 where the weights are GGUF
+        Q4_1/Q8_0 blocks on a CPU in fp32, exact otherwise (`kernels.loader.load_model`), as `specray serve` does. `max_prefill_tokens`: prompt tokens a round prefills at most, a longer prompt in
         chunks over several rounds ("auto": 256 on CPU, 64 of them while other sequences decode, 512 on
         an accelerator; None: every prompt that fits, whole), as `specray serve` does.
         `enable_prefix_caching`: a prompt's full KV blocks that an earlier request computed are taken,
@@ -67,7 +67,6 @@ class LLM:
                 raise ValueError(f"{name} must be True or False, got {flag!r}")
         torch_dtype = parse_dtype(dtype)
         check_engine_args(device, kv_cache_tokens, block_size, max_num_seqs, kernels, torch_dtype)
-        kernels = resolve_kernels(kernels, model, device, torch_dtype)
         check_int_arg("seed", seed, MIN_SEED, optional=True)
         if seed is not None and seed > MAX_API_SEED:
             raise ValueError(f"seed must be an integer in [{MIN_SEED}, {MAX_API_SEED}] or None, got {seed!r}")
@@ -88,7 +87,7 @@ class LLM:
         diffusion = is_diffusion_folder(checkpoint.path)  # a diffusion LM takes no generation_config defaults
         self.sampling_defaults = sampling_defaults(generation_config, checkpoint.path, diffusion)
         if diffusion:
-            if kernels != "exact":
+            if kernels not in ("exact", "auto"):
                 raise ValueError(f"kernels={kernels!r} applies to autoregressive GGUF models; {model!r} is a "
                                  "diffusion LM")
             set_ = [name for name, value in (("pipelined", pipelined), ("kv_cache_tokens", kv_cache_tokens),
@@ -107,7 +106,7 @@ class LLM:
         target_model = load_model(checkpoint, torch_dtype, device, kernels=kernels)
         blocks = num_blocks(kv_cache_tokens, block_size)
         self.target = TargetWorker(target_model, blocks, block_size,
-                                   cost_key=(str(checkpoint.path), kernels, dtype_name(torch_dtype), device, 1),
+                                   cost_key=(str(checkpoint.path), target_model.kernel_mode, dtype_name(torch_dtype), device, 1),
                                    prefix_caching=enable_prefix_caching)
         draft = draft_spec(spec, model, dtype_name(torch_dtype), device, kv_cache_tokens, block_size,
                            max_num_seqs=max_num_seqs)

@@ -13,8 +13,8 @@ import torch
 
 from specray.cluster.params import SamplingParams
 from specray.cluster.serve.prompts import CHAT_ROLES, check_text
-from specray.kernels.cpu_weights import KERNEL_MODES
-from specray.kernels.loader import DTYPES, KERNELS_AUTO
+from specray.kernels.kernel_modes import KERNELS_AUTO, check_kernel_setting
+from specray.kernels.loader import DTYPES
 
 PromptLike = str | dict[str, Any] | list[int]
 PROMPT_KEYS = ("prompt", "prompt_token_ids", "cache_salt")
@@ -73,9 +73,8 @@ def check_engine_args(device: str, kv_cache_tokens: int, block_size: int, max_nu
         raise ValueError(f"kv_cache_tokens must be an integer >= block_size ({block_size}), got {kv_cache_tokens!r}")
     if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
         raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
-    if kernels not in (KERNELS_AUTO, *KERNEL_MODES):  # before the weights load
-        raise ValueError(f"kernels must be one of {(KERNELS_AUTO, *KERNEL_MODES)}, got {kernels!r}")
-    if kernels == KERNELS_AUTO:  # a mode that fits the model, device and dtype (`resolve_kernels`)
+    check_kernel_setting(kernels)  # before the weights load
+    if kernels == KERNELS_AUTO:  # a mode that fits the weights, device and dtype (`loader.load_model`)
         return
     if kernels != "exact" and dev.type == "cpu" and dtype != torch.float32:
         raise ValueError(f"kernels={kernels!r} runs the C kernels on fp32 weights; dtype {dtype_name(dtype)} "

@@ -204,7 +204,7 @@ class DecoderTable:
 
     dims: torch.Tensor  # int64 [6] hidden, heads, kv_heads, head_dim, intermediate, layers
     weights: torch.Tensor  # int64 [layers, 6] addresses: qkv, o, gate_up, down blocks; input, post norms
-    kinds: torch.Tensor  # int32 [layers, 4] per projection: EXACT_KINDS, or FAST + FAST_KINDS in the fast layout
+    kinds: torch.Tensor  # int32 [layers, 4] per projection: EXACT_KINDS, or FAST[parts] + FAST_KINDS in the fast layout
     eps: float
     scale: float
     split: bool = True  # the hybrid split attention where HYBRID says (the fast mode: never, see attention.c)

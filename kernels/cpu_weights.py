@@ -1,5 +1,5 @@
 """How a LlamaModel's weights are laid out for the CPU kernels: packed GGUF blocks in a numeric
-mode (exact, or fast: kernels/fast_linear.py), transposed copies for one-row MKL steps, the table
+mode (exact, fast16 or fast: kernels/kernel_modes.py, kernels/fast_linear.py), transposed copies for one-row MKL steps, the table
 the one-call C decoder reads. A mixin of `LlamaModel` (kernels/model.py), which owns the weights."""
 
 from __future__ import annotations
@@ -8,16 +8,10 @@ import torch
 
 from specray.kernels import cpu_ops
 from specray.kernels.fast_linear import KINDS as FAST_KINDS, FastWeight, pack_fast
+from specray.kernels.kernel_modes import FAST_PARTS, check_kernel_mode
 from specray.kernels.quant_linear import PackedWeight, kernel_available, pack_exact, round_to_q4_1, round_to_q8_0
 
-KERNEL_MODES = ("exact", "fast16", "fast")  # numeric modes of the packed projections (see fast_linear)
-FAST_PARTS = {"fast": 1, "fast16": 2}  # the fast layout's modes: activation parts a row
 ROUNDINGS = {"q8_0": round_to_q8_0, "q4_1": round_to_q4_1}  # what `round_weights` rounds a model to
-
-
-def check_kernel_mode(mode: str) -> None:
-    if mode not in KERNEL_MODES:
-        raise ValueError(f"kernels must be one of {KERNEL_MODES}, got {mode!r}")
 
 
 class CpuWeights:

@@ -10,9 +10,10 @@ never depends on the other rows of a step, and speculative decoding in this mode
 against plain decoding in this mode.
 
 The fast16 mode (`parts` 2) keeps the layout and the integer dot products but gives each row two
-activation parts: its 8-bit quantisation, then the quantisation of what that leaves (x - dx * q).
-Their sums add up to 16-bit activations: top-1 agreement with the exact mode on every position
-measured (docs/performance.md), at the integer kernels' cost of a second activation row.
+activation parts: its 8-bit quantisation, then the quantisation of what that leaves (x - dx * q),
+summed apart and then added. Together they carry about 16 bits of each activation, 250 times less
+error than one part (the model's outputs follow the exact mode's: docs/performance.md), at the
+integer cost of a second activation row, which a decode step's weight stream hides.
 
 `quantize_activations`, `quantize_two_part` and `reference_linear` (float64 over the same integers) are the
 pure torch specification; `fast_linear` runs `csrc/fast_linear.c`, whose AVX-512, AVX2 and scalar paths give

@@ -23,7 +23,7 @@ import torch
 
 from specray.kernels.config import ModelConfig, with_generation_eos
 from specray.kernels.diffusion.config import is_diffusion_folder
-from specray.kernels.cpu_weights import check_kernel_mode
+from specray.kernels.kernel_modes import KERNELS_AUTO, check_kernel_setting
 from specray.kernels.fast_linear import FastWeight
 from specray.kernels.model import LlamaModel
 
@@ -44,7 +44,6 @@ TARGET_DRAFTS: dict[str, tuple[str, ...]] = {"smollm2-135m": ("smollm2-135m-eagl
 DEFAULT_DRAFTS: dict[str, str] = {target: drafts[0] for target, drafts in TARGET_DRAFTS.items()}
 
 
-KERNELS_AUTO = "auto"  # the `kernels` setting that `resolve_kernels` turns into a mode
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
@@ -91,24 +90,6 @@ def is_diffusion_model(name: str) -> bool:
         return False
     path = Path(name).expanduser()
     return path.is_dir() and is_diffusion_folder(path)
-
-
-def is_gguf_model(name: str) -> bool:
-    """Whether `name` is a GGUF file or an alias of one: weights in Q4_1/Q8_0 blocks."""
-    return isinstance(name, str) and (name in ALIASES or name.endswith(".gguf"))
-
-
-def resolve_kernels(kernels: str, model: str, device: str = "cpu", dtype: torch.dtype | str = torch.float32) -> str:
-    """The numeric mode a `kernels` setting loads `model` in. "auto": fast16 for a GGUF target on a CPU
-    in fp32 (the fast kernels' speed with the exact mode's greedy tokens on every prompt measured:
-    docs/performance.md, "Figures behind choices in the code"); exact elsewhere (Hugging Face
-    weights, which it keeps equal to transformers; accelerators; diffusion LMs)."""
-    if kernels != KERNELS_AUTO:
-        check_kernel_mode(kernels)
-        return kernels
-    cpu = str(device).split(":")[0] == "cpu"
-    fp32 = dtype in (torch.float32, "float32", "fp32", "auto")  # a config's name, or "auto": fp32
-    return "fast16" if is_gguf_model(model) and cpu and fp32 else "exact"
 
 
 def hf_config(folder: str | Path):
@@ -244,7 +225,11 @@ def load_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, devic
 
     `cpu_kernels` turns on the C kernels (fused norms and RoPE, and exact Q4_1/Q8_0 blocks of weights
     that came from such a GGUF; see `LlamaModel.enable_cpu_kernels`); None means: on CPU in fp32
-    unless SPECRAY_CPU_KERNELS=0. `kernels` is their numeric mode: "exact", "fast16" or "fast" (kernels/fast_linear.py).
+    unless SPECRAY_CPU_KERNELS=0. `kernels` is their numeric mode: "exact", "fast16" or "fast"
+    (kernels/fast_linear.py), or "auto": fast16 where the weights are GGUF Q4_1/Q8_0 blocks (the fast
+    kernels' speed, the exact mode's numbers to a KL of 5e-7 nats a token: docs/performance.md,
+    "Figures behind choices in the code"), exact elsewhere (other weights, which it keeps equal to
+    transformers; a GPU; another dtype).
     `gemv_weights` keeps transposed copies of the other weights for one-row steps (see
     `LlamaModel.add_gemv_weights`); None means: on CPU when the weights take at most 2 GiB and
     `row_invariant` is off. `row_invariant` (a target's): a row's bits do not depend on its step
@@ -259,12 +244,14 @@ def load_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, devic
     model.load_hf_state_dict(_read_safetensors(checkpoint.path))
     if cpu_kernels is None:
         cpu_kernels = str(device) == "cpu" and dtype == torch.float32
-    check_kernel_mode(kernels)
+    check_kernel_setting(kernels)
     if cpu_kernels:
-        model.enable_cpu_kernels(kernels)
+        model.enable_cpu_kernels("fast16" if kernels == KERNELS_AUTO else kernels)
         if kernels != "exact" and not any(isinstance(p, FastWeight) for p in model.packed_weights.values()):
-            warnings.warn(f"kernels={kernels!r} found no GGUF Q4_1/Q8_0 weights in {checkpoint.path}: the model runs as "
-                          "it would with kernels='exact'")
+            model.kernel_mode = "exact"  # what it packed: no weight took the fast layout (an fp32 KV cache)
+            if kernels != KERNELS_AUTO:
+                warnings.warn(f"kernels={kernels!r} found no GGUF Q4_1/Q8_0 weights in {checkpoint.path}: the model "
+                              "runs as it would with kernels='exact'")
     model.row_invariant = row_invariant
     if gemv_weights is None:
         gemv_weights = not row_invariant and str(device) == "cpu" and model.weight_bytes() <= GEMV_COPY_LIMIT_BYTES

@@ -23,8 +23,9 @@ from specray.kernels.attention import (
 from specray.kernels.attention_reference import reference_attention
 from specray.kernels.batch import RaggedBatch
 from specray.kernels.config import ModelConfig
-from specray.kernels.cpu_weights import FAST_PARTS, CpuWeights
+from specray.kernels.cpu_weights import CpuWeights
 from specray.kernels.fast_linear import FastWeight, fast_linear
+from specray.kernels.kernel_modes import FAST_PARTS
 from specray.kernels.kv_cache import PagedKVCache
 from specray.kernels.quant_linear import PackedWeight, packed_linear
 from specray.kernels.rope import RotaryTable

@@ -10,7 +10,7 @@ TREE_METHODS = ("specray_rsd_c", "specray_rsd_s", "specray_spectr", "specray_top
 # long-context table (chains and trees of every draft).
 LONGSPEC_METHODS = ("specray_longspec", "specray_longspec_topk")
 # specray_default: what `specray serve` speculates with for the model (cluster/config/defaults.py),
-# on the exact kernels, its default too (+ a KERNEL_SUFFIXES suffix: another kernel mode)
+# on the exact kernels (+ a KERNEL_SUFFIXES suffix: another kernel mode; a GGUF on a CPU serves in fast16)
 SPECRAY_METHODS = ("specray", "specray_default", "specray_ngram", "specray_draft", "specray_easyspec", "specray_eagle",
                    "specray_ngram_padded", "specray_draft_padded") + TREE_METHODS + ("specray_draft_topk",) + LONGSPEC_METHODS
 METHODS = HF_METHODS + SPECRAY_METHODS

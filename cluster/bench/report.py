@@ -118,10 +118,11 @@ def summary(rows: list[dict]) -> dict:
         return max((r["decode_tokens_per_s"] or 0 for r in at1 if r["method"].startswith(prefix)), default=None)
 
     plain = max(decode("specray") or 0, decode("specray_fast16") or 0, decode("specray_fast") or 0) or None
-    fast = decode("specray_default_fast") is not None  # the default against plain in the same kernels
+    # the default against plain in the same kernels: the product's default mode (fast16 for a GGUF on a
+    # CPU) where the run has it, else exact, else fast
+    suffix = next((s for s in ("_fast16", "", "_fast") if decode(f"specray_default{s}") and decode(f"specray{s}")), "")
     return {
-        "default_speculation_vs_plain_batch1": ratio(decode("specray_default_fast" if fast else "specray_default"),
-                                                     decode("specray_fast" if fast else "specray")),
+        "default_speculation_vs_plain_batch1": ratio(decode(f"specray_default{suffix}"), decode(f"specray{suffix}")),
         # batch 1, decode-only (llama.cpp's batch-1 tools report decode alone), greedy
         "specray_plain_vs_llama_bench_batch1": ratio(plain, decode("llama_bench")),
         "best_specray_vs_best_llama_batch1": ratio(best_decode("specray"), best_decode("llama")),

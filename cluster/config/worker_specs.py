@@ -6,7 +6,6 @@ from specray.actors.specs import DraftSpec, TargetSpec
 from specray.cluster.config.serve import ServeConfig
 from specray.cluster.config.speculative import SpeculativeConfig
 from specray.kernels.ints import ceil_div
-from specray.kernels.loader import resolve_kernels
 
 
 def num_blocks(kv_cache_tokens: int, block_size: int) -> int:
@@ -46,5 +45,4 @@ def serve_draft_spec(cfg: ServeConfig) -> DraftSpec | None:
 def serve_target_spec(cfg: ServeConfig) -> TargetSpec:
     p, r = cfg.pools.target, cfg.router
     return TargetSpec(cfg.model, p.dtype, p.device, num_blocks(r.kv_cache_tokens, r.block_size), r.block_size,
-                      p.threads, kernels=resolve_kernels(p.kernels, cfg.model, p.device, p.dtype),
-                      enable_prefix_caching=r.enable_prefix_caching)
+                      p.threads, kernels=p.kernels, enable_prefix_caching=r.enable_prefix_caching)

@@ -23,6 +23,8 @@
 //         16 fp16 d (544 B: 34 a feature)
 // Activation layout (`specray_fast_quantize`), per row, block after block, ACT_BYTES each:
 //   int8 q[32], float dx, float s (= dx * sum(q)), int32 corr (= -128 * sum(q): what w + 128 adds).
+// fast16 (`specray_fast16_quantize`): two such rows a row, its quantisation and that of what it
+// leaves; the kernel sums each in its lanes as above and stores their sum (`pairs`).
 #include <float.h>
 #include <math.h>
 #include <stdint.h>

@@ -70,17 +70,14 @@ def test_speculative_greedy_equals_transformers(name, prompt_ids, transformers_g
 
 
 @pytest.mark.parametrize("mode", ["fast", "fast16"])
-def test_the_fast_kernels_speculate_losslessly(prompt_ids, mode, transformers_greedy):
+def test_the_fast_kernels_speculate_losslessly(prompt_ids, mode):
     """The fast kernel modes on the real GGUF (models of their own): greedy speculation at batch 8 and
-    batch 1 equals the mode's own plain decoding at batch 8, token for token. fast16's two-part
-    activations keep transformers' greedy tokens here, as the exact mode does."""
+    batch 1 equals the mode's own plain decoding at batch 8, token for token."""
     sp = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
     plain_llm = LLM("smollm2-135m", max_num_seqs=8, kernels=mode)
     assert plain_llm.target.model.kernel_mode == mode
     plain = [o.outputs[0].token_ids for o in plain_llm.generate(prompts, sp)]
-    if mode == "fast16":
-        assert plain == [want[:32] for want in transformers_greedy]
     llm = LLM("smollm2-135m", speculative_config=CONFIGS["ngram"], max_num_seqs=8, kernels=mode)
     batch8 = llm.generate(prompts, sp)
     assert [o.outputs[0].token_ids for o in batch8] == plain

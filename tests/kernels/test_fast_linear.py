@@ -137,15 +137,40 @@ def test_the_fast_mode_says_when_no_weight_takes_it(tiny_target, tiny_gguf_targe
                for p in model.packed_weights.values())
 
 
-def test_auto_kernels_take_fast16_for_a_gguf_target_on_a_cpu_in_fp32(tiny_target):
-    from specray.kernels.loader import resolve_kernels
-
-    assert resolve_kernels("auto", "smollm2-135m") == "fast16"
-    assert resolve_kernels("auto", "/models/x.gguf", "cpu:0", "float32") == "fast16"
-    assert resolve_kernels("auto", "smollm2-135m", "cuda") == "exact"
-    assert resolve_kernels("auto", "smollm2-135m", "cpu", torch.bfloat16) == "exact"
-    assert resolve_kernels("auto", str(tiny_target)) == "exact"  # Hugging Face weights: transformers' numbers
-    assert resolve_kernels("auto", "smollm2-135m-dllm") == "exact"  # a diffusion LM
-    assert resolve_kernels("fast", str(tiny_target)) == "fast"  # a named mode is taken as named
+@needs_kernel
+def test_auto_kernels_take_fast16_where_the_weights_are_gguf_blocks(tiny_target, tiny_gguf_target):
+    """auto: fast16 on GGUF Q4_1/Q8_0 blocks on a CPU in fp32; exact, silently, on other weights
+    (a Hugging Face checkpoint keeps transformers' numbers and its fp32 KV cache) or another dtype."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gguf = load_model(Checkpoint(tiny_gguf_target, "t"), kernels="auto")
+        hf = load_model(Checkpoint(tiny_target, "t"), kernels="auto")
+        bf16 = load_model(Checkpoint(tiny_gguf_target, "t"), torch.bfloat16, kernels="auto")
+    assert gguf.kernel_mode == "fast16" and gguf.kv_dtype == torch.float16
+    assert all(isinstance(p, fl.FastWeight) and p.parts == 2 for p in gguf.packed_weights.values())
+    assert hf.kernel_mode == "exact" and hf.kv_dtype == torch.float32 and hf.packed_weights
+    assert bf16.kernel_mode == "exact" and not bf16.packed_weights
     with pytest.raises(ValueError, match="kernels must be one of"):
-        resolve_kernels("int4", "smollm2-135m")
+        load_model(Checkpoint(tiny_gguf_target, "t"), kernels="int4")
+
+
+@needs_kernel
+def test_the_c_two_part_quantiser_is_the_reference_bit_for_bit():
+    """fast16's activations in C (`specray_fast16_quantize`: 48 bytes a block, row 2r x's quantisation,
+    row 2r + 1 its residual's) against `quantize_two_part`: the same int8 values and scales."""
+    from specray.kernels import cpu_kernels
+
+    torch.manual_seed(3)
+    rows, n = 5, 32 * 6
+    x = torch.randn(rows, n) * torch.rand(rows, n) ** 3
+    x[1, 40] = float("nan")
+    x[2, 64:96] = 0.0
+    act = torch.zeros(cpu_kernels.library().specray_fast_scratch_bytes(2 * rows, n), dtype=torch.uint8)
+    cpu_kernels.library().specray_fast16_quantize(x.data_ptr(), rows, n, act.data_ptr())
+    blocks = act.view(2 * rows, n // 32, 48)  # q[32], dx, s, corr, padding
+    for part, (q, d, s) in enumerate(fl.quantize_two_part(x)):
+        got = blocks[part::2]  # [rows, nb, 48]
+        assert torch.equal(got[..., :32].view(torch.int8).float(), q)
+        for at, want in ((32, d), (36, s)):  # NaN scales where a block is not finite, in both
+            scale = got[..., at:at + 4].contiguous().view(torch.float32).squeeze(-1)
+            assert torch.equal(scale.nan_to_num(7.0), want.float().nan_to_num(7.0))
