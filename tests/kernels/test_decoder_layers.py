@@ -75,7 +75,9 @@ def test_fast_native_layers_match_the_op_by_op_path(models, mode):
     native, native_kv = step(fast_model, MIXED, native=True)
     loop, loop_kv = step(fast_model, MIXED, native=False)
     assert native_kv.dtype == loop_kv.dtype == torch.float16
-    torch.testing.assert_close(native, loop, rtol=1e-5, atol=1e-5)  # silu: its own vector exp vs torch's
+    # silu: its own vector exp vs torch's; fast16's second part keeps such last bits (the exact mode's bar)
+    tol = 1e-5 if mode == "fast" else 1e-4
+    torch.testing.assert_close(native, loop, rtol=tol, atol=tol)
     torch.testing.assert_close(native_kv, loop_kv, rtol=1e-3, atol=1e-3)  # an fp16 ulp where silu moved it
 
 

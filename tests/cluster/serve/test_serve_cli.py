@@ -74,8 +74,8 @@ def test_pipeline_auto_pipelines_only_model_drafts(flags, pipelined):
     # were taken, then a worker failed on them (KeyError) or did nothing with them
     ("pools: {target: {dtype: half}}\n", "pools.target.dtype: unknown dtype 'half'"),
     ("pools: {draft: {device: tpu}}\n", "pools.draft.device: unknown device 'tpu'"),
-    ("pools: {target: {kernels: fast, device: cuda}}\n", "kernels 'fast' is the CPU kernels' mode"),
-    ("pools: {target: {kernels: fast, dtype: bfloat16}}\n", "kernels 'fast' is the CPU kernels' mode"),
+    ("pools: {target: {kernels: fast, device: cuda}}\n", "kernels 'fast' is a CPU kernels' mode"),
+    ("pools: {target: {kernels: fast16, dtype: bfloat16}}\n", "kernels 'fast16' is a CPU kernels' mode"),
     ("pools: {draft: {resources: {x: .nan}}}\n", "resource amounts must be finite and > 0"),
     ("pools: {draft: {resources: {x: .inf}}}\n", "resource amounts must be finite and > 0"),
     ("grpc: {idle_timeout_s: 3000000.0}\n", "grpc.idle_timeout_s: Input should be less than or equal to 2147483"),
