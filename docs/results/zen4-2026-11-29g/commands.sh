@@ -27,3 +27,4 @@ for mode in exact fast16 fast; do
   python benchmarks/decoder_phases.py --kernels $mode --rows 1,2,5 --context 200 --steps 200 --blocks 6 --out $R/phases_$mode.json
 done
 python $R/sweep_fast16.py   # greedy speculation = plain decoding in fast16, ten configs, batch 6 and 1
+python $R/mode_ab.py   # the three modes' steps interleaved in one process
