@@ -1,5 +1,5 @@
 """Greedy outputs of the exact and fast16 kernel modes against transformers' generate (docs/performance.md, 2026-11-29 evening)."""
-import json, sys, torch
+import sys
 from pathlib import Path
 from specray import LLM, SamplingParams
 from specray.cluster.bench.prompts import load_prompts

@@ -1,5 +1,5 @@
 """One-process A/B of the three kernel modes: a step at 1, 2 and 5 rows after 200 tokens, the modes interleaved (docs/performance.md, 2026-11-29 evening)."""
-import time, statistics, torch
+import time, statistics
 from specray.kernels.loader import load_model, resolve
 from specray.kernels.batch import RaggedBatch, SeqChunk
 ctx = 200

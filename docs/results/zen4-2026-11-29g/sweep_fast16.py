@@ -1,5 +1,5 @@
 """Greedy speculation equals plain decoding in fast16 (the default on the GGUF), SmolLM2, in process (docs/performance.md, 2026-11-29 evening)."""
-import json, sys
+
 from specray import LLM, SamplingParams
 qs = ["What is the capital of France?", "Explain photosynthesis in two sentences.", "Write a haiku about the sea.",
       "List three uses of Python.", "Summarize: The quick brown fox jumps over the lazy dog. The dog sleeps.", "What is 12 times 12?"]
