@@ -17,6 +17,8 @@ import json
 import statistics
 import time
 
+from specray.kernels.kernel_modes import KERNEL_MODES
+
 SHORT_TOKENS = 400  # the running sequences' max_tokens: more than the rounds a run takes
 
 
@@ -54,7 +56,7 @@ def main() -> None:
     ap.add_argument("--budgets", default="none,512,256", help="max_prefill_tokens values, comma-separated; none: no bound; auto: the default")
     ap.add_argument("--running", type=int, default=7, help="short sequences decoding when the long prompt arrives")
     ap.add_argument("--long-tokens", type=int, default=1500, help="the long prompt's tokens")
-    ap.add_argument("--kernels", choices=["exact", "fast16", "fast"], default="exact", help="the target's CPU kernels")
+    ap.add_argument("--kernels", choices=list(KERNEL_MODES), default="exact", help="the target's CPU kernels")
     ap.add_argument("--repeats", type=int, default=3, help="runs per budget, the budgets in turn")
     ap.add_argument("--out", default=None, help="also write the figures as JSON here")
     args = ap.parse_args()

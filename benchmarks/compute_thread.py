@@ -20,6 +20,7 @@ from specray.cluster.bench.cluster import closed_loop
 from specray.cluster.bench.prompts import load_prompts
 from specray.cluster.params import SamplingParams
 from specray.kernels.chat import prompt_token_ids
+from specray.kernels.kernel_modes import KERNEL_MODES
 
 
 def engine(kernels: str):
@@ -61,7 +62,7 @@ def run_case(case: str, args) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernels", choices=["exact", "fast16", "fast"], default="fast", help="the model's numeric mode")
+    ap.add_argument("--kernels", choices=list(KERNEL_MODES), default="fast", help="the model's numeric mode")
     ap.add_argument("--num-prompts", type=int, default=4, help="batch-1 requests a measurement")
     ap.add_argument("--max-tokens", type=int, default=64, help="new tokens a request")
     ap.add_argument("--repeats", type=int, default=2, help="each case this many times, interleaved")

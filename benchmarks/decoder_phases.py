@@ -22,12 +22,14 @@ import os
 import statistics
 import time
 
+from specray.kernels.kernel_modes import KERNEL_MODES
+
 PHASES = ["qkv", "rope", "attention", "o_proj", "post_norm", "gate_up", "silu", "down", "next_norm"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kernels", choices=["exact", "fast16", "fast"], default="fast", help="the model's numeric mode")
+    parser.add_argument("--kernels", choices=list(KERNEL_MODES), default="fast", help="the model's numeric mode")
     parser.add_argument("--rows", default="1", help="new tokens a step, comma-separated")
     parser.add_argument("--context", type=int, default=200, help="cached tokens before the step")
     parser.add_argument("--steps", type=int, default=300, help="timed steps per row count")

@@ -26,6 +26,7 @@ from cpu_kernels import forward_steps  # noqa: E402
 
 from specray.kernels import cpu_kernels  # noqa: E402
 from specray.kernels.batch import RaggedBatch, SeqChunk  # noqa: E402
+from specray.kernels.kernel_modes import KERNEL_MODES  # noqa: E402
 from specray.kernels.loader import load_model, resolve  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,7 +69,7 @@ def main() -> None:
     ap.add_argument("--base", required=True, help="commit whose kernels/csrc is the baseline")
     ap.add_argument("--rows", default="1,3,8")
     ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--kernels", choices=["exact", "fast16", "fast"], default="exact", help="the model's numeric mode")
+    ap.add_argument("--kernels", choices=list(KERNEL_MODES), default="exact", help="the model's numeric mode")
     ap.add_argument("--context", type=int, default=200, help="cached tokens before the step (at most 1000)")
     args = ap.parse_args()
     if not 1 <= args.context <= 1000:  # the cache holds 1024 tokens

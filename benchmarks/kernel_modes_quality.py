@@ -16,6 +16,7 @@ import torch
 from specray import LLM, SamplingParams
 from specray.cluster.bench.prompts import load_prompts
 from specray.kernels.batch import RaggedBatch, SeqChunk
+from specray.kernels.kernel_modes import FAST_PARTS
 from specray.kernels.loader import load_model, resolve
 
 
@@ -39,7 +40,7 @@ def main() -> None:
     ap.add_argument("--dataset", default=None, help="JSONL of prompts (default: the packaged subset)")
     ap.add_argument("--num-prompts", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--mode", choices=["fast", "fast16"], default="fast", help="the kernel mode set against exact")
+    ap.add_argument("--mode", choices=list(FAST_PARTS), default="fast", help="the kernel mode set against exact")
     args = ap.parse_args()
     exact_llm, fast_llm = LLM(args.model, kernels="exact"), LLM(args.model, kernels=args.mode)
     prompts = [exact_llm.apply_chat_template([{"role": "user", "content": p["prompt"]}])

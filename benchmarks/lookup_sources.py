@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specray.kernels.kernel_modes import KERNEL_MODES
+
 sys.path.insert(0, str(Path(__file__).parent))
 from spec_args import prompts_with_categories, write_result  # noqa: E402
 
@@ -145,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
                     help="JSONL of prompts (default: Spec-Bench if present, else the packaged subset)")
     ap.add_argument("--num-prompts", type=int, default=208, help="prompts, round-robin over categories")
     ap.add_argument("--max-tokens", type=int, default=128, help="answer length cap (answers stop at EOS)")
-    ap.add_argument("--kernels", choices=["exact", "fast16", "fast"], default="fast", help="the target's CPU kernels")
+    ap.add_argument("--kernels", choices=list(KERNEL_MODES), default="fast", help="the target's CPU kernels")
     ap.add_argument("--row-cost", type=float, default=0.23,
                     help="a verified row's cost as a fraction of a decode step (docs/performance.md)")
     ap.add_argument("--answers", default=None, help="JSON cache of the answers (read if present, else written)")

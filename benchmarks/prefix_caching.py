@@ -20,6 +20,8 @@ import json
 import statistics
 import time
 
+from specray.kernels.kernel_modes import KERNEL_MODES
+
 
 def timed(llm, messages, params):
     start = time.perf_counter()
@@ -31,7 +33,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dataset", required=True, help="Spec-Bench question.jsonl")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--kernels", choices=["exact", "fast16", "fast"], default="exact")
+    p.add_argument("--kernels", choices=list(KERNEL_MODES), default="exact")
     p.add_argument("--num-prompts", type=int, default=12, help="two-turn questions and shared-context questions")
     p.add_argument("--max-tokens", type=int, default=64, help="the first turns' answers (decode timed on them)")
     p.add_argument("--speculative-method", default=None,

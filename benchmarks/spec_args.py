@@ -7,6 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
+from specray.kernels.kernel_modes import KERNEL_MODES
+
 
 def add_common_args(ap: argparse.ArgumentParser, num_prompts: int, repeats: int, kernels: str) -> None:
     from specray.cluster.bench.prompts import SHARED_PROMPTS
@@ -18,7 +20,7 @@ def add_common_args(ap: argparse.ArgumentParser, num_prompts: int, repeats: int,
     ap.add_argument("--num-prompts", type=int, default=num_prompts)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=repeats)
-    ap.add_argument("--kernels", choices=["exact", "fast16", "fast"], default=kernels, help="the target's CPU kernels")
+    ap.add_argument("--kernels", choices=list(KERNEL_MODES), default=kernels, help="the target's CPU kernels")
     ap.add_argument("--device", default="cpu", help="torch device of the target and draft (cpu, cuda, cuda:1)")
     ap.add_argument("--dtype", default="float32", help="weights' dtype (float32, float16, bfloat16)")
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from specray.kernels.drafters.registry import METHODS
+from specray.kernels.kernel_modes import KERNEL_SETTINGS
 
 DEFAULT_PROMPT = "Explain speculative decoding to a new engineer in three short paragraphs."
 
@@ -17,7 +18,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default="smollm2-135m", help="alias, HF checkpoint folder or .gguf file")
     g.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
     g.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
-    g.add_argument("--kernels", default="auto", choices=["auto", "exact", "fast16", "fast"],
+    g.add_argument("--kernels", default="auto", choices=list(KERNEL_SETTINGS),
                    help="the target's CPU kernels on GGUF weights: exact (the fp32 model), fast16 (integer dot "
                         "products on 16-bit activations in two 8-bit parts) or fast (8-bit activations); both "
                         "fast modes keep a 16-bit KV cache; auto (default): fast16 for a GGUF model on a CPU in "

@@ -32,6 +32,7 @@ from specray.kernels.drafters.loading import check_draft, refuse_partial_draft
 from specray.kernels.drafters.registry import build_drafter
 from specray.kernels.diffusion.config import is_diffusion_folder
 from specray.kernels.diffusion.weights import load_diffusion_model, read_config
+from specray.kernels.kernel_modes import FAST_PARTS
 from specray.kernels.loader import load_model, resolve
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
@@ -87,7 +88,7 @@ class LLM:
         diffusion = is_diffusion_folder(checkpoint.path)  # a diffusion LM takes no generation_config defaults
         self.sampling_defaults = sampling_defaults(generation_config, checkpoint.path, diffusion)
         if diffusion:
-            if kernels not in ("exact", "auto"):
+            if kernels in FAST_PARTS:
                 raise ValueError(f"kernels={kernels!r} applies to autoregressive GGUF models; {model!r} is a "
                                  "diffusion LM")
             set_ = [name for name, value in (("pipelined", pipelined), ("kv_cache_tokens", kv_cache_tokens),

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 KERNEL_MODES = ("exact", "fast16", "fast")  # numeric modes of the packed projections
 FAST_PARTS = {"fast": 1, "fast16": 2}  # the fast layout's modes: activation parts a row
-KERNELS_AUTO = "auto"  # fast16 where the weights are GGUF blocks on a CPU in fp32, else exact
+KERNELS_AUTO = "auto"  # AUTO_CPU_MODE where the weights are GGUF blocks on a CPU in fp32, else exact
+AUTO_CPU_MODE = "fast16"
 KERNEL_SETTINGS = (KERNELS_AUTO, *KERNEL_MODES)  # what `kernels` may be set to
 
 

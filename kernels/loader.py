@@ -23,7 +23,7 @@ import torch
 
 from specray.kernels.config import ModelConfig, with_generation_eos
 from specray.kernels.diffusion.config import is_diffusion_folder
-from specray.kernels.kernel_modes import KERNELS_AUTO, check_kernel_setting
+from specray.kernels.kernel_modes import AUTO_CPU_MODE, KERNELS_AUTO, check_kernel_setting
 from specray.kernels.fast_linear import FastWeight
 from specray.kernels.model import LlamaModel
 
@@ -246,7 +246,7 @@ def load_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, devic
         cpu_kernels = str(device) == "cpu" and dtype == torch.float32
     check_kernel_setting(kernels)
     if cpu_kernels:
-        model.enable_cpu_kernels("fast16" if kernels == KERNELS_AUTO else kernels)
+        model.enable_cpu_kernels(AUTO_CPU_MODE if kernels == KERNELS_AUTO else kernels)
         if kernels != "exact" and not any(isinstance(p, FastWeight) for p in model.packed_weights.values()):
             model.kernel_mode = "exact"  # what it packed: no weight took the fast layout (an fp32 KV cache)
             if kernels != KERNELS_AUTO:

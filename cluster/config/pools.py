@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from specray.kernels.kernel_modes import FAST_PARTS
+
 
 MAX_SETTING = 2**31 - 1  # Ray's and torch's int32 fields: a larger count failed deep in a deployment
 
@@ -76,7 +78,7 @@ class TargetPoolConfig(PoolConfig):
 
     @model_validator(mode="after")
     def _fast_on_cpu(self) -> "TargetPoolConfig":
-        if self.kernels not in ("exact", "auto") and (not self.device.startswith("cpu") or self.dtype != "float32"):
+        if self.kernels in FAST_PARTS and (not self.device.startswith("cpu") or self.dtype != "float32"):
             raise ValueError(f"kernels {self.kernels!r} is a CPU kernels' mode on fp32 weights; device {self.device!r} "
                              f"with dtype {self.dtype!r} would not use it: use kernels 'exact'")
         return self

@@ -18,6 +18,7 @@ from specray.cluster.config.endpoints import GrpcConfig, HttpConfig
 from specray.cluster.config.pools import PoolsConfig, Strict
 from specray.cluster.config.speculative import SpeculativeConfig
 from specray.kernels.drafters import registry
+from specray.kernels.kernel_modes import FAST_PARTS
 
 TRANSPORTS = ("auto", "ray", "torch_distributed", "grpc", "inline")
 
@@ -105,7 +106,7 @@ class ServeConfig(Strict):
             decode_options(self.speculative_config, self.diffusion_config)
             if self.pools.target.num_workers > 1:
                 raise ValueError("a diffusion LM runs on one worker (pools.target.num_workers 1)")
-            if self.pools.target.kernels not in ("exact", "auto"):  # it was served exact, the setting ignored
+            if self.pools.target.kernels in FAST_PARTS:  # it was served exact, the setting ignored
                 raise ValueError(f"pools.target.kernels {self.pools.target.kernels!r} applies to autoregressive "
                                  f"GGUF models; {self.model!r} is a diffusion LM")
             ignored = self._autoregressive_only()

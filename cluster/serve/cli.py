@@ -12,6 +12,7 @@ from specray.cluster.args import int_or_auto, json_object
 from specray.cluster.serve.banner import endpoint_banner
 from specray.cluster.speculation_flags import speculative_override
 from specray.kernels.drafters.registry import METHODS
+from specray.kernels.kernel_modes import KERNEL_SETTINGS
 
 # flag -> dotted ServeConfig key; flags left unset keep the config file's (or the default) value
 FLAG_KEYS = {
@@ -82,7 +83,7 @@ def add_serve_flags(p) -> None:
                    help="how the router calls a lone pool worker each round: a Unix socket where it runs on the "
                         "router's node (auto, default), or Ray actor calls always (ray)")
     p.add_argument("--tensor-parallel-size", type=int, help="target workers sharing the model")
-    p.add_argument("--kernels", choices=["auto", "exact", "fast16", "fast"],
+    p.add_argument("--kernels", choices=list(KERNEL_SETTINGS),
                    help="the target's CPU kernels on GGUF weights: exact (the fp32 model), fast16 (integer dot "
                         "products on 16-bit activations in two 8-bit parts) or fast (8-bit activations); the fast "
                         "modes keep a 16-bit KV cache and are models of their own, speculation lossless against "
