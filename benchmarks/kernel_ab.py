@@ -5,6 +5,7 @@ forward steps (a decode step at 1 row, verification at k + 1) then alternate bet
 after repeat, so a noisy shared box slows both alike. Also reports whether the logits agree.
 
     python benchmarks/kernel_ab.py --base de7e234 --rows 1,3,8
+    SPECRAY_CPU_KERNEL_FLAGS=-mno-avx512f python benchmarks/kernel_ab.py --base HEAD --rows 3,5  # AVX2 paths
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def build(sources: dict[str, bytes], out: Path) -> ctypes.CDLL:
     for name, text in sources.items():
         (out / name).write_bytes(text)
     c_files = [str(out / p.name) for p in cpu_kernels.SOURCES if p.name in sources]
-    subprocess.run([os.environ.get("CC", "cc"), *cpu_kernels.CFLAGS, *c_files, "-o", str(out / "lib.so"), "-lm"],
+    subprocess.run([os.environ.get("CC", "cc"), *cpu_kernels.CFLAGS, *os.environ.get(cpu_kernels.FLAGS_ENV, "").split(), *c_files, "-o", str(out / "lib.so"), "-lm"],
                    check=True, capture_output=True)
     lib = ctypes.CDLL(str(out / "lib.so"))
     for name, argtypes in cpu_kernels.SIGNATURES.items():  # an older commit may lack newer functions

@@ -227,29 +227,40 @@ static void fast_tile(const uint8_t* tile, int64_t nb, int kind, const uint8_t* 
 }
 #endif
 
-typedef struct {  // one row chunk's projection, as specray_parallel's chunks see it
+#ifndef FAST_BLOCK_ROWS
+#define FAST_BLOCK_ROWS 64  // activation rows whose tiles are read once from memory (~150 KB of them at in 576)
+#endif
+
+typedef struct {  // one row block's projection, as specray_parallel's chunks see it
     const uint8_t *blocks, *act;
-    int64_t stride, nb, out;
-    int kind, nr, pairs;
+    int64_t stride, nb, out, rows;
+    int kind, pairs;
     float* y;
 } FastJob;
 
+// Each tile for every row chunk of the block in turn: the tile's weights come from memory once, the
+// later chunks read them from L1 (a step of more rows than a chunk holds: fast16's two parts a row).
 static void fast_chunk(void* ctx, int64_t c0, int64_t c1, int thread, int fresh) {
     (void)thread;
     const FastJob* j = (const FastJob*)ctx;
     if (fresh) prefetch_head(j->blocks + c0 * j->stride, (c1 - c0) * j->stride, PREFETCH_BYTES);
     for (int64_t t = c0; t < c1; t++)
-        fast_tile(j->blocks + t * j->stride, j->nb, j->kind, j->act, j->nr, j->y, j->out, t * TILE, j->pairs);
+        for (int64_t r0 = 0; r0 < j->rows; r0 += FAST_ROW_CHUNK) {
+            int nr = (int)(j->rows - r0 < FAST_ROW_CHUNK ? j->rows - r0 : FAST_ROW_CHUNK);
+            fast_tile(j->blocks + t * j->stride, j->nb, j->kind, j->act + r0 * j->nb * ACT_BYTES, nr,
+                      j->y + (j->pairs ? r0 / 2 : r0) * j->out, j->out, t * TILE, j->pairs);
+        }
 }
 
 // act [rows, in / 32, ACT_BYTES] activation rows, blocks [tiles, nb * tile block bytes] -> y [rows,
 // out], or with `pairs` (rows even) y [rows / 2, out], each the sum of two rows' (a row chunk is even).
+// Every row goes through the same chunks of FAST_ROW_CHUNK rows however the loops are ordered.
 static void linear_q(const uint8_t* act, int64_t rows, int64_t in, const uint8_t* blocks, int kind, int64_t out,
                      float* y, int threads, int pairs) {
     const int64_t nb = in / QK, stride = nb * tile_block_bytes(kind), tiles = (out + TILE - 1) / TILE;
-    for (int64_t r0 = 0; r0 < rows; r0 += FAST_ROW_CHUNK) {
-        int nr = (int)(rows - r0 < FAST_ROW_CHUNK ? rows - r0 : FAST_ROW_CHUNK);
-        FastJob job = {blocks, act + r0 * nb * ACT_BYTES, stride, nb, out, kind, nr, pairs, y + (pairs ? r0 / 2 : r0) * out};
+    for (int64_t r0 = 0; r0 < rows; r0 += FAST_BLOCK_ROWS) {
+        int64_t nr = rows - r0 < FAST_BLOCK_ROWS ? rows - r0 : FAST_BLOCK_ROWS;
+        FastJob job = {blocks, act + r0 * nb * ACT_BYTES, stride, nb, out, nr, kind, pairs, y + (pairs ? r0 / 2 : r0) * out};
         specray_parallel(tiles, chunk_for_bytes(stride), threads, fast_chunk, &job);
     }
 }

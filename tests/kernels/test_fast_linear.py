@@ -91,15 +91,16 @@ def test_fast_mode_stays_close_to_the_exact_mode(kind):
 @pytest.mark.parametrize("parts", [1, 2])
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
 def test_kernel_rows_do_not_depend_on_batch_or_threads(kind, parts):
-    """The same bits alone (decode) or among 20 rows (20 or 40 activation rows: chunks of 16 and a
-    remainder on AVX-512, of 4 on AVX2), with 1 or 2 threads; 301 features leave a remainder after
-    every feature grouping."""
+    """The same bits alone (decode) or among 70 rows (70 or 140 activation rows: blocks of 64 read
+    each tile once, in row chunks of 16 and a remainder on AVX-512, of 4 on AVX2), with 1 or 2
+    threads; 301 features leave a remainder after every feature grouping."""
     fw = fl.pack_fast(packed_weight(kind, out=301, blocks=7), parts)
-    x = torch.randn(20, fw.in_features)
+    x = torch.randn(70, fw.in_features)
     together = fl.fast_linear(x, fw)
-    alone = torch.cat([fl.fast_linear(x[i:i + 1], fw) for i in range(20)])
+    alone = torch.cat([fl.fast_linear(x[i:i + 1], fw) for i in range(70)])
     assert torch.equal(together, alone)
     assert torch.equal(fl.fast_linear(x[5:8], fw), together[5:8])
+    assert torch.equal(fl.fast_linear(x[3:40], fw), together[3:40])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
