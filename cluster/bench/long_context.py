@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specray.cluster.bench.methods import engine_of
+
 MIB = 1 << 20
 
 
@@ -66,7 +68,7 @@ def long_context_rows(cells, prompts: list[dict], llms: dict, max_tokens: int) -
             prefill, requests = sum(c.prefill_seconds for c in counts), sum(c.requests for c in counts)
             decode = seconds - prefill  # every token after each request's first (which the prefill gives)
             mean_context = round(sum(lengths) / len(lengths))
-            memory = memory_per_sequence(llms.get(cell.method.replace("_padded", "")), mean_context + max_tokens)
+            memory = memory_per_sequence(llms.get(engine_of(cell.method)), mean_context + max_tokens)
             rows.append({"method": cell.method, "temperature": cell.temperature, "context": bucket,
                          "context_tokens": mean_context,
                          "decode_tokens_per_s": round((tokens - requests) / decode, 2) if decode > 0 else None,

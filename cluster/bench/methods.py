@@ -33,6 +33,25 @@ def base_method(method: str) -> str:
     return method[: -len(suffix)] if suffix else method
 
 
+PADDED = "_padded"  # a method + this (before any kernel suffix): its engine on the padded baseline (EMS-SD's)
+
+
+def is_padded(method: str) -> bool:
+    """specray_ngram_padded and specray_ngram_padded_fast16 run the padded baseline."""
+    return base_method(method).endswith(PADDED)
+
+
+def engine_of(method: str) -> str:
+    """The engine a method runs on: a padded method reuses its ragged twin's (specray_ngram_padded_fast:
+    specray_ngram_fast's)."""
+    return method.replace(PADDED, "")
+
+
+def needs_padding(engine: str, methods: list[str]) -> bool:
+    """Whether one of `methods` runs `engine` padded (its KV then holds every sequence padded)."""
+    return any(is_padded(m) and engine_of(m) == engine for m in methods)
+
+
 def known_method(method: str) -> bool:
     return method in METHODS or (kernel_suffix(method) != "" and base_method(method) in SPECRAY_METHODS)
 
@@ -56,7 +75,7 @@ def tree_configs(k: int, draft: dict) -> dict[str, dict]:
 def skip_reason(method: str, batch_size: int) -> str | None:
     if method in ("hf_prompt_lookup", "hf_assisted") and batch_size > 1:
         return "transformers runs prompt lookup and assisted generation at batch size 1 only"
-    if method.endswith("_padded") and batch_size == 1:
+    if is_padded(method) and batch_size == 1:
         return "padding changes nothing at batch size 1"
     return None
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from specray.cluster.bench.bound import Bandwidth
 from specray.cluster.bench.methods import (HF_METHODS, KERNEL_SUFFIXES, LONGSPEC_METHODS, METHODS, base_method,
-                                            default_methods, kernels_of, known_method, skip_reason, tree_configs,
-                                            tree_shapes)
+                                            default_methods, engine_of, is_padded, kernels_of, known_method,
+                                            needs_padding, skip_reason, tree_configs, tree_shapes)
 from specray.cluster.bench.prompts import load_prompts
 from specray.cluster.config.defaults import default_speculative_config
 from specray.kernels.chat import prompt_token_ids
@@ -95,11 +95,11 @@ class Runner:
         longspec = {"method": "longspec", "model": args.longspec_model, "num_speculative_tokens": k}
         configs.update({"specray_draft_topk": {**draft, "tree": tree_shapes(k)["topk"]}, "specray_longspec": longspec,
                         "specray_longspec_topk": {**longspec, "tree": tree_shapes(k)["topk"]}})
-        wanted = {m.replace("_padded", "") for m in methods}  # a padded method reuses its engine
+        wanted = {engine_of(m) for m in methods}  # a padded method reuses its engine
         kv_k = max(k, args.eagle_k or 0)
         self.llms = {m: LLM(args.model, speculative_config=configs[base_method(m)], max_num_seqs=max_seqs,
                             kv_cache_tokens=kv_tokens_needed(encoded, args.batch_sizes, args.max_tokens, kv_k,
-                                                             padded=f"{m}_padded" in methods),
+                                                             padded=needs_padding(m, methods)),
                             kernels=kernels_of(m),
                             enable_prefix_caching=False)  # every cell sends the same prompts: each computes them
                      for m in sorted(wanted) if base_method(m) in configs}
@@ -133,8 +133,8 @@ class Runner:
     def _run_specray(self, method, group, temperature, seed, cell: Cell) -> list[list[int]]:
         from specray import SamplingParams
 
-        llm = self.llms[method.replace("_padded", "")]  # specray_ngram_padded_fast: specray_ngram_fast
-        llm.target.pad_batches = method.endswith("_padded")
+        llm = self.llms[engine_of(method)]
+        llm.target.pad_batches = is_padded(method)
         params = [SamplingParams(temperature=temperature, max_tokens=self.args.max_tokens, ignore_eos=True,
                                  seed=seed + i) for i in range(len(group))]
         stats = llm.router.stats

@@ -60,6 +60,19 @@ def test_a_kernel_mode_suffix_names_its_engine_and_keeps_its_base_colour():
     assert fast["linestyle"] != fast16["linestyle"]
 
 
+def test_a_padded_method_pads_in_every_kernel_mode():
+    """specray_ngram_padded_fast16 runs specray_ngram_fast16's engine on the padded baseline (the suffix
+    once hid the padding: the engine ran ragged and its KV was sized unpadded)."""
+    from specray.cluster.bench.methods import engine_of, is_padded, needs_padding, skip_reason
+
+    for suffix in ("", "_fast", "_fast16"):
+        padded, ragged = f"specray_ngram_padded{suffix}", f"specray_ngram{suffix}"
+        assert is_padded(padded) and not is_padded(ragged) and engine_of(padded) == ragged
+        assert skip_reason(padded, 1) is not None and skip_reason(padded, 2) is None
+        assert needs_padding(ragged, [ragged, padded]) and not needs_padding(ragged, [ragged, "specray_draft_padded"])
+    assert not needs_padding("specray_ngram_fast16", ["specray_ngram_padded_fast"])
+
+
 def test_the_plot_shows_llama_cpp_rows_and_batch_one_decode_speed():
     from specray.cluster.bench.report import plot_points
 
