@@ -1,5 +1,5 @@
 """CPU kernels on SmolLM2-135M: packed Q4_1/Q8_0 projections (exact and fast modes) vs MKL fp32,
-and whole forward steps with the C kernels (every layer in one call, exact or fast; or op by op from
+and whole forward steps with the C kernels (every layer in one call, exact, fast16 or fast; or op by op from
 Python) vs the torch paths, at the row counts of decode and verification, with each step's cost
 relative to a one-row step (what a verification row costs).
 
@@ -76,16 +76,18 @@ def main() -> None:
     parser.add_argument("--out", default="bench_out/cpu_kernels.json")
     parser.add_argument("--no-torch", action="store_true", help="leave out MKL fp32 and the torch paths (slow)")
     args = parser.parse_args()
-    model = load_model(resolve("smollm2-135m"))  # C kernels and packed weights (the default on CPU)
+    model = load_model(resolve("smollm2-135m"), kernels="exact")  # C kernels on packed weights, transformers' numbers
     fast_model = load_model(resolve("smollm2-135m"), kernels="fast")
+    fast16_model = load_model(resolve("smollm2-135m"), kernels="fast16")  # what `kernels: auto` runs this GGUF in
     plain = load_model(resolve("smollm2-135m"), cpu_kernels=False)  # torch paths, GEMV weight copies
     if not model.packed_weights:
         raise SystemExit("no packed weights: the C kernels are unavailable (no compiler?)")
     rows_list = [int(r) for r in args.rows.split(",")]
     suites = {("projections", r): projections(model, fast_model, r, not args.no_torch) for r in rows_list}
-    # c_kernels: every layer in one C call (exact; c_kernels_fast: the fast mode); c_ops: the same C
-    # kernels called op by op from Python
-    models = {"c_kernels": (model, True), "c_kernels_fast": (fast_model, True), "c_ops": (model, False)}
+    # c_kernels: every layer in one C call (exact; c_kernels_fast16, c_kernels_fast: those modes);
+    # c_ops: the same C kernels called op by op from Python
+    models = {"c_kernels": (model, True), "c_kernels_fast16": (fast16_model, True), "c_kernels_fast": (fast_model, True),
+              "c_ops": (model, False)}
     if not args.no_torch:
         models["torch"] = (plain, True)
     suites.update({("forward", r): forward_steps(models, r) for r in rows_list if r <= 16})
@@ -106,13 +108,13 @@ def main() -> None:
     print(f"projection bytes: packed {packed_bytes / 1e6:.1f} MB, fp32 {fp32_bytes / 1e6:.1f} MB")
     for kind, base, fast in (("projections", "fp32", "packed"), ("projections", "packed", "fast"),
                              ("forward", "torch", "c_kernels"), ("forward", "c_ops", "c_kernels"),
-                             ("forward", "c_kernels", "c_kernels_fast")):
+                             ("forward", "c_kernels", "c_kernels_fast16"), ("forward", "c_kernels", "c_kernels_fast")):
         for r in rows_list:
             a = statistics.median(times.get((kind, r, base), [0])) * 1e3
             b = statistics.median(times.get((kind, r, fast), [0])) * 1e3
             if a and b:
                 print(f"{kind:11s} rows {r:2d}: {base} {a:7.2f} ms, {fast} {b:7.2f} ms, {a / b:.2f}x")
-    for name in ("c_kernels", "c_kernels_fast"):  # what a verification row costs
+    for name in ("c_kernels", "c_kernels_fast16", "c_kernels_fast"):  # what a verification row costs
         one = statistics.median(times.get(("forward", 1, name), [0]))
         if one:
             ratios = {r: statistics.median(times[("forward", r, name)]) / one for r in rows_list
