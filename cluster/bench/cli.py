@@ -26,8 +26,9 @@ def add_bench_parser(sub) -> None:
     off.add_argument("--methods", type=name_list, default=None, help=f"comma-separated from {list(METHODS)} (default: all; "
                      "specray_eagle with a feature-level draft; trees, drafted by it where there is one, "
                      "else by --draft-model, not in --quick); a specray method + '_fast16' or '_fast' (e.g. "
-                     "specray_fast16, specray_eagle_fast) runs it in that kernel mode, the others in the exact one "
-                     "(`specray serve` runs a GGUF on a CPU in fast16: compare specray_fast16 for its default)")
+                     "specray_fast16, specray_eagle_fast) runs it in that kernel mode, the others in the exact one; "
+                     "the default adds specray_fast16 and specray_default_fast16, what `specray serve` runs a GGUF "
+                     "in on a CPU (skipped where the weights are no GGUF blocks)")
     off.add_argument("--batch-sizes", type=positive_int_list, default=[1, 4, 8, 16], help="comma-separated, e.g. 1,4,8,16")
     off.add_argument("--temperatures", type=non_negative_float_list, default=[0.0, 1.0],
                      help="comma-separated; 0 is greedy (outputs checked against plain decoding)")

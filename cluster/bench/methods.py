@@ -16,6 +16,9 @@ SPECRAY_METHODS = ("specray", "specray_default", "specray_ngram", "specray_draft
 METHODS = HF_METHODS + SPECRAY_METHODS
 FAST = "_fast"  # a specray method + this suffix: the same engine with the fast kernels (kernels/fast_linear.py)
 KERNEL_SUFFIXES = {"_fast16": "fast16", FAST: "fast"}  # a specray method + suffix: its engine in that kernel mode
+# by default also plain decoding and the default speculation in fast16: what `specray serve` runs a GGUF
+# in on a CPU (skipped where the model has no GGUF blocks, whose fast16 would be exact)
+SERVED_MODE_METHODS = ("specray_fast16", "specray_default_fast16")
 
 
 def kernel_suffix(method: str) -> str:
@@ -81,7 +84,8 @@ def skip_reason(method: str, batch_size: int) -> str | None:
 
 
 def default_methods(args) -> str:
-    """Every method (--quick: no trees); specray_eagle and specray_longspec* only with their drafts."""
-    return ",".join(m for m in METHODS if (m != "specray_eagle" or args.eagle_model)
+    """Every method and SERVED_MODE_METHODS (--quick: no trees); specray_eagle and specray_longspec*
+    only with their drafts."""
+    return ",".join(m for m in METHODS + SERVED_MODE_METHODS if (m != "specray_eagle" or args.eagle_model)
                     and (m not in LONGSPEC_METHODS or args.longspec_model)
                     and not (args.quick and (m in TREE_METHODS or m.endswith("_topk"))))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,17 +98,26 @@ class Runner:
                         "specray_longspec_topk": {**longspec, "tree": tree_shapes(k)["topk"]}})
         wanted = {engine_of(m) for m in methods}  # a padded method reuses its engine
         kv_k = max(k, args.eagle_k or 0)
-        self.llms = {m: LLM(args.model, speculative_config=configs[base_method(m)], max_num_seqs=max_seqs,
-                            kv_cache_tokens=kv_tokens_needed(encoded, args.batch_sizes, args.max_tokens, kv_k,
-                                                             padded=needs_padding(m, methods)),
-                            kernels=kernels_of(m),
-                            enable_prefix_caching=False)  # every cell sends the same prompts: each computes them
-                     for m in sorted(wanted) if base_method(m) in configs}
+        with warnings.catch_warnings():  # a mode the weights do not take: its cells say so (skip_reason)
+            warnings.filterwarnings("ignore", message=".*found no GGUF Q4_1/Q8_0 weights")
+            self.llms = {m: LLM(args.model, speculative_config=configs[base_method(m)], max_num_seqs=max_seqs,
+                                kv_cache_tokens=kv_tokens_needed(encoded, args.batch_sizes, args.max_tokens, kv_k,
+                                                                 padded=needs_padding(m, methods)),
+                                kernels=kernels_of(m),
+                                enable_prefix_caching=False)  # every cell sends the same prompts: each computes them
+                         for m in sorted(wanted) if base_method(m) in configs}
         self.hf = load_hf(self.ckpt.path) if any(m in HF_METHODS for m in methods) else None
         self.assistant = None
         if "hf_assisted" in methods:  # the very draft specray_draft uses
             base = load_hf(resolve(args.draft_model).path) if args.draft_model else self.hf
             self.assistant = truncated_assistant(base, args.draft_num_layers)
+
+    def skip_reason(self, method: str, batch_size: int) -> str | None:
+        """`methods.skip_reason`, or a kernel mode the model's weights do not take (its engine loaded exact)."""
+        llm, mode = self.llms.get(engine_of(method)), kernels_of(method)
+        if llm is not None and llm.target.model.kernel_mode != mode:
+            return f"the model has no GGUF Q4_1/Q8_0 weights: its {mode} would run as exact"
+        return skip_reason(method, batch_size)
 
     def run(self, method: str, group: list[list[int]], temperature: float, seed: int, cell: Cell) -> None:
         start = time.perf_counter()
@@ -205,7 +215,7 @@ def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
     runner = Runner(args, methods, encoded)
     cells = []
     for m in tqdm(methods, desc="bench offline (load, warm up)"):  # first calls pay one-off allocation costs
-        if skip_reason(m, 1) is None:
+        if runner.skip_reason(m, 1) is None:
             runner.run(m, encoded[:1], 0.0, 0, Cell(m, 1, 0.0))
     target = next(iter(runner.llms.values())).target.model if runner.llms else None
     if target is not None:  # the bandwidth, this run; the bound's step reads weight_bytes at it
@@ -213,7 +223,7 @@ def run_matrix(args, on_row=None) -> tuple[list[Cell], list[dict], Runner]:
     plan = [(b, t) for t in args.temperatures for b in args.batch_sizes]
     bar = tqdm(total=sum(ceil_div(len(encoded), b) for b, _ in plan), desc="bench offline (prompt groups)")
     for batch_size, temperature in plan:
-        row = {m: Cell(m, batch_size, temperature, skip_reason(m, batch_size)) for m in methods}
+        row = {m: Cell(m, batch_size, temperature, runner.skip_reason(m, batch_size)) for m in methods}
         for g in range(0, len(encoded), batch_size):
             group = encoded[g:g + batch_size]
             for m, cell in row.items():

@@ -27,8 +27,12 @@ def test_bench_offline_end_to_end(tiny_target, tmp_path):
     assert report["schema"] == SCHEMA and (out / "offline.md").read_text().startswith("model ")
     assert (out / "offline.png").read_bytes()[:4] == b"\x89PNG"
     cells = {(c["method"], c["batch_size"], c["temperature"]): c for c in report["cells"]}
-    assert len(cells) == 17 * 2 * 2  # transformers' 3, specray's 8 (its default included), 5 tree methods, a top-k tree
+    # transformers' 3, specray's 8 (its default included), 5 tree methods, a top-k tree, plain and the
+    # default in fast16 (what `specray serve` runs a GGUF in)
+    assert len(cells) == 19 * 2 * 2
     assert cells[("hf_assisted", 2, 0.0)]["skipped"] and cells[("specray_draft_padded", 1, 0.0)]["skipped"]
+    for m in ("specray_fast16", "specray_default_fast16"):  # the tiny target's weights are no GGUF blocks
+        assert all("no GGUF Q4_1/Q8_0 weights" in cells[(m, b, t)]["skipped"] for b in (1, 2) for t in (0.0, 1.0))
     for c in report["cells"]:
         if not c["skipped"]:
             assert c["requests"] == 4 and c["tokens"] == 4 * 5  # every request generated max_tokens
@@ -105,6 +109,25 @@ def test_hot_gemv_scales_the_slices_to_the_whole_step(tiny_target):
     model.enable_cpu_kernels()
     if model.round_weights("q8_0"):  # a C compiler: the packed kernel's floor
         assert model.packed_weights and hot_gemv_seconds(model, repeats=2, inner=3) > 0
+
+
+def test_bench_offline_runs_the_served_mode_on_gguf_weights(tiny_gguf_target, tmp_path):
+    """On GGUF Q4_1/Q8_0 weights the fast16 rows run (in fast16), and the summary's default / plain
+    takes their pair: what `specray serve` would give."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("\n".join(json.dumps({"category": "math", "turns": [f"w{i} w{i + 3} w{i} w{i + 3}"]})
+                              for i in range(2)))
+    out = tmp_path / "out"
+    code = main(["bench", "offline", "--model", str(tiny_gguf_target), "--dataset", str(data), "--num-prompts", "2",
+                 "--max-tokens", "4", "--batch-sizes", "1", "--temperatures", "0",
+                 "--methods", "specray,specray_fast16,specray_default_fast16", "--out", str(out)])
+    assert code == 0
+    report = json.loads((out / "offline.json").read_text())
+    cells = {c["method"]: c for c in report["cells"]}
+    assert not any(c["skipped"] for c in cells.values()) and cells["specray_fast16"]["tokens"] == 2 * 4
+    assert report["summary"]["default_speculation_vs_plain_batch1"] == pytest.approx(
+        cells["specray_default_fast16"]["decode_tokens_per_s"] / cells["specray_fast16"]["decode_tokens_per_s"],
+        rel=0.01)
 
 
 def test_bench_offline_writes_each_finished_row(tiny_target, tmp_path, monkeypatch, capsys):
