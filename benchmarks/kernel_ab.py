@@ -39,7 +39,8 @@ def build(sources: dict[str, bytes], out: Path) -> ctypes.CDLL:
     for name, text in sources.items():
         (out / name).write_bytes(text)
     c_files = [str(out / p.name) for p in cpu_kernels.SOURCES if p.name in sources]
-    subprocess.run([os.environ.get("CC", "cc"), *cpu_kernels.CFLAGS, *os.environ.get(cpu_kernels.FLAGS_ENV, "").split(), *c_files, "-o", str(out / "lib.so"), "-lm"],
+    flags = [*cpu_kernels.CFLAGS, *os.environ.get(cpu_kernels.FLAGS_ENV, "").split()]  # as cpu_kernels builds
+    subprocess.run([os.environ.get("CC", "cc"), *flags, *c_files, "-o", str(out / "lib.so"), "-lm"],
                    check=True, capture_output=True)
     lib = ctypes.CDLL(str(out / "lib.so"))
     for name, argtypes in cpu_kernels.SIGNATURES.items():  # an older commit may lack newer functions
