@@ -23,3 +23,7 @@ python $R/engine_prof.py plain 600 > $R/engine_prof_plain.txt
 #   specray serve &   # then:
 #   python $R/thread_cpu.py save $REPLICA $WORKER; specray bench serve --url http://127.0.0.1:8000 \
 #     --concurrency 1 --num-requests 24 --max-tokens 64 --ignore-eos --temperature 0; python $R/thread_cpu.py diff $REPLICA $WORKER
+# the issue tables on this HEAD (exact and fast16, plain and the default speculation; llama.cpp's rows)
+bash scripts/build_llama_cpp.sh >/dev/null
+specray bench offline --methods specray,specray_default,specray_fast16,specray_default_fast16 --num-prompts 26 \
+  --max-tokens 128 --batch-sizes 1,16 --temperatures 0 --dataset ../shared/data/spec_bench/question.jsonl --out $R/offline
