@@ -27,3 +27,8 @@ python $R/engine_prof.py plain 600 > $R/engine_prof_plain.txt
 bash scripts/build_llama_cpp.sh >/dev/null
 specray bench offline --methods specray,specray_default,specray_fast16,specray_default_fast16 --num-prompts 26 \
   --max-tokens 128 --batch-sizes 1,16 --temperatures 0 --dataset ../shared/data/spec_bench/question.jsonl --out $R/offline
+# served, the default (kernels auto: fast16), against the in-process engine and against llama-server
+specray bench cluster --skip-transports --paths served --concurrency 1,8,16 --num-requests 16 --max-tokens 64 --repeats 2 \
+  --dataset ../shared/data/spec_bench/question.jsonl --out $R/cluster
+specray bench serve --against-llama-server --concurrency 1,8,16 --num-requests 16 --max-tokens 64 --ignore-eos \
+  --temperature 0 --llama-parallel 16 --llama-ctx 32768 --dataset ../shared/data/spec_bench/question.jsonl --out $R/vs-llama-server
