@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from specray.cluster.bench.methods import FAST, METHODS, base_method, kernels_of
+from specray.cluster.bench.methods import METHODS, base_method, kernels_of
 
 SCHEMA = "specray.bench.offline/6"
 LLAMA_BATCH1 = ("llama_bench", "llama_lookup", "llama_speculative")  # llama.cpp's decode-only batch-1 rows
@@ -216,7 +216,7 @@ def method_style(method: str) -> dict:
     import matplotlib
 
     if kernels_of(method) != "exact":
-        dots = ":" if method.endswith(FAST) else "-."
+        dots = {"fast": ":", "fast16": "-."}[kernels_of(method)]
         return {**method_style(base_method(method)), "linestyle": dots, "markerfacecolor": "none", "label": method}
     if method.startswith("llama"):
         return {"color": "black", "marker": LLAMA_MARKERS.get(method, "x"), "markersize": 9, "linestyle": "--",

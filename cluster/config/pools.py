@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specray.kernels.kernel_modes import FAST_PARTS
+from specray.kernels.kernel_modes import FAST_PARTS, KERNEL_SETTINGS, KERNELS_AUTO
 
 
 MAX_SETTING = 2**31 - 1  # Ray's and torch's int32 fields: a larger count failed deep in a deployment
@@ -70,8 +70,8 @@ class PoolConfig(Strict):
 class TargetPoolConfig(PoolConfig):
     resources: dict[str, float] = Field(default_factory=lambda: {"target": 1.0},
                                         description="custom Ray resources the worker's node must advertise")
-    kernels: Literal["auto", "exact", "fast16", "fast"] = Field(
-        "auto", description="numeric mode of the CPU kernels on GGUF weights: exact (the fp32 model, what "
+    kernels: Literal[KERNEL_SETTINGS] = Field(
+        KERNELS_AUTO, description="numeric mode of the CPU kernels on GGUF weights: exact (the fp32 model, what "
         "transformers computes), fast16 (integer dot products on 16-bit activations in two 8-bit parts) or "
         "fast (8-bit activations); both fast modes keep a 16-bit KV cache and are lossless against themselves; "
         "auto (default): fast16 for a GGUF model on a CPU in fp32, else exact")
