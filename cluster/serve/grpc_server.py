@@ -93,6 +93,9 @@ async def serve_grpc(service: GenerationService, port: int, host: str = "127.0.0
     return server
 
 
+STOPPED_POLL_S = 0.5  # how soon Watch hears that the router stopped (Check answers at once)
+
+
 class _Health(health.aio.HealthServicer):
     """grpc.health.v1 with the statuses `_track_readiness` sets, and NOT_SERVING on Check once the
     router stopped taking turns (as HTTP's /health turns 503)."""
@@ -109,17 +112,23 @@ class _Health(health.aio.HealthServicer):
         return response
 
 
-async def _track_readiness(service: GenerationService, servicer) -> None:
-    """Overall and per-service health: NOT_SERVING until the service is ready, then SERVING."""
+async def _track_readiness(service: GenerationService, servicer, poll_s: float = STOPPED_POLL_S) -> None:
+    """Overall and per-service health: NOT_SERVING until the service is ready, SERVING while the
+    router takes turns, NOT_SERVING once it stopped, so `Watch` streams what `Check` answers."""
     async def set_all(status) -> None:
         for name in ("", SERVICE_NAME):
             await servicer.set(name, status)
 
+    async def serving_until_stopped() -> None:
+        await set_all(health_pb2.HealthCheckResponse.SERVING)
+        while service.serving:  # a stopped router never resumes: its replica restarts
+            await asyncio.sleep(poll_s)
+        await set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
+
     await set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
     loop = asyncio.get_running_loop()
     # `attach` may run on another thread (the model loads off the loop)
-    service.on_ready(lambda: asyncio.run_coroutine_threadsafe(
-        set_all(health_pb2.HealthCheckResponse.SERVING), loop))
+    service.on_ready(lambda: asyncio.run_coroutine_threadsafe(serving_until_stopped(), loop))
 
 
 class GrpcServerThread:
@@ -149,6 +158,15 @@ class GrpcServerThread:
     def __exit__(self, *exc) -> None:
         if self.server is not None:
             asyncio.run_coroutine_threadsafe(self.server.stop(grace=1), self.loop).result(timeout=10)
+        asyncio.run_coroutine_threadsafe(_cancel_tasks(), self.loop).result(timeout=10)  # the health poll
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
         self.loop.close()
+
+
+async def _cancel_tasks() -> None:
+    """Cancel what still runs on this loop but this task, and wait until it ended."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -227,6 +227,25 @@ def test_unavailable_while_starting_then_retries_succeed(tiny_target):
             assert asyncio.run(service.check_health(HealthCheckRequest(), CallInfo())).status == NOT_SERVING
 
 
+def test_health_watch_streams_serving_then_not_serving_once_the_router_stops(tiny_target):
+    """A Watch (what load balancers and grpc clients subscribe to) hears what Check answers: NOT_SERVING
+    while starting, SERVING once attached, NOT_SERVING after the router stopped."""
+    from grpc_health.v1 import health_pb2_grpc
+
+    llm = LLM(str(tiny_target))
+    service = GenerationService(None, None, "tiny")
+    with GrpcServerThread(service) as server, grpc.insecure_channel(server.target) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(HealthCheckRequest(service="specray.v1.Generation"),
+                                                          timeout=30)
+        assert next(watch).status == NOT_SERVING
+        router = AsyncRouter(llm.router)
+        service.attach(router, llm.get_tokenizer())
+        assert next(watch).status == HealthCheckResponse.SERVING
+        router.shutdown()
+        assert next(watch).status == NOT_SERVING
+        watch.cancel()
+
+
 def test_retry_backoff_grows_and_is_capped():
     policy = RetryPolicy(initial_backoff=0.1, max_backoff=1.0, multiplier=2.0)
     for attempt, ceiling in [(0, 0.1), (1, 0.2), (3, 0.8), (6, 1.0)]:
