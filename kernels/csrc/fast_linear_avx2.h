@@ -1,7 +1,8 @@
 // fast_linear.c's AVX2 path: a tile's lanes are two 8-lane halves (features 0-7, 8-15), formed by
 // vpmaddubsw + vpmaddwd on q (Q4_1) or |w| and sign-flipped activations (Q8_0; no int16 overflow:
 // |w| <= 127). Half after half, block after block: each row's integer sums stay in one register,
-// so a part's weights are loaded once for every row and nothing spills.
+// so a part's weights are loaded once for every row. The part loops stay rolled: unrolled, GCC 12
+// (-march=znver3) loaded every part's weights first and spilled the rows' sums to the stack.
 #define FAST_ROW_CHUNK 4
 
 static inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
@@ -14,6 +15,7 @@ static inline __attribute__((always_inline)) void half_sums(const uint8_t* w, in
         const __m256i low4 = _mm256_set1_epi8(0x0f);
         __m256i pairs[FAST_ROW_CHUNK];
         for (int r = 0; r < NR; r++) pairs[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
         for (int p = 0; p < 4; p++) {
             __m256i raw = load32(w + 64 * p + 32 * h);
             __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
@@ -28,6 +30,7 @@ static inline __attribute__((always_inline)) void half_sums(const uint8_t* w, in
         return;
     }
     for (int r = 0; r < NR; r++) sums[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
     for (int v = 0; v < 8; v++) {
         __m256i signed_w = _mm256_xor_si256(load32(w + 64 * v + 32 * h), _mm256_set1_epi8((char)0x80));
         __m256i magnitude = _mm256_abs_epi8(signed_w);
