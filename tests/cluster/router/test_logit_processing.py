@@ -169,13 +169,14 @@ def test_sampling_with_min_p_logit_bias_and_penalties_is_lossless(processed):
     assert chi2(second_tokens(llm, params), want) > 1e-3
 
 
-@pytest.mark.parametrize("stage, seed", [("apply_logit_bias", 1), ("apply_penalties", 3)])
-def test_negative_control_a_target_that_skips_a_stage_is_caught(processed, monkeypatch, stage, seed):
+# samples: without the bias and mask p = 1e-31 at a third of N (seed 1), without the penalties 1e-8 at N
+@pytest.mark.parametrize("stage, seed, samples", [("apply_logit_bias", 1, N // 3), ("apply_penalties", 3, N)])
+def test_negative_control_a_target_that_skips_a_stage_is_caught(processed, monkeypatch, stage, seed, samples):
     """The bias and allowed-token mask (apply_logit_bias), or the penalties, left out of the target's rows."""
     llm, params, want = processed
     torch.manual_seed(seed)
     monkeypatch.setattr(verify_batch_module, stage, lambda logits, configs, *rows: logits)
-    outs = llm.generate([PROMPT] * N, params)
+    outs = llm.generate([PROMPT] * samples, params)
     assert chi2(torch.tensor([o.outputs[0].token_ids[1] for o in outs]).numpy(), want) < 1e-6
 
 
