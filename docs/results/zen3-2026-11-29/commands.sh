@@ -20,3 +20,11 @@ specray bench cluster --skip-transports --paths served --concurrency 1,8,16 --nu
   --dataset ../shared/data/spec_bench/question.jsonl --out $R/cluster
 specray bench serve --against-llama-server --concurrency 1,8,16 --num-requests 16 --max-tokens 64 --ignore-eos \
   --temperature 0 --llama-parallel 16 --llama-ctx 32768 --dataset ../shared/data/spec_bench/question.jsonl --out $R/vs-llama-server
+# the default speculation's settings in fast16, paired against plain decoding
+python benchmarks/paired_speedup.py --kernels fast16 --num-prompts 26 --repeats 2 --batch-size 1 --configs \
+  '[{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "adaptive": true},
+    {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2, "adaptive": true},
+    {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 3, "adaptive": true},
+    {"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_min": 2, "adaptive": false},
+    {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "adaptive": true}]' \
+  --out $R/paired_fast16_ngram.json
