@@ -14,8 +14,7 @@ LONGSPEC_METHODS = ("specray_longspec", "specray_longspec_topk")
 SPECRAY_METHODS = ("specray", "specray_default", "specray_ngram", "specray_draft", "specray_easyspec", "specray_eagle",
                    "specray_ngram_padded", "specray_draft_padded") + TREE_METHODS + ("specray_draft_topk",) + LONGSPEC_METHODS
 METHODS = HF_METHODS + SPECRAY_METHODS
-FAST = "_fast"  # a specray method + this suffix: the same engine with the fast kernels (kernels/fast_linear.py)
-KERNEL_SUFFIXES = {"_fast16": "fast16", FAST: "fast"}  # a specray method + suffix: its engine in that kernel mode
+KERNEL_SUFFIXES = {"_fast16": "fast16", "_fast": "fast"}  # a specray method + suffix: its engine in that kernel mode
 # by default also plain decoding and the default speculation in fast16: what `specray serve` runs a GGUF
 # in on a CPU (skipped where the model has no GGUF blocks, whose fast16 would be exact)
 SERVED_MODE_METHODS = ("specray_fast16", "specray_default_fast16")
