@@ -37,6 +37,7 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         assert self.temperature >= 0.0 and self.top_k >= 0 and 0.0 < self.top_p <= 1.0 and 0.0 <= self.min_p <= 1.0
         assert all(t >= 0 and math.isfinite(b) for t, b in self.logit_bias) and self.repetition_penalty > 0
+        assert len({t for t, _ in self.logit_bias}) == len(self.logit_bias), "a token's bias appears once"
 
     @property
     def greedy(self) -> bool:
@@ -93,16 +94,25 @@ def apply_logit_bias(logits: torch.Tensor, configs: list[SamplingConfig]) -> tor
     if not touched:
         return logits
     out = logits.float().clone()
-    for i in touched:
-        cfg = configs[i]
-        if cfg.allowed_token_ids:
-            keep = torch.full_like(out[i], float("-inf"))
-            keep[_index(cfg.allowed_token_ids, out.device)] = 0.0
-            out[i] += keep
-        if cfg.logit_bias:
-            ids, bias = zip(*cfg.logit_bias)
-            out[i, list(ids)] += torch.tensor(bias, dtype=out.dtype, device=out.device)
+    _keep_allowed(out, [i for i in touched if configs[i].allowed_token_ids], configs)
+    biased = [(i, t, b) for i in touched for t, b in configs[i].logit_bias]
+    if biased:  # one indexed add for every row's bias (a token appears once in a row's logit_bias)
+        rows, ids, bias = zip(*biased)
+        out[torch.tensor(rows, device=out.device), torch.tensor(ids, device=out.device)] += torch.tensor(
+            bias, dtype=out.dtype, device=out.device)
     return out
+
+
+def _keep_allowed(out: torch.Tensor, rows: list[int], configs: list[SamplingConfig]) -> None:
+    """-inf into out [rows, vocab_size] outside each row's allowed_token_ids: one indexed add per
+    distinct id tuple (a request's rows share its config's), not one per row."""
+    groups: dict[int, list[int]] = {}
+    for i in rows:
+        groups.setdefault(id(configs[i].allowed_token_ids), []).append(i)
+    for members in groups.values():
+        keep = torch.full_like(out[0], float("-inf"))  # [vocab_size]
+        keep[_index(configs[members[0]].allowed_token_ids, out.device)] = 0.0
+        out[torch.tensor(members, device=out.device)] += keep
 
 
 def processed_probs(logits: torch.Tensor, configs: list[SamplingConfig]) -> torch.Tensor:

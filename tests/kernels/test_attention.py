@@ -168,3 +168,22 @@ def test_visible_new_is_the_ancestor_matrix(parents):
     n, width = 5, 7
     got = visible_new(parents, n, width)
     assert torch.equal(got[:, :n].bool(), ancestor_matrix(parents, n)) and not got[:, n:].any()
+
+
+@pytest.mark.parametrize("max_new", [1, 5, 62, 63, 80])
+def test_a_steps_new_token_mask_stacks_every_sequences_visible_new(max_new):
+    """The whole step's mask at once (ancestry as int bits up to 62 new tokens) equals the reference
+    built sequence by sequence: chains, trees, and padded-baseline rows past a tree's parents."""
+    from specray.kernels.cpu_ops import new_token_mask, visible_new
+
+    gen = torch.Generator().manual_seed(max_new)
+    parents, counts = [], []
+    for b in range(12):
+        n = max_new if b == 0 else int(torch.randint(1, max_new + 1, (1,), generator=gen))
+        tree = [-1] + [int(torch.randint(-1, i, (1,), generator=gen)) for i in range(1, n)]
+        cut = int(torch.randint(1, n + 1, (1,), generator=gen))  # rows past it: padded-baseline dummies
+        parents.append(None if b % 3 == 0 else tree[:cut] if b % 3 == 2 else tree)
+        counts.append(n)
+    want = torch.cat([visible_new(p, n, max_new) for p, n in zip(parents, counts)])
+    got = new_token_mask(parents, counts, max_new)
+    assert got.dtype == torch.uint8 and torch.equal(got, want)

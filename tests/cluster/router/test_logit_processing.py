@@ -232,6 +232,25 @@ def test_allowed_token_ids_keep_only_theirs_before_the_bias():
     assert got.tolist() == [[inf, 0, inf, inf, 1.0], [0] * 5]
 
 
+def test_a_steps_bias_and_masks_equal_row_by_row_processing():
+    """Rows sharing one config (a request's verification rows), others with their own id tuples, all
+    processed in one pass: each row as if processed alone."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(9, 40, generator=gen)
+    shared = SamplingConfig(1.0, logit_bias=((3, 2.0), (7, -1.0)), allowed_token_ids=tuple(range(0, 40, 2)))
+    configs = [shared, shared, SamplingConfig(0.0, allowed_token_ids=tuple(range(0, 40, 2))), SamplingConfig(1.0),
+               SamplingConfig(1.0, logit_bias=((3, -4.0),)), shared, SamplingConfig(0.5, allowed_token_ids=(5, 9)),
+               SamplingConfig(1.0, logit_bias=((39, 1.0), (0, 0.5)), allowed_token_ids=(0, 39)), SamplingConfig(0.0)]
+    got = apply_logit_bias(logits, configs)
+    for i, cfg in enumerate(configs):
+        want = logits[i].clone()
+        if cfg.allowed_token_ids:
+            want[[t for t in range(40) if t not in cfg.allowed_token_ids]] = float("-inf")
+        for t, b in cfg.logit_bias:
+            want[t] += b
+        assert torch.equal(got[i], want), i
+
+
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
 def test_greedy_speculative_equals_plain_with_allowed_token_ids(tiny_target, tiny_draft, greedy_stops, method):
     plain, _ = greedy_stops
