@@ -215,7 +215,7 @@ class LLM:
             raise failure.__cause__ or failure
 
     def _add_all(self, prompts: Seq[PromptLike], params: list[SamplingParams]) -> list[str]:
-        return self._add_encoded(self._encode_all(prompts, params), params)
+        return self._add_encoded(self._encode_all(prompts, params), params, checked=True)
 
     def _encode_all(self, prompts: Seq[PromptLike], params: list[SamplingParams]) -> list[tuple[str | None, list[int]]]:
         """(text, token ids) of every prompt, each checked against its parameters: all or none are added.
@@ -231,8 +231,11 @@ class LLM:
                 raise ValueError(f"prompt {i}: {e}") from None
         return encoded
 
-    def _add_encoded(self, encoded: list[tuple[str | None, list[int]]], params: list[SamplingParams]) -> list[str]:
-        ids = [self.router.add_request(tok, sp, text) for (text, tok), sp in zip(encoded, params)]
+    def _add_encoded(self, encoded: list[tuple[str | None, list[int]]], params: list[SamplingParams],
+                     checked: bool = False) -> list[str]:
+        """`checked`: `_encode_all` checked them just now, in this call (a stream adds its requests at
+        its first next(), after any change the caller made to the parameters: checked again)."""
+        ids = [self.router.add_request(tok, sp, text, checked=checked) for (text, tok), sp in zip(encoded, params)]
         for request_id, sp in zip(ids, params):
             self._logprobs.track(request_id, sp.logprobs, sp.prompt_logprobs)
         return ids

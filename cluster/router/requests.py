@@ -17,6 +17,7 @@ from specray.cluster.router.failures import RequestFailed, request_failed
 from specray.cluster.router.sequence import Sequence
 
 
+MAX_BAD_WORD_LISTS = 1024  # tokenised bad_words lists held (all dropped when full)
 MAX_TARGET_RETRIES = 1  # runs again after a lost target; a request that keeps breaking workers then fails
 
 
@@ -41,11 +42,15 @@ class RequestBook:
         self.running: list[Sequence] = []
         self.failures: list[tuple[str, RequestFailed]] = []  # failed inside a worker; see take_failures
         self._ids = itertools.count()
+        self._bad_words_ids: dict[tuple[str, ...], tuple[tuple[int, ...], ...]] = {}  # see _bad_words
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None,
-                    request_id: str | None = None) -> str:
-        """Validate and queue a request; a bad one raises ValueError and touches nothing else."""
-        self.check_prompt(prompt_token_ids, params)
+                    request_id: str | None = None, checked: bool = False) -> str:
+        """Validate and queue a request; a bad one raises ValueError and touches nothing else.
+        `checked`: the caller ran `check_prompt` on these very arguments just before (a batch that is
+        validated whole before any of it is added)."""
+        if not checked:
+            self.check_prompt(prompt_token_ids, params)
         kept = params.truncated(prompt_token_ids, self.config.max_model_len)
         if len(kept) < len(prompt_token_ids):  # the text no longer spells the prompt: outputs and echo decode the ids
             prompt_token_ids, prompt = kept, None
@@ -53,7 +58,7 @@ class RequestBook:
         request_id = request_id or str(next(self._ids))
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running")
-        bad = bad_words_token_ids(self.tokenizer, params.bad_words) if params.bad_words else ()
+        bad = self._bad_words(params)
         seqs = [Sequence(f"{request_id}/{i}", request_id, i, list(prompt_token_ids), params,
                          self.eos_token_ids, self.config.max_model_len, bad_words_ids=bad) for i in range(params.n)]
         self.requests[request_id] = _Request(request_id, prompt, list(prompt_token_ids), seqs)
@@ -92,7 +97,12 @@ class RequestBook:
     def _bad_words(self, params: SamplingParams) -> tuple[tuple[int, ...], ...]:
         if not params.bad_words or self.tokenizer is None:
             return ()
-        return bad_words_token_ids(self.tokenizer, params.bad_words)
+        words = tuple(params.bad_words)
+        if words not in self._bad_words_ids:  # tokenised once per list of words, not twice per request
+            if len(self._bad_words_ids) >= MAX_BAD_WORD_LISTS:
+                self._bad_words_ids.clear()
+            self._bad_words_ids[words] = bad_words_token_ids(self.tokenizer, list(words))
+        return self._bad_words_ids[words]
 
     def abort(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)
