@@ -292,7 +292,8 @@ def _short(value) -> str:
     """A refused value for its message, from its first items only (a long list's whole repr cost
     milliseconds on every request, refused or not)."""
     if isinstance(value, (list, tuple)) and len(value) > SHORT_ITEMS:
-        text = "[" + ", ".join(map(repr, value[:SHORT_ITEMS])) + ", ...]"
+        ends = "()" if isinstance(value, tuple) else "[]"
+        text = ends[0] + ", ".join(map(repr, value[:SHORT_ITEMS])) + ", ..." + ends[1]
     elif isinstance(value, dict) and len(value) > SHORT_ITEMS:
         text = "{" + ", ".join(f"{k!r}: {v!r}" for k, v in itertools.islice(value.items(), SHORT_ITEMS)) + ", ...}"
     else:
