@@ -47,6 +47,19 @@ def test_a_stream_refuses_bad_input_at_the_call_and_starts_nothing_until_read(ll
     assert len(llm.generate("w7", SamplingParams(max_tokens=2, **GREEDY))) == 1
 
 
+def test_a_stream_checks_its_parameters_again_when_its_requests_start(llm):
+    """A stream adds its requests at its first next(): a field changed since the call is refused
+    then, by name (generate, which checks and adds in one call, checks each request once)."""
+    params = SamplingParams(max_tokens=3, **GREEDY)
+    stream = llm.stream("w5 w6", params)
+    params.n = 10_000  # a valid SamplingParams, but more choices than this engine's running batch holds
+    with pytest.raises(ValueError, match="exceeds max_num_seqs"):
+        next(stream)
+    assert not llm.router.has_unfinished()
+    params.n = 1
+    assert len(llm.generate("w5 w6", params)[0].outputs[0].token_ids) == 3
+
+
 def test_a_held_stream_gets_its_outputs_after_another_call_ran_its_rounds(llm):
     """generate (or a second stream) stepped the shared router and dropped the held stream's outputs:
     it then ended without its requests' final outputs; a second stream yielded the first's."""
