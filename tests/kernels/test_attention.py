@@ -163,7 +163,7 @@ def test_key_range_is_set_exactly_where_the_key_slots_are_one_run():
 @pytest.mark.parametrize("parents", [None, [-1, 0, 0, 1, 1], [-1, -1, 1, 2, 0], [-1, 0, 1, 2, 3]])
 def test_visible_new_is_the_ancestor_matrix(parents):
     from specray.kernels.attention import ancestor_matrix
-    from specray.kernels.cpu_ops import visible_new
+    from specray.kernels.step_masks import visible_new
 
     n, width = 5, 7
     got = visible_new(parents, n, width)
@@ -174,7 +174,7 @@ def test_visible_new_is_the_ancestor_matrix(parents):
 def test_a_steps_new_token_mask_stacks_every_sequences_visible_new(max_new):
     """The whole step's mask at once (ancestry as int bits up to 62 new tokens) equals the reference
     built sequence by sequence: chains, trees, and padded-baseline rows past a tree's parents."""
-    from specray.kernels.cpu_ops import new_token_mask, visible_new
+    from specray.kernels.step_masks import new_token_mask, visible_new
 
     gen = torch.Generator().manual_seed(max_new)
     parents, counts = [], []

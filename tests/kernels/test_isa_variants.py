@@ -2,6 +2,7 @@
 -mno-avx512f, which is what an AVX-512 machine would otherwise never run) and the scalar paths
 (no AVX2/FMA either) pass the same tests against their torch references in a fresh process."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ SUITES = ["test_cpu_ops.py", "test_quant_linear.py", "test_fast_linear.py", "tes
           "test_hybrid_attention.py"]
 
 
+@functools.cache
 def predefined_macros(flags: str) -> frozenset[str]:
     """The compiler's predefined macros under the kernels' flags plus `flags`: what the sources'
     `#if defined(__AVX2__)`-style choices see (equal sets build the same paths)."""
